@@ -1,0 +1,894 @@
+//! [`ProcessBarrier`]: a reusable barrier for up to [`MAX_PARTIES`] processes whose state,
+//! [`BarrierState`], lives in shared memory.
+//!
+//! # Algorithm
+//!
+//! One 64-bit word holds the generation (high 32 bits), a poison bit and the number of arrivals
+//! in the current generation. A waiter adds one arrival; the process whose arrival completes the
+//! count swaps in `(generation + 1, 0)` with a compare-exchange, publishes the new generation in
+//! a separate 32-bit futex word and wakes sleepers only if one has announced itself, so a barrier
+//! whose waiters are all spinning costs no system call. Everyone else spins briefly on the futex
+//! word, then yields, then sleeps on it (a shared futex, not `FUTEX_PRIVATE`) in ticks of
+//! [`LIVENESS_TICK`], checking at each tick that every other participant is alive.
+//!
+//! A waiter that runs out of time withdraws its arrival with a compare-exchange against the same
+//! word (so it races the completing arrival cleanly: either the generation completed and the
+//! waiter reports success, or its arrival is gone) and returns [`Error::Timeout`]; the barrier
+//! stays usable. A dead or departed participant **poisons** the barrier: the poison bit makes the
+//! completing compare-exchange impossible, and every wait then fails with [`Error::PeerLost`].
+//!
+//! Participants register in a slot with their pid and start time, which a reused pid cannot
+//! repeat ([`ProcessIdentity`]).
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::process::ProcessIdentity;
+use crate::sync::{AtomicU32, AtomicU64, Ordering, futex_wait, futex_wake_all, spin_hint, yield_now};
+
+/// The most participants a barrier supports.
+pub const MAX_PARTIES: u32 = 64;
+
+/// How often a sleeping waiter wakes to check that its peers are alive: a dead peer is noticed
+/// within this tick plus the time to read `/proc` for each peer.
+pub const LIVENESS_TICK: Duration = Duration::from_millis(100);
+
+/// Default deadline of [`ProcessBarrier::wait`].
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Default time a waiter spins before it yields and then sleeps.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// How long a waiter yields the CPU between polls after spinning and before sleeping.
+const YIELD_FOR: Duration = Duration::from_micros(200);
+
+const MAGIC: u32 = 0x6261_7272; // "barr"
+
+/// Futex-word polls between the slower checks (state word, clock); 1 under the model checker.
+const POLL_BATCH: u32 = if cfg!(loom) { 1 } else { 64 };
+
+const POISON_BIT: u64 = 1 << 31;
+const COUNT_MASK: u64 = POISON_BIT - 1;
+
+const SLOT_FREE: u32 = 0;
+const SLOT_CLAIMING: u32 = 1;
+const SLOT_ACTIVE: u32 = 2;
+const SLOT_LEFT: u32 = 3;
+
+const KIND_DIED: u64 = 1;
+const KIND_LEFT: u64 = 2;
+const KIND_EXPLICIT: u64 = 3;
+
+fn pack(generation: u32, count: u64) -> u64 {
+    (u64::from(generation) << 32) | count
+}
+fn generation_of(state: u64) -> u32 {
+    (state >> 32) as u32
+}
+fn count_of(state: u64) -> u64 {
+    state & COUNT_MASK
+}
+fn poisoned(state: u64) -> bool {
+    state & POISON_BIT != 0
+}
+/// Whether the published futex generation `now` is past `generation`. Not `!=`: the completer
+/// updates the futex word just after the state word, so a waiter that already saw the new
+/// state and arrived in the next generation can find the futex word one *behind* it.
+fn passed(now: u32, generation: u32) -> bool {
+    (now.wrapping_sub(generation) as i32) > 0
+}
+
+/// A participant slot: who holds it.
+#[repr(C)]
+struct Slot {
+    status: AtomicU32,
+    pid: AtomicU32,
+    start_time: AtomicU64,
+}
+
+/// A 64-byte aligned line holding `T`, so hot words of different roles do not share a cache
+/// line (crossbeam's `CachePadded`).
+#[repr(C, align(64))]
+struct Line<T>(T);
+
+/// The shared state of a [`ProcessBarrier`]: place it in a [`ShmRegion`](crate::ShmRegion), on
+/// its own or as a field of your own `#[repr(C)]` shared struct (as simpleIPC's
+/// `barrier`/`sense` fields are), and call [`init`](Self::init) once, before publishing.
+///
+/// All fields are atomics: it is [`ShmSafe`](crate::ShmSafe), and every value read from it is
+/// validated, so a peer that scribbles on it causes errors, not undefined behaviour.
+///
+/// The state must not move while processes use it (it is addressed by its mapping, and the
+/// futex is keyed by its address). It is `Sync`; 4.5 KiB in size.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// // The parent creates the barrier for 2 children...
+/// let region = ShmOptions::new("sync")
+///     .random_suffix(true)
+///     .create_with(|b: &BarrierState| b.init(2))?;
+/// // ...and each child opens the region by name and joins:
+/// let region = ShmOptions::new(region.name()).open::<BarrierState>()?;
+/// let barrier = ProcessBarrier::join(&region)?;
+/// barrier.wait()?;
+/// # Ok(()) }
+/// ```
+#[repr(C, align(64))]
+pub struct BarrierState {
+    /// generation:32 | poison:1 | arrivals:31
+    state: Line<AtomicU64>,
+    /// The futex word (mirrors the generation) and the number of announced sleepers.
+    wake: Line<Wake>,
+    /// Configuration and poison record.
+    config: Line<BarrierConfig>,
+    slots: [Slot; MAX_PARTIES as usize],
+}
+
+#[repr(C)]
+struct Wake {
+    /// The generation, published after the state word moves on; sleepers park on it.
+    futex: AtomicU32,
+    /// Waiters that announced they may sleep: the completer skips `FUTEX_WAKE` when zero.
+    sleepers: AtomicU32,
+}
+
+#[repr(C)]
+struct BarrierConfig {
+    magic: AtomicU32,
+    parties: AtomicU32,
+    /// kind:8 << 40 | slot:8 << 32 | pid:32, or 0 while healthy.
+    poison_info: AtomicU64,
+}
+
+#[cfg(not(loom))]
+// SAFETY: repr(C); every field is an integer atomic (in padded lines and plain arrays), so it
+// is valid for every bit pattern, zero included, and only accessed atomically.
+unsafe impl crate::ShmSafe for BarrierState {}
+
+impl BarrierState {
+    /// A barrier for `parties` participants outside shared memory (for threads, or tests).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`].
+    pub fn new(parties: u32) -> Result<Self> {
+        let state = Self::zeroed();
+        state.init(parties)?;
+        Ok(state)
+    }
+
+    fn zeroed() -> Self {
+        Self {
+            state: Line(AtomicU64::new(0)),
+            wake: Line(Wake {
+                futex: AtomicU32::new(0),
+                sleepers: AtomicU32::new(0),
+            }),
+            config: Line(BarrierConfig {
+                magic: AtomicU32::new(0),
+                parties: AtomicU32::new(0),
+                poison_info: AtomicU64::new(0),
+            }),
+            slots: std::array::from_fn(|_| Slot {
+                status: AtomicU32::new(SLOT_FREE),
+                pid: AtomicU32::new(0),
+                start_time: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Initialise zeroed state (as a fresh region's payload is) for `parties` participants.
+    /// Call it once, in the creator, before other processes can see the state (in
+    /// [`ShmOptions::create_with`](crate::ShmOptions::create_with)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`], or if the state
+    /// was already initialised.
+    pub fn init(&self, parties: u32) -> Result<()> {
+        if parties == 0 || parties > MAX_PARTIES {
+            return Err(Error::InvalidArgument {
+                call: "BarrierState::init",
+                reason: format!("parties must be 1..={MAX_PARTIES}, got {parties}"),
+            });
+        }
+        if self.config.0.magic.load(Ordering::Acquire) != 0 {
+            return Err(Error::InvalidArgument {
+                call: "BarrierState::init",
+                reason: "barrier state is already initialised".into(),
+            });
+        }
+        self.config.0.parties.store(parties, Ordering::Relaxed);
+        self.config.0.poison_info.store(0, Ordering::Relaxed);
+        self.state.0.store(0, Ordering::Relaxed);
+        self.wake.0.futex.store(0, Ordering::Relaxed);
+        self.wake.0.sleepers.store(0, Ordering::Relaxed);
+        self.config.0.magic.store(MAGIC, Ordering::Release);
+        Ok(())
+    }
+
+    /// The party count, validated.
+    fn parties(&self) -> Result<u32> {
+        let magic = self.config.0.magic.load(Ordering::Acquire);
+        if magic != MAGIC {
+            return Err(Error::Corrupt {
+                what: "barrier state",
+                reason: if magic == 0 {
+                    "not initialised (call BarrierState::init in the creator)".into()
+                } else {
+                    format!("bad magic {magic:#x}")
+                },
+            });
+        }
+        let parties = self.config.0.parties.load(Ordering::Relaxed);
+        if parties == 0 || parties > MAX_PARTIES {
+            return Err(Error::Corrupt {
+                what: "barrier state",
+                reason: format!("party count {parties} outside 1..={MAX_PARTIES}"),
+            });
+        }
+        Ok(parties)
+    }
+
+    /// Whether the barrier is poisoned.
+    pub fn is_poisoned(&self) -> bool {
+        poisoned(self.state.0.load(Ordering::Acquire))
+    }
+
+    /// Record why the barrier broke (first cause wins), set the poison bit, wake everyone.
+    fn poison_with(&self, kind: u64, slot: u32, pid: u32) {
+        let info = (kind << 40) | (u64::from(slot & 0xff) << 32) | u64::from(pid);
+        let _ = self.config.0.poison_info.compare_exchange(
+            0,
+            info,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.state.0.fetch_or(POISON_BIT, Ordering::SeqCst);
+        futex_wake_all(&self.wake.0.futex);
+    }
+
+    /// The error a poisoned barrier reports, from the recorded cause.
+    fn poison_error(&self) -> Error {
+        let info = self.config.0.poison_info.load(Ordering::Acquire);
+        let pid = info as u32;
+        let slot = ((info >> 32) & 0xff) as u32;
+        match info >> 40 {
+            KIND_EXPLICIT => Error::Poisoned { pid },
+            KIND_LEFT => Error::PeerLost {
+                pid,
+                slot,
+                exited_cleanly: true,
+            },
+            KIND_DIED => Error::PeerLost {
+                pid,
+                slot,
+                exited_cleanly: false,
+            },
+            _ => Error::Corrupt {
+                what: "barrier state",
+                reason: format!("poisoned with unknown cause record {info:#x}"),
+            },
+        }
+    }
+}
+
+/// What a successful [`ProcessBarrier::wait`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BarrierWaitResult {
+    leader: bool,
+    generation: u32,
+}
+
+impl BarrierWaitResult {
+    /// True for exactly one participant per generation: the one whose arrival completed it
+    /// (as [`std::sync::BarrierWaitResult::is_leader`]).
+    pub fn is_leader(&self) -> bool {
+        self.leader
+    }
+
+    /// The generation that completed (0 for the first, wrapping at `u32::MAX`).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+}
+
+/// This process's membership in a barrier whose [`BarrierState`] lives in shared memory.
+///
+/// [`join`](Self::join) claims one of the barrier's participant slots, recording this process's
+/// pid and start time; drop gives it up (marking it *left*: a barrier whose participant left
+/// cannot complete again, so a later wait by the others reports [`Error::PeerLost`] with
+/// `exited_cleanly` instead of hanging).
+///
+/// Every wait is bounded. When a participant dies (`SIGKILL` at any point), every waiter
+/// returns [`Error::PeerLost`] naming it within about [`LIVENESS_TICK`], and the barrier stays
+/// poisoned: later waits fail at once. A stopped (`SIGSTOP`) participant is alive: waiters get
+/// [`Error::Timeout`] at their deadline, and the barrier stays usable.
+///
+/// `ProcessBarrier` is `Send` and `Sync`; the wait methods take `&self`, but one handle is one
+/// participant: two threads waiting on the same handle count as two arrivals of one slot.
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::{BarrierState, ProcessBarrier};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let state = BarrierState::new(2)?;
+/// std::thread::scope(|s| -> cuda_ipc::Result<()> {
+///     let a = ProcessBarrier::join(&state)?;
+///     let b = ProcessBarrier::join(&state)?;
+///     let t = s.spawn(move || b.wait().map(|r| r.is_leader()));
+///     let a_leads = a.wait()?.is_leader();
+///     let b_leads = t.join().expect("waiter thread")?;
+///     assert!(a_leads != b_leads);
+///     Ok(())
+/// })
+/// # }
+/// ```
+pub struct ProcessBarrier<'a> {
+    state: &'a BarrierState,
+    parties: u32,
+    slot: u32,
+    pid: u32,
+    timeout: Duration,
+    spin: Duration,
+}
+
+impl<'a> ProcessBarrier<'a> {
+    /// Join the barrier: validate the shared state and claim a free participant slot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] if the state is not initialised or holds an invalid party count,
+    /// [`Error::BarrierFull`] if every slot is taken, or the poison error if the barrier is
+    /// already poisoned.
+    pub fn join(state: &'a BarrierState) -> Result<Self> {
+        let parties = state.parties()?;
+        if state.is_poisoned() {
+            return Err(state.poison_error());
+        }
+        let me = current_identity();
+        for slot in 0..parties {
+            let s = &state.slots[slot as usize];
+            if s.status
+                .compare_exchange(SLOT_FREE, SLOT_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                s.start_time.store(me.start_time(), Ordering::Relaxed);
+                s.pid.store(me.pid(), Ordering::Relaxed);
+                s.status.store(SLOT_ACTIVE, Ordering::Release);
+                return Ok(Self {
+                    state,
+                    parties,
+                    slot,
+                    pid: me.pid(),
+                    timeout: DEFAULT_WAIT_TIMEOUT,
+                    spin: DEFAULT_SPIN,
+                });
+            }
+        }
+        Err(Error::BarrierFull { parties })
+    }
+
+    /// Set the deadline [`wait`](Self::wait) uses (default [`DEFAULT_WAIT_TIMEOUT`]).
+    pub fn set_default_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Set how long a waiter spins before yielding and sleeping (default [`DEFAULT_SPIN`]).
+    /// Longer spins cut wake-up latency when every participant has its own core; zero suits
+    /// oversubscribed machines.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
+    /// The number of participants.
+    pub fn parties(&self) -> u32 {
+        self.parties
+    }
+
+    /// This participant's slot index (`0..parties`).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Wait for every participant, with the default deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_timeout`](Self::wait_timeout).
+    pub fn wait(&self) -> Result<BarrierWaitResult> {
+        self.wait_timeout(self.timeout)
+    }
+
+    /// Wait for every participant to arrive, at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Timeout`] when the deadline passes first; this arrival is withdrawn and the
+    ///   barrier remains usable (a later wait counts afresh).
+    /// - [`Error::PeerLost`] when a participant died or left; the barrier is poisoned.
+    /// - [`Error::Poisoned`] after [`poison`](Self::poison).
+    /// - [`Error::Corrupt`] when the shared state holds impossible values.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<BarrierWaitResult> {
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout);
+        let mut clock = || deadline.is_some_and(|d| Instant::now() >= d);
+        self.wait_until(&mut clock, true)
+            .map_err(|e| e.into_error(start.elapsed()))
+    }
+
+    /// Poison the barrier on purpose (say, a participant failed and the others must stop):
+    /// every current and future wait fails with [`Error::Poisoned`] naming this process.
+    pub fn poison(&self) {
+        self.state.poison_with(KIND_EXPLICIT, self.slot, self.pid);
+    }
+
+    /// Whether the barrier is poisoned.
+    pub fn is_poisoned(&self) -> bool {
+        self.state.is_poisoned()
+    }
+
+    /// The core wait. `expired` is polled now and then; `check_peers` enables the liveness
+    /// checks (the model checker turns them off: its threads are one process).
+    fn wait_until(
+        &self,
+        expired: &mut dyn FnMut() -> bool,
+        check_peers: bool,
+    ) -> std::result::Result<BarrierWaitResult, WaitError> {
+        let st = self.state;
+        let word = &st.state.0;
+        let prev = word.fetch_add(1, Ordering::AcqRel);
+        if poisoned(prev) {
+            return Err(WaitError::Failed(st.poison_error()));
+        }
+        let generation = generation_of(prev);
+        let arrived = count_of(prev) + 1;
+        let parties = u64::from(self.parties);
+        if arrived > parties {
+            let e = Error::Corrupt {
+                what: "barrier state",
+                reason: format!("{arrived} arrivals for {parties} parties"),
+            };
+            st.poison_with(KIND_EXPLICIT, self.slot, self.pid);
+            return Err(WaitError::Failed(e));
+        }
+        if arrived == parties
+            && let Some(done) = self.try_complete(generation)
+        {
+            return Ok(done);
+        }
+
+        let futex = &st.wake.0.futex;
+        let sleepers = &st.wake.0.sleepers;
+        let mut polls: u32 = 0;
+        let spin_start = Instant::now();
+        loop {
+            if passed(futex.load(Ordering::Acquire), generation) {
+                return Ok(self.completed(generation));
+            }
+            polls = polls.wrapping_add(1);
+            if polls % POLL_BATCH != 0 {
+                spin_hint();
+                continue;
+            }
+            // Every 64 polls: the slow checks.
+            let s = word.load(Ordering::Acquire);
+            if generation_of(s) != generation {
+                return Ok(self.completed(generation));
+            }
+            if poisoned(s) {
+                return Err(WaitError::Failed(st.poison_error()));
+            }
+            // A withdrawal raced our completion: whoever sees the full count completes.
+            if count_of(s) == parties
+                && let Some(done) = self.try_complete(generation)
+            {
+                return Ok(done);
+            }
+            if expired() {
+                return self.withdraw(generation);
+            }
+            // (The model checker needs a schedule-determined path: no clock there.)
+            let spun = if cfg!(loom) {
+                Duration::MAX
+            } else {
+                spin_start.elapsed()
+            };
+            if spun < self.spin {
+                continue;
+            }
+            if spun < self.spin.saturating_add(YIELD_FOR) {
+                yield_now();
+                continue;
+            }
+            // Sleep: announce, re-check (Dekker with the completer's SeqCst store/load), park.
+            sleepers.fetch_add(1, Ordering::SeqCst);
+            if !passed(futex.load(Ordering::SeqCst), generation)
+                && !poisoned(word.load(Ordering::SeqCst))
+            {
+                futex_wait(futex, generation, LIVENESS_TICK);
+            }
+            sleepers.fetch_sub(1, Ordering::SeqCst);
+            if passed(futex.load(Ordering::Acquire), generation) {
+                return Ok(self.completed(generation));
+            }
+            if check_peers && let Err(e) = self.check_peers() {
+                return Err(WaitError::Failed(e));
+            }
+        }
+    }
+
+    /// Swap `(generation, parties)` for `(generation + 1, 0)`; on success publish and wake.
+    fn try_complete(&self, generation: u32) -> Option<BarrierWaitResult> {
+        let st = self.state;
+        let full = pack(generation, u64::from(self.parties));
+        let next = generation.wrapping_add(1);
+        st.state
+            .0
+            .compare_exchange(full, pack(next, 0), Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        st.wake.0.futex.store(next, Ordering::SeqCst);
+        if st.wake.0.sleepers.load(Ordering::SeqCst) != 0 {
+            futex_wake_all(&st.wake.0.futex);
+        }
+        Some(BarrierWaitResult {
+            leader: true,
+            generation,
+        })
+    }
+
+    fn completed(&self, generation: u32) -> BarrierWaitResult {
+        BarrierWaitResult {
+            leader: false,
+            generation,
+        }
+    }
+
+    /// Take our arrival back, unless the generation completed meanwhile.
+    fn withdraw(&self, generation: u32) -> std::result::Result<BarrierWaitResult, WaitError> {
+        let word = &self.state.state.0;
+        let mut s = word.load(Ordering::Acquire);
+        loop {
+            if generation_of(s) != generation {
+                return Ok(self.completed(generation));
+            }
+            if poisoned(s) {
+                return Err(WaitError::Failed(self.state.poison_error()));
+            }
+            if count_of(s) == 0 {
+                // Impossible while our arrival is counted: someone wrote the word.
+                return Err(WaitError::Failed(Error::Corrupt {
+                    what: "barrier state",
+                    reason: "arrival count fell to zero under a waiter".into(),
+                }));
+            }
+            match word.compare_exchange_weak(s, s - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Err(WaitError::TimedOut),
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Poison the barrier if another participant died or left; report it.
+    fn check_peers(&self) -> Result<()> {
+        let st = self.state;
+        for slot in 0..self.parties {
+            if slot == self.slot {
+                continue;
+            }
+            let s = &st.slots[slot as usize];
+            let kind = match s.status.load(Ordering::Acquire) {
+                SLOT_ACTIVE => {
+                    let pid = s.pid.load(Ordering::Relaxed);
+                    let start = s.start_time.load(Ordering::Relaxed);
+                    if peer_alive(pid, start) {
+                        continue;
+                    }
+                    KIND_DIED
+                }
+                SLOT_LEFT => KIND_LEFT,
+                _ => continue,
+            };
+            let pid = s.pid.load(Ordering::Relaxed);
+            st.poison_with(kind, slot, pid);
+            return Err(st.poison_error());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(loom))]
+fn peer_alive(pid: u32, start: u64) -> bool {
+    ProcessIdentity::from_parts(pid, start).is_alive()
+}
+#[cfg(loom)]
+fn peer_alive(_pid: u32, _start: u64) -> bool {
+    true
+}
+
+#[cfg(not(loom))]
+fn current_identity() -> ProcessIdentity {
+    ProcessIdentity::current()
+}
+#[cfg(loom)]
+fn current_identity() -> ProcessIdentity {
+    ProcessIdentity::from_parts(1, 1)
+}
+
+/// The internal outcome of a failed wait, before the elapsed time is attached.
+#[derive(Debug)]
+enum WaitError {
+    TimedOut,
+    Failed(Error),
+}
+
+impl WaitError {
+    fn into_error(self, waited: Duration) -> Error {
+        match self {
+            WaitError::TimedOut => Error::Timeout {
+                what: "barrier wait",
+                waited,
+            },
+            WaitError::Failed(e) => e,
+        }
+    }
+}
+
+impl Drop for ProcessBarrier<'_> {
+    fn drop(&mut self) {
+        // Leaving is final for the slot: the barrier cannot complete without us, so waiters
+        // must learn we left (PeerLost) rather than wait for their deadline.
+        self.state.slots[self.slot as usize]
+            .status
+            .store(SLOT_LEFT, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for ProcessBarrier<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessBarrier")
+            .field("parties", &self.parties)
+            .field("slot", &self.slot)
+            .field("poisoned", &self.is_poisoned())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_is_sized_for_shared_memory() {
+        assert_eq!(std::mem::align_of::<BarrierState>(), 64);
+        assert_eq!(std::mem::size_of::<BarrierState>(), 3 * 64 + 64 * 16);
+    }
+
+    #[test]
+    fn init_rejects_bad_party_counts_and_double_init() {
+        assert!(BarrierState::new(0).is_err());
+        assert!(BarrierState::new(MAX_PARTIES + 1).is_err());
+        let s = BarrierState::new(MAX_PARTIES).unwrap();
+        assert!(s.init(2).is_err());
+    }
+
+    #[test]
+    fn zeroed_or_scribbled_state_is_rejected_at_join() {
+        let s = BarrierState::zeroed();
+        assert!(matches!(ProcessBarrier::join(&s), Err(Error::Corrupt { .. })));
+        s.config.0.magic.store(MAGIC, Ordering::Relaxed);
+        s.config.0.parties.store(1000, Ordering::Relaxed);
+        assert!(matches!(ProcessBarrier::join(&s), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn one_party_barrier_always_leads() {
+        let s = BarrierState::new(1).unwrap();
+        let b = ProcessBarrier::join(&s).unwrap();
+        for g in 0..5 {
+            let r = b.wait().unwrap();
+            assert!(r.is_leader());
+            assert_eq!(r.generation(), g);
+        }
+    }
+
+    #[test]
+    fn full_barrier_refuses_another_join() {
+        let s = BarrierState::new(2).unwrap();
+        let _a = ProcessBarrier::join(&s).unwrap();
+        let _b = ProcessBarrier::join(&s).unwrap();
+        assert!(matches!(
+            ProcessBarrier::join(&s),
+            Err(Error::BarrierFull { parties: 2 })
+        ));
+    }
+
+    #[test]
+    fn threads_run_many_generations_with_one_leader_each() {
+        const N: u32 = 4;
+        const GENS: u32 = 2000;
+        let s = BarrierState::new(N).unwrap();
+        let leaders = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..N {
+                let mut b = ProcessBarrier::join(&s).unwrap();
+                b.set_spin(Duration::ZERO);
+                let leaders = &leaders;
+                scope.spawn(move || {
+                    for g in 0..GENS {
+                        let r = b.wait().unwrap();
+                        assert_eq!(r.generation(), g);
+                        if r.is_leader() {
+                            leaders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(leaders.load(std::sync::atomic::Ordering::Relaxed), GENS);
+    }
+
+    #[test]
+    fn a_timeout_withdraws_and_the_barrier_stays_usable() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        let b = ProcessBarrier::join(&s).unwrap();
+        let e = a.wait_timeout(Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        assert_eq!(count_of(s.state.0.load(Ordering::Relaxed)), 0);
+        std::thread::scope(|scope| {
+            let t = scope.spawn(|| b.wait().unwrap());
+            let ra = a.wait().unwrap();
+            let rb = t.join().unwrap();
+            assert_eq!(ra.generation(), 0);
+            assert!(ra.is_leader() != rb.is_leader());
+        });
+    }
+
+    #[test]
+    fn a_participant_that_left_poisons_later_waits() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        drop(ProcessBarrier::join(&s).unwrap());
+        let e = a.wait().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::PeerLost {
+                    exited_cleanly: true,
+                    slot: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(a.is_poisoned());
+        assert!(matches!(a.wait(), Err(Error::PeerLost { .. })));
+    }
+
+    #[test]
+    fn explicit_poison_names_the_poisoner() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        let b = ProcessBarrier::join(&s).unwrap();
+        b.poison();
+        assert!(matches!(a.wait(), Err(Error::Poisoned { pid }) if pid == std::process::id()));
+        assert!(matches!(ProcessBarrier::join(&s), Err(Error::Poisoned { .. })));
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Model check of the wait/complete/withdraw protocol: threads stand in for processes,
+    //! the futex for `yield_now`, and loom explores their interleavings.
+    use super::*;
+    use loom::sync::Arc;
+
+    fn never() -> impl FnMut() -> bool {
+        || false
+    }
+
+    #[test]
+    fn two_parties_two_generations() {
+        loom::model(|| {
+            let s = Arc::new(BarrierState::new(2).unwrap());
+            let t = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    let b = ProcessBarrier::join(&s).unwrap();
+                    let mut leads = 0;
+                    for g in 0..2 {
+                        let r = b.wait_until(&mut never(), false).unwrap();
+                        assert_eq!(r.generation(), g);
+                        leads += u32::from(r.is_leader());
+                    }
+                    std::mem::forget(b);
+                    leads
+                })
+            };
+            let b = ProcessBarrier::join(&s).unwrap();
+            let mut leads = 0;
+            for g in 0..2 {
+                let r = b.wait_until(&mut never(), false).unwrap();
+                assert_eq!(r.generation(), g);
+                leads += u32::from(r.is_leader());
+            }
+            std::mem::forget(b);
+            assert_eq!(leads + t.join().unwrap(), 2);
+        });
+    }
+
+    #[test]
+    fn three_parties_one_generation() {
+        loom::model(|| {
+            let s = Arc::new(BarrierState::new(3).unwrap());
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    let s = s.clone();
+                    loom::thread::spawn(move || {
+                        let b = ProcessBarrier::join(&s).unwrap();
+                        let r = b.wait_until(&mut || false, false).unwrap();
+                        std::mem::forget(b);
+                        r.is_leader()
+                    })
+                })
+                .collect();
+            let b = ProcessBarrier::join(&s).unwrap();
+            let mut leaders = u32::from(b.wait_until(&mut || false, false).unwrap().is_leader());
+            std::mem::forget(b);
+            for h in handles {
+                leaders += u32::from(h.join().unwrap());
+            }
+            assert_eq!(leaders, 1);
+            assert_eq!(generation_of(s.state.0.load(Ordering::SeqCst)), 1);
+        });
+    }
+
+    /// A waiter that gives up races the arrival that would complete the generation: either
+    /// both complete (the withdrawal lost) or the waiter times out and the count is exactly the
+    /// other's arrival, never a false completion or a lost arrival.
+    #[test]
+    fn withdrawal_races_completion() {
+        loom::model(|| {
+            let s = Arc::new(BarrierState::new(2).unwrap());
+            let impatient = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    let b = ProcessBarrier::join(&s).unwrap();
+                    let mut patience = 2;
+                    let r = b.wait_until(
+                        &mut || {
+                            patience -= 1;
+                            patience == 0
+                        },
+                        false,
+                    );
+                    std::mem::forget(b);
+                    r.is_ok()
+                })
+            };
+            let b = ProcessBarrier::join(&s).unwrap();
+            let mut patience = 3;
+            let mine = b.wait_until(
+                &mut || {
+                    patience -= 1;
+                    patience == 0
+                },
+                false,
+            );
+            std::mem::forget(b);
+            let theirs = impatient.join().unwrap();
+            // Both complete (the withdrawal lost the race) or both time out with every arrival
+            // withdrawn: never one success beside a withdrawn partner, never a leftover count.
+            assert_eq!(mine.is_ok(), theirs);
+            let st = s.state.0.load(Ordering::SeqCst);
+            assert_eq!(st, if theirs { pack(1, 0) } else { pack(0, 0) });
+        });
+    }
+}

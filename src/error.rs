@@ -1,0 +1,219 @@
+//! The crate's one error type.
+//!
+//! Every variant says which operation failed and with what: the OS error and the shared-memory
+//! name, the header field that did not match and both values, the peer that was lost. Callers
+//! branch on the variant; the `Display` text is for people.
+
+use std::io;
+use std::time::Duration;
+
+/// `Result` with this crate's [`enum@Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in this crate.
+///
+/// The enum is `#[non_exhaustive]`: match the variants you handle and keep a `_` arm.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A shared-memory name was rejected before any system call was made.
+    #[error("invalid shared-memory name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// An argument is out of its documented range.
+    #[error("invalid argument to {call}: {reason}")]
+    InvalidArgument {
+        /// The function that rejected the argument.
+        call: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// Exclusive create found the name already taken.
+    #[error("shared-memory region {name:?} already exists")]
+    AlreadyExists {
+        /// The region's name.
+        name: String,
+    },
+
+    /// Open found no region of that name.
+    #[error("shared-memory region {name:?} does not exist")]
+    NotFound {
+        /// The region's name.
+        name: String,
+    },
+
+    /// The OS refused access (`EACCES`/`EPERM`).
+    #[error("permission denied on shared-memory region {name:?} ({call})")]
+    PermissionDenied {
+        /// The region's name.
+        name: String,
+        /// The system call that failed.
+        call: &'static str,
+    },
+
+    /// The name in `/dev/shm` is a symbolic link; it is never followed.
+    #[error("shared-memory region {name:?} is a symbolic link; refusing to follow it")]
+    Symlink {
+        /// The region's name.
+        name: String,
+    },
+
+    /// The name in `/dev/shm` is not a regular file.
+    #[error("shared-memory region {name:?} is not a regular file (file type {file_type:#o})")]
+    NotRegularFile {
+        /// The region's name.
+        name: String,
+        /// The `S_IFMT` bits found.
+        file_type: u32,
+    },
+
+    /// The region belongs to another user: it could be a squatter's.
+    #[error("shared-memory region {name:?} is owned by uid {found}, expected our euid {expected}")]
+    WrongOwner {
+        /// The region's name.
+        name: String,
+        /// Our effective uid.
+        expected: u32,
+        /// The owner found.
+        found: u32,
+    },
+
+    /// The region grants group or other permissions: it must be exactly `0600`.
+    #[error("shared-memory region {name:?} has mode {mode:#o}; group/other bits must be clear")]
+    InsecurePermissions {
+        /// The region's name.
+        name: String,
+        /// The permission bits found.
+        mode: u32,
+    },
+
+    /// The file size does not match what the header or the caller's type requires.
+    #[error("shared-memory region {name:?} is {found} bytes, expected {expected}")]
+    SizeMismatch {
+        /// The region's name.
+        name: String,
+        /// The size required.
+        expected: u64,
+        /// The size found.
+        found: u64,
+    },
+
+    /// The region's creator has not published its header (yet): it is still initialising, or it
+    /// died before finishing.
+    #[error("shared-memory region {name:?} is not ready after {waited:?}{}",
+        if *.creator_dead { " (its creator has exited)" } else { "" })]
+    NotReady {
+        /// The region's name.
+        name: String,
+        /// How long open waited for the header.
+        waited: Duration,
+        /// The creator's identity was readable and that process is gone.
+        creator_dead: bool,
+    },
+
+    /// A header field read from shared memory does not hold what this process expects: a
+    /// different layout, a different program, or corruption.
+    #[error("shared-memory region {name:?}: header field `{field}` is {found:#x}, expected {expected:#x}")]
+    HeaderMismatch {
+        /// The region's name.
+        name: String,
+        /// The header field.
+        field: &'static str,
+        /// The value this process expects.
+        expected: u64,
+        /// The value found.
+        found: u64,
+    },
+
+    /// Shared state read from another process failed validation.
+    #[error("corrupt shared state in {what}: {reason}")]
+    Corrupt {
+        /// Which structure.
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// `/dev/shm` has no room for the region (`fallocate` reported `ENOSPC`).
+    #[error("no space in /dev/shm for {len} bytes of region {name:?}")]
+    NoSpace {
+        /// The region's name.
+        name: String,
+        /// The bytes asked for.
+        len: u64,
+    },
+
+    /// A barrier already has as many participants as it was created for.
+    #[error("barrier is full: all {parties} participant slots are taken")]
+    BarrierFull {
+        /// The barrier's party count.
+        parties: u32,
+    },
+
+    /// A participant of the barrier died or left; the barrier is now poisoned and every later
+    /// wait fails at once.
+    #[error("barrier peer pid {pid} (slot {slot}) {}; the barrier is poisoned",
+        if *.exited_cleanly { "left the barrier" } else { "died" })]
+    PeerLost {
+        /// The lost participant's process id.
+        pid: u32,
+        /// Its participant slot.
+        slot: u32,
+        /// It dropped its handle (left) rather than dying.
+        exited_cleanly: bool,
+    },
+
+    /// The barrier was poisoned explicitly with [`ProcessBarrier::poison`](crate::ProcessBarrier::poison).
+    #[error("barrier was poisoned by pid {pid}")]
+    Poisoned {
+        /// The process that poisoned it.
+        pid: u32,
+    },
+
+    /// A bounded wait ran out of time. The barrier is not poisoned: the caller withdrew its
+    /// arrival and may wait again.
+    #[error("{what} timed out after {waited:?}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+
+    /// A system call failed in a way not covered by a more specific variant.
+    #[error("{call} failed on {name:?}")]
+    Os {
+        /// The system call.
+        call: &'static str,
+        /// The object it acted on (a shared-memory name, a path).
+        name: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Map an OS error from a call on a named region to the variant a caller branches on.
+    pub(crate) fn from_os(call: &'static str, name: &str, err: rustix::io::Errno) -> Self {
+        use rustix::io::Errno;
+        let name = name.to_owned();
+        match err {
+            Errno::EXIST => Error::AlreadyExists { name },
+            Errno::NOENT => Error::NotFound { name },
+            Errno::ACCESS | Errno::PERM => Error::PermissionDenied { name, call },
+            Errno::LOOP => Error::Symlink { name },
+            _ => Error::Os {
+                call,
+                name,
+                source: io::Error::from_raw_os_error(err.raw_os_error()),
+            },
+        }
+    }
+}

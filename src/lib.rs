@@ -1,0 +1,93 @@
+//! Safe, fast CUDA inter-process communication.
+//!
+//! Processes on one machine share GPU memory and GPU events through 64-byte IPC handles, pass
+//! those handles through POSIX shared memory, and keep in step with a cross-process barrier:
+//! the flow of NVIDIA's `simpleIPC` sample. This crate turns that flow into typed RAII wrappers
+//! that report errors instead of hanging, crashing or handing back wrong data.
+//!
+//! This release holds the host-side half: named shared memory and the process barrier. The GPU
+//! half (`IpcBuffer<T>`, `IpcEvent`, device checks) builds on it.
+//!
+//! | Concept | Type | Underlying calls |
+//! | ------- | ---- | ---------------- |
+//! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
+//! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
+//! | Barrier across processes | [`ProcessBarrier`], [`BarrierState`] | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
+//! | A process that survives pid reuse | [`ProcessIdentity`] | `/proc/<pid>/stat` (pid + start time) |
+//!
+//! # Lifetime model
+//!
+//! - A [`ShmRegion`] created by this process **owns its name** and unlinks it on drop; an
+//!   opened one does not. Unlinking removes the name; mappings stay valid until dropped.
+//! - A [`ProcessBarrier`] borrows the [`BarrierState`] it joined (so it cannot outlive the
+//!   region) and gives up its participant slot on drop.
+//! - Nothing read from shared memory is trusted: the region header is checksummed and
+//!   validated field by field before the payload is mapped, and the barrier validates its
+//!   state on every read that could index or loop.
+//!
+//! # Threading
+//!
+//! [`ShmRegion`] and [`ProcessBarrier`] are `Send` and `Sync`. Shared memory is reached only
+//! through atomics ([`ShmSafe`]), so it can be read and written from any thread of any process.
+//!
+//! # Platform
+//!
+//! Linux (x86-64 and aarch64): `/dev/shm`, futexes and `/proc` are Linux interfaces, as is CUDA's
+//! legacy IPC. The crate links against the CUDA driver (`libcuda`) through `cust`; the
+//! host-side types work without a GPU.
+//!
+//! # Example
+//!
+//! A parent creates a region holding a barrier and a value; children open it by name, join the
+//! barrier, and read the value after the barrier:
+//!
+//! ```no_run
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe};
+//!
+//! #[repr(C)]
+//! struct Shared {
+//!     barrier: BarrierState,
+//!     value: AtomicU64,
+//! }
+//! // SAFETY: repr(C), every field is ShmSafe.
+//! unsafe impl ShmSafe for Shared {}
+//!
+//! fn parent(children: u32) -> cuda_ipc::Result<String> {
+//!     let region = ShmOptions::new("demo")
+//!         .random_suffix(true)
+//!         .create_with(|s: &Shared| s.barrier.init(children))?;
+//!     // ...start the children with `region.name()`, keep `region` alive until they exit...
+//!     Ok(region.name().to_owned())
+//! }
+//!
+//! fn child(name: &str, id: u64) -> cuda_ipc::Result<()> {
+//!     let region = ShmOptions::new(name).open::<Shared>()?;
+//!     let barrier = ProcessBarrier::join(&region.barrier)?;
+//!     region.value.fetch_add(id, Ordering::AcqRel);
+//!     barrier.wait()?; // every child has added its id
+//!     println!("sum = {}", region.value.load(Ordering::Acquire));
+//!     Ok(())
+//! }
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod barrier;
+mod error;
+mod os;
+mod process;
+mod shared;
+mod shm;
+mod sync;
+
+pub use barrier::{
+    BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
+    MAX_PARTIES, ProcessBarrier,
+};
+pub use error::{Error, Result};
+pub use process::ProcessIdentity;
+pub use shared::{ShmCell, ShmSafe};
+pub use shm::{
+    DEFAULT_OPEN_TIMEOUT, HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name,
+};

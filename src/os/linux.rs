@@ -1,0 +1,266 @@
+//! Linux backend: `/dev/shm` files, shared futexes, `/proc` process identities.
+//!
+//! The shared-memory calls are `open(2)` on `/dev/shm/<name>`, which is exactly what glibc's
+//! `shm_open` does, with the flags spelled out so that `O_NOFOLLOW` and `O_EXCL` are visible here
+//! rather than implied by a libc.
+
+use std::fs::File;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use rustix::fd::OwnedFd;
+use rustix::fs::{self, FallocateFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+use rustix::thread::futex;
+
+use crate::error::{Error, Result};
+
+/// Where POSIX shared memory lives on Linux.
+pub(crate) const SHM_DIR: &str = "/dev/shm";
+
+/// The longest file name `/dev/shm` accepts (`NAME_MAX`).
+pub(crate) const NAME_MAX: usize = 255;
+
+fn shm_path(name: &str) -> String {
+    format!("{SHM_DIR}/{name}")
+}
+
+/// What `fstat` says about a shared-memory file, reduced to what the open checks need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileInfo {
+    /// `S_IFMT` bits.
+    pub file_type: u32,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// Device and inode: which file this is, to unlink only our own.
+    pub dev: u64,
+    /// See `dev`.
+    pub ino: u64,
+}
+
+impl FileInfo {
+    /// `S_IFREG`.
+    pub(crate) fn is_regular(&self) -> bool {
+        FileType::from_raw_mode(self.file_type) == FileType::RegularFile
+    }
+}
+
+fn info_of(st: &fs::Stat) -> FileInfo {
+    FileInfo {
+        file_type: st.st_mode & libc_s_ifmt(),
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        size: u64::try_from(st.st_size).unwrap_or(0),
+        dev: st.st_dev,
+        ino: st.st_ino,
+    }
+}
+
+const fn libc_s_ifmt() -> u32 {
+    0o170000
+}
+
+/// Create `/dev/shm/<name>` exclusively with mode exactly `0600` and `len` bytes reserved.
+///
+/// The file is created with `O_CREAT|O_EXCL|O_NOFOLLOW`, then `fchmod`ed so that the umask cannot
+/// take the owner's bits away, then `fallocate`d so that a full `/dev/shm` fails here with
+/// `NoSpace` instead of killing the process with `SIGBUS` on first touch. On any failure after
+/// the create, the name is unlinked again.
+pub(crate) fn shm_create(name: &str, len: u64) -> Result<(File, FileInfo)> {
+    let path = shm_path(name);
+    let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = fs::open(&path, flags, Mode::RUSR | Mode::WUSR)
+        .map_err(|e| Error::from_os("open(O_CREAT|O_EXCL)", name, e))?;
+    let finish = || -> Result<FileInfo> {
+        fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(|e| Error::from_os("fchmod", name, e))?;
+        match fs::fallocate(&fd, FallocateFlags::empty(), 0, len) {
+            Ok(()) => {}
+            Err(Errno::NOSPC) => {
+                return Err(Error::NoSpace {
+                    name: name.to_owned(),
+                    len,
+                });
+            }
+            // A filesystem without fallocate: size it, accepting the SIGBUS risk it cannot avoid.
+            Err(Errno::OPNOTSUPP) => {
+                fs::ftruncate(&fd, len).map_err(|e| Error::from_os("ftruncate", name, e))?
+            }
+            Err(e) => return Err(Error::from_os("fallocate", name, e)),
+        }
+        file_info(&fd, name)
+    };
+    match finish() {
+        Ok(info) => Ok((File::from(fd), info)),
+        Err(e) => {
+            // The name is ours (O_EXCL succeeded): take it back so a failed create leaves nothing.
+            let _ = fs::unlink(&path);
+            Err(e)
+        }
+    }
+}
+
+/// Open an existing `/dev/shm/<name>` read-write without following a symbolic link.
+pub(crate) fn shm_open(name: &str) -> Result<(File, FileInfo)> {
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let fd = fs::open(shm_path(name), flags, Mode::empty())
+        .map_err(|e| Error::from_os("open", name, e))?;
+    let info = file_info(&fd, name)?;
+    Ok((File::from(fd), info))
+}
+
+fn file_info(fd: &OwnedFd, name: &str) -> Result<FileInfo> {
+    let st = fs::fstat(fd).map_err(|e| Error::from_os("fstat", name, e))?;
+    Ok(info_of(&st))
+}
+
+/// `lstat` of `/dev/shm/<name>`, never following a link.
+pub(crate) fn shm_lstat(name: &str) -> Result<FileInfo> {
+    let st = fs::lstat(shm_path(name)).map_err(|e| Error::from_os("lstat", name, e))?;
+    Ok(info_of(&st))
+}
+
+/// Unlink `/dev/shm/<name>` if it is still the file `(dev, ino)`; returns whether it unlinked.
+///
+/// Someone may have unlinked our region and created another under the same name; that one is
+/// not ours to remove. (A window remains between the `lstat` and the `unlink`; only a process of
+/// our own uid can race it, and such a process can unlink the name anyway.)
+pub(crate) fn shm_unlink_if_same(name: &str, dev: u64, ino: u64) -> Result<bool> {
+    match shm_lstat(name) {
+        Ok(info) if info.dev == dev && info.ino == ino => {
+            fs::unlink(shm_path(name)).map_err(|e| Error::from_os("unlink", name, e))?;
+            Ok(true)
+        }
+        Ok(_) | Err(Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Unlink `/dev/shm/<name>` unconditionally.
+pub(crate) fn shm_unlink(name: &str) -> Result<()> {
+    fs::unlink(shm_path(name)).map_err(|e| Error::from_os("unlink", name, e))
+}
+
+/// Our effective uid.
+pub(crate) fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// Our process id.
+pub(crate) fn pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get().unsigned_abs()
+}
+
+/// Eight random bytes from the kernel (`getrandom`).
+pub(crate) fn random_u64() -> Result<u64> {
+    let mut buf = [0u8; 8];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(Errno::INTR) => {}
+            Err(e) => {
+                return Err(Error::Os {
+                    call: "getrandom",
+                    name: String::new(),
+                    source: std::io::Error::from_raw_os_error(e.raw_os_error()),
+                });
+            }
+        }
+    }
+    Ok(u64::from_ne_bytes(buf))
+}
+
+/// Sleep on a shared (not `FUTEX_PRIVATE`) futex while `*word == expected`, at most `timeout`.
+///
+/// Returns on wake-up, timeout, signal, or a value mismatch alike: the caller re-checks its
+/// condition in every case.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = rustix::time::Timespec {
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    // Every outcome (woken, ETIMEDOUT, EAGAIN on mismatch, EINTR) means "look again".
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
+}
+
+/// Wake every process sleeping on `word` (a shared futex).
+pub(crate) fn futex_wake_all(word: &AtomicU32) {
+    // FUTEX_WAKE on a valid mapped address cannot fail in a way the caller could act on.
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX.unsigned_abs());
+}
+
+/// What `/proc/<pid>/stat` says about a process: its state letter and start time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    /// Field 3: `R`, `S`, `D`, `T`, `Z` (zombie), `X` (dead), ...
+    pub state: u8,
+    /// Field 22: start time in clock ticks after boot.
+    pub start_time: u64,
+}
+
+/// Read `/proc/<pid>/stat`; `None` when there is no such process.
+pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_proc_stat(&text)
+}
+
+/// Parse the `stat` line. The command name (field 2) is in parentheses and may itself contain
+/// spaces and parentheses, so the fields after it are found from the last `)`.
+pub(crate) fn parse_proc_stat(text: &[u8]) -> Option<ProcStat> {
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    // fields now starts at field 3 (state); start time is field 22, i.e. 19 further on.
+    let state = *fields.next()?.as_bytes().first()?;
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+/// `/proc/sys/kernel/random/boot_id` as 16 bytes; all zero when unreadable.
+pub(crate) fn boot_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+        for (i, pair) in hex.chunks_exact(2).take(16).enumerate() {
+            let s = std::str::from_utf8(pair).unwrap_or("00");
+            id[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+        }
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_command_names() {
+        let line = b"1234 (a) b (c)) S 1 1234 1234 0 -1 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100 0";
+        let st = parse_proc_stat(line).unwrap();
+        assert_eq!(st.state, b'S');
+        assert_eq!(st.start_time, 987654);
+    }
+
+    #[test]
+    fn rejects_truncated_stat() {
+        assert_eq!(parse_proc_stat(b"1234 (x) S 1 2"), None);
+        assert_eq!(parse_proc_stat(b""), None);
+        assert_eq!(parse_proc_stat(b"no parens at all"), None);
+    }
+
+    #[test]
+    fn own_stat_is_readable_and_alive() {
+        let st = proc_stat(pid()).unwrap();
+        assert!(matches!(st.state, b'R' | b'S' | b'D'), "{}", st.state as char);
+        assert!(st.start_time > 0);
+    }
+
+    #[test]
+    fn boot_id_is_not_zero() {
+        assert_ne!(boot_id(), [0u8; 16]);
+    }
+}

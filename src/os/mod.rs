@@ -1,0 +1,12 @@
+//! The platform seam: every system call this crate makes outside CUDA lives below this module.
+//!
+//! Only Linux is implemented (`linux.rs`): named shared memory under `/dev/shm`, shared futexes,
+//! and `/proc` process identities. A new platform is one new file with the same functions.
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+pub(crate) use linux::*;
+
+#[cfg(not(target_os = "linux"))]
+compile_error!("cuda-ipc supports Linux only (CUDA legacy IPC is Linux-only)");

@@ -1,0 +1,104 @@
+//! Process identities that survive pid reuse.
+//!
+//! A pid alone names a process only while it lives: once it exits, the kernel may hand the same
+//! number to a new process, and `kill(pid, 0)` would then report the stranger as alive. A
+//! [`ProcessIdentity`] pairs the pid with the process's start time (field 22 of
+//! `/proc/<pid>/stat`, in clock ticks after boot), which a reused pid cannot repeat.
+
+use crate::os;
+
+/// A process named by pid and start time, as recorded in shared memory by the barrier and the
+/// region header.
+///
+/// `ProcessIdentity` is plain data (`Copy`, `Send`, `Sync`).
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::ProcessIdentity;
+///
+/// let me = ProcessIdentity::current();
+/// assert_eq!(me.pid(), std::process::id());
+/// assert!(me.is_alive());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessIdentity {
+    pid: u32,
+    start_time: u64,
+}
+
+impl ProcessIdentity {
+    /// The calling process.
+    ///
+    /// If `/proc` cannot be read the start time is 0, which [`is_alive`](Self::is_alive) treats
+    /// as "pid only".
+    pub fn current() -> Self {
+        let pid = os::pid();
+        let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
+        Self { pid, start_time }
+    }
+
+    /// Rebuild an identity from its parts (as read back from shared memory).
+    pub fn from_parts(pid: u32, start_time: u64) -> Self {
+        Self { pid, start_time }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The start time in clock ticks after boot (0 if it was unknown).
+    pub fn start_time(&self) -> u64 {
+        self.start_time
+    }
+
+    /// Whether this very process still runs: the pid exists, is not a zombie, and (where the
+    /// start time is known) started at the recorded time, so a reused pid reads as dead.
+    ///
+    /// A stopped process (`SIGSTOP`) is alive.
+    pub fn is_alive(&self) -> bool {
+        if self.pid == 0 {
+            return false;
+        }
+        match os::proc_stat(self.pid) {
+            None => false,
+            Some(st) => {
+                let exited = matches!(st.state, b'Z' | b'X' | b'x');
+                let same = self.start_time == 0 || st.start_time == self.start_time;
+                !exited && same
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_pid_reads_as_dead() {
+        let me = ProcessIdentity::current();
+        let impostor = ProcessIdentity::from_parts(me.pid(), me.start_time() + 1);
+        assert!(me.is_alive());
+        assert!(!impostor.is_alive());
+    }
+
+    #[test]
+    fn pid_zero_is_never_alive() {
+        assert!(!ProcessIdentity::from_parts(0, 0).is_alive());
+    }
+
+    #[test]
+    fn an_exited_child_reads_as_dead_even_before_it_is_reaped() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcessIdentity::from_parts(child.id(), 0);
+        // Until we wait on it, the exited child is a zombie that /proc still lists.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while id.is_alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!id.is_alive());
+        child.wait().unwrap();
+    }
+}

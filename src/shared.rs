@@ -1,0 +1,182 @@
+//! What may live in memory that another process can write: the [`ShmSafe`] contract and
+//! [`ShmCell`], a plain-data slot read and written only by copy.
+//!
+//! Rust's aliasing rules assume nobody changes the bytes behind a `&T` (outside an `UnsafeCell`),
+//! and its memory model makes a plain read racing a write undefined behaviour. Another process
+//! can write shared memory at any moment, so this crate hands out references only to types whose
+//! every byte is reached through atomic operations: integer atomics, [`ShmCell`] (which copies
+//! its contents in and out with per-byte atomic accesses), and structures built of them.
+
+use std::cell::UnsafeCell;
+use std::mem::{MaybeUninit, size_of};
+use std::sync::atomic::{
+    AtomicI8, AtomicI16, AtomicI32, AtomicI64, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering,
+    fence,
+};
+
+use bytemuck::Pod;
+
+/// A type that may be placed in shared memory and accessed through `&Self` while other
+/// processes read and write the same bytes.
+///
+/// # Safety
+///
+/// Implement this only for a type that:
+/// - is `#[repr(C)]` or `#[repr(transparent)]`, so every process agrees on its layout;
+/// - is valid for **every** bit pattern, all zeros included (the region starts zeroed, and a
+///   buggy or hostile peer can write anything);
+/// - reaches every byte only through atomic operations or [`ShmCell`]: no plain field that a
+///   `&Self` could read while another process writes it, and no padding that matters;
+/// - holds no pointers, references or file descriptors (they mean nothing in another process).
+///
+/// Integer atomics (not `AtomicBool`, whose invalid bit patterns are undefined behaviour),
+/// [`ShmCell<T>`], [`BarrierState`](crate::BarrierState), and arrays of these qualify. A struct
+/// of such fields qualifies when it is `#[repr(C)]`:
+///
+/// ```
+/// use std::sync::atomic::AtomicU32;
+/// use cuda_ipc::{BarrierState, ShmCell, ShmSafe};
+///
+/// #[repr(C)]
+/// struct Shared {
+///     barrier: BarrierState,
+///     ready: AtomicU32,
+///     devices: ShmCell<[i32; 8]>,
+/// }
+/// // SAFETY: repr(C), every field is ShmSafe.
+/// unsafe impl ShmSafe for Shared {}
+/// ```
+pub unsafe trait ShmSafe: Sync + Sized + 'static {
+    /// A tag that names the layout, checked when a region is opened so that a process never
+    /// views another program's region as its own type. The default hashes the type's path
+    /// (`std::any::type_name`) with FNV-1a, which is stable for one build of a program; override
+    /// it with a fixed constant when different programs (or compiler versions) share a region.
+    fn type_tag() -> u64 {
+        fnv1a64(std::any::type_name::<Self>().as_bytes())
+    }
+}
+
+macro_rules! shm_safe_atomics {
+    ($($t:ty),*) => {$(
+        // SAFETY: an integer atomic is valid for every bit pattern and only accessed atomically.
+        unsafe impl ShmSafe for $t {}
+    )*};
+}
+shm_safe_atomics!(
+    AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicI8, AtomicI16, AtomicI32, AtomicI64
+);
+
+// SAFETY: an array of ShmSafe elements has no padding between them and inherits their contract.
+unsafe impl<T: ShmSafe, const N: usize> ShmSafe for [T; N] {}
+
+/// FNV-1a, 64-bit: a small stable hash for type tags.
+pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+/// A plain-data value in shared memory, copied in and out and never borrowed.
+///
+/// [`load`](Self::load) copies the bytes out with atomic loads and [`store`](Self::store) copies
+/// them in with atomic stores, so a concurrent writer in another process can give a torn value
+/// (a mix of old and new bytes) but never undefined behaviour. Validate what you load (the
+/// handle envelopes of this crate carry checksums for this reason), and order publication with
+/// an atomic flag or the barrier: `store` ends with a release fence and `load` starts with an
+/// acquire fence.
+///
+/// `ShmCell<T>` is `Sync` (every access is atomic) and [`ShmSafe`].
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::ShmCell;
+///
+/// let cell = ShmCell::new([1u32, 2, 3]);
+/// cell.store([4, 5, 6]);
+/// assert_eq!(cell.load(), [4, 5, 6]);
+/// ```
+#[repr(transparent)]
+pub struct ShmCell<T: Pod> {
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: all access to the inner value goes through per-byte atomic operations (see `bytes`).
+unsafe impl<T: Pod> Sync for ShmCell<T> {}
+
+// SAFETY: repr(transparent) over a Pod value (valid for all bit patterns, zero included, no
+// pointers); every access is atomic.
+unsafe impl<T: Pod> ShmSafe for ShmCell<T> {}
+
+impl<T: Pod> ShmCell<T> {
+    /// A cell holding `value` (for use outside shared memory, or in tests).
+    pub const fn new(value: T) -> Self {
+        Self {
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    fn bytes(&self) -> &[AtomicU8] {
+        // SAFETY: AtomicU8 has the size and alignment of u8 and permits shared mutation; the
+        // UnsafeCell makes the bytes legal to mutate through `&self`, and every access to them
+        // (here and in every process using this layout) is atomic.
+        unsafe { std::slice::from_raw_parts(self.value.get().cast::<AtomicU8>(), size_of::<T>()) }
+    }
+
+    /// Copy the value out.
+    pub fn load(&self) -> T {
+        fence(Ordering::Acquire);
+        let mut out = MaybeUninit::<T>::uninit();
+        let dst = out.as_mut_ptr().cast::<u8>();
+        for (i, byte) in self.bytes().iter().enumerate() {
+            // SAFETY: `i < size_of::<T>()`, so the write stays inside `out`.
+            unsafe { dst.add(i).write(byte.load(Ordering::Relaxed)) };
+        }
+        // SAFETY: every byte was written above and T is Pod, so any bytes are a valid T.
+        unsafe { out.assume_init() }
+    }
+
+    /// Copy `value` in.
+    pub fn store(&self, value: T) {
+        for (byte, &b) in self.bytes().iter().zip(bytemuck::bytes_of(&value)) {
+            byte.store(b, Ordering::Relaxed);
+        }
+        fence(Ordering::Release);
+    }
+}
+
+impl<T: Pod + std::fmt::Debug> std::fmt::Debug for ShmCell<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ShmCell").field(&self.load()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_matches_reference_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn cell_round_trips_unaligned_sizes() {
+        let c = ShmCell::new([0u8; 13]);
+        c.store(*b"hello, world!");
+        assert_eq!(&c.load(), b"hello, world!");
+    }
+
+    #[test]
+    fn default_type_tags_differ_by_type() {
+        assert_ne!(AtomicU32::type_tag(), AtomicU64::type_tag());
+        assert_ne!(<[AtomicU32; 2]>::type_tag(), <[AtomicU32; 3]>::type_tag());
+    }
+}

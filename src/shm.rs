@@ -1,0 +1,601 @@
+//! [`ShmRegion`]: a named POSIX shared-memory region holding one [`ShmSafe`] value.
+//!
+//! This is where simpleIPC's `shm_open(..., 0777)` and raw struct become safe: the region is
+//! created exclusively with mode `0600`, space is reserved up front, a header describes the
+//! layout, and an opener checks the file and the header before it maps the payload.
+
+mod header;
+
+use std::fs::File;
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+pub use header::HeaderFields;
+use header::{Expected, HEADER_LEN, MAGIC, RawHeader, VERSION};
+
+use crate::error::{Error, Result};
+use crate::os::{self, FileInfo};
+use crate::process::ProcessIdentity;
+use crate::shared::ShmSafe;
+
+/// Length of the random suffix [`ShmOptions::random_suffix`] appends: `.` and 16 hex digits.
+const SUFFIX_LEN: usize = 17;
+
+/// The largest payload alignment supported (a page: the mapping's own alignment).
+const MAX_ALIGN: usize = 4096;
+
+/// Default for [`ShmOptions::open_timeout`].
+pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Check a shared-memory name and return it without its optional leading `/`.
+///
+/// A name is one path component under `/dev/shm`: not empty, no `/` after the optional leading
+/// one, no NUL byte, not `.` or `..`, at most 255 bytes.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] saying which rule the name broke.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(cuda_ipc::validate_name("/simple_ipc").unwrap(), "simple_ipc");
+/// assert!(cuda_ipc::validate_name("a/b").is_err());
+/// ```
+pub fn validate_name(name: &str) -> Result<&str> {
+    validate_name_within(name, os::NAME_MAX)
+}
+
+fn validate_name_within(name: &str, max: usize) -> Result<&str> {
+    let invalid = |reason| Error::InvalidName {
+        name: name.to_owned(),
+        reason,
+    };
+    let bare = name.strip_prefix('/').unwrap_or(name);
+    if bare.is_empty() {
+        return Err(invalid("empty"));
+    }
+    if bare.len() > max {
+        return Err(invalid("longer than 255 bytes (with any random suffix)"));
+    }
+    if bare.contains('/') {
+        return Err(invalid("contains '/' after the optional leading one"));
+    }
+    if bare.contains('\0') {
+        return Err(invalid("contains a NUL byte"));
+    }
+    if bare == "." || bare == ".." {
+        return Err(invalid("is '.' or '..'"));
+    }
+    Ok(bare)
+}
+
+/// Where the payload of a `T` starts and how long the file is.
+fn layout_of<T>() -> Result<(usize, usize)> {
+    let align = std::mem::align_of::<T>();
+    if align > MAX_ALIGN {
+        return Err(Error::InvalidArgument {
+            call: "ShmRegion",
+            reason: format!("payload alignment {align} exceeds the page size {MAX_ALIGN}"),
+        });
+    }
+    let offset = HEADER_LEN.next_multiple_of(align);
+    Ok((offset, offset + std::mem::size_of::<T>()))
+}
+
+/// How to create or open a [`ShmRegion`]: the name and the creation mode.
+///
+/// Creation is always exclusive: an existing name is never reused silently
+/// ([`Error::AlreadyExists`]), unless [`reclaim_stale`](Self::reclaim_stale) is set and the
+/// existing region's creator is dead.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use cuda_ipc::ShmOptions;
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let region = ShmOptions::new("counter").random_suffix(true).create::<AtomicU64>()?;
+/// region.fetch_add(1, Ordering::Relaxed);
+/// // Another process opens it by the full name:
+/// let other = ShmOptions::new(region.name()).open::<AtomicU64>()?;
+/// assert_eq!(other.load(Ordering::Relaxed), 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ShmOptions {
+    name: String,
+    random_suffix: bool,
+    open_timeout: Duration,
+    reclaim_stale: bool,
+}
+
+impl ShmOptions {
+    /// Options for the region called `name` (with or without a leading `/`).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            random_suffix: false,
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
+            reclaim_stale: false,
+        }
+    }
+
+    /// On create, append `.` and 16 random hex digits to the name so that it cannot collide;
+    /// read the full name back with [`ShmRegion::name`]. Ignored by open.
+    pub fn random_suffix(mut self, yes: bool) -> Self {
+        self.random_suffix = yes;
+        self
+    }
+
+    /// How long open waits for a creator to publish the header before [`Error::NotReady`]
+    /// (default [`DEFAULT_OPEN_TIMEOUT`]). Open returns at once if the creator is known dead.
+    pub fn open_timeout(mut self, timeout: Duration) -> Self {
+        self.open_timeout = timeout;
+        self
+    }
+
+    /// On create, if the name exists, is ours (our uid, mode `0600`, a regular file) and its
+    /// creator process is dead, unlink it and create afresh. Use this only where the creator is
+    /// the region's only owner (the default; see [`ShmRegion::release_ownership`]).
+    pub fn reclaim_stale(mut self, yes: bool) -> Self {
+        self.reclaim_stale = yes;
+        self
+    }
+
+    /// Create the region with a zeroed payload.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::AlreadyExists`], [`Error::NoSpace`],
+    /// [`Error::PermissionDenied`], [`Error::InvalidArgument`] (alignment over a page), or
+    /// [`Error::Os`] naming the failed call.
+    pub fn create<T: ShmSafe>(&self) -> Result<ShmRegion<T>> {
+        self.create_with(|_: &T| Ok(()))
+    }
+
+    /// Create the region and run `init` on the payload before the header is published, so no
+    /// opener can see the payload before `init` returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`create`](Self::create), and whatever `init` returns (the region is then unlinked).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{BarrierState, ShmOptions};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let region = ShmOptions::new("sync")
+    ///     .random_suffix(true)
+    ///     .create_with(|b: &BarrierState| b.init(4))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn create_with<T: ShmSafe>(
+        &self,
+        init: impl FnOnce(&T) -> Result<()>,
+    ) -> Result<ShmRegion<T>> {
+        let limit = if self.random_suffix {
+            os::NAME_MAX - SUFFIX_LEN
+        } else {
+            os::NAME_MAX
+        };
+        let base = validate_name_within(&self.name, limit)?;
+        let name = if self.random_suffix {
+            format!("{base}.{:016x}", os::random_u64()?)
+        } else {
+            base.to_owned()
+        };
+        let (offset, total) = layout_of::<T>()?;
+        let (file, info) = match os::shm_create(&name, total as u64) {
+            Err(Error::AlreadyExists { .. }) if self.reclaim_stale && reclaim(&name)? => {
+                os::shm_create(&name, total as u64)?
+            }
+            other => other?,
+        };
+        let map = map(&file, total, &name).inspect_err(|_| {
+            let _ = os::shm_unlink_if_same(&name, info.dev, info.ino);
+        })?;
+        let region = ShmRegion::<T> {
+            map,
+            name,
+            owner: true,
+            dev: info.dev,
+            ino: info.ino,
+            payload_offset: offset,
+            _payload: PhantomData,
+        };
+        let me = ProcessIdentity::current();
+        region.header().write_creator(me.pid(), me.start_time());
+        // On error the region drops here, and as owner it unlinks the name.
+        init(region.get())?;
+        let mut fields = HeaderFields {
+            magic: MAGIC,
+            version: VERSION,
+            header_len: HEADER_LEN as u32,
+            payload_offset: offset as u32,
+            payload_align: std::mem::align_of::<T>() as u32,
+            payload_size: std::mem::size_of::<T>() as u64,
+            type_tag: T::type_tag(),
+            total_len: total as u64,
+            creator_pid: me.pid(),
+            creator_start: me.start_time(),
+            boot_id: os::boot_id(),
+            checksum: 0,
+            reserved: 0,
+        };
+        fields.checksum = fields.compute_checksum();
+        region.header().publish(&fields);
+        Ok(region)
+    }
+
+    /// Open an existing region, checking before the payload is mapped that it is a regular
+    /// file owned by our euid with no group/other permission bits, and that its published
+    /// header matches `T` (magic, version, checksum, size, alignment, type tag) and the file
+    /// size.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::NotFound`], [`Error::Symlink`],
+    /// [`Error::NotRegularFile`], [`Error::WrongOwner`], [`Error::InsecurePermissions`],
+    /// [`Error::SizeMismatch`], [`Error::NotReady`] (header not published within the open
+    /// timeout, or its creator died first), [`Error::HeaderMismatch`] naming the field.
+    pub fn open<T: ShmSafe>(&self) -> Result<ShmRegion<T>> {
+        let name = validate_name(&self.name)?.to_owned();
+        let (file, info) = os::shm_open(&name)?;
+        check_file(&name, &info)?;
+        let (offset, total) = layout_of::<T>()?;
+        if info.size < HEADER_LEN as u64 {
+            return Err(Error::SizeMismatch {
+                name,
+                expected: total as u64,
+                found: info.size,
+            });
+        }
+        // Map the header alone, wait for publication, validate; only then map the payload.
+        let head = map(&file, HEADER_LEN, &name)?;
+        let fields = wait_published(raw_header(&head), &name, self.open_timeout)?;
+        fields.validate(
+            &name,
+            &Expected {
+                payload_offset: offset as u32,
+                payload_align: std::mem::align_of::<T>() as u32,
+                payload_size: std::mem::size_of::<T>() as u64,
+                type_tag: T::type_tag(),
+                total_len: total as u64,
+            },
+        )?;
+        if info.size != total as u64 {
+            return Err(Error::SizeMismatch {
+                name,
+                expected: total as u64,
+                found: info.size,
+            });
+        }
+        drop(head);
+        let map = map(&file, total, &name)?;
+        Ok(ShmRegion {
+            map,
+            name,
+            owner: false,
+            dev: info.dev,
+            ino: info.ino,
+            payload_offset: offset,
+            _payload: PhantomData,
+        })
+    }
+}
+
+fn check_file(name: &str, info: &FileInfo) -> Result<()> {
+    if !info.is_regular() {
+        return Err(Error::NotRegularFile {
+            name: name.to_owned(),
+            file_type: info.file_type,
+        });
+    }
+    let euid = os::euid();
+    if info.uid != euid {
+        return Err(Error::WrongOwner {
+            name: name.to_owned(),
+            expected: euid,
+            found: info.uid,
+        });
+    }
+    if info.mode & 0o077 != 0 {
+        return Err(Error::InsecurePermissions {
+            name: name.to_owned(),
+            mode: info.mode,
+        });
+    }
+    Ok(())
+}
+
+fn map(file: &File, len: usize, name: &str) -> Result<MmapRaw> {
+    MmapOptions::new()
+        .len(len)
+        .map_raw(file)
+        .map_err(|source| Error::Os {
+            call: "mmap",
+            name: name.to_owned(),
+            source,
+        })
+}
+
+fn raw_header(map: &MmapRaw) -> &RawHeader {
+    // SAFETY: every mapping made here is at least HEADER_LEN bytes, page-aligned (so aligned
+    // for RawHeader), lives as long as the borrow of `map`, and RawHeader is all atomics, valid
+    // for any bytes another process may write.
+    unsafe { &*map.as_ptr().cast::<RawHeader>() }
+}
+
+/// Wait (bounded) for the creator's `Release` store of the magic; return the header copy.
+fn wait_published(header: &RawHeader, name: &str, timeout: Duration) -> Result<HeaderFields> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if header.is_published() {
+            return Ok(header.snapshot());
+        }
+        let (pid, start_time) = header.creator();
+        let creator_dead = pid != 0 && !ProcessIdentity::from_parts(pid, start_time).is_alive();
+        let waited = start.elapsed();
+        if creator_dead || waited >= timeout {
+            // One last look: the creator may have published just before it exited.
+            if header.is_published() {
+                return Ok(header.snapshot());
+            }
+            return Err(Error::NotReady {
+                name: name.to_owned(),
+                waited,
+                creator_dead,
+            });
+        }
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// Unlink `name` if it is ours and its creator is dead; true if it was unlinked.
+fn reclaim(name: &str) -> Result<bool> {
+    let (file, info) = os::shm_open(name)?;
+    check_file(name, &info)?;
+    if info.size < HEADER_LEN as u64 {
+        // Too short to hold even a creator record: not a region of ours.
+        return Ok(false);
+    }
+    let head = map(&file, HEADER_LEN, name)?;
+    let (pid, start) = raw_header(&head).creator();
+    if pid == 0 || ProcessIdentity::from_parts(pid, start).is_alive() {
+        return Ok(false);
+    }
+    os::shm_unlink_if_same(name, info.dev, info.ino)
+}
+
+/// A named POSIX shared-memory region holding one `T`, mapped read-write in this process.
+///
+/// The payload is reached through [`get`](Self::get) (or `Deref`) as `&T`; [`ShmSafe`]
+/// guarantees every byte of `T` is accessed atomically, so no `&`/`&mut` to bytes another
+/// process can write is ever handed out. Plain data goes in [`ShmCell`](crate::ShmCell)s,
+/// copied in and out.
+///
+/// The process that created the region **owns the name** and unlinks it on drop; an opener does
+/// not. Ownership can be handed over with [`release_ownership`](Self::release_ownership) and
+/// [`acquire_ownership`](Self::acquire_ownership). Unlinking removes the name only: processes
+/// that mapped the region keep using it until they drop it.
+///
+/// `ShmRegion<T>` is `Send` and `Sync`.
+///
+/// # Safety
+///
+/// The safe API cannot stop another process of the **same uid** from shrinking the file
+/// (`ftruncate`); touching a page past the new end raises `SIGBUS`. Processes of other uids
+/// cannot: the region is `0600` and opens refuse anything else. Everything else a peer can do
+/// (write any bytes) leaves this process sound: it sees only atomics and validated copies.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use cuda_ipc::{ShmCell, ShmRegion, ShmSafe};
+///
+/// #[repr(C)]
+/// struct Shared {
+///     ready: AtomicU32,
+///     devices: ShmCell<[i32; 4]>,
+/// }
+/// // SAFETY: repr(C), every field is ShmSafe.
+/// unsafe impl ShmSafe for Shared {}
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let region = ShmRegion::<Shared>::create("simple_ipc_demo")?;
+/// region.devices.store([0, 1, -1, -1]);
+/// region.ready.store(1, Ordering::Release);
+/// # Ok(()) }
+/// ```
+pub struct ShmRegion<T: ShmSafe> {
+    map: MmapRaw,
+    name: String,
+    owner: bool,
+    dev: u64,
+    ino: u64,
+    payload_offset: usize,
+    _payload: PhantomData<fn() -> T>,
+}
+
+impl<T: ShmSafe> ShmRegion<T> {
+    /// Create `name` exclusively with a zeroed payload: [`ShmOptions::create`] with defaults.
+    ///
+    /// # Errors
+    ///
+    /// See [`ShmOptions::create`].
+    #[doc(alias = "shm_open")]
+    pub fn create(name: &str) -> Result<Self> {
+        ShmOptions::new(name).create()
+    }
+
+    /// Open `name`: [`ShmOptions::open`] with defaults.
+    ///
+    /// # Errors
+    ///
+    /// See [`ShmOptions::open`].
+    pub fn open(name: &str) -> Result<Self> {
+        ShmOptions::new(name).open()
+    }
+
+    /// The payload.
+    pub fn get(&self) -> &T {
+        // SAFETY: the mapping is `payload_offset + size_of::<T>()` bytes (checked against the
+        // file and header at create/open), page-aligned with `payload_offset` a multiple of
+        // `align_of::<T>()`, lives as long as `self`, and `T: ShmSafe` is valid for any bytes
+        // and accessed only atomically, so concurrent writers elsewhere cannot cause UB.
+        unsafe { &*self.map.as_ptr().add(self.payload_offset).cast::<T>() }
+    }
+
+    fn header(&self) -> &RawHeader {
+        raw_header(&self.map)
+    }
+
+    /// The full name, without a leading `/` (as created, suffix included).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A snapshot of the header, as published by the creator.
+    pub fn header_fields(&self) -> HeaderFields {
+        self.header().snapshot()
+    }
+
+    /// The process that created the region (from the header).
+    pub fn creator(&self) -> ProcessIdentity {
+        let (pid, start) = self.header().creator();
+        ProcessIdentity::from_parts(pid, start)
+    }
+
+    /// Whether this handle unlinks the name on drop.
+    pub fn is_owner(&self) -> bool {
+        self.owner
+    }
+
+    /// Stop owning the name: drop will not unlink it (another process takes over, or it is meant
+    /// to outlive us). Returns whether this handle was the owner.
+    pub fn release_ownership(&mut self) -> bool {
+        std::mem::replace(&mut self.owner, false)
+    }
+
+    /// Take ownership of the name: drop will unlink it (if it still names this region).
+    pub fn acquire_ownership(&mut self) {
+        self.owner = true;
+    }
+
+    /// Unlink the name now (if it still names this region), keeping the mapping. Ownership ends.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Os`] or [`Error::PermissionDenied`] from `lstat`/`unlink`.
+    pub fn unlink(&mut self) -> Result<()> {
+        self.owner = false;
+        os::shm_unlink_if_same(&self.name, self.dev, self.ino).map(drop)
+    }
+
+    /// Unmap, and unlink the name if owned, reporting an unlink failure that drop would ignore.
+    ///
+    /// # Errors
+    ///
+    /// The unlink error, with the region handed back (still owning the name).
+    pub fn close(mut self) -> std::result::Result<(), (Error, Self)> {
+        if self.owner {
+            if let Err(e) = os::shm_unlink_if_same(&self.name, self.dev, self.ino) {
+                return Err((e, self));
+            }
+            self.owner = false;
+        }
+        Ok(())
+    }
+}
+
+impl<T: ShmSafe> std::ops::Deref for ShmRegion<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.get()
+    }
+}
+
+impl<T: ShmSafe> std::fmt::Debug for ShmRegion<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmRegion")
+            .field("name", &self.name)
+            .field("owner", &self.owner)
+            .field("len", &self.map.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: ShmSafe> Drop for ShmRegion<T> {
+    fn drop(&mut self) {
+        if self.owner {
+            // Drop cannot report: a failed unlink leaves the name for `reclaim_stale`; callers
+            // who need to know use `close`.
+            let _ = os::shm_unlink_if_same(&self.name, self.dev, self.ino);
+        }
+    }
+}
+
+/// Remove `name` from `/dev/shm` if it is a region of ours whose creator has died. Returns
+/// whether it was removed.
+///
+/// # Errors
+///
+/// [`Error::NotFound`], or the same file checks as [`ShmOptions::open`] (a region of another
+/// uid or with loose permissions is never touched).
+pub fn reclaim_stale(name: &str) -> Result<bool> {
+    reclaim(validate_name(name)?)
+}
+
+/// Remove `name` from `/dev/shm` unconditionally (as `shm_unlink`), for cleaning up after a
+/// region whose owner released it.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`], [`Error::NotFound`], [`Error::PermissionDenied`].
+pub fn unlink(name: &str) -> Result<()> {
+    os::shm_unlink(validate_name(name)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(validate_name("/x").unwrap(), "x");
+        assert_eq!(validate_name("x.y-z_1").unwrap(), "x.y-z_1");
+        for bad in ["", "/", "a/b", "//a", "a\0b", ".", "..", "/.."] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_name(&"n".repeat(255)).is_ok());
+        assert!(validate_name(&"n".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn layout_puts_the_payload_after_the_header_aligned() {
+        #[repr(align(256))]
+        struct Big(#[allow(dead_code)] u8);
+        assert_eq!(layout_of::<u64>().unwrap(), (128, 136));
+        assert_eq!(layout_of::<Big>().unwrap(), (256, 512));
+    }
+
+    proptest! {
+        #[test]
+        fn any_name_is_accepted_or_rejected_without_panic(name in ".{0,300}") {
+            if let Ok(bare) = validate_name(&name) {
+                prop_assert!(!bare.is_empty() && bare.len() <= 255);
+                prop_assert!(!bare.contains('/') && !bare.contains('\0'));
+            }
+        }
+    }
+}
