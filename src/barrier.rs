@@ -239,6 +239,17 @@ impl BarrierState {
         poisoned(self.state.0.load(Ordering::Acquire))
     }
 
+    /// How many participants have arrived in the current generation (a snapshot, for
+    /// monitoring and tests).
+    pub fn arrived(&self) -> u32 {
+        count_of(self.state.0.load(Ordering::Acquire)) as u32
+    }
+
+    /// The current generation: the number of completed generations, wrapping at `u32::MAX`.
+    pub fn generation(&self) -> u32 {
+        generation_of(self.state.0.load(Ordering::Acquire))
+    }
+
     /// Record why the barrier broke (first cause wins), set the poison bit, wake everyone.
     fn poison_with(&self, kind: u64, slot: u32, pid: u32) {
         let info = (kind << 40) | (u64::from(slot & 0xff) << 32) | u64::from(pid);

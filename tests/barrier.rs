@@ -1,0 +1,305 @@
+//! ProcessBarrier across real processes: many generations, peers killed before, during and
+//! after a wait, a stopped peer, and a poisoned barrier staying poisoned.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{Child, report, spawn, unique_name, wait_for, watchdog};
+use cuda_ipc::{BarrierState, Error, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
+
+/// The shared layout of these tests.
+#[repr(C)]
+struct Shared {
+    barrier: BarrierState,
+    /// Arrivals counted by the children, to check the barrier's ordering.
+    counter: AtomicU64,
+    /// Generations led, summed over children.
+    leaders: AtomicU64,
+    /// Children that joined.
+    joined: AtomicU32,
+    /// Test phase, set by the parent.
+    phase: AtomicU32,
+    /// Children that reached a checkpoint.
+    checkpoint: AtomicU32,
+    /// When the parent killed a peer (monotonic ns).
+    killed_at: AtomicU64,
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shared {}
+
+fn create(name_hint: &str, parties: u32) -> ShmRegion<Shared> {
+    ShmOptions::new(unique_name(name_hint))
+        .create_with(|s: &Shared| s.barrier.init(parties))
+        .expect("create region")
+}
+
+fn open(name: &str) -> ShmRegion<Shared> {
+    ShmOptions::new(name).open().expect("child: open region")
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        let region = open(&args[0]);
+        match role {
+            "generations" => generations(&region, args[1].parse().unwrap()),
+            "wait_then_report" => wait_then_report(&region, args[1].parse().unwrap()),
+            "join_and_sleep" => join_and_sleep(&region, args[1].parse().unwrap()),
+            "stop_victim" => stop_victim(&region),
+            "stop_waiter" => stop_waiter(&region),
+            "join_late" => join_late(&region),
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
+
+/// Many generations; after generation g every child has counted g + 1 arrivals, and none has
+/// counted past g + 2.
+fn generations(region: &Shared, gens: u64) -> i32 {
+    let barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    let n = u64::from(barrier.parties());
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    for g in 0..gens {
+        region.counter.fetch_add(1, Ordering::AcqRel);
+        let r = barrier.wait().expect("wait");
+        assert_eq!(u64::from(r.generation()), g);
+        let c = region.counter.load(Ordering::Acquire);
+        assert!(
+            c >= n * (g + 1) && c <= n * (g + 2),
+            "generation {g}: counter {c} outside [{}, {}]",
+            n * (g + 1),
+            n * (g + 2)
+        );
+        if r.is_leader() {
+            region.leaders.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+    0
+}
+
+/// Join, complete `warmup` generations, announce, then wait once more and report the outcome
+/// with the latency since the parent's kill.
+fn wait_then_report(region: &Shared, warmup: u32) -> i32 {
+    let barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    for _ in 0..warmup {
+        barrier.wait().expect("warm-up wait");
+    }
+    region.checkpoint.fetch_add(1, Ordering::AcqRel);
+    let outcome = barrier.wait_timeout(Duration::from_secs(20));
+    let now = common::monotonic_ns();
+    let killed = region.killed_at.load(Ordering::Acquire);
+    let latency_ms = if killed == 0 { -1.0 } else { (now - killed) as f64 / 1e6 };
+    match outcome {
+        Err(Error::PeerLost { pid, exited_cleanly, .. }) => {
+            report(format!("peer_lost pid={pid} clean={exited_cleanly} latency_ms={latency_ms:.1}"));
+            // Poisoned for good: the next wait fails at once with the same cause.
+            match barrier.wait_timeout(Duration::from_secs(5)) {
+                Err(Error::PeerLost { pid: again, .. }) if again == pid => report("still_poisoned"),
+                other => report(format!("not_poisoned {other:?}")),
+            }
+        }
+        other => report(format!("unexpected {other:?}")),
+    }
+    0
+}
+
+/// Join, complete `warmup` generations, announce, then sleep until killed.
+fn join_and_sleep(region: &Shared, warmup: u32) -> i32 {
+    let barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    for _ in 0..warmup {
+        barrier.wait().expect("warm-up wait");
+    }
+    region.checkpoint.fetch_add(1, Ordering::AcqRel);
+    // In a wait when phase says so, else idle.
+    if region.phase.load(Ordering::Acquire) == 1 {
+        let _ = barrier.wait_timeout(Duration::from_secs(50));
+    }
+    std::thread::sleep(Duration::from_secs(50));
+    1
+}
+
+/// The victim of SIGSTOP: joins, then waits for phase 2 and takes part in one generation.
+fn stop_victim(region: &Shared) -> i32 {
+    let barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    while region.phase.load(Ordering::Acquire) < 2 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    barrier.wait().expect("victim wait after SIGCONT");
+    report("victim_done");
+    0
+}
+
+/// Waits while the victim is stopped (expects Timeout, not PeerLost), then again after it is
+/// continued (expects success: a timeout leaves the barrier usable).
+fn stop_waiter(region: &Shared) -> i32 {
+    let barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    while region.phase.load(Ordering::Acquire) < 1 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match barrier.wait_timeout(Duration::from_millis(400)) {
+        Err(Error::Timeout { .. }) => report("timeout"),
+        other => report(format!("unexpected {other:?}")),
+    }
+    region.checkpoint.fetch_add(1, Ordering::AcqRel);
+    while region.phase.load(Ordering::Acquire) < 2 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match barrier.wait() {
+        Ok(r) => report(format!("completed generation={}", r.generation())),
+        Err(e) => report(format!("unexpected {e:?}")),
+    }
+    0
+}
+
+/// Join a barrier that is already poisoned.
+fn join_late(region: &Shared) -> i32 {
+    match ProcessBarrier::join(&region.barrier) {
+        Err(Error::PeerLost { pid, .. }) => report(format!("join_refused pid={pid}")),
+        other => report(format!("unexpected {:?}", other.map(|b| b.slot()))),
+    }
+    0
+}
+
+fn run_generations(n: u32, gens: u64) {
+    let _dog = watchdog("generations", Duration::from_secs(120));
+    let region = create("gen", n);
+    let children: Vec<Child> = (0..n)
+        .map(|_| spawn("generations", &[region.name(), &gens.to_string()]))
+        .collect();
+    for c in children {
+        c.expect_success(Duration::from_secs(100));
+    }
+    assert_eq!(region.leaders.load(Ordering::Acquire), gens, "one leader per generation");
+    assert_eq!(region.counter.load(Ordering::Acquire), gens * u64::from(n));
+    assert_eq!(region.barrier.generation(), gens as u32);
+    assert!(!region.barrier.is_poisoned());
+}
+
+#[test]
+fn two_processes_many_generations() {
+    run_generations(2, 3000);
+}
+
+#[test]
+fn four_processes_many_generations() {
+    run_generations(4, 1500);
+}
+
+#[test]
+fn eight_processes_many_generations() {
+    run_generations(8, 800);
+}
+
+fn parse_peer_lost(line: &str) -> (u32, bool, f64) {
+    let mut pid = 0;
+    let mut clean = false;
+    let mut latency = f64::NAN;
+    for kv in line.split_whitespace().skip(1) {
+        let (k, v) = kv.split_once('=').unwrap();
+        match k {
+            "pid" => pid = v.parse().unwrap(),
+            "clean" => clean = v.parse().unwrap(),
+            "latency_ms" => latency = v.parse().unwrap(),
+            _ => {}
+        }
+    }
+    (pid, clean, latency)
+}
+
+/// Kill one of three participants while the other two wait, and check that both survivors
+/// get PeerLost naming it within a second, and that the barrier stays poisoned (also for a
+/// process joining later).
+fn kill_scenario(warmup: u32) {
+    let _dog = watchdog("kill", Duration::from_secs(60));
+    let region = create("kill", 3);
+    let warm = warmup.to_string();
+    let victim = spawn("join_and_sleep", &[region.name(), &warm]);
+    let survivors: Vec<Child> = (0..2)
+        .map(|_| spawn("wait_then_report", &[region.name(), &warm]))
+        .collect();
+    wait_for("checkpoint", Duration::from_secs(20), || {
+        region.checkpoint.load(Ordering::Acquire) == 3
+    });
+    wait_for("survivors in wait", Duration::from_secs(20), || {
+        region.barrier.arrived() == 2
+    });
+    let victim_pid = victim.pid();
+    region.killed_at.store(common::monotonic_ns(), Ordering::Release);
+    victim.signal(libc::SIGKILL);
+    let (status, _) = victim.wait(Duration::from_secs(10));
+    assert!(!status.success());
+    for s in survivors {
+        let results = s.expect_success(Duration::from_secs(20));
+        let (pid, clean, latency) = parse_peer_lost(&results[0]);
+        assert_eq!(pid, victim_pid, "{results:?}");
+        assert!(!clean, "a SIGKILLed peer is not a clean exit");
+        assert!(latency < 1000.0, "PeerLost after {latency} ms (must be < 1 s)");
+        assert_eq!(results[1], "still_poisoned");
+    }
+    assert!(region.barrier.is_poisoned());
+    let late = spawn("join_late", &[region.name()]).expect_success(Duration::from_secs(20));
+    assert_eq!(late, vec![format!("join_refused pid={victim_pid}")]);
+}
+
+#[test]
+fn peer_killed_before_its_wait() {
+    kill_scenario(0);
+}
+
+#[test]
+fn peer_killed_after_arriving_in_earlier_generations() {
+    kill_scenario(5);
+}
+
+/// Kill a participant while it sleeps inside `wait`: the survivors, still in the same
+/// generation, must learn of it.
+#[test]
+fn peer_killed_during_its_wait() {
+    let _dog = watchdog("kill_during", Duration::from_secs(60));
+    let region = create("kill-during", 3);
+    region.phase.store(1, Ordering::Release);
+    let victim = spawn("join_and_sleep", &[region.name(), "0"]);
+    // One survivor in the wait beside the victim; the third participant never arrives.
+    let survivor = spawn("wait_then_report", &[region.name(), "0"]);
+    wait_for("both in wait", Duration::from_secs(20), || region.barrier.arrived() == 2);
+    std::thread::sleep(Duration::from_millis(150)); // both asleep on the futex by now
+    let victim_pid = victim.pid();
+    region.killed_at.store(common::monotonic_ns(), Ordering::Release);
+    victim.signal(libc::SIGKILL);
+    let _ = victim.wait(Duration::from_secs(10));
+    let results = survivor.expect_success(Duration::from_secs(20));
+    let (pid, clean, latency) = parse_peer_lost(&results[0]);
+    assert_eq!((pid, clean), (victim_pid, false), "{results:?}");
+    assert!(latency < 1000.0, "PeerLost after {latency} ms (must be < 1 s)");
+    assert_eq!(results[1], "still_poisoned");
+}
+
+/// A stopped participant is alive: the others time out (not PeerLost), and once it continues
+/// the barrier completes normally.
+#[test]
+fn stopped_peer_gives_timeout_not_peer_lost() {
+    let _dog = watchdog("stop", Duration::from_secs(60));
+    let region = create("stop", 3);
+    let victim = spawn("stop_victim", &[region.name()]);
+    let waiters: Vec<Child> = (0..2).map(|_| spawn("stop_waiter", &[region.name()])).collect();
+    wait_for("joins", Duration::from_secs(20), || region.joined.load(Ordering::Acquire) == 3);
+    victim.signal(libc::SIGSTOP);
+    region.phase.store(1, Ordering::Release);
+    wait_for("timeouts", Duration::from_secs(20), || {
+        region.checkpoint.load(Ordering::Acquire) == 2
+    });
+    assert!(!region.barrier.is_poisoned(), "a stopped peer must not poison the barrier");
+    region.phase.store(2, Ordering::Release);
+    victim.signal(libc::SIGCONT);
+    for w in waiters {
+        let results = w.expect_success(Duration::from_secs(20));
+        assert_eq!(results, vec!["timeout".to_owned(), "completed generation=0".to_owned()]);
+    }
+    assert_eq!(victim.expect_success(Duration::from_secs(20)), vec!["victim_done"]);
+}

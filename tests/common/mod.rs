@@ -1,0 +1,200 @@
+//! Multi-process test harness: re-execute this test binary with a role (never `fork` without
+//! `exec`), reap every child, and never let a test hang.
+//!
+//! A test binary that uses it defines one dispatcher test,
+//!
+//! ```ignore
+//! #[test]
+//! fn child_process() {
+//!     common::child_main(|role, args| match role { ... });
+//! }
+//! ```
+//!
+//! which does nothing in a normal run and, in a child started by [`spawn`], runs the role and
+//! exits with its status.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ROLE_ENV: &str = "CUDA_IPC_TEST_ROLE";
+const ARGS_ENV: &str = "CUDA_IPC_TEST_ARGS";
+const DISPATCHER: &str = "child_process";
+
+/// How long a child may live before its own watchdog ends it.
+pub const CHILD_LIFETIME: Duration = Duration::from_secs(60);
+
+/// A name no other test (or test run) uses.
+pub fn unique_name(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "cuda-ipc-test-{test}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// In a child: run `role` with its arguments and exit with the returned code. In the parent
+/// test run: return at once.
+pub fn child_main(run: impl FnOnce(&str, &[String]) -> i32) {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let args: Vec<String> = std::env::var(ARGS_ENV)
+        .unwrap_or_default()
+        .split('\x1f')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    // A child must never outlive a broken test.
+    std::thread::spawn(|| {
+        std::thread::sleep(CHILD_LIFETIME);
+        eprintln!("child watchdog: exceeded {CHILD_LIFETIME:?}, exiting");
+        std::process::exit(97);
+    });
+    let code = run(&role, &args);
+    std::process::exit(code);
+}
+
+/// A child process, killed and reaped on drop if the test did not wait for it.
+pub struct Child {
+    inner: std::process::Child,
+    role: String,
+    reaped: bool,
+}
+
+/// Start this test binary as a child running `role`.
+pub fn spawn(role: &str, args: &[&str]) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let inner = Command::new(exe)
+        .args([DISPATCHER, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE_ENV, role)
+        .env(ARGS_ENV, args.join("\x1f"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    Child {
+        inner,
+        role: role.to_owned(),
+        reaped: false,
+    }
+}
+
+impl Child {
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.inner.id()
+    }
+
+    /// Send a signal (`libc::SIGKILL`, `SIGSTOP`, `SIGCONT`).
+    pub fn signal(&self, sig: i32) {
+        let pid = i32::try_from(self.pid()).expect("pid");
+        // SAFETY: kill(2) on our own unreaped child's pid: it cannot be reused before we reap.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig})");
+    }
+
+    /// Wait for exit, at most `limit` (then kill it and fail the test). Returns the status
+    /// and the lines the child printed that start with `RESULT `.
+    pub fn wait(mut self, limit: Duration) -> (ExitStatus, Vec<String>) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.inner.try_wait().expect("try_wait") {
+                self.reaped = true;
+                let mut out = String::new();
+                if let Some(mut stdout) = self.inner.stdout.take() {
+                    let _ = stdout.read_to_string(&mut out);
+                }
+                let results = out
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("RESULT "))
+                    .map(str::to_owned)
+                    .collect();
+                return (status, results);
+            }
+            if start.elapsed() > limit {
+                let _ = self.inner.kill();
+                let _ = self.inner.wait();
+                self.reaped = true;
+                panic!("child {:?} did not exit within {limit:?}", self.role);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Wait for a successful exit and return its `RESULT` lines.
+    pub fn expect_success(self, limit: Duration) -> Vec<String> {
+        let role = self.role.clone();
+        let (status, results) = self.wait(limit);
+        assert!(status.success(), "child {role:?} failed: {status}; results {results:?}");
+        results
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = self.inner.kill();
+            let _ = self.inner.wait();
+        }
+    }
+}
+
+/// A child's report: print one line the parent collects.
+pub fn report(line: impl std::fmt::Display) {
+    println!("RESULT {line}");
+}
+
+/// Aborts the whole test process if not disarmed within `limit`: no test can hang CI.
+pub struct Watchdog {
+    armed: Arc<AtomicBool>,
+}
+
+pub fn watchdog(what: &'static str, limit: Duration) -> Watchdog {
+    let armed = Arc::new(AtomicBool::new(true));
+    let flag = armed.clone();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if !flag.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if flag.load(Ordering::Relaxed) {
+            eprintln!("watchdog: test {what:?} exceeded {limit:?}; aborting");
+            std::process::abort();
+        }
+    });
+    Watchdog { armed }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.armed.store(false, Ordering::Relaxed);
+    }
+}
+
+/// System-wide monotonic clock in nanoseconds (comparable between processes).
+pub fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Poll `cond` until true, at most `limit` (then fail the test).
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether `/dev/shm/<name>` exists (as any file type).
+pub fn shm_exists(name: &str) -> bool {
+    std::fs::symlink_metadata(format!("/dev/shm/{name}")).is_ok()
+}
