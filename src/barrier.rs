@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::process::ProcessIdentity;
-use crate::sync::{AtomicU32, AtomicU64, Ordering, futex_wait, futex_wake_all, spin_hint, yield_now};
+use crate::sync::{
+    AtomicU32, AtomicU64, Ordering, futex_wait, futex_wake_all, spin_hint, yield_now,
+};
 
 /// The most participants a barrier supports.
 pub const MAX_PARTIES: u32 = 64;
@@ -367,7 +369,12 @@ impl<'a> ProcessBarrier<'a> {
         for slot in 0..parties {
             let s = &state.slots[slot as usize];
             if s.status
-                .compare_exchange(SLOT_FREE, SLOT_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(
+                    SLOT_FREE,
+                    SLOT_CLAIMING,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
             {
                 s.start_time.store(me.start_time(), Ordering::Relaxed);
@@ -484,7 +491,7 @@ impl<'a> ProcessBarrier<'a> {
                 return Ok(self.completed(generation));
             }
             polls = polls.wrapping_add(1);
-            if polls % POLL_BATCH != 0 {
+            if !polls.is_multiple_of(POLL_BATCH) {
                 spin_hint();
                 continue;
             }
@@ -694,10 +701,16 @@ mod tests {
     #[test]
     fn zeroed_or_scribbled_state_is_rejected_at_join() {
         let s = BarrierState::zeroed();
-        assert!(matches!(ProcessBarrier::join(&s), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            ProcessBarrier::join(&s),
+            Err(Error::Corrupt { .. })
+        ));
         s.config.0.magic.store(MAGIC, Ordering::Relaxed);
         s.config.0.parties.store(1000, Ordering::Relaxed);
-        assert!(matches!(ProcessBarrier::join(&s), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            ProcessBarrier::join(&s),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
@@ -792,7 +805,10 @@ mod tests {
         let b = ProcessBarrier::join(&s).unwrap();
         b.poison();
         assert!(matches!(a.wait(), Err(Error::Poisoned { pid }) if pid == std::process::id()));
-        assert!(matches!(ProcessBarrier::join(&s), Err(Error::Poisoned { .. })));
+        assert!(matches!(
+            ProcessBarrier::join(&s),
+            Err(Error::Poisoned { .. })
+        ));
     }
 }
 

@@ -119,7 +119,9 @@ pub enum Error {
 
     /// A header field read from shared memory does not hold what this process expects: a
     /// different layout, a different program, or corruption.
-    #[error("shared-memory region {name:?}: header field `{field}` is {found:#x}, expected {expected:#x}")]
+    #[error(
+        "shared-memory region {name:?}: header field `{field}` is {found:#x}, expected {expected:#x}"
+    )]
     HeaderMismatch {
         /// The region's name.
         name: String,

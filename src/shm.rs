@@ -506,6 +506,7 @@ impl<T: ShmSafe> ShmRegion<T> {
     /// # Errors
     ///
     /// The unlink error, with the region handed back (still owning the name).
+    #[allow(clippy::result_large_err)] // the handle comes back so the caller can retry
     pub fn close(mut self) -> std::result::Result<(), (Error, Self)> {
         if self.owner {
             if let Err(e) = os::shm_unlink_if_same(&self.name, self.dev, self.ino) {

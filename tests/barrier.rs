@@ -1,6 +1,8 @@
 //! ProcessBarrier across real processes: many generations, peers killed before, during and
 //! after a wait, a stopped peer, and a poisoned barrier staying poisoned.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
 mod common;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -50,6 +52,7 @@ fn child_process() {
             "stop_victim" => stop_victim(&region),
             "stop_waiter" => stop_waiter(&region),
             "join_late" => join_late(&region),
+            "blocked" => blocked(&region),
             other => panic!("unknown role {other}"),
         }
     });
@@ -91,10 +94,20 @@ fn wait_then_report(region: &Shared, warmup: u32) -> i32 {
     let outcome = barrier.wait_timeout(Duration::from_secs(20));
     let now = common::monotonic_ns();
     let killed = region.killed_at.load(Ordering::Acquire);
-    let latency_ms = if killed == 0 { -1.0 } else { (now - killed) as f64 / 1e6 };
+    let latency_ms = if killed == 0 {
+        -1.0
+    } else {
+        (now - killed) as f64 / 1e6
+    };
     match outcome {
-        Err(Error::PeerLost { pid, exited_cleanly, .. }) => {
-            report(format!("peer_lost pid={pid} clean={exited_cleanly} latency_ms={latency_ms:.1}"));
+        Err(Error::PeerLost {
+            pid,
+            exited_cleanly,
+            ..
+        }) => {
+            report(format!(
+                "peer_lost pid={pid} clean={exited_cleanly} latency_ms={latency_ms:.1}"
+            ));
             // Poisoned for good: the next wait fails at once with the same cause.
             match barrier.wait_timeout(Duration::from_secs(5)) {
                 Err(Error::PeerLost { pid: again, .. }) if again == pid => report("still_poisoned"),
@@ -166,6 +179,21 @@ fn join_late(region: &Shared) -> i32 {
     0
 }
 
+/// Wait while the parent sleeps a second; report the CPU time this process used meanwhile.
+fn blocked(region: &Shared) -> i32 {
+    let barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    let cpu = || {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
+    };
+    let (c0, w0) = (cpu(), std::time::Instant::now());
+    barrier.wait().expect("blocked wait");
+    let (c, w) = (cpu() - c0, w0.elapsed().as_nanos() as f64);
+    report(format!("{c} {w}"));
+    0
+}
+
 fn run_generations(n: u32, gens: u64) {
     let _dog = watchdog("generations", Duration::from_secs(120));
     let region = create("gen", n);
@@ -175,7 +203,11 @@ fn run_generations(n: u32, gens: u64) {
     for c in children {
         c.expect_success(Duration::from_secs(100));
     }
-    assert_eq!(region.leaders.load(Ordering::Acquire), gens, "one leader per generation");
+    assert_eq!(
+        region.leaders.load(Ordering::Acquire),
+        gens,
+        "one leader per generation"
+    );
     assert_eq!(region.counter.load(Ordering::Acquire), gens * u64::from(n));
     assert_eq!(region.barrier.generation(), gens as u32);
     assert!(!region.barrier.is_poisoned());
@@ -230,7 +262,9 @@ fn kill_scenario(warmup: u32) {
         region.barrier.arrived() == 2
     });
     let victim_pid = victim.pid();
-    region.killed_at.store(common::monotonic_ns(), Ordering::Release);
+    region
+        .killed_at
+        .store(common::monotonic_ns(), Ordering::Release);
     victim.signal(libc::SIGKILL);
     let (status, _) = victim.wait(Duration::from_secs(10));
     assert!(!status.success());
@@ -239,7 +273,10 @@ fn kill_scenario(warmup: u32) {
         let (pid, clean, latency) = parse_peer_lost(&results[0]);
         assert_eq!(pid, victim_pid, "{results:?}");
         assert!(!clean, "a SIGKILLed peer is not a clean exit");
-        assert!(latency < 1000.0, "PeerLost after {latency} ms (must be < 1 s)");
+        assert!(
+            latency < 1000.0,
+            "PeerLost after {latency} ms (must be < 1 s)"
+        );
         assert_eq!(results[1], "still_poisoned");
     }
     assert!(region.barrier.is_poisoned());
@@ -267,16 +304,23 @@ fn peer_killed_during_its_wait() {
     let victim = spawn("join_and_sleep", &[region.name(), "0"]);
     // One survivor in the wait beside the victim; the third participant never arrives.
     let survivor = spawn("wait_then_report", &[region.name(), "0"]);
-    wait_for("both in wait", Duration::from_secs(20), || region.barrier.arrived() == 2);
+    wait_for("both in wait", Duration::from_secs(20), || {
+        region.barrier.arrived() == 2
+    });
     std::thread::sleep(Duration::from_millis(150)); // both asleep on the futex by now
     let victim_pid = victim.pid();
-    region.killed_at.store(common::monotonic_ns(), Ordering::Release);
+    region
+        .killed_at
+        .store(common::monotonic_ns(), Ordering::Release);
     victim.signal(libc::SIGKILL);
     let _ = victim.wait(Duration::from_secs(10));
     let results = survivor.expect_success(Duration::from_secs(20));
     let (pid, clean, latency) = parse_peer_lost(&results[0]);
     assert_eq!((pid, clean), (victim_pid, false), "{results:?}");
-    assert!(latency < 1000.0, "PeerLost after {latency} ms (must be < 1 s)");
+    assert!(
+        latency < 1000.0,
+        "PeerLost after {latency} ms (must be < 1 s)"
+    );
     assert_eq!(results[1], "still_poisoned");
 }
 
@@ -287,19 +331,60 @@ fn stopped_peer_gives_timeout_not_peer_lost() {
     let _dog = watchdog("stop", Duration::from_secs(60));
     let region = create("stop", 3);
     let victim = spawn("stop_victim", &[region.name()]);
-    let waiters: Vec<Child> = (0..2).map(|_| spawn("stop_waiter", &[region.name()])).collect();
-    wait_for("joins", Duration::from_secs(20), || region.joined.load(Ordering::Acquire) == 3);
+    let waiters: Vec<Child> = (0..2)
+        .map(|_| spawn("stop_waiter", &[region.name()]))
+        .collect();
+    wait_for("joins", Duration::from_secs(20), || {
+        region.joined.load(Ordering::Acquire) == 3
+    });
     victim.signal(libc::SIGSTOP);
     region.phase.store(1, Ordering::Release);
     wait_for("timeouts", Duration::from_secs(20), || {
         region.checkpoint.load(Ordering::Acquire) == 2
     });
-    assert!(!region.barrier.is_poisoned(), "a stopped peer must not poison the barrier");
+    assert!(
+        !region.barrier.is_poisoned(),
+        "a stopped peer must not poison the barrier"
+    );
     region.phase.store(2, Ordering::Release);
     victim.signal(libc::SIGCONT);
     for w in waiters {
         let results = w.expect_success(Duration::from_secs(20));
-        assert_eq!(results, vec!["timeout".to_owned(), "completed generation=0".to_owned()]);
+        assert_eq!(
+            results,
+            vec!["timeout".to_owned(), "completed generation=0".to_owned()]
+        );
     }
-    assert_eq!(victim.expect_success(Duration::from_secs(20)), vec!["victim_done"]);
+    assert_eq!(
+        victim.expect_success(Duration::from_secs(20)),
+        vec!["victim_done"]
+    );
+}
+
+/// A waiter blocked for a second sleeps on the futex: under 1% of a core.
+#[test]
+fn a_blocked_waiter_uses_almost_no_cpu() {
+    let _dog = watchdog("blocked", Duration::from_secs(60));
+    let region = create("blocked", 2);
+    let child = spawn("blocked", &[region.name()]);
+    wait_for("join", Duration::from_secs(20), || {
+        region.joined.load(Ordering::Acquire) == 1
+    });
+    let me = ProcessBarrier::join(&region.barrier).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    me.wait().unwrap();
+    let results = child.expect_success(Duration::from_secs(20));
+    let v: Vec<f64> = results[0].split(' ').map(|x| x.parse().unwrap()).collect();
+    let (cpu, wall) = (v[0], v[1]);
+    eprintln!(
+        "blocked waiter: {:.3} ms CPU over {:.3} s",
+        cpu / 1e6,
+        wall / 1e9
+    );
+    assert!(wall >= 1e9, "waited {wall} ns");
+    assert!(
+        cpu < 0.01 * wall,
+        "a blocked waiter used {:.2}% of a core",
+        100.0 * cpu / wall
+    );
 }

@@ -2,6 +2,8 @@
 //! loose permissions, a symlink, a wrong size, each header field corrupted, an unpublished
 //! header.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
 mod common;
 
 use std::fs::OpenOptions;
@@ -40,14 +42,18 @@ fn child_process() {
             // SAFETY: plain setgid/setuid calls in a freshly exec'd single-purpose child.
             let ok = unsafe { libc::setgid(65534) == 0 && libc::setuid(65534) == 0 };
             assert!(ok, "drop to uid 65534");
-            let mut region = ShmOptions::new(&args[0]).create::<Shared>().expect("create as nobody");
+            let mut region = ShmOptions::new(&args[0])
+                .create::<Shared>()
+                .expect("create as nobody");
             region.release_ownership(); // leave it behind, as a squatter would
             0
         }
         "create_with_umask" => {
             let mask = u32::from_str_radix(&args[1], 8).unwrap();
             rustix::process::umask(rustix::fs::Mode::from_raw_mode(mask));
-            let region = ShmOptions::new(&args[0]).create::<Shared>().expect("create");
+            let region = ShmOptions::new(&args[0])
+                .create::<Shared>()
+                .expect("create");
             let mode = std::fs::metadata(format!("/dev/shm/{}", region.name()))
                 .unwrap()
                 .permissions()
@@ -63,7 +69,9 @@ fn child_process() {
             1
         }
         "create_and_leave" => {
-            let mut region = ShmOptions::new(&args[0]).create::<Shared>().expect("create");
+            let mut region = ShmOptions::new(&args[0])
+                .create::<Shared>()
+                .expect("create");
             region.release_ownership();
             0
         }
@@ -95,13 +103,21 @@ fn round_trip_across_processes() {
 
 #[test]
 fn random_suffix_names_differ_and_are_valid() {
-    let a = ShmOptions::new("/rs").random_suffix(true).create::<AtomicU64>().unwrap();
-    let b = ShmOptions::new("/rs").random_suffix(true).create::<AtomicU64>().unwrap();
+    let a = ShmOptions::new("/rs")
+        .random_suffix(true)
+        .create::<AtomicU64>()
+        .unwrap();
+    let b = ShmOptions::new("/rs")
+        .random_suffix(true)
+        .create::<AtomicU64>()
+        .unwrap();
     assert_ne!(a.name(), b.name());
     assert!(a.name().starts_with("rs.") && a.name().len() == 3 + 16);
     let too_long = "x".repeat(255 - 16);
     assert!(matches!(
-        ShmOptions::new(too_long).random_suffix(true).create::<AtomicU64>(),
+        ShmOptions::new(too_long)
+            .random_suffix(true)
+            .create::<AtomicU64>(),
         Err(Error::InvalidName { .. })
     ));
 }
@@ -135,7 +151,11 @@ fn region_of_another_uid_is_refused() {
     spawn("create_as_nobody", &[&name]).expect_success(Duration::from_secs(20));
     assert!(matches!(
         ShmRegion::<Shared>::open(&name),
-        Err(Error::WrongOwner { found: 65534, expected: 0, .. })
+        Err(Error::WrongOwner {
+            found: 65534,
+            expected: 0,
+            ..
+        })
     ));
     assert!(matches!(
         ShmRegion::<Shared>::create(&name),
@@ -192,7 +212,10 @@ fn non_regular_file_is_refused() {
     std::fs::remove_dir(format!("/dev/shm/{name}")).unwrap();
     // open(O_RDWR) on a directory fails with EISDIR before fstat sees it.
     assert!(
-        matches!(r, Err(Error::NotRegularFile { .. }) | Err(Error::Os { call: "open", .. })),
+        matches!(
+            r,
+            Err(Error::NotRegularFile { .. }) | Err(Error::Os { call: "open", .. })
+        ),
         "{r:?}"
     );
 }
@@ -205,7 +228,9 @@ fn wrong_file_size_is_refused() {
     let file = OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(len + 4096).unwrap();
     match ShmRegion::<Shared>::open(region.name()) {
-        Err(Error::SizeMismatch { expected, found, .. }) => {
+        Err(Error::SizeMismatch {
+            expected, found, ..
+        }) => {
             assert_eq!((expected, found), (len, len + 4096))
         }
         other => panic!("{other:?}"),
@@ -242,16 +267,20 @@ fn opening_as_another_type_is_refused() {
 
 /// Overwrite the header in place, as a buggy or hostile peer could.
 fn write_header(name: &str, bytes: &[u8; HEADER_LEN]) {
-    let mut f = OpenOptions::new().write(true).open(format!("/dev/shm/{name}")).unwrap();
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
     f.seek(SeekFrom::Start(0)).unwrap();
     f.write_all(bytes).unwrap();
 }
 
 #[test]
 fn each_corrupted_header_field_is_named() {
+    type Corruption = fn(&mut HeaderFields);
     let region = ShmRegion::<Shared>::create(&unique_name("hdr")).unwrap();
     let good = region.header_fields();
-    let cases: [(&str, fn(&mut HeaderFields)); 10] = [
+    let cases: [(&str, Corruption); 10] = [
         ("magic", |f| f.magic = u64::from_le_bytes(*b"notmagic")),
         ("version", |f| f.version += 1),
         ("header_len", |f| f.header_len = 256),
@@ -293,7 +322,11 @@ fn unpublished_header_gives_not_ready_and_a_dead_creator_is_noticed() {
         .open_timeout(Duration::from_millis(100))
         .open::<Shared>();
     match r {
-        Err(Error::NotReady { creator_dead: false, waited, .. }) => {
+        Err(Error::NotReady {
+            creator_dead: false,
+            waited,
+            ..
+        }) => {
             assert!(waited >= Duration::from_millis(100))
         }
         other => panic!("{other:?}"),
@@ -305,7 +338,11 @@ fn unpublished_header_gives_not_ready_and_a_dead_creator_is_noticed() {
         .open_timeout(Duration::from_secs(30))
         .open::<Shared>();
     match r {
-        Err(Error::NotReady { creator_dead: true, waited, .. }) => {
+        Err(Error::NotReady {
+            creator_dead: true,
+            waited,
+            ..
+        }) => {
             assert!(waited < Duration::from_secs(30))
         }
         other => panic!("{other:?}"),
@@ -320,7 +357,8 @@ fn umask_never_changes_the_mode() {
     let _dog = watchdog("umask", Duration::from_secs(30));
     for mask in ["0", "077", "277"] {
         let name = unique_name("umask");
-        let results = spawn("create_with_umask", &[&name, mask]).expect_success(Duration::from_secs(20));
+        let results =
+            spawn("create_with_umask", &[&name, mask]).expect_success(Duration::from_secs(20));
         assert_eq!(results, vec!["mode=600"], "umask {mask}");
         assert!(!shm_exists(&name));
     }
@@ -344,7 +382,9 @@ fn stale_region_of_a_dead_creator_is_reclaimed_on_request() {
     // A live creator's region is never reclaimed.
     assert!(!cuda_ipc::reclaim_stale(&name).unwrap());
     assert!(matches!(
-        ShmOptions::new(&name).reclaim_stale(true).create::<Shared>(),
+        ShmOptions::new(&name)
+            .reclaim_stale(true)
+            .create::<Shared>(),
         Err(Error::AlreadyExists { .. })
     ));
 }
@@ -367,7 +407,10 @@ fn unlinked_region_keeps_working_and_new_opens_fail() {
     let newcomer = ShmRegion::<Shared>::create(owner.name()).unwrap();
     let name = owner.name().to_owned();
     drop(owner);
-    assert!(shm_exists(&name), "drop must not unlink a stranger's region");
+    assert!(
+        shm_exists(&name),
+        "drop must not unlink a stranger's region"
+    );
     drop(newcomer);
     assert!(!shm_exists(&name));
 }

@@ -151,7 +151,10 @@ pub(crate) fn euid() -> u32 {
 
 /// Our process id.
 pub(crate) fn pid() -> u32 {
-    rustix::process::getpid().as_raw_nonzero().get().unsigned_abs()
+    rustix::process::getpid()
+        .as_raw_nonzero()
+        .get()
+        .unsigned_abs()
 }
 
 /// Eight random bytes from the kernel (`getrandom`).
@@ -257,7 +260,11 @@ mod tests {
     #[test]
     fn own_stat_is_readable_and_alive() {
         let st = proc_stat(pid()).unwrap();
-        assert!(matches!(st.state, b'R' | b'S' | b'D'), "{}", st.state as char);
+        assert!(
+            matches!(st.state, b'R' | b'S' | b'D'),
+            "{}",
+            st.state as char
+        );
         assert!(st.start_time > 0);
     }
 

@@ -49,7 +49,7 @@ pub(crate) struct RawHeader {
 /// The header's fields, decoded from a snapshot of its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct HeaderFields {
-    /// Magic word; [`MAGIC`] once published.
+    /// Magic word: `b"cudaIPC\x01"` read as a little-endian `u64` once published, 0 before.
     pub magic: u64,
     /// Layout version.
     pub version: u32,
@@ -148,8 +148,8 @@ impl HeaderFields {
         out
     }
 
-    /// Decode the header's byte form. Any 128 bytes decode; [`validate`](Self::validate) says
-    /// whether they are acceptable.
+    /// Decode the header's byte form. Any 128 bytes decode; opening a region then validates
+    /// every field against the expected layout.
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Self {
         let mut w = [0u64; WORDS];
         for (word, chunk) in w.iter_mut().zip(bytes.chunks_exact(8)) {
@@ -286,7 +286,8 @@ mod tests {
 
     #[test]
     fn each_corrupted_field_is_named() {
-        let cases: [(&str, fn(&mut HeaderFields)); 9] = [
+        type Corruption = fn(&mut HeaderFields);
+        let cases: [(&str, Corruption); 9] = [
             ("magic", |f| f.magic ^= 1),
             ("version", |f| f.version = 99),
             ("header_len", |f| f.header_len = 64),

@@ -12,12 +12,12 @@
 //!
 //! which does nothing in a normal run and, in a child started by [`spawn`], runs the role and
 //! exits with its status.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Read;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const ROLE_ENV: &str = "CUDA_IPC_TEST_ROLE";
@@ -70,7 +70,13 @@ pub struct Child {
 pub fn spawn(role: &str, args: &[&str]) -> Child {
     let exe = std::env::current_exe().expect("current_exe");
     let inner = Command::new(exe)
-        .args([DISPATCHER, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .args([
+            DISPATCHER,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
         .env(ROLE_ENV, role)
         .env(ARGS_ENV, args.join("\x1f"))
         .stdout(Stdio::piped())
@@ -130,7 +136,10 @@ impl Child {
     pub fn expect_success(self, limit: Duration) -> Vec<String> {
         let role = self.role.clone();
         let (status, results) = self.wait(limit);
-        assert!(status.success(), "child {role:?} failed: {status}; results {results:?}");
+        assert!(
+            status.success(),
+            "child {role:?} failed: {status}; results {results:?}"
+        );
         results
     }
 }
