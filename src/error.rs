@@ -188,6 +188,113 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// A CUDA driver call failed.
+    #[error("{call} failed: {name} ({code})")]
+    Cuda {
+        /// The driver function.
+        call: &'static str,
+        /// The raw `CUresult`.
+        code: i32,
+        /// Its name (`CUDA_ERROR_...`), from a table or the driver.
+        name: String,
+    },
+
+    /// The CUDA driver reports no usable GPU (`cuInit`).
+    #[error("no CUDA device: cuInit returned {name} ({code})")]
+    NoDevice {
+        /// The raw `CUresult` of `cuInit`.
+        code: i32,
+        /// Its name.
+        name: String,
+    },
+
+    /// Bytes offered as a handle are not a valid envelope.
+    #[error("corrupt IPC handle: {reason}")]
+    CorruptHandle {
+        /// What failed validation.
+        reason: String,
+    },
+
+    /// A handle was opened in the process that exported it (CUDA refuses this with
+    /// `CUDA_ERROR_INVALID_CONTEXT`); use the exporting buffer itself.
+    #[error("IPC handle opened in its own exporting process (pid {pid})")]
+    SameProcess {
+        /// Our pid.
+        pid: u32,
+    },
+
+    /// The handle's element type differs from the type it is opened as.
+    #[error("IPC handle holds {found_size}-byte elements (align {found_align}, tag {found_tag:#x}), opened as {expected} ({expected_size} bytes, align {expected_align}, tag {expected_tag:#x})")]
+    TypeMismatch {
+        /// The type it is opened as.
+        expected: &'static str,
+        /// Its size.
+        expected_size: u32,
+        /// Its alignment.
+        expected_align: u32,
+        /// Its tag.
+        expected_tag: u64,
+        /// The exported element size.
+        found_size: u32,
+        /// The exported alignment.
+        found_align: u32,
+        /// The exported tag.
+        found_tag: u64,
+    },
+
+    /// The handle's length differs from the length the opener requires.
+    #[error("IPC handle holds {found} elements, expected {expected}")]
+    LengthMismatch {
+        /// The length required.
+        expected: usize,
+        /// The length exported.
+        found: u64,
+    },
+
+    /// The memory's device cannot be reached from the opening context: not visible to this
+    /// process, or no peer access between the two devices.
+    #[error("device {uuid} holding the IPC memory is not reachable from device {from}: {reason}")]
+    DeviceNotReachable {
+        /// The exporting device's UUID.
+        uuid: String,
+        /// The opening context's device ordinal.
+        from: u32,
+        /// Why.
+        reason: String,
+    },
+
+    /// The buffer the handle named has been freed (or is being freed): opening it could map a
+    /// newer allocation at the same address, so it is refused.
+    #[error("stale IPC handle: the exported buffer (generation {generation}) no longer exists")]
+    StaleHandle {
+        /// The handle's export generation.
+        generation: u64,
+    },
+
+    /// The exporting process has exited.
+    #[error("the exporting process (pid {pid}) has exited")]
+    ExporterGone {
+        /// Its pid.
+        pid: u32,
+    },
+
+    /// An exported buffer still had importers when its owner closed it: the memory was leaked
+    /// rather than freed under their feet.
+    #[error("exported buffer still mapped by pid(s) {pids:?} after {waited:?}; leaked, not freed")]
+    LeasesOutstanding {
+        /// The importers still holding leases.
+        pids: Vec<u32>,
+        /// How long close waited.
+        waited: Duration,
+    },
+
+    /// An exported buffer already has the most importer processes it can track.
+    #[error("exported buffer already has {max} importing processes")]
+    TooManyImporters {
+        /// The limit.
+        max: usize,
+    },
+
     /// A system call failed in a way not covered by a more specific variant.
     #[error("{call} failed on {name:?}")]
     Os {

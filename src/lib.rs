@@ -74,7 +74,14 @@
 #![warn(missing_docs)]
 
 mod barrier;
+mod buffer;
+mod context;
+mod device;
+pub mod driver;
 mod error;
+mod event;
+mod handle;
+mod lease;
 mod os;
 mod process;
 mod shared;
@@ -85,7 +92,16 @@ pub use barrier::{
     BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
     MAX_PARTIES, ProcessBarrier,
 };
+pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+pub use context::GpuContext;
+pub use device::{
+    ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, device_count, device_info,
+    devices, uuid_string,
+};
 pub use error::{Error, Result};
+pub use event::IpcEvent;
+pub use handle::{HANDLE_SIZE, IpcEventHandle, IpcMemHandle};
+pub use lease::MAX_IMPORTERS;
 pub use process::ProcessIdentity;
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{

@@ -33,9 +33,20 @@ impl ProcessIdentity {
     /// If `/proc` cannot be read the start time is 0, which [`is_alive`](Self::is_alive) treats
     /// as "pid only".
     pub fn current() -> Self {
+        // Cached: reading /proc costs microseconds, and exports record it every time. The pid
+        // check re-reads after a fork (the child has a new pid and start time).
+        static CACHE: std::sync::Mutex<Option<ProcessIdentity>> = std::sync::Mutex::new(None);
         let pid = os::pid();
-        let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
-        Self { pid, start_time }
+        let mut cached = CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *cached {
+            Some(id) if id.pid == pid => id,
+            _ => {
+                let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
+                let id = Self { pid, start_time };
+                *cached = Some(id);
+                id
+            }
+        }
     }
 
     /// Rebuild an identity from its parts (as read back from shared memory).

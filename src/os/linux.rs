@@ -225,8 +225,13 @@ pub(crate) fn parse_proc_stat(text: &[u8]) -> Option<ProcStat> {
     Some(ProcStat { state, start_time })
 }
 
-/// `/proc/sys/kernel/random/boot_id` as 16 bytes; all zero when unreadable.
+/// `/proc/sys/kernel/random/boot_id` as 16 bytes (read once); all zero when unreadable.
 pub(crate) fn boot_id() -> [u8; 16] {
+    static ID: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    *ID.get_or_init(read_boot_id)
+}
+
+fn read_boot_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
         let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();

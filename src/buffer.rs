@@ -1,0 +1,608 @@
+//! [`IpcBuffer<T>`]: device memory that another process can map, with typed handles, an import
+//! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytemuck::{Pod, Zeroable};
+use cust::memory::{DeviceCopy, DevicePointer};
+use cust::stream::Stream;
+use parking_lot::Mutex;
+
+use crate::context::GpuContext;
+use crate::device;
+use crate::driver::{check, sys};
+use crate::error::{Error, Result};
+use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, type_tag_of};
+use crate::lease::{ExportLeases, Lease};
+use crate::os;
+use crate::process::ProcessIdentity;
+
+/// Default for [`IpcBuffer::set_lease_timeout`]: how long dropping an exported buffer waits for
+/// importers to unmap it before leaking it instead of freeing it.
+pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Export generations of this process, one per exported buffer or event.
+pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Import cache key: the export token and the importing context.
+type Key = ([u8; 16], usize);
+
+/// Live imports of this process, so that opening a buffer again shares one mapping and the
+/// driver's close runs once. The lock is held across the driver's open and close so that a
+/// mapping being closed is never opened again in between.
+static CACHE: Mutex<BTreeMap<Key, Weak<Mapping>>> = parking_lot::const_mutex(BTreeMap::new());
+
+/// One `cuIpcOpenMemHandle` mapping, shared by every [`IpcBuffer`] view of it in this process.
+struct Mapping {
+    ctx: GpuContext,
+    ptr: sys::CUdeviceptr,
+    key: Key,
+    exporter: ProcessIdentity,
+    // Dropped after `drop` has unmapped: the exporter may free once the lease is gone.
+    _lease: Lease,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let mut cache = CACHE.lock();
+        if cache.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+            cache.remove(&self.key);
+        }
+        if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: `ptr` came from cuIpcOpenMemHandle in this context and is closed exactly
+            // once, here, when the last view is gone. Drop cannot report a failure.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+        drop(cache);
+    }
+}
+
+struct Export {
+    token: [u8; 16],
+    generation: u64,
+    uuid: [u8; 16],
+    leases: ExportLeases,
+    lease_timeout: Duration,
+    released: bool,
+}
+
+enum Origin {
+    Exported(Export),
+    Imported(Arc<Mapping>),
+}
+
+/// Device memory holding `len` values of `T` that other processes can map through a typed
+/// [`IpcMemHandle<T>`].
+///
+/// - [`new`](Self::new) allocates with `cuMemAlloc` (never stream-ordered pool memory, which
+///   legacy IPC rejects) in a [`GpuContext`]; [`handle`](Self::handle) exports it.
+/// - [`open`](Self::open) maps a handle exported by another process, after validating the
+///   envelope (type, length, checksum, exporter alive and not us, device reachable, buffer not
+///   freed) and taking a lease; it maps with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. Opening the
+///   same export again in the same context returns a view of the same mapping without a driver
+///   call; the driver's close runs once, when the last view drops.
+/// - Dropping an exported buffer waits (up to [`set_lease_timeout`](Self::set_lease_timeout))
+///   for every importer to unmap, reaping dead ones, then frees; if importers remain it
+///   **leaks** the memory rather than free it under them. [`close`](Self::close) reports that.
+///
+/// Use it with cust: [`device_ptr`](Self::device_ptr) for kernel arguments, host copies
+/// (synchronous, or asynchronous on a cust [`Stream`]), memset.
+///
+/// `IpcBuffer<T>` is `Send` and `Sync`. Device memory is not Rust memory: methods take `&self`,
+/// and concurrent writes from several processes are a GPU data race for the caller to order
+/// (with [`IpcEvent`](crate::IpcEvent)s and barriers), not undefined behaviour in this process.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::{GpuContext, IpcBuffer, IpcMemHandle};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// // Exporter:
+/// let ctx = GpuContext::new(0)?;
+/// let buf = IpcBuffer::<f32>::zeroed(&ctx, 1 << 20)?;
+/// let handle: IpcMemHandle<f32> = buf.handle()?; // put it in a ShmCell for the peer
+///
+/// // Importer, in another process:
+/// let peer = IpcBuffer::open(&ctx, &handle)?;
+/// let mut host = vec![0f32; peer.len()];
+/// peer.copy_to_host(&mut host)?;
+/// # Ok(()) }
+/// ```
+pub struct IpcBuffer<T: Pod + DeviceCopy> {
+    ctx: GpuContext,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    origin: Origin,
+    _elem: PhantomData<fn() -> T>,
+}
+
+fn byte_len_of<T>(len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b > 0 && b <= isize::MAX as usize)
+        .ok_or_else(|| Error::InvalidArgument {
+            call: "IpcBuffer::new",
+            reason: format!(
+                "{len} elements of {} bytes is not a valid allocation size",
+                std::mem::size_of::<T>()
+            ),
+        })
+}
+
+fn stream_raw(stream: &Stream) -> sys::CUstream {
+    stream.as_inner().cast()
+}
+
+impl<T: Pod + DeviceCopy> IpcBuffer<T> {
+    /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
+    /// a valid `T`: it is `Pod`), and prepare its lease table for export.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero or overflowing size, [`Error::Cuda`] naming
+    /// `cuMemAlloc` (e.g. `CUDA_ERROR_OUT_OF_MEMORY`), or a shared-memory error creating the
+    /// lease table.
+    #[doc(alias = "cuMemAlloc")]
+    pub fn new(ctx: &GpuContext, len: usize) -> Result<Self> {
+        let bytes = byte_len_of::<T>(len)?;
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
+        token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
+        let leases = ExportLeases::create(&token)?;
+        let uuid = device::uuid_of(ctx.device())?;
+        let _g = ctx.enter()?;
+        let mut ptr = 0;
+        // SAFETY: writes one device pointer; `bytes` is non-zero.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            origin: Origin::Exported(Export {
+                token,
+                generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+                uuid,
+                leases,
+                lease_timeout: DEFAULT_LEASE_TIMEOUT,
+                released: false,
+            }),
+            _elem: PhantomData,
+        })
+    }
+
+    /// [`new`](Self::new), then fill with zero bytes.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new), and [`Error::Cuda`] naming `cuMemsetD8`.
+    pub fn zeroed(ctx: &GpuContext, len: usize) -> Result<Self> {
+        let buf = Self::new(ctx, len)?;
+        buf.memset_bytes(0)?;
+        Ok(buf)
+    }
+
+    /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on an imported buffer (CUDA cannot re-export a mapping);
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
+    #[doc(alias = "cuIpcGetMemHandle")]
+    pub fn handle(&self) -> Result<IpcMemHandle<T>> {
+        let Origin::Exported(export) = &self.origin else {
+            return Err(Error::InvalidArgument {
+                call: "IpcBuffer::handle",
+                reason: "an imported buffer cannot be exported again; share the original handle"
+                    .into(),
+            });
+        };
+        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
+        {
+            let _g = self.ctx.enter()?;
+            // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc.
+            check("cuIpcGetMemHandle", unsafe {
+                sys::cuIpcGetMemHandle(&mut raw, self.ptr)
+            })?;
+        }
+        let me = ProcessIdentity::current();
+        let env = Envelope {
+            kind: KIND_MEM,
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            len: self.len as u64,
+            generation: export.generation,
+            exporter_pid: me.pid(),
+            device_ordinal: self.ctx.ordinal(),
+            exporter_start: me.start_time(),
+            boot_id: os::boot_id(),
+            device_uuid: export.uuid,
+            token: export.token,
+            cuda: raw.reserved,
+            ..Zeroable::zeroed()
+        };
+        Ok(IpcMemHandle::from_envelope(env.seal()))
+    }
+
+    /// Map a buffer exported by another process into `ctx`.
+    ///
+    /// # Errors
+    ///
+    /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
+    /// [`Error::TypeMismatch`], [`Error::SameProcess`], [`Error::ExporterGone`],
+    /// [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the buffer was freed, even if a
+    /// new one now sits at its address), [`Error::TooManyImporters`]. Then [`Error::Cuda`]
+    /// naming `cuIpcOpenMemHandle`.
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
+        let env = &handle.env;
+        env.validate(KIND_MEM)?;
+        let (size, align, tag) = (
+            std::mem::size_of::<T>() as u32,
+            std::mem::align_of::<T>() as u32,
+            type_tag_of::<T>(),
+        );
+        if (env.elem_size, env.elem_align, env.type_tag) != (size, align, tag) {
+            return Err(Error::TypeMismatch {
+                expected: std::any::type_name::<T>(),
+                expected_size: size,
+                expected_align: align,
+                expected_tag: tag,
+                found_size: env.elem_size,
+                found_align: env.elem_align,
+                found_tag: env.type_tag,
+            });
+        }
+        let exporter = env.exporter();
+        if env.boot_id != os::boot_id() {
+            return Err(Error::ExporterGone { pid: exporter.pid() });
+        }
+        let me = ProcessIdentity::current();
+        if exporter == me {
+            return Err(Error::SameProcess { pid: me.pid() });
+        }
+        let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
+            reason: format!("length {} does not fit this platform", env.len),
+        })?;
+        let key: Key = (env.token, ctx.as_raw() as usize);
+
+        let mut cache = loop {
+            let cache = CACHE.lock();
+            match cache.get(&key).map(Weak::upgrade) {
+                Some(Some(mapping)) => {
+                    drop(cache);
+                    return Ok(Self::view(mapping, len));
+                }
+                // The last view is being dropped on another thread: its close has not run yet,
+                // and opening now would race it. Wait for it to leave the cache.
+                Some(None) => {
+                    drop(cache);
+                    std::thread::yield_now();
+                }
+                None => break cache,
+            }
+        };
+        if !exporter.is_alive() {
+            return Err(Error::ExporterGone { pid: exporter.pid() });
+        }
+        check_reachable(ctx, &env.device_uuid)?;
+        let lease = Lease::acquire(&env.token, env.generation)?;
+        let _g = ctx.enter()?;
+        let mut ptr = 0;
+        let raw = sys::CUipcHandle {
+            reserved: env.cuda,
+        };
+        // SAFETY: writes one device pointer; the handle bytes are passed by value and the
+        // driver validates them (a forged handle is an error code, not UB).
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        })?;
+        let mapping = Arc::new(Mapping {
+            ctx: ctx.clone(),
+            ptr,
+            key,
+            exporter,
+            _lease: lease,
+        });
+        cache.insert(key, Arc::downgrade(&mapping));
+        drop(cache);
+        Ok(Self::view(mapping, len))
+    }
+
+    /// [`open`](Self::open), requiring exactly `len` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LengthMismatch`], or as [`open`](Self::open).
+    pub fn open_exact(ctx: &GpuContext, handle: &IpcMemHandle<T>, len: usize) -> Result<Self> {
+        if handle.env.len != len as u64 {
+            handle.env.validate(KIND_MEM)?;
+            return Err(Error::LengthMismatch {
+                expected: len,
+                found: handle.env.len,
+            });
+        }
+        Self::open(ctx, handle)
+    }
+
+    fn view(mapping: Arc<Mapping>, len: usize) -> Self {
+        Self {
+            ctx: mapping.ctx.clone(),
+            ptr: mapping.ptr,
+            len,
+            origin: Origin::Imported(mapping),
+            _elem: PhantomData,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// Whether this buffer was opened from another process's handle.
+    pub fn is_imported(&self) -> bool {
+        matches!(self.origin, Origin::Imported(_))
+    }
+
+    /// For an imported buffer: the exporting process.
+    pub fn exporter(&self) -> Option<ProcessIdentity> {
+        match &self.origin {
+            Origin::Imported(m) => Some(m.exporter),
+            Origin::Exported(_) => None,
+        }
+    }
+
+    /// The context the memory is mapped in.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// The raw device address.
+    pub fn as_raw_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The device pointer, for cust kernel launches.
+    pub fn device_ptr(&self) -> DevicePointer<T> {
+        DevicePointer::from_raw(self.ptr)
+    }
+
+    /// For an exported buffer: the pids of live importers (dead ones are reaped).
+    pub fn importers(&self) -> Vec<u32> {
+        match &self.origin {
+            Origin::Exported(e) => e.leases.holders(),
+            Origin::Imported(_) => Vec::new(),
+        }
+    }
+
+    /// How long dropping (or [`close`](Self::close)) waits for importers (default
+    /// [`DEFAULT_LEASE_TIMEOUT`]). No effect on imported buffers.
+    pub fn set_lease_timeout(&mut self, timeout: Duration) {
+        if let Origin::Exported(e) = &mut self.origin {
+            e.lease_timeout = timeout;
+        }
+    }
+
+    fn check_len(&self, call: &'static str, n: usize) -> Result<()> {
+        if n == self.len {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument {
+                call,
+                reason: format!("host slice has {n} elements, buffer has {}", self.len),
+            })
+        }
+    }
+
+    /// Copy `src` (exactly [`len`](Self::len) elements) to the device (`cuMemcpyHtoD`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyHtoD`.
+    pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
+        self.check_len("IpcBuffer::copy_from_host", src.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: `src` is valid for `byte_len` bytes, the device range is this buffer's.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast(), self.byte_len())
+        })
+    }
+
+    /// Copy the device contents into `dst` (exactly [`len`](Self::len) elements)
+    /// (`cuMemcpyDtoH`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyDtoH`.
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        self.check_len("IpcBuffer::copy_to_host", dst.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: `dst` is valid for writes of `byte_len` bytes, and any bytes are a valid T.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, self.byte_len())
+        })
+    }
+
+    /// Enqueue a host-to-device copy on `stream` (`cuMemcpyHtoDAsync`).
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay alive and unmodified until the copy has completed on `stream` (for
+    /// example, until [`Stream::synchronize`] returns). For a copy that overlaps other work,
+    /// `src` should be page-locked memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
+    /// `cuMemcpyHtoDAsync`.
+    pub unsafe fn copy_from_host_async(&self, src: &[T], stream: &Stream) -> Result<()> {
+        self.check_len("IpcBuffer::copy_from_host_async", src.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: lifetime of `src` until completion is the caller's duty (forwarded).
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.ptr,
+                src.as_ptr().cast(),
+                self.byte_len(),
+                stream_raw(stream),
+            )
+        })
+    }
+
+    /// Enqueue a device-to-host copy on `stream` (`cuMemcpyDtoHAsync`).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay alive and must not be read or written until the copy has completed on
+    /// `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
+    /// `cuMemcpyDtoHAsync`.
+    pub unsafe fn copy_to_host_async(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
+        self.check_len("IpcBuffer::copy_to_host_async", dst.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: lifetime and exclusivity of `dst` until completion are the caller's duty.
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr().cast(),
+                self.ptr,
+                self.byte_len(),
+                stream_raw(stream),
+            )
+        })
+    }
+
+    /// Copy another buffer's contents (same length) into this one, device to device
+    /// (`cuMemcpyDtoDAsync` on `stream`): through an IPC mapping, this is a peer copy.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
+    pub fn copy_from_device_async(&self, src: &IpcBuffer<T>, stream: &Stream) -> Result<()> {
+        self.check_len("IpcBuffer::copy_from_device_async", src.len)?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: both ranges are live device allocations of `byte_len` bytes held by the
+        // borrows; completion ordering is the stream's.
+        check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream_raw(stream))
+        })
+    }
+
+    /// Set every byte to `value` (`cuMemsetD8`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemsetD8`.
+    pub fn memset_bytes(&self, value: u8) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: the device range is this buffer's `byte_len` bytes.
+        check("cuMemsetD8", unsafe {
+            sys::cuMemsetD8_v2(self.ptr, value, self.byte_len())
+        })
+    }
+
+    /// Enqueue setting every byte to `value` on `stream` (`cuMemsetD8Async`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemsetD8Async`.
+    pub fn memset_bytes_async(&self, value: u8, stream: &Stream) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: as `memset_bytes`; ordering is the stream's.
+        check("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream_raw(stream))
+        })
+    }
+
+    /// Release the buffer and report what drop would hide: for an exported buffer, wait for
+    /// importers to unmap (up to the lease timeout), then free; an imported view just drops.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeasesOutstanding`] when importers remained (the memory was leaked, not
+    /// freed), [`Error::Cuda`] naming `cuMemFree`.
+    pub fn close(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let Origin::Exported(export) = &mut self.origin else {
+            return Ok(());
+        };
+        if export.released {
+            return Ok(());
+        }
+        export.released = true;
+        let (holders, waited) = export.leases.close_and_wait(export.lease_timeout);
+        if !holders.is_empty() {
+            return Err(Error::LeasesOutstanding {
+                pids: holders,
+                waited,
+            });
+        }
+        let _g = self.ctx.enter()?;
+        // SAFETY: allocated by cuMemAlloc in this context, freed once (guarded by `released`),
+        // and no importer maps it any more (no live leases, new ones refused: closing).
+        check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) })
+    }
+}
+
+/// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
+/// visible and, if it is not the context's own device, reachable by peer access.
+fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<()> {
+    let unreachable = |reason: String| Error::DeviceNotReachable {
+        uuid: device::uuid_string(uuid),
+        from: ctx.ordinal(),
+        reason,
+    };
+    match device::ordinal_of_uuid(uuid)? {
+        None => Err(unreachable("the device is not visible to this process".into())),
+        Some(o) if o == ctx.ordinal() => Ok(()),
+        Some(o) => {
+            if device::can_access_peer(ctx.ordinal(), o)? {
+                Ok(())
+            } else {
+                Err(unreachable(format!(
+                    "no peer access from device {} to device {o}",
+                    ctx.ordinal()
+                )))
+            }
+        }
+    }
+}
+
+impl<T: Pod + DeviceCopy> Drop for IpcBuffer<T> {
+    fn drop(&mut self) {
+        // An exported buffer with importers left is leaked rather than freed (no UB); callers
+        // who need to know use `close`.
+        let _ = self.release();
+    }
+}
+
+impl<T: Pod + DeviceCopy> std::fmt::Debug for IpcBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.len)
+            .field("device", &self.ctx.ordinal())
+            .field("imported", &self.is_imported())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,210 @@
+//! [`GpuContext`]: a device's primary CUDA context, reference-counted, that every GPU resource
+//! of this crate holds so that it can make it current for its own teardown.
+
+use std::sync::Arc;
+
+use crate::driver::{self, check, sys};
+use crate::error::{Error, Result};
+
+struct Inner {
+    raw: sys::CUcontext,
+    device: sys::CUdevice,
+    ordinal: u32,
+}
+
+// SAFETY: a CUcontext handle may be used (made current, pushed, popped) from any thread; the
+// driver serialises access internally. `Inner` owns one retain of the primary context.
+unsafe impl Send for Inner {}
+// SAFETY: as above; `Inner` is immutable after construction.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain taken in `GpuContext::new`; drop cannot report an error,
+        // and the only failure (an invalid device) cannot happen for a device we retained on.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}
+
+/// The primary CUDA context of one device (`cuDevicePrimaryCtxRetain`), shared by every
+/// buffer and event created or opened on it.
+///
+/// This is the same context cust's [`Context::new`](cust::context::Context::new) retains, so
+/// cust streams, modules and kernel launches made while it is current work with this crate's
+/// buffers and events. Cloning is cheap (an `Arc`); the last clone releases the retain.
+///
+/// `GpuContext` is `Send` and `Sync`. CUDA contexts are current *per thread*: every method of
+/// this crate makes the right context current for the duration of its driver calls and then
+/// restores the previous one, so callers need not.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::GpuContext;
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let ctx = GpuContext::new(0)?; // also made current on this thread, as cust does
+/// let (free, total) = ctx.mem_info()?;
+/// println!("device {}: {free} of {total} bytes free", ctx.ordinal());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct GpuContext {
+    inner: Arc<Inner>,
+}
+
+impl GpuContext {
+    /// Retain device `ordinal`'s primary context and make it current on this thread.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoDevice`] when the driver has no usable GPU, [`Error::Cuda`] naming
+    /// `cuDeviceGet`/`cuDevicePrimaryCtxRetain`/`cuCtxSetCurrent` otherwise.
+    #[doc(alias = "cuDevicePrimaryCtxRetain")]
+    pub fn new(ordinal: u32) -> Result<Self> {
+        driver::init()?;
+        let ord = i32::try_from(ordinal).map_err(|_| Error::InvalidArgument {
+            call: "GpuContext::new",
+            reason: format!("device ordinal {ordinal} out of range"),
+        })?;
+        let mut device = 0;
+        // SAFETY: writes one CUdevice; an invalid ordinal is an error code.
+        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, ord) })?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one CUcontext for a valid device.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut raw, device)
+        })?;
+        let ctx = Self {
+            inner: Arc::new(Inner {
+                raw,
+                device,
+                ordinal,
+            }),
+        };
+        ctx.make_current()?;
+        Ok(ctx)
+    }
+
+    /// The same primary context as a cust [`Context`](cust::context::Context).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the cust context is not its device's primary context;
+    /// [`Error::Cuda`] from the driver calls.
+    pub fn from_cust(ctx: &cust::context::Context) -> Result<Self> {
+        driver::init()?;
+        let raw = ctx.as_raw().cast::<std::ffi::c_void>();
+        // SAFETY: pushing a live context (the cust Context keeps it retained) and popping it
+        // again; cuCtxGetDevice writes one CUdevice.
+        let device = unsafe {
+            check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(raw))?;
+            let mut device = 0;
+            let rc = sys::cuCtxGetDevice(&mut device);
+            let mut popped = std::ptr::null_mut();
+            sys::cuCtxPopCurrent_v2(&mut popped);
+            check("cuCtxGetDevice", rc)?;
+            device
+        };
+        let ordinal = u32::try_from(device).map_err(|_| Error::InvalidArgument {
+            call: "GpuContext::from_cust",
+            reason: format!("device handle {device} is not an ordinal"),
+        })?;
+        let ours = Self::new(ordinal)?;
+        if ours.inner.raw != raw {
+            return Err(Error::InvalidArgument {
+                call: "GpuContext::from_cust",
+                reason: "the cust context is not the device's primary context".into(),
+            });
+        }
+        Ok(ours)
+    }
+
+    /// Make this context current on the calling thread (`cuCtxSetCurrent`), as cust expects
+    /// before creating streams or loading modules.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuCtxSetCurrent`.
+    pub fn make_current(&self) -> Result<()> {
+        // SAFETY: the context is retained by `self`.
+        check("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(self.inner.raw)
+        })
+    }
+
+    /// Push this context for the guard's lifetime, restoring the caller's on drop.
+    pub(crate) fn enter(&self) -> Result<CtxGuard> {
+        // SAFETY: the context is retained by `self`, and the guard pops exactly what it pushed.
+        check("cuCtxPushCurrent", unsafe {
+            sys::cuCtxPushCurrent_v2(self.inner.raw)
+        })?;
+        Ok(CtxGuard(std::marker::PhantomData))
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.inner.ordinal
+    }
+
+    /// The driver's device handle.
+    pub(crate) fn device(&self) -> sys::CUdevice {
+        self.inner.device
+    }
+
+    /// The raw `CUcontext`.
+    pub fn as_raw(&self) -> sys::CUcontext {
+        self.inner.raw
+    }
+
+    /// Free and total memory on this context's device (`cuMemGetInfo`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemGetInfo`.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        let _g = self.enter()?;
+        driver::mem_info()
+    }
+
+    /// Let this context access memory of `peer`'s device (`cuCtxEnablePeerAccess`); already
+    /// enabled is success.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuCtxEnablePeerAccess` (e.g. `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`).
+    #[doc(alias = "cuCtxEnablePeerAccess")]
+    pub fn enable_peer_access(&self, peer: &GpuContext) -> Result<()> {
+        if self.inner.raw == peer.inner.raw {
+            return Ok(());
+        }
+        let _g = self.enter()?;
+        // SAFETY: both contexts are retained; flags must be 0.
+        let rc = unsafe { sys::cuCtxEnablePeerAccess(peer.inner.raw, 0) };
+        if rc == 704 {
+            return Ok(()); // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        }
+        check("cuCtxEnablePeerAccess", rc)
+    }
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("ordinal", &self.inner.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pops the context pushed by [`GpuContext::enter`]. Not `Send`: the context stack is per
+/// thread.
+pub(crate) struct CtxGuard(std::marker::PhantomData<*const ()>);
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: pops the context this guard pushed; the thread's stack is otherwise untouched
+        // between push and pop by this crate. Failure cannot be acted on in drop.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}

@@ -1,0 +1,346 @@
+//! Device capability queries and simpleIPC's device selection, as an API.
+
+use std::ffi::{c_char, c_int};
+
+use crate::context::GpuContext;
+use crate::driver::{self, check, sys};
+use crate::error::{Error, Result};
+
+/// Compute mode of a device (`CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComputeMode {
+    /// Any number of contexts (the mode IPC needs).
+    Default,
+    /// No contexts may be created.
+    Prohibited,
+    /// One context, from one process.
+    ExclusiveProcess,
+    /// A value this crate does not know.
+    Other(i32),
+}
+
+/// What this crate needs to know about a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Ordinal (as `cuDeviceGet` takes it).
+    pub ordinal: u32,
+    /// Marketing name (`cuDeviceGetName`).
+    pub name: String,
+    /// UUID (`cuDeviceGetUuid`).
+    pub uuid: [u8; 16],
+    /// PCI bus id, e.g. `0000:19:00.0` (`cuDeviceGetPCIBusId`).
+    pub pci_bus_id: String,
+    /// Unified virtual addressing (required by CUDA IPC).
+    pub unified_addressing: bool,
+    /// Compute mode.
+    pub compute_mode: ComputeMode,
+    /// Number of multiprocessors.
+    pub multiprocessors: u32,
+}
+
+impl DeviceInfo {
+    /// Why this device cannot take part in IPC, or `None` if it can.
+    pub fn ipc_unsuitable_reason(&self) -> Option<String> {
+        if !self.unified_addressing {
+            return Some("no unified addressing".into());
+        }
+        if self.compute_mode != ComputeMode::Default {
+            return Some(format!(
+                "compute mode {:?} (IPC needs Default)",
+                self.compute_mode
+            ));
+        }
+        None
+    }
+
+    /// The UUID in the usual `GPU-xxxxxxxx-xxxx-...` form.
+    pub fn uuid_string(&self) -> String {
+        uuid_string(&self.uuid)
+    }
+}
+
+/// Format a device UUID as `nvidia-smi` does.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+fn handle(ordinal: u32) -> Result<sys::CUdevice> {
+    let ord = c_int::try_from(ordinal).map_err(|_| Error::InvalidArgument {
+        call: "cuDeviceGet",
+        reason: format!("ordinal {ordinal} out of range"),
+    })?;
+    let mut dev = 0;
+    // SAFETY: writes one CUdevice.
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ord) })?;
+    Ok(dev)
+}
+
+fn attribute(dev: sys::CUdevice, attr: c_int) -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: writes one int for a valid device and attribute.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut v, attr, dev)
+    })?;
+    Ok(v)
+}
+
+fn c_string(call: &'static str, f: impl FnOnce(*mut c_char, c_int) -> sys::CUresult) -> Result<String> {
+    let mut buf = [0 as c_char; 256];
+    check(call, f(buf.as_mut_ptr(), buf.len() as c_int))?;
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The number of devices the driver shows this process (`cuDeviceGetCount`).
+///
+/// # Errors
+///
+/// [`Error::NoDevice`] without a usable driver or GPU.
+pub fn device_count() -> Result<u32> {
+    driver::init()?;
+    let mut n = 0;
+    // SAFETY: writes one int.
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    Ok(u32::try_from(n).unwrap_or(0))
+}
+
+/// The UUID of a device handle.
+pub(crate) fn uuid_of(dev: sys::CUdevice) -> Result<[u8; 16]> {
+    let mut u = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: writes 16 bytes.
+    check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(&mut u, dev) })?;
+    Ok(u.bytes)
+}
+
+/// Query one device.
+///
+/// # Errors
+///
+/// [`Error::NoDevice`], or [`Error::Cuda`] naming the failed query.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let info = cuda_ipc::device_info(0)?;
+/// println!("{} {} {}", info.name, info.uuid_string(), info.pci_bus_id);
+/// # Ok(()) }
+/// ```
+pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
+    driver::init()?;
+    let dev = handle(ordinal)?;
+    let name = c_string("cuDeviceGetName", |p, len| {
+        // SAFETY: the driver writes at most `len` bytes, NUL included, into the buffer at `p`.
+        unsafe { sys::cuDeviceGetName(p, len, dev) }
+    })?;
+    let pci_bus_id = c_string("cuDeviceGetPCIBusId", |p, len| {
+        // SAFETY: as above.
+        unsafe { sys::cuDeviceGetPCIBusId(p, len, dev) }
+    })?;
+    let compute_mode = match attribute(dev, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)? {
+        0 => ComputeMode::Default,
+        2 => ComputeMode::Prohibited,
+        3 => ComputeMode::ExclusiveProcess,
+        other => ComputeMode::Other(other),
+    };
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        uuid: uuid_of(dev)?,
+        pci_bus_id,
+        unified_addressing: attribute(dev, sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
+        compute_mode,
+        multiprocessors: u32::try_from(attribute(
+            dev,
+            sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?)
+        .unwrap_or(0),
+    })
+}
+
+/// Every device the driver shows this process.
+///
+/// # Errors
+///
+/// As [`device_info`].
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    (0..device_count()?).map(device_info).collect()
+}
+
+/// Whether device `from` can access memory on device `to` (`cuDeviceCanAccessPeer`); a device
+/// can always access itself.
+///
+/// # Errors
+///
+/// [`Error::Cuda`] naming the failed call.
+#[doc(alias = "cuDeviceCanAccessPeer")]
+pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
+    if from == to {
+        return Ok(true);
+    }
+    driver::init()?;
+    let (a, b) = (handle(from)?, handle(to)?);
+    let mut can = 0;
+    // SAFETY: writes one int for two valid devices.
+    check("cuDeviceCanAccessPeer", unsafe {
+        sys::cuDeviceCanAccessPeer(&mut can, a, b)
+    })?;
+    Ok(can != 0)
+}
+
+/// The ordinal of the visible device with this UUID.
+pub(crate) fn ordinal_of_uuid(uuid: &[u8; 16]) -> Result<Option<u32>> {
+    for ordinal in 0..device_count()? {
+        if uuid_of(handle(ordinal)?)? == *uuid {
+            return Ok(Some(ordinal));
+        }
+    }
+    Ok(None)
+}
+
+/// A device left out of a [`PeerGroup`], and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedDevice {
+    /// Its ordinal.
+    pub ordinal: u32,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// The devices simpleIPC would use: each supports unified addressing, is in the default
+/// compute mode, and can reach every other member both ways.
+#[derive(Clone, Debug)]
+pub struct PeerGroup {
+    /// The chosen devices, in ordinal order.
+    pub devices: Vec<DeviceInfo>,
+    /// Devices left out, with the reason.
+    pub skipped: Vec<SkippedDevice>,
+}
+
+impl PeerGroup {
+    /// simpleIPC's selection loop: walk the devices in order, keep each one that is suitable
+    /// and can access (both ways) every device already kept, up to `max` devices.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoDevice`], or a failed device query.
+    pub fn select(max: usize) -> Result<Self> {
+        let mut devices: Vec<DeviceInfo> = Vec::new();
+        let mut skipped = Vec::new();
+        for info in self::devices()? {
+            if devices.len() >= max {
+                skipped.push(SkippedDevice {
+                    ordinal: info.ordinal,
+                    reason: format!("device limit {max} reached"),
+                });
+                continue;
+            }
+            if let Some(reason) = info.ipc_unsuitable_reason() {
+                skipped.push(SkippedDevice {
+                    ordinal: info.ordinal,
+                    reason,
+                });
+                continue;
+            }
+            let mut unreachable = None;
+            for kept in &devices {
+                if !(can_access_peer(info.ordinal, kept.ordinal)?
+                    && can_access_peer(kept.ordinal, info.ordinal)?)
+                {
+                    unreachable = Some(kept.ordinal);
+                    break;
+                }
+            }
+            if let Some(other) = unreachable {
+                skipped.push(SkippedDevice {
+                    ordinal: info.ordinal,
+                    reason: format!("no peer access to/from device {other}"),
+                });
+                continue;
+            }
+            devices.push(info);
+        }
+        Ok(Self { devices, skipped })
+    }
+
+    /// Retain each member's primary context and enable peer access between every pair.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuCtxEnablePeerAccess` or the context calls.
+    pub fn enable_peer_access(&self) -> Result<Vec<GpuContext>> {
+        let contexts: Vec<GpuContext> = self
+            .devices
+            .iter()
+            .map(|d| GpuContext::new(d.ordinal))
+            .collect::<Result<_>>()?;
+        for a in &contexts {
+            for b in &contexts {
+                a.enable_peer_access(b)?;
+            }
+        }
+        Ok(contexts)
+    }
+
+    /// A readable report: one line per chosen and per skipped device.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        for d in &self.devices {
+            out.push_str(&format!(
+                "device {}: {} ({}, {}) selected\n",
+                d.ordinal,
+                d.name,
+                d.pci_bus_id,
+                d.uuid_string()
+            ));
+        }
+        for s in &self.skipped {
+            out.push_str(&format!("device {}: skipped: {}\n", s.ordinal, s.reason));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_formats_like_nvidia_smi() {
+        let u = [
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+            0xcd, 0xef,
+        ];
+        assert_eq!(uuid_string(&u), "GPU-01234567-89ab-cdef-0123-456789abcdef");
+    }
+
+    #[test]
+    fn unsuitable_reasons() {
+        let mut d = DeviceInfo {
+            ordinal: 0,
+            name: "x".into(),
+            uuid: [0; 16],
+            pci_bus_id: String::new(),
+            unified_addressing: true,
+            compute_mode: ComputeMode::Default,
+            multiprocessors: 1,
+        };
+        assert_eq!(d.ipc_unsuitable_reason(), None);
+        d.compute_mode = ComputeMode::Prohibited;
+        assert!(d.ipc_unsuitable_reason().unwrap().contains("compute mode"));
+        d.unified_addressing = false;
+        assert!(d.ipc_unsuitable_reason().unwrap().contains("unified"));
+    }
+}

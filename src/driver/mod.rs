@@ -1,0 +1,102 @@
+//! The CUDA driver layer: raw declarations ([`sys`]) and thin wrappers that turn each raw call
+//! into a `Result` naming the call and the code.
+//!
+//! Users never need this module, but it is public so that they can reach the raw functions with
+//! the same integer-return discipline.
+
+pub mod sys;
+
+use std::ffi::CStr;
+
+use crate::error::{Error, Result};
+
+/// The name of a `CUresult`: from a table of the codes this crate meets, else from the driver's
+/// `cuGetErrorName`, else `CUDA_ERROR_<code>`. Never transmutes the code.
+pub fn error_name(code: i32) -> String {
+    let known = match code {
+        0 => "CUDA_SUCCESS",
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        34 => "CUDA_ERROR_STUB_LIBRARY",
+        46 => "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        200 => "CUDA_ERROR_INVALID_IMAGE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        208 => "CUDA_ERROR_ALREADY_MAPPED",
+        217 => "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        600 => "CUDA_ERROR_NOT_READY",
+        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        704 => "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+        705 => "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
+        719 => "CUDA_ERROR_LAUNCH_FAILED",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => "",
+    };
+    if !known.is_empty() {
+        return known.to_owned();
+    }
+    let mut ptr = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string or fails; it
+    // accepts any code value (unknown ones return CUDA_ERROR_INVALID_VALUE).
+    let rc = unsafe { sys::cuGetErrorName(code, &mut ptr) };
+    if rc == sys::CUDA_SUCCESS && !ptr.is_null() {
+        // SAFETY: on success the pointer is a static C string owned by the driver.
+        let name = unsafe { CStr::from_ptr(ptr) };
+        return name.to_string_lossy().into_owned();
+    }
+    format!("CUDA_ERROR_{code}")
+}
+
+/// `Ok` for `CUDA_SUCCESS`, else [`Error::Cuda`] naming `call`.
+pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
+    if code == sys::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda {
+            call,
+            code,
+            name: error_name(code),
+        })
+    }
+}
+
+/// `cuInit(0)`, once per process; `Error::NoDevice` when the driver reports no usable GPU.
+pub fn init() -> Result<()> {
+    static INIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    // SAFETY: cuInit takes a flags word (must be 0) and is safe to call from any thread.
+    let code = *INIT.get_or_init(|| unsafe { sys::cuInit(0) });
+    match code {
+        sys::CUDA_SUCCESS => Ok(()),
+        // No device, no driver behind the library (a stub), or no device node.
+        100 | 34 | 999 | 3 => Err(Error::NoDevice {
+            code,
+            name: error_name(code),
+        }),
+        _ => check("cuInit", code),
+    }
+}
+
+/// The driver's CUDA version (`cuDriverGetVersion`), e.g. 13000 for 13.0.
+pub fn driver_version() -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
+    Ok(v)
+}
+
+/// Free and total memory of the current context's device (`cuMemGetInfo`).
+pub fn mem_info() -> Result<(usize, usize)> {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: writes two usizes; fails cleanly without a current context.
+    check("cuMemGetInfo", unsafe {
+        sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok((free, total))
+}

@@ -1,0 +1,110 @@
+//! Raw declarations of the CUDA driver functions this crate calls directly.
+//!
+//! Every function returns the raw `CUresult` as a plain `c_int`, never a Rust enum: `cust_raw`'s
+//! `CUresult` is an enum generated from CUDA 11.4's header, and a newer driver can return codes
+//! it does not list, which would be undefined behaviour at the FFI boundary. The symbols are the
+//! versioned names `cuda.h` maps its macros to (`cuMemAlloc` → `cuMemAlloc_v2`, ...). `libcuda`
+//! itself is linked by `cust_raw`'s build script.
+#![allow(non_camel_case_types, non_snake_case, missing_docs)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+
+/// `CUipcMemHandle` and `CUipcEventHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcHandle {
+    pub reserved: [u8; 64],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: c_int = 20;
+pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
+
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+pub const CU_EVENT_INTERPROCESS: c_uint = 0x4;
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
+
+unsafe extern "C" {
+    pub fn cuInit(flags: c_uint) -> CUresult;
+    pub fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
+    pub fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult;
+
+    pub fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+    pub fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+    pub fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
+    pub fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+    pub fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    pub fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    pub fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult;
+
+    pub fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    pub fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
+    pub fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+    pub fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
+    pub fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
+    pub fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
+    pub fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
+    pub fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult;
+
+    pub fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
+    pub fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
+    pub fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
+    pub fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
+    pub fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
+    pub fn cuMemcpyHtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: *const c_void,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub fn cuMemcpyDtoHAsync_v2(
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
+    pub fn cuMemcpyDtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub fn cuMemsetD8_v2(dptr: CUdeviceptr, value: u8, count: usize) -> CUresult;
+    pub fn cuMemsetD8Async(dptr: CUdeviceptr, value: u8, count: usize, stream: CUstream)
+    -> CUresult;
+
+    pub fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
+    pub fn cuIpcOpenMemHandle_v2(
+        dptr: *mut CUdeviceptr,
+        handle: CUipcHandle,
+        flags: c_uint,
+    ) -> CUresult;
+    pub fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult;
+    pub fn cuIpcGetEventHandle(handle: *mut CUipcHandle, event: CUevent) -> CUresult;
+    pub fn cuIpcOpenEventHandle(event: *mut CUevent, handle: CUipcHandle) -> CUresult;
+
+    pub fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
+    pub fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+    pub fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+    pub fn cuEventQuery(event: CUevent) -> CUresult;
+    pub fn cuEventSynchronize(event: CUevent) -> CUresult;
+    pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
+    pub fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+}

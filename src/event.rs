@@ -1,0 +1,275 @@
+//! [`IpcEvent`]: a CUDA event that other processes can open, record and wait on.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytemuck::Zeroable;
+use cust::stream::Stream;
+
+use crate::buffer::GENERATION;
+use crate::context::GpuContext;
+use crate::device;
+use crate::driver::{check, sys};
+use crate::error::{Error, Result};
+use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
+use crate::os;
+use crate::process::ProcessIdentity;
+
+/// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |
+/// CU_EVENT_DISABLE_TIMING`), exported with [`handle`](Self::handle) and opened in another
+/// process with [`open`](Self::open).
+///
+/// Unlike cust's `Stream::wait_event`, which consumes its event, [`wait_on`](Self::wait_on)
+/// borrows: a stream can be made to wait on the same event any number of times, as
+/// simpleIPC's loop does. [`synchronize`](Self::synchronize) takes a deadline and, for an opened
+/// event, notices a dead exporter instead of blocking forever.
+///
+/// The event holds its context and destroys itself there on drop. Note that the driver keeps
+/// `cuda.shm.*` files in `/dev/shm` for interprocess events until the context is released.
+///
+/// `IpcEvent` is `Send` and `Sync`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cust::stream::{Stream, StreamFlags};
+/// use cuda_ipc::{GpuContext, IpcEvent};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = GpuContext::new(0)?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let done = IpcEvent::new(&ctx)?;
+/// done.record(&stream)?;
+/// let handle = done.handle()?; // another process: IpcEvent::open(&its_ctx, &handle)?
+/// done.synchronize(std::time::Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+pub struct IpcEvent {
+    ctx: GpuContext,
+    raw: sys::CUevent,
+    generation: u64,
+    /// For an opened event: the exporter, watched by `synchronize`.
+    exporter: Option<ProcessIdentity>,
+}
+
+// SAFETY: a CUevent handle may be used from any thread (the driver synchronises); the event is
+// destroyed once, in Drop.
+unsafe impl Send for IpcEvent {}
+// SAFETY: as above; every method only passes the handle to thread-safe driver calls.
+unsafe impl Sync for IpcEvent {}
+
+impl IpcEvent {
+    /// Create an interprocess event in `ctx`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuEventCreate`.
+    #[doc(alias = "cuEventCreate")]
+    pub fn new(ctx: &GpuContext) -> Result<Self> {
+        let _g = ctx.enter()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one event handle.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(
+                &mut raw,
+                sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING,
+            )
+        })?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            raw,
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            exporter: None,
+        })
+    }
+
+    /// Export (`cuIpcGetEventHandle` in a checksummed envelope).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on an opened event, [`Error::Cuda`] naming
+    /// `cuIpcGetEventHandle`.
+    #[doc(alias = "cuIpcGetEventHandle")]
+    pub fn handle(&self) -> Result<IpcEventHandle> {
+        if self.exporter.is_some() {
+            return Err(Error::InvalidArgument {
+                call: "IpcEvent::handle",
+                reason: "an opened event cannot be exported again; share the original handle"
+                    .into(),
+            });
+        }
+        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
+        {
+            let _g = self.ctx.enter()?;
+            // SAFETY: writes 64 bytes for an interprocess event created in this context.
+            check("cuIpcGetEventHandle", unsafe {
+                sys::cuIpcGetEventHandle(&mut raw, self.raw)
+            })?;
+        }
+        let me = ProcessIdentity::current();
+        let env = Envelope {
+            kind: KIND_EVENT,
+            generation: self.generation,
+            exporter_pid: me.pid(),
+            device_ordinal: self.ctx.ordinal(),
+            exporter_start: me.start_time(),
+            boot_id: os::boot_id(),
+            cuda: raw.reserved,
+            ..Zeroable::zeroed()
+        };
+        Ok(IpcEventHandle { env: env.seal() })
+    }
+
+    /// Open an event exported by another process, in `ctx`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`], [`Error::SameProcess`], [`Error::ExporterGone`] (checked
+    /// before the driver sees the handle), then [`Error::Cuda`] naming `cuIpcOpenEventHandle`.
+    #[doc(alias = "cuIpcOpenEventHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
+        let env = &handle.env;
+        env.validate(KIND_EVENT)?;
+        let exporter = env.exporter();
+        let me = ProcessIdentity::current();
+        if exporter == me {
+            return Err(Error::SameProcess { pid: me.pid() });
+        }
+        if env.boot_id != os::boot_id() || !exporter.is_alive() {
+            return Err(Error::ExporterGone { pid: exporter.pid() });
+        }
+        let _g = ctx.enter()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one event handle; the driver validates the handle bytes.
+        check("cuIpcOpenEventHandle", unsafe {
+            sys::cuIpcOpenEventHandle(&mut raw, sys::CUipcHandle { reserved: env.cuda })
+        })?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            raw,
+            generation: env.generation,
+            exporter: Some(exporter),
+        })
+    }
+
+    /// Record the event on `stream` (`cuEventRecord`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuEventRecord`.
+    #[doc(alias = "cuEventRecord")]
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: a live event and a live stream (borrowed).
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.raw, stream.as_inner().cast())
+        })
+    }
+
+    /// Make `stream` wait for the event's most recent record (`cuStreamWaitEvent`). The event
+    /// is borrowed, so this can be repeated.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuStreamWaitEvent`.
+    #[doc(alias = "cuStreamWaitEvent")]
+    pub fn wait_on(&self, stream: &Stream) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: a live event and a live stream (borrowed); flags must be 0.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(stream.as_inner().cast(), self.raw, 0)
+        })
+    }
+
+    /// Whether the work before the last record has completed (`cuEventQuery`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuEventQuery` for anything but success or "not ready".
+    #[doc(alias = "cuEventQuery")]
+    pub fn query(&self) -> Result<bool> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: a live event.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUDA_SUCCESS => Ok(true),
+            sys::CUDA_ERROR_NOT_READY => Ok(false),
+            rc => check("cuEventQuery", rc).map(|()| false),
+        }
+    }
+
+    /// Wait until the event completes, at most `timeout`. Polls `cuEventQuery` with a short
+    /// back-off (so the wait is bounded, unlike `cuEventSynchronize`) and, for an opened event,
+    /// checks every 10 ms that the exporter is alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`], [`Error::ExporterGone`], or [`Error::Cuda`] naming `cuEventQuery`.
+    pub fn synchronize(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(1);
+        let mut last_check = start;
+        loop {
+            if self.query()? {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(Error::Timeout {
+                    what: "IPC event synchronize",
+                    waited,
+                });
+            }
+            if let Some(exporter) = self.exporter
+                && last_check.elapsed() >= Duration::from_millis(10)
+            {
+                last_check = Instant::now();
+                if !exporter.is_alive() {
+                    return Err(Error::ExporterGone { pid: exporter.pid() });
+                }
+            }
+            if pause < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(pause);
+            }
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether this event was opened from another process's handle.
+    pub fn is_imported(&self) -> bool {
+        self.exporter.is_some()
+    }
+
+    /// The context the event lives in.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// The device UUID of the event's context.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuDeviceGetUuid`.
+    pub fn device_uuid(&self) -> Result<[u8; 16]> {
+        device::uuid_of(self.ctx.device())
+    }
+}
+
+impl Drop for IpcEvent {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: destroyed once, in its own context. Drop cannot report a failure.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        }
+    }
+}
+
+impl std::fmt::Debug for IpcEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcEvent")
+            .field("device", &self.ctx.ordinal())
+            .field("imported", &self.is_imported())
+            .finish_non_exhaustive()
+    }
+}

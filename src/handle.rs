@@ -1,0 +1,351 @@
+//! Typed, validated envelopes around CUDA's 64-byte IPC handles: [`IpcMemHandle<T>`] and
+//! [`IpcEventHandle`].
+//!
+//! A raw CUDA IPC handle says nothing about what it names: not the element type, not the
+//! length, not whether the buffer still exists. The envelope carries all of that and a
+//! checksum, and it is plain data (`#[repr(C)]`, `Pod`) so it fits in a
+//! [`ShmCell`](crate::ShmCell) or any byte channel. Everything in it is validated before the
+//! CUDA handle inside is passed to the driver.
+
+use std::marker::PhantomData;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{Error, Result};
+use crate::process::ProcessIdentity;
+use crate::shared::fnv1a64;
+
+/// "CIPH" little-endian.
+const MAGIC: u32 = u32::from_le_bytes(*b"CIPH");
+/// Envelope layout version.
+pub(crate) const VERSION: u16 = 1;
+/// Envelope kinds.
+pub(crate) const KIND_MEM: u16 = 1;
+pub(crate) const KIND_EVENT: u16 = 2;
+
+/// Size of an envelope in bytes.
+pub const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
+
+/// The envelope common to memory and event handles.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    pub magic: u32,
+    pub version: u16,
+    pub kind: u16,
+    pub elem_size: u32,
+    pub elem_align: u32,
+    pub type_tag: u64,
+    /// Elements (memory) or 0 (events).
+    pub len: u64,
+    /// Per-process export counter.
+    pub generation: u64,
+    pub exporter_pid: u32,
+    pub device_ordinal: u32,
+    pub exporter_start: u64,
+    pub boot_id: [u8; 16],
+    pub device_uuid: [u8; 16],
+    /// Random id of this export: names the lease table and keys the import cache.
+    pub token: [u8; 16],
+    pub cuda: [u8; 64],
+    pub reserved: [u8; 8],
+    pub checksum: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Envelope>() == 184);
+
+impl Envelope {
+    fn body(&self) -> &[u8] {
+        let bytes = bytemuck::bytes_of(self);
+        &bytes[..bytes.len() - 8]
+    }
+
+    pub(crate) fn seal(mut self) -> Self {
+        self.magic = MAGIC;
+        self.version = VERSION;
+        self.checksum = fnv1a64(self.body());
+        self
+    }
+
+    pub(crate) fn exporter(&self) -> ProcessIdentity {
+        ProcessIdentity::from_parts(self.exporter_pid, self.exporter_start)
+    }
+
+    /// Structural checks on bytes from another process: magic, version, kind, checksum,
+    /// reserved bytes, and a plausible element layout.
+    pub(crate) fn validate(&self, kind: u16) -> Result<()> {
+        let bad = |reason: String| Err(Error::CorruptHandle { reason });
+        if self.magic != MAGIC {
+            return bad(format!("bad magic {:#x}", self.magic));
+        }
+        if self.version != VERSION {
+            return bad(format!("version {} (this build reads {VERSION})", self.version));
+        }
+        if self.kind != kind {
+            let what = |k| match k {
+                KIND_MEM => "memory",
+                KIND_EVENT => "event",
+                _ => "unknown",
+            };
+            return bad(format!(
+                "an {} handle where an {} handle was expected",
+                what(self.kind),
+                what(kind)
+            ));
+        }
+        let sum = fnv1a64(self.body());
+        if sum != self.checksum {
+            return bad(format!(
+                "checksum {:#x} does not match contents ({sum:#x})",
+                self.checksum
+            ));
+        }
+        if self.reserved != [0; 8] {
+            return bad("reserved bytes are not zero".into());
+        }
+        if kind == KIND_MEM {
+            if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align) {
+                return bad(format!(
+                    "element size {} / alignment {} is not a valid layout",
+                    self.elem_size, self.elem_align
+                ));
+            }
+            let bytes = self.len.checked_mul(u64::from(self.elem_size));
+            if bytes.is_none_or(|b| b == 0 || b > isize::MAX as u64) {
+                return bad(format!("length {} × {} bytes", self.len, self.elem_size));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The type tag of `T` in envelopes: FNV-1a of its type name.
+pub(crate) fn type_tag_of<T>() -> u64 {
+    fnv1a64(std::any::type_name::<T>().as_bytes())
+}
+
+/// An exported [`IpcBuffer<T>`](crate::IpcBuffer): CUDA's memory handle in a typed,
+/// checksummed envelope, 184 bytes of plain data.
+///
+/// It carries the element size, alignment and type tag of `T`, the length, the device UUID,
+/// the exporter's pid, start time and boot id, a per-export random token and generation, and a
+/// checksum. Pass it to another process through a [`ShmCell`](crate::ShmCell) (it is `Pod`)
+/// or as bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)), and open it
+/// there with [`IpcBuffer::open`](crate::IpcBuffer::open).
+///
+/// `Debug` never prints the CUDA handle bytes: a legacy CUDA IPC handle is a bearer token that
+/// any local process can open.
+#[repr(transparent)]
+pub struct IpcMemHandle<T> {
+    pub(crate) env: Envelope,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for IpcMemHandle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for IpcMemHandle<T> {}
+impl<T> PartialEq for IpcMemHandle<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.env == other.env
+    }
+}
+impl<T> Eq for IpcMemHandle<T> {}
+
+// SAFETY: repr(transparent) over `Envelope` (Zeroable) and a zero-sized PhantomData.
+unsafe impl<T: 'static> Zeroable for IpcMemHandle<T> {}
+// SAFETY: repr(transparent) over `Envelope`, which is Pod (no padding, all integers and byte
+// arrays); the PhantomData adds no bytes. Any bit pattern is a value (validated on open).
+unsafe impl<T: 'static> Pod for IpcMemHandle<T> {}
+
+impl<T> IpcMemHandle<T> {
+    pub(crate) fn from_envelope(env: Envelope) -> Self {
+        Self {
+            env,
+            _elem: PhantomData,
+        }
+    }
+
+    /// The envelope's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.env)
+    }
+
+    /// Rebuild a handle from bytes received from another process, checking length, magic,
+    /// version, kind, checksum and layout (the type and the exporter are checked on open).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let env = envelope_from_bytes(bytes)?;
+        env.validate(KIND_MEM)?;
+        Ok(Self::from_envelope(env))
+    }
+
+    /// Number of elements of the exported buffer (as the envelope says).
+    pub fn len(&self) -> usize {
+        usize::try_from(self.env.len).unwrap_or(usize::MAX)
+    }
+
+    /// Whether the envelope claims zero elements (never true for a valid handle).
+    pub fn is_empty(&self) -> bool {
+        self.env.len == 0
+    }
+
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.env.exporter()
+    }
+
+    /// The UUID of the device that holds the memory.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.env.device_uuid
+    }
+
+    /// The exporter's per-process export counter.
+    pub fn generation(&self) -> u64 {
+        self.env.generation
+    }
+}
+
+impl<T> std::fmt::Debug for IpcMemHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcMemHandle")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.env.len)
+            .field("exporter_pid", &self.env.exporter_pid)
+            .field("generation", &self.env.generation)
+            .field("device", &self.env.device_ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An exported [`IpcEvent`](crate::IpcEvent): CUDA's event handle in a checksummed envelope
+/// (same layout as [`IpcMemHandle`], kind "event"). `Debug` never prints the CUDA bytes.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+pub struct IpcEventHandle {
+    pub(crate) env: Envelope,
+}
+
+impl IpcEventHandle {
+    /// The envelope's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.env)
+    }
+
+    /// Rebuild a handle from bytes, checking length, magic, version, kind and checksum.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let env = envelope_from_bytes(bytes)?;
+        env.validate(KIND_EVENT)?;
+        Ok(Self { env })
+    }
+
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.env.exporter()
+    }
+}
+
+impl std::fmt::Debug for IpcEventHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcEventHandle")
+            .field("exporter_pid", &self.env.exporter_pid)
+            .field("generation", &self.env.generation)
+            .field("device", &self.env.device_ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+fn envelope_from_bytes(bytes: &[u8]) -> Result<Envelope> {
+    if bytes.len() != HANDLE_SIZE {
+        return Err(Error::CorruptHandle {
+            reason: format!("{} bytes, expected {HANDLE_SIZE}", bytes.len()),
+        });
+    }
+    Ok(bytemuck::pod_read_unaligned(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Envelope {
+        Envelope {
+            kind: KIND_MEM,
+            elem_size: 4,
+            elem_align: 4,
+            type_tag: type_tag_of::<f32>(),
+            len: 1024,
+            generation: 3,
+            exporter_pid: 42,
+            exporter_start: 9,
+            boot_id: [1; 16],
+            device_uuid: [2; 16],
+            token: [3; 16],
+            cuda: [4; 64],
+            ..Zeroable::zeroed()
+        }
+        .seal()
+    }
+
+    #[test]
+    fn sealed_envelope_validates_and_round_trips() {
+        let h = IpcMemHandle::<f32>::from_envelope(sample());
+        let back = IpcMemHandle::<f32>::from_bytes(h.as_bytes()).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(back.len(), 1024);
+    }
+
+    #[test]
+    fn debug_never_shows_the_cuda_bytes() {
+        let mut env = sample();
+        env.cuda = [0xAB; 64];
+        let text = format!("{:?}", IpcMemHandle::<f32>::from_envelope(env.seal()));
+        assert!(!text.contains("171") && !text.to_lowercase().contains("ab, "), "{text}");
+        assert!(!text.contains("cuda"), "{text}");
+    }
+
+    #[test]
+    fn wrong_kind_length_and_zeroes_are_rejected() {
+        let h = IpcMemHandle::<f32>::from_envelope(sample());
+        assert!(IpcEventHandle::from_bytes(h.as_bytes()).is_err());
+        assert!(IpcMemHandle::<f32>::from_bytes(&h.as_bytes()[1..]).is_err());
+        assert!(IpcMemHandle::<f32>::from_bytes(&[0u8; HANDLE_SIZE]).is_err());
+    }
+
+    #[test]
+    fn bad_layouts_are_rejected_even_when_sealed() {
+        for (size, align, len) in [(4, 3, 1), (3, 2, 1), (4, 4, 0), (8, 8, u64::MAX)] {
+            let mut e = sample();
+            e.elem_size = size;
+            e.elem_align = align;
+            e.len = len;
+            assert!(e.seal().validate(KIND_MEM).is_err(), "{size} {align} {len}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = IpcMemHandle::<u8>::from_bytes(&bytes);
+            let _ = IpcEventHandle::from_bytes(&bytes);
+        }
+
+        #[test]
+        fn every_single_bit_flip_is_rejected(bit in 0usize..(HANDLE_SIZE * 8)) {
+            let env = sample();
+            let mut bytes = bytemuck::bytes_of(&env).to_vec();
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(IpcMemHandle::<f32>::from_bytes(&bytes).is_err());
+        }
+    }
+}
