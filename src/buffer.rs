@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
@@ -259,7 +259,9 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         }
         let exporter = env.exporter();
         if env.boot_id != os::boot_id() {
-            return Err(Error::ExporterGone { pid: exporter.pid() });
+            return Err(Error::ExporterGone {
+                pid: exporter.pid(),
+            });
         }
         let me = ProcessIdentity::current();
         if exporter == me {
@@ -287,15 +289,15 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
             }
         };
         if !exporter.is_alive() {
-            return Err(Error::ExporterGone { pid: exporter.pid() });
+            return Err(Error::ExporterGone {
+                pid: exporter.pid(),
+            });
         }
         check_reachable(ctx, &env.device_uuid)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let _g = ctx.enter()?;
         let mut ptr = 0;
-        let raw = sys::CUipcHandle {
-            reserved: env.cuda,
-        };
+        let raw = sys::CUipcHandle { reserved: env.cuda };
         // SAFETY: writes one device pointer; the handle bytes are passed by value and the
         // driver validates them (a forged handle is an error code, not UB).
         check("cuIpcOpenMemHandle", unsafe {
@@ -573,7 +575,9 @@ fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<()> {
         reason,
     };
     match device::ordinal_of_uuid(uuid)? {
-        None => Err(unreachable("the device is not visible to this process".into())),
+        None => Err(unreachable(
+            "the device is not visible to this process".into(),
+        )),
         Some(o) if o == ctx.ordinal() => Ok(()),
         Some(o) => {
             if device::can_access_peer(ctx.ordinal(), o)? {

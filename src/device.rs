@@ -92,7 +92,10 @@ fn attribute(dev: sys::CUdevice, attr: c_int) -> Result<i32> {
     Ok(v)
 }
 
-fn c_string(call: &'static str, f: impl FnOnce(*mut c_char, c_int) -> sys::CUresult) -> Result<String> {
+fn c_string(
+    call: &'static str,
+    f: impl FnOnce(*mut c_char, c_int) -> sys::CUresult,
+) -> Result<String> {
     let mut buf = [0 as c_char; 256];
     check(call, f(buf.as_mut_ptr(), buf.len() as c_int))?;
     let bytes: Vec<u8> = buf
@@ -120,7 +123,9 @@ pub fn device_count() -> Result<u32> {
 pub(crate) fn uuid_of(dev: sys::CUdevice) -> Result<[u8; 16]> {
     let mut u = sys::CUuuid { bytes: [0; 16] };
     // SAFETY: writes 16 bytes.
-    check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(&mut u, dev) })?;
+    check("cuDeviceGetUuid", unsafe {
+        sys::cuDeviceGetUuid(&mut u, dev)
+    })?;
     Ok(u.bytes)
 }
 

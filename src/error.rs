@@ -224,7 +224,9 @@ pub enum Error {
     },
 
     /// The handle's element type differs from the type it is opened as.
-    #[error("IPC handle holds {found_size}-byte elements (align {found_align}, tag {found_tag:#x}), opened as {expected} ({expected_size} bytes, align {expected_align}, tag {expected_tag:#x})")]
+    #[error(
+        "IPC handle holds {found_size}-byte elements (align {found_align}, tag {found_tag:#x}), opened as {expected} ({expected_size} bytes, align {expected_align}, tag {expected_tag:#x})"
+    )]
     TypeMismatch {
         /// The type it is opened as.
         expected: &'static str,

@@ -136,7 +136,9 @@ impl IpcEvent {
             return Err(Error::SameProcess { pid: me.pid() });
         }
         if env.boot_id != os::boot_id() || !exporter.is_alive() {
-            return Err(Error::ExporterGone { pid: exporter.pid() });
+            return Err(Error::ExporterGone {
+                pid: exporter.pid(),
+            });
         }
         let _g = ctx.enter()?;
         let mut raw = std::ptr::null_mut();
@@ -224,7 +226,9 @@ impl IpcEvent {
             {
                 last_check = Instant::now();
                 if !exporter.is_alive() {
-                    return Err(Error::ExporterGone { pid: exporter.pid() });
+                    return Err(Error::ExporterGone {
+                        pid: exporter.pid(),
+                    });
                 }
             }
             if pause < Duration::from_micros(50) {

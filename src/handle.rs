@@ -79,7 +79,10 @@ impl Envelope {
             return bad(format!("bad magic {:#x}", self.magic));
         }
         if self.version != VERSION {
-            return bad(format!("version {} (this build reads {VERSION})", self.version));
+            return bad(format!(
+                "version {} (this build reads {VERSION})",
+                self.version
+            ));
         }
         if self.kind != kind {
             let what = |k| match k {
@@ -104,7 +107,8 @@ impl Envelope {
             return bad("reserved bytes are not zero".into());
         }
         if kind == KIND_MEM {
-            if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align) {
+            if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align)
+            {
                 return bad(format!(
                     "element size {} / alignment {} is not a valid layout",
                     self.elem_size, self.elem_align
@@ -310,7 +314,10 @@ mod tests {
         let mut env = sample();
         env.cuda = [0xAB; 64];
         let text = format!("{:?}", IpcMemHandle::<f32>::from_envelope(env.seal()));
-        assert!(!text.contains("171") && !text.to_lowercase().contains("ab, "), "{text}");
+        assert!(
+            !text.contains("171") && !text.to_lowercase().contains("ab, "),
+            "{text}"
+        );
         assert!(!text.contains("cuda"), "{text}");
     }
 

@@ -37,7 +37,9 @@ impl ProcessIdentity {
         // check re-reads after a fork (the child has a new pid and start time).
         static CACHE: std::sync::Mutex<Option<ProcessIdentity>> = std::sync::Mutex::new(None);
         let pid = os::pid();
-        let mut cached = CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cached = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match *cached {
             Some(id) if id.pid == pid => id,
             _ => {

@@ -87,8 +87,12 @@ unsafe extern "C" {
         stream: CUstream,
     ) -> CUresult;
     pub fn cuMemsetD8_v2(dptr: CUdeviceptr, value: u8, count: usize) -> CUresult;
-    pub fn cuMemsetD8Async(dptr: CUdeviceptr, value: u8, count: usize, stream: CUstream)
-    -> CUresult;
+    pub fn cuMemsetD8Async(
+        dptr: CUdeviceptr,
+        value: u8,
+        count: usize,
+        stream: CUstream,
+    ) -> CUresult;
 
     pub fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
     pub fn cuIpcOpenMemHandle_v2(

@@ -207,3 +207,39 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
 pub fn shm_exists(name: &str) -> bool {
     std::fs::symlink_metadata(format!("/dev/shm/{name}")).is_ok()
 }
+
+/// Device 0's context for a GPU test; fails loudly without a GPU (GPU tests run only when
+/// asked for with `--include-ignored`).
+pub fn gpu() -> cuda_ipc::GpuContext {
+    match cuda_ipc::GpuContext::new(0) {
+        Ok(ctx) => ctx,
+        Err(e) => panic!("this GPU test needs a CUDA device and found none: {e}"),
+    }
+}
+
+/// Number of GPUs visible (panics without a GPU).
+pub fn gpu_count() -> u32 {
+    match cuda_ipc::device_count() {
+        Ok(n) => n,
+        Err(e) => panic!("this GPU test needs a CUDA device and found none: {e}"),
+    }
+}
+
+/// Open files of this process.
+pub fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Entries in /dev/shm whose name starts with `prefix`.
+pub fn shm_entries(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,59 @@
+//! Device checks: without a GPU the driver's "no device" is a clear error; with GPUs, the
+//! selection reports each device and enables peer access among the chosen ones.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use cuda_ipc::{Error, GpuContext, PeerGroup};
+
+/// Runs everywhere: on a machine without a GPU (CI) every entry point reports `NoDevice`
+/// naming the driver's code; where a GPU is required (`CUDA_IPC_REQUIRE_GPU=1`), finding
+/// none fails the test.
+#[test]
+fn without_a_gpu_every_entry_point_says_no_device() {
+    match cuda_ipc::device_count() {
+        Ok(n) => eprintln!("{n} GPU(s) present: the no-device path is not exercised here"),
+        Err(Error::NoDevice { code, name }) => {
+            assert!(
+                std::env::var_os("CUDA_IPC_REQUIRE_GPU").is_none(),
+                "a GPU is required here but cuInit said {name} ({code})"
+            );
+            assert!(matches!(GpuContext::new(0), Err(Error::NoDevice { .. })));
+            assert!(matches!(PeerGroup::select(8), Err(Error::NoDevice { .. })));
+            let msg = GpuContext::new(0).unwrap_err().to_string();
+            assert!(
+                msg.contains("no CUDA device") && msg.contains(&name),
+                "{msg}"
+            );
+        }
+        Err(e) => panic!("unexpected error without a GPU: {e}"),
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn peer_group_selects_every_h200_and_enables_peer_access() {
+    let n = common::gpu_count();
+    let group = PeerGroup::select(usize::MAX).unwrap();
+    eprint!("{}", group.report());
+    for d in &group.devices {
+        assert!(d.unified_addressing);
+        assert_eq!(d.uuid.len(), 16);
+        assert!(d.pci_bus_id.contains(':'), "{}", d.pci_bus_id);
+        assert!(d.multiprocessors > 0);
+    }
+    // H200s of one host reach each other over NVLink: all are chosen.
+    assert_eq!(group.devices.len() as u32, n, "{}", group.report());
+    let contexts = group.enable_peer_access().unwrap();
+    assert_eq!(contexts.len() as u32, n);
+    // Enabling twice is fine.
+    group.enable_peer_access().unwrap();
+    let limited = PeerGroup::select(1).unwrap();
+    assert_eq!(limited.devices.len(), 1);
+    assert_eq!(limited.skipped.len() as u32, n - 1);
+    eprintln!(
+        "driver version {}",
+        cuda_ipc::driver::driver_version().unwrap()
+    );
+}

@@ -1,0 +1,190 @@
+//! IpcEvent across processes on the GPU: ordering that a slow kernel would break without the
+//! event, repeated waits on one event, bounded synchronize that notices a dead exporter.
+//!
+//! GPU tests are `#[ignore = "requires a CUDA device"]`: run them with `--include-ignored`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
+use cuda_ipc::{
+    Error, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, ShmCell, ShmOptions, ShmRegion,
+    ShmSafe,
+};
+use cust::module::Module;
+use cust::prelude::*;
+
+const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
+const LEN: usize = 16 << 20;
+const ROUNDS: u64 = 3;
+
+#[repr(C)]
+struct Shared {
+    mem: ShmCell<IpcMemHandle<u8>>,
+    event: ShmCell<IpcEventHandle>,
+    ready: AtomicU32,
+    /// Rounds the writer has enqueued (kernel + record).
+    seq: AtomicU64,
+    /// Rounds the reader has checked.
+    ack: AtomicU64,
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shared {}
+
+fn region() -> ShmRegion<Shared> {
+    ShmOptions::new(unique_name("gpu-evt")).create().unwrap()
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        let shared = ShmOptions::new(&args[0])
+            .open::<Shared>()
+            .expect("open region");
+        let delay_ns: u64 = args[1].parse().unwrap();
+        let ctx = gpu();
+        let module = Module::from_ptx(KERNELS, &[]).unwrap();
+        let delay = module.get_function("delay_fill").unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        let buf = IpcBuffer::<u8>::zeroed(&ctx, LEN).unwrap();
+        let event = IpcEvent::new(&ctx).unwrap();
+        shared.mem.store(buf.handle().unwrap());
+        shared.event.store(event.handle().unwrap());
+        shared.ready.store(1, Ordering::Release);
+        match role {
+            // Each round: a slow kernel writes `round` into every byte, then the event is
+            // recorded; the reader must see the new value only through the event.
+            "slow_writer" => {
+                let ptr = buf.as_raw_ptr();
+                for round in 1..=ROUNDS {
+                    while shared.ack.load(Ordering::Acquire) != round - 1 {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    // SAFETY: argument types match delay_fill's PTX signature; the buffer
+                    // outlives the stream's work (synchronized below).
+                    unsafe {
+                        launch!(delay<<<64, 256, 0, stream>>>(ptr, LEN as u64, round as u32, delay_ns))
+                            .unwrap();
+                    }
+                    event.record(&stream).unwrap();
+                    shared.seq.store(round, Ordering::Release);
+                }
+                while shared.ack.load(Ordering::Acquire) != ROUNDS {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                stream.synchronize().unwrap();
+                report("writer_done");
+                0
+            }
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_event_orders_a_slow_kernel_before_the_readers_copy() {
+    let _dog = watchdog("ordering", Duration::from_secs(120));
+    let ctx = gpu();
+    let shared = region();
+    let writer = spawn("slow_writer", &[shared.name(), "300000000"]);
+    wait_for("writer ready", Duration::from_secs(60), || {
+        shared.ready.load(Ordering::Acquire) == 1
+    });
+    let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
+    let event = IpcEvent::open(&ctx, &shared.event.load()).unwrap();
+    assert!(event.is_imported());
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut host = vec![0u8; LEN];
+    for round in 1..=ROUNDS {
+        wait_for("round enqueued", Duration::from_secs(30), || {
+            shared.seq.load(Ordering::Acquire) == round
+        });
+        // Control: without the event, the 300 ms kernel has not written yet.
+        buf.copy_to_host(&mut host).unwrap();
+        assert!(
+            host.iter().any(|&b| u64::from(b) != round),
+            "round {round}: the control read already saw the new value: the test cannot tell order"
+        );
+        assert!(
+            !event.query().unwrap(),
+            "round {round}: event complete before its kernel"
+        );
+        // The same event, waited on again every round (cust's wait_event would consume it).
+        event.wait_on(&stream).unwrap();
+        // SAFETY: `host` is neither touched nor dropped until the stream is synchronized.
+        unsafe { buf.copy_to_host_async(&mut host, &stream).unwrap() };
+        stream.synchronize().unwrap();
+        assert!(
+            host.iter().all(|&b| u64::from(b) == round),
+            "round {round}: the copy ordered after the event saw stale bytes"
+        );
+        event.synchronize(Duration::from_secs(10)).unwrap();
+        assert!(event.query().unwrap());
+        shared.ack.store(round, Ordering::Release);
+    }
+    assert_eq!(
+        writer.expect_success(Duration::from_secs(60)),
+        vec!["writer_done"]
+    );
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn synchronize_notices_a_dead_exporter() {
+    let _dog = watchdog("dead_exporter", Duration::from_secs(120));
+    let ctx = gpu();
+    let shared = region();
+    // A 60 s kernel before the record: the event cannot complete while the writer lives.
+    let writer = spawn("slow_writer", &[shared.name(), "60000000000"]);
+    wait_for("writer ready", Duration::from_secs(60), || {
+        shared.ready.load(Ordering::Acquire) == 1
+    });
+    let event = IpcEvent::open(&ctx, &shared.event.load()).unwrap();
+    wait_for("recorded", Duration::from_secs(30), || {
+        shared.seq.load(Ordering::Acquire) == 1
+    });
+    assert!(matches!(
+        event.synchronize(Duration::from_millis(200)),
+        Err(Error::Timeout { .. })
+    ));
+    let pid = writer.pid();
+    writer.signal(libc::SIGKILL);
+    let _ = writer.wait(Duration::from_secs(30));
+    // With the exporter gone the wait ends well before its 40 s deadline: either the driver
+    // completed the event as the context died, or synchronize saw the exporter gone.
+    match event.synchronize(Duration::from_secs(40)) {
+        Ok(()) => eprintln!("event completed when its exporter died"),
+        Err(Error::ExporterGone { pid: p }) => assert_eq!(p, pid),
+        Err(e) => panic!("expected completion or ExporterGone, got {e}"),
+    }
+    // And a new open is refused before the driver is asked.
+    assert!(matches!(
+        IpcEvent::open(&ctx, &shared.event.load()),
+        Err(Error::ExporterGone { .. })
+    ));
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_event_cannot_be_opened_by_its_exporter_or_reexported() {
+    let ctx = gpu();
+    let event = IpcEvent::new(&ctx).unwrap();
+    let h = event.handle().unwrap();
+    assert!(matches!(
+        IpcEvent::open(&ctx, &h),
+        Err(Error::SameProcess { .. })
+    ));
+    assert!(matches!(
+        IpcEventHandle::from_bytes(&h.as_bytes()[..100]),
+        Err(Error::CorruptHandle { .. })
+    ));
+    // A fresh event has no work recorded: complete.
+    assert!(event.query().unwrap());
+    event.synchronize(Duration::from_secs(1)).unwrap();
+}

@@ -1,0 +1,123 @@
+//! 10,000 export / open / drop cycles between two processes on the GPU: file descriptors,
+//! `/dev/shm` entries and free GPU memory must be the same at the end as after warm-up.
+//!
+//! GPU test, `#[ignore = "requires a CUDA device"]`; in its own binary so that no other test's
+//! regions are in `/dev/shm` while it counts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{fd_count, gpu, report, shm_entries, spawn, unique_name, watchdog};
+use cuda_ipc::{IpcBuffer, IpcMemHandle, ShmCell, ShmOptions, ShmSafe};
+
+const CYCLES: u64 = 10_000;
+const WARMUP: u64 = 100;
+const LEN: usize = 64 << 10;
+
+#[repr(C)]
+struct Shared {
+    mem: ShmCell<IpcMemHandle<u8>>,
+    seq: AtomicU64,
+    ack: AtomicU64,
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shared {}
+
+fn spin_until(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "stuck waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        assert_eq!(role, "exporter");
+        let shared = ShmOptions::new(&args[0])
+            .open::<Shared>()
+            .expect("open region");
+        let ctx = gpu();
+        let mut baseline = (0, 0);
+        for i in 0..CYCLES {
+            if i == WARMUP {
+                baseline = (fd_count(), ctx.mem_info().unwrap().0);
+            }
+            let buf = IpcBuffer::<u8>::new(&ctx, LEN).unwrap();
+            buf.memset_bytes((i % 251) as u8).unwrap();
+            shared.mem.store(buf.handle().unwrap());
+            shared.seq.store(i + 1, Ordering::Release);
+            spin_until("importer", || shared.ack.load(Ordering::Acquire) == i + 1);
+            buf.close().unwrap();
+        }
+        let end = (fd_count(), ctx.mem_info().unwrap().0);
+        report(format!(
+            "fds {} {} free {} {}",
+            baseline.0, end.0, baseline.1, end.1
+        ));
+        0
+    });
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn ten_thousand_export_open_drop_cycles_leak_nothing() {
+    let _dog = watchdog("soak", Duration::from_secs(400));
+    let ctx = gpu();
+    let shared = ShmOptions::new(unique_name("soak"))
+        .create::<Shared>()
+        .unwrap();
+    let (free_start, _) = ctx.mem_info().unwrap();
+    let exporter = spawn("exporter", &[shared.name()]);
+    let mut host = vec![0u8; LEN];
+    let mut baseline = None;
+    let start = Instant::now();
+    for i in 0..CYCLES {
+        if i == WARMUP {
+            baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
+        }
+        spin_until("exporter", || shared.seq.load(Ordering::Acquire) == i + 1);
+        let buf = IpcBuffer::open_exact(&ctx, &shared.mem.load(), LEN).unwrap();
+        buf.copy_to_host(&mut host).unwrap();
+        assert!(
+            host.iter().all(|&b| u64::from(b) == i % 251),
+            "cycle {i}: wrong data"
+        );
+        drop(buf);
+        shared.ack.store(i + 1, Ordering::Release);
+    }
+    let elapsed = start.elapsed();
+    let results = exporter.expect_success(Duration::from_secs(60));
+    let (fds0, shm0) = baseline.unwrap();
+    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    // Device-wide free memory: before the exporter started, and after it exited.
+    let free1 = ctx.mem_info().unwrap().0;
+    eprintln!(
+        "soak: {CYCLES} cycles in {:.2} s ({:.0} µs/cycle); importer fds {fds0}->{fds1}, lease \
+         tables {shm0}->{shm1}, device free memory {free_start}->{free1}; exporter: {}",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e6 / CYCLES as f64,
+        results[0]
+    );
+    assert_eq!(fds1, fds0, "importer file descriptors leaked");
+    assert!(
+        shm0 <= 2,
+        "at most the current cycle's tables exist mid-run, found {shm0}"
+    );
+    assert_eq!(shm1, 0, "lease tables left in /dev/shm");
+    assert!(
+        free1 + (4 << 20) >= free_start,
+        "device free memory {free1} did not return to {free_start}"
+    );
+    let v: Vec<&str> = results[0].split(' ').collect();
+    assert_eq!(v[1], v[2], "exporter file descriptors leaked");
+    assert_eq!(v[4], v[5], "exporter-side free GPU memory changed");
+}
