@@ -241,6 +241,13 @@ impl BarrierState {
         poisoned(self.state.0.load(Ordering::Acquire))
     }
 
+    /// Poison the barrier from a process that is not a participant (a parent supervising its
+    /// children, say, after one of them failed): every current and future wait fails with
+    /// [`Error::Poisoned`] naming the calling process.
+    pub fn poison(&self) {
+        self.poison_with(KIND_EXPLICIT, u32::MAX, crate::os::pid());
+    }
+
     /// How many participants have arrived in the current generation (a snapshot, for
     /// monitoring and tests).
     pub fn arrived(&self) -> u32 {

@@ -49,7 +49,7 @@ unsafe impl ShmSafe for LeaseTable {
 
 fn region_name(token: &[u8; 16]) -> String {
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
-    format!("cuda-ipc-lease.{hex}")
+    format!("{PREFIX}{hex}")
 }
 
 fn token_words(token: &[u8; 16]) -> [u64; 2] {
@@ -65,8 +65,31 @@ pub(crate) struct ExportLeases {
     region: ShmRegion<LeaseTable>,
 }
 
+/// Remove lease tables left in `/dev/shm` by exporters that died (a `SIGKILL`ed exporter
+/// cannot unlink its own, and unless an importer of it outlives it, nobody else would). Only
+/// tables of our uid with mode `0600` whose creator is dead are touched. Runs once per process.
+fn reap_stale_tables() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(dir) = std::fs::read_dir(crate::os::SHM_DIR) else {
+            return;
+        };
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            if let Some(name) = name.to_str()
+                && name.starts_with(PREFIX)
+            {
+                let _ = crate::shm::reclaim_stale(name);
+            }
+        }
+    });
+}
+
+const PREFIX: &str = "cuda-ipc-lease.";
+
 impl ExportLeases {
     pub(crate) fn create(token: &[u8; 16]) -> Result<Self> {
+        reap_stale_tables();
         let me = ProcessIdentity::current();
         let words = token_words(token);
         let region = ShmOptions::new(region_name(token)).create_with(|t: &LeaseTable| {

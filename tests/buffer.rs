@@ -320,37 +320,6 @@ fn exporter_killed_while_mapped() {
 
 #[test]
 #[ignore = "requires a CUDA device"]
-fn importer_killed_its_lease_is_reaped_and_memory_freed() {
-    let _dog = watchdog("importer_killed", Duration::from_secs(90));
-    let ctx = gpu();
-    let shared = region();
-    let (free_before, _) = ctx.mem_info().unwrap();
-    let len = 64 << 20; // 256 MiB of u32
-    let mut buf = IpcBuffer::<u32>::new(&ctx, len).unwrap();
-    buf.set_lease_timeout(Duration::from_secs(10));
-    shared.mem.store(buf.handle().unwrap());
-    let importer = spawn("open_and_sleep", &[shared.name()]);
-    wait_for("import", Duration::from_secs(30), || {
-        shared.done.load(Ordering::Acquire) == 1
-    });
-    assert_eq!(buf.importers(), vec![importer.pid()]);
-    importer.signal(libc::SIGKILL);
-    let _ = importer.wait(Duration::from_secs(20));
-    assert!(
-        buf.importers().is_empty(),
-        "a dead importer's lease is reaped"
-    );
-    buf.close().unwrap();
-    let (free_after, _) = ctx.mem_info().unwrap();
-    let slack = 4 << 20;
-    assert!(
-        free_after + slack >= free_before,
-        "free memory {free_after} did not return to {free_before}"
-    );
-}
-
-#[test]
-#[ignore = "requires a CUDA device"]
 fn close_reports_importers_that_outlive_the_deadline_and_leaks() {
     let _dog = watchdog("outstanding", Duration::from_secs(90));
     let ctx = gpu();

@@ -1,0 +1,325 @@
+//! NVIDIA's simpleIPC sample on cuda-ipc's public API: one process per GPU, peer access, lazy
+//! peer mapping, interprocess events and a barrier in shared memory.
+//!
+//! ```text
+//! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N]
+//! ```
+//!
+//! The parent picks every device that supports unified addressing, is in the default compute
+//! mode and reaches every device already picked; allocates one buffer and one interprocess
+//! event per device and publishes their handles in a shared region; then re-executes itself
+//! once per device. In step `i` child `id` waits for the event of buffer `(i + id) % n`, writes
+//! `id` into every byte of it, records the event, and meets the others at the barrier. At the
+//! end every buffer `id` must hold `(id + 1) % n`, which each child verifies byte by byte.
+//!
+//! Exit status: 0 on success, 2 ("waived") when no device can do IPC, 1 on any failure.
+
+use std::process::{Child, Command, ExitCode};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use cuda_ipc::{
+    BarrierState, Error, GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerGroup,
+    ProcessBarrier, ShmCell, ShmOptions, ShmSafe,
+};
+use cust::function::BlockSize;
+use cust::module::Module;
+use cust::prelude::*;
+
+const MAX_DEVICES: usize = 8;
+const THREADS: u32 = 128;
+const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
+
+/// simpleIPC's `shmStruct`.
+#[repr(C)]
+struct Shared {
+    barrier: BarrierState,
+    nprocesses: AtomicU32,
+    devices: ShmCell<[u32; MAX_DEVICES]>,
+    mem: [ShmCell<IpcMemHandle<u8>>; MAX_DEVICES],
+    events: [ShmCell<IpcEventHandle>; MAX_DEVICES],
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shared {}
+
+type Failure = Box<dyn std::error::Error>;
+
+struct Options {
+    size: usize,
+    max_devices: usize,
+    timings: bool,
+}
+
+fn parse_options(args: &[String]) -> Result<Options, String> {
+    let mut opts = Options {
+        size: 64 << 20,
+        max_devices: MAX_DEVICES,
+        timings: false,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .and_then(|v| v.parse::<usize>().ok())
+                .ok_or_else(|| format!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            "--size" => opts.size = value("--size")?,
+            "--devices" => opts.max_devices = value("--devices")?.min(MAX_DEVICES),
+            "--timings" => opts.timings = true,
+            other => return Err(format!("unknown option {other:?} (try --help)")),
+        }
+    }
+    if opts.size == 0 || opts.size > i32::MAX as usize || opts.max_devices == 0 {
+        return Err("--size must be 1..=2^31-1 bytes and --devices at least 1".into());
+    }
+    Ok(opts)
+}
+
+/// Where a child's time goes, printed with `--timings`.
+struct Phases {
+    start: Instant,
+    marks: Vec<(&'static str, f64)>,
+}
+
+impl Phases {
+    fn mark(&mut self, what: &'static str) {
+        self.marks
+            .push((what, self.start.elapsed().as_secs_f64() * 1e3));
+        self.start = Instant::now();
+    }
+}
+
+/// Fault injection for the tests: `SIMPLE_IPC_FAIL=ID:STEP` makes child ID exit with status 3
+/// at step STEP, as a crashed child would.
+fn injected_failure(id: usize, step: usize) {
+    if let Ok(spec) = std::env::var("SIMPLE_IPC_FAIL")
+        && spec == format!("{id}:{step}")
+    {
+        eprintln!("Process {id}: injected failure at step {step}");
+        std::process::exit(3);
+    }
+}
+
+fn child(region_name: &str, id: usize) -> Result<(), Failure> {
+    let mut phases = Phases {
+        start: Instant::now(),
+        marks: Vec::new(),
+    };
+    let shared = ShmOptions::new(region_name).open::<Shared>()?;
+    let n = shared.nprocesses.load(Ordering::Acquire) as usize;
+    if n == 0 || n > MAX_DEVICES || id >= n {
+        return Err(format!("bad process count {n} for child {id}").into());
+    }
+    let barrier = ProcessBarrier::join(&shared.barrier)?;
+    let device = shared.devices.load()[id];
+    println!("Process {id}: Starting on device {device}...");
+    let ctx = GpuContext::new(device)?;
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    phases.mark("context");
+    let module = Module::from_ptx(KERNELS, &[])?;
+    let kernel = module.get_function("simple_kernel")?;
+    let per_sm = kernel.max_active_blocks_per_multiprocessor(BlockSize::x(THREADS), 0)?;
+    let blocks = per_sm * cuda_ipc::device_info(device)?.multiprocessors;
+    phases.mark("module");
+
+    let buffers = (0..n)
+        .map(|i| IpcBuffer::open(&ctx, &shared.mem[i].load()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let events = (0..n)
+        .map(|i| IpcEvent::open(&ctx, &shared.events[i].load()))
+        .collect::<Result<Vec<_>, _>>()?;
+    phases.mark("open");
+    barrier.wait()?; // everyone has opened everything
+    phases.mark("barrier");
+
+    for i in 0..n {
+        injected_failure(id, i);
+        let target = (i + id) % n;
+        let buf = &buffers[target];
+        events[target].wait_on(&stream)?;
+        let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
+        // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
+        // buffer, which stays mapped until the stream is synchronised below.
+        unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
+        events[target].record(&stream)?;
+        barrier.wait()?;
+        if id == 0 {
+            println!("Step {i} done");
+        }
+    }
+
+    events[id].synchronize(Duration::from_secs(60))?;
+    phases.mark("steps");
+    println!("Process {id}: verifying...");
+    let mut host = vec![0u8; buffers[id].len()];
+    buffers[id].copy_to_host(&mut host)?;
+    let expect = ((id + 1) % n) as u8;
+    if let Some(pos) = host.iter().position(|&b| b != expect) {
+        return Err(format!(
+            "Process {id}: verification failed at byte {pos}: {} != {expect}",
+            host[pos]
+        )
+        .into());
+    }
+    stream.synchronize()?;
+    phases.mark("verify");
+    barrier.wait()?; // no buffer is unmapped while another child may still read it
+    println!("Process {id} complete!");
+    if std::env::var_os("SIMPLE_IPC_TIMINGS").is_some() {
+        let marks: Vec<String> = phases
+            .marks
+            .iter()
+            .map(|(what, ms)| format!("{what} {ms:.1} ms"))
+            .collect();
+        println!("Process {id} timings: {}", marks.join(", "));
+    }
+    Ok(())
+}
+
+/// Ok(None): waived, with the reason printed.
+fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
+    println!("Checking for multiple GPUs...");
+    let group = match PeerGroup::select(opts.max_devices) {
+        Err(Error::NoDevice { name, code }) => {
+            println!("Waived: no CUDA device ({name}, {code})");
+            return Ok(None);
+        }
+        other => other?,
+    };
+    print!("{}", group.report());
+    if group.devices.is_empty() {
+        println!("Waived: no device supports IPC (unified addressing, default compute mode)");
+        return Ok(None);
+    }
+    let n = group.devices.len();
+    let contexts = group.enable_peer_access()?;
+    println!("Peer access enabled among {n} device(s)");
+    let setup = Instant::now();
+
+    let region = ShmOptions::new("simple_ipc")
+        .random_suffix(true)
+        .create_with(|s: &Shared| {
+            s.barrier.init(n as u32)?;
+            s.nprocesses.store(n as u32, Ordering::Release);
+            let mut devices = [u32::MAX; MAX_DEVICES];
+            for (slot, d) in devices.iter_mut().zip(&group.devices) {
+                *slot = d.ordinal;
+            }
+            s.devices.store(devices);
+            Ok(())
+        })?;
+    let mut buffers = Vec::new();
+    let mut events = Vec::new();
+    for (i, ctx) in contexts.iter().enumerate() {
+        let buf = IpcBuffer::<u8>::new(ctx, opts.size)?;
+        let event = IpcEvent::new(ctx)?;
+        region.mem[i].store(buf.handle()?);
+        region.events[i].store(event.handle()?);
+        buffers.push(buf);
+        events.push(event);
+    }
+
+    if opts.timings {
+        println!(
+            "Parent: allocations and handles {:.1} ms",
+            setup.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    println!("Spawning processes and assigning GPUs...");
+    let exe = std::env::current_exe()?;
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for id in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--child", region.name(), &id.to_string()]);
+        if opts.timings {
+            cmd.env("SIMPLE_IPC_TIMINGS", "1");
+        }
+        let c = cmd.spawn()?;
+        children.push((id, c));
+    }
+    let mut failed = Vec::new();
+    while !children.is_empty() {
+        let mut still = Vec::new();
+        for (id, mut c) in children {
+            match c.try_wait()? {
+                Some(status) if status.success() => {}
+                Some(status) => {
+                    // Stop the others at their next barrier wait instead of letting them wait
+                    // for a peer that will never come.
+                    region.barrier.poison();
+                    failed.push(format!("child {id} (pid {}) {status}", c.id()));
+                }
+                None => still.push((id, c)),
+            }
+        }
+        children = still;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !failed.is_empty() {
+        return Err(format!("failed: {}", failed.join(", ")).into());
+    }
+    Ok(Some((n, n * opts.size)))
+}
+
+fn main() -> ExitCode {
+    let start = Instant::now();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        let (Some(name), Some(id)) = (args.get(1), args.get(2).and_then(|s| s.parse().ok())) else {
+            eprintln!("usage: simple_ipc --child REGION ID");
+            return ExitCode::from(1);
+        };
+        return match child(name, id) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("Process {id}: error: {}", chain(e.as_ref()));
+                ExitCode::from(1)
+            }
+        };
+    }
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "simple_ipc: NVIDIA's simpleIPC sample on cuda-ipc\n\n\
+             usage: simple_ipc [--size BYTES] [--devices N] [--timings]\n\
+             \x20 --size BYTES   bytes per device buffer (default 67108864 = 64 MiB)\n\
+             \x20 --devices N    use at most N devices (default and maximum {MAX_DEVICES})\n\
+             \x20 --timings      print where each child's time goes\n\n\
+             exit status: 0 success, 2 waived (no device can do IPC), 1 failure"
+        );
+        return ExitCode::SUCCESS;
+    }
+    let opts = match parse_options(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("simple_ipc: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match parent(&opts) {
+        Ok(Some((devices, bytes))) => {
+            println!(
+                "simple_ipc: {devices} device(s), {bytes} bytes verified, {:.3} s",
+                start.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(None) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("simple_ipc: error: {}", chain(e.as_ref()));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// "outer: inner: innermost" for an error and its sources.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
