@@ -58,11 +58,17 @@ fn spin_until(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
-        assert_eq!(role, "exporter");
         let shared = ShmOptions::new(&args[0])
             .open::<Shared>()
             .expect("open region");
         let ctx = gpu();
+        if role == "open_and_sleep" {
+            let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
+            shared.done.store(buf.as_raw_ptr(), Ordering::Release);
+            std::thread::sleep(Duration::from_secs(50));
+            return 1;
+        }
+        assert_eq!(role, "exporter");
         let mut baseline = (0, 0);
         for i in 0..CYCLES {
             if i == WARMUP {
