@@ -1,0 +1,124 @@
+//! Shared pieces of the GPU benches: helper processes (this bench binary re-executed with a
+//! role), the "no GPU, nothing to measure" exit, and the same-run summary table.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const ROLE_ENV: &str = "CUDA_IPC_BENCH_ROLE";
+const ARG_ENV: &str = "CUDA_IPC_BENCH_ARG";
+
+/// In a helper process: its role and argument.
+pub fn role() -> Option<(String, String)> {
+    let role = std::env::var(ROLE_ENV).ok()?;
+    Some((role, std::env::var(ARG_ENV).unwrap_or_default()))
+}
+
+/// A helper process, killed and reaped on drop.
+pub struct Helper(Child);
+
+pub fn spawn(role: &str, arg: &str) -> Helper {
+    let exe = std::env::current_exe().expect("current_exe");
+    Helper(
+        Command::new(exe)
+            .env(ROLE_ENV, role)
+            .env(ARG_ENV, arg)
+            .spawn()
+            .expect("spawn helper"),
+    )
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Device `ordinal`'s context, or `None` (after saying so) when there is no GPU: the bench
+/// then exits 0 so that `cargo test --benches` passes on machines without one.
+pub fn gpu_or_skip(bench: &str) -> Option<cuda_ipc::GpuContext> {
+    match cuda_ipc::GpuContext::new(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            assert!(
+                std::env::var_os("CUDA_IPC_REQUIRE_GPU").is_none(),
+                "bench {bench}: a GPU is required here: {e}"
+            );
+            println!("bench {bench}: no CUDA device ({e}); nothing to measure");
+            None
+        }
+    }
+}
+
+/// Whether this is a real benchmark run (`cargo bench`), not `cargo test --benches`.
+pub fn is_bench_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Poll until `cond`, at most `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Per-call times (ns) of `batches` batches of `per_batch` calls, sorted.
+pub fn sample(batches: usize, per_batch: u32, mut f: impl FnMut()) -> Vec<f64> {
+    for _ in 0..per_batch {
+        f();
+    }
+    let mut v: Vec<f64> = (0..batches)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..per_batch {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / f64::from(per_batch)
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+pub fn pct(v: &[f64], p: f64) -> f64 {
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// One summary row: ours against its baseline, p10/p50/p90 and the p50 ratio.
+pub fn row(name: &str, ours: &[f64], base: &[f64]) {
+    let fmt = |v: &[f64]| {
+        let unit = |x: f64| {
+            if x >= 1e6 {
+                format!("{:.2} ms", x / 1e6)
+            } else if x >= 1e3 {
+                format!("{:.2} µs", x / 1e3)
+            } else {
+                format!("{x:.0} ns")
+            }
+        };
+        format!(
+            "{} / {} / {}",
+            unit(pct(v, 0.1)),
+            unit(pct(v, 0.5)),
+            unit(pct(v, 0.9))
+        )
+    };
+    println!(
+        "{name:<28} {:>34} {:>34} {:>7.3}",
+        fmt(ours),
+        fmt(base),
+        pct(ours, 0.5) / pct(base, 0.5)
+    );
+}
+
+pub fn header(title: &str) {
+    println!();
+    println!("summary: {title} (p10 / p50 / p90 per call)");
+    println!(
+        "{:<28} {:>34} {:>34} {:>7}",
+        "", "cuda-ipc", "raw baseline", "ratio"
+    );
+}

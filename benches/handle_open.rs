@@ -1,0 +1,210 @@
+//! Handle-open latency, each against the raw driver call it wraps, in the same run:
+//!
+//! - cold open + close through `IpcBuffer` vs raw `cuIpcOpenMemHandle` + `cuIpcCloseMemHandle`;
+//! - cached re-open (the import cache hit) vs the same raw open + close;
+//! - event open (+ destroy) through `IpcEvent` vs raw `cuIpcOpenEventHandle` + `cuEventDestroy`;
+//! - export: typed handle (envelope, checksum) vs raw `cuIpcGetMemHandle`.
+//!
+//! A helper process, started once outside the measurement, exports a 64 MiB buffer and an
+//! event. Run: `cargo bench --bench handle_open`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use criterion::Criterion;
+use cuda_ipc::driver::sys;
+use cuda_ipc::{
+    GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, ShmCell, ShmOptions, ShmSafe,
+};
+
+#[repr(C)]
+struct Shared {
+    mem: ShmCell<IpcMemHandle<u8>>,
+    event: ShmCell<IpcEventHandle>,
+    raw_mem: ShmCell<[u8; 64]>,
+    raw_event: ShmCell<[u8; 64]>,
+    ready: AtomicU32,
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shared {}
+
+fn raw(call: &str, rc: i32) {
+    assert_eq!(rc, 0, "{call} failed: {}", cuda_ipc::driver::error_name(rc));
+}
+
+fn exporter(region: &str) {
+    let shared = ShmOptions::new(region).open::<Shared>().unwrap();
+    let ctx = GpuContext::new(0).unwrap();
+    let buf = IpcBuffer::<u8>::zeroed(&ctx, 64 << 20).unwrap();
+    let event = IpcEvent::new(&ctx).unwrap();
+    shared.mem.store(buf.handle().unwrap());
+    shared.event.store(event.handle().unwrap());
+    ctx.make_current().unwrap();
+    let mut h = sys::CUipcHandle { reserved: [0; 64] };
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: raw driver calls with valid out-pointers, on the current context.
+    unsafe {
+        raw(
+            "cuIpcGetMemHandle",
+            sys::cuIpcGetMemHandle(&mut h, buf.as_raw_ptr()),
+        );
+        shared.raw_mem.store(h.reserved);
+        raw(
+            "cuEventCreate",
+            sys::cuEventCreate(
+                &mut ev,
+                sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING,
+            ),
+        );
+        raw("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev));
+    }
+    shared.raw_event.store(h.reserved);
+    shared.ready.store(1, Ordering::Release);
+    std::thread::sleep(Duration::from_secs(3600));
+}
+
+struct Fixture {
+    ctx: GpuContext,
+    mem: IpcMemHandle<u8>,
+    event: IpcEventHandle,
+    raw_mem: sys::CUipcHandle,
+    raw_event: sys::CUipcHandle,
+    own: IpcBuffer<u8>,
+}
+
+impl Fixture {
+    fn raw_open_close(&self) {
+        let mut p = 0;
+        // SAFETY: the helper's live handle, opened and closed on the current context.
+        unsafe {
+            raw(
+                "cuIpcOpenMemHandle",
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut p,
+                    self.raw_mem,
+                    sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
+                ),
+            );
+            raw("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(p));
+        }
+    }
+    fn ours_open_close(&self) {
+        drop(IpcBuffer::open(&self.ctx, &self.mem).unwrap());
+    }
+    fn raw_event_open(&self) {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: the helper's live event handle; the opened event is destroyed at once.
+        unsafe {
+            raw(
+                "cuIpcOpenEventHandle",
+                sys::cuIpcOpenEventHandle(&mut ev, self.raw_event),
+            );
+            raw("cuEventDestroy", sys::cuEventDestroy_v2(ev));
+        }
+    }
+    fn ours_event_open(&self) {
+        drop(IpcEvent::open(&self.ctx, &self.event).unwrap());
+    }
+    fn raw_export(&self) -> sys::CUipcHandle {
+        let mut h = sys::CUipcHandle { reserved: [0; 64] };
+        // SAFETY: a buffer this process allocated, on the current context.
+        unsafe {
+            raw(
+                "cuIpcGetMemHandle",
+                sys::cuIpcGetMemHandle(&mut h, self.own.as_raw_ptr()),
+            )
+        };
+        h
+    }
+    fn ours_export(&self) -> IpcMemHandle<u8> {
+        self.own.handle().unwrap()
+    }
+}
+
+fn benches(c: &mut Criterion, f: &Fixture) {
+    let mut g = c.benchmark_group("handle_open");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    g.bench_function("cold_open_close/cuda_ipc", |b| {
+        b.iter(|| f.ours_open_close())
+    });
+    g.bench_function("cold_open_close/raw", |b| b.iter(|| f.raw_open_close()));
+    {
+        let _keep = IpcBuffer::open(&f.ctx, &f.mem).unwrap();
+        g.bench_function("cached_reopen/cuda_ipc", |b| b.iter(|| f.ours_open_close()));
+    }
+    g.bench_function("event_open/cuda_ipc", |b| b.iter(|| f.ours_event_open()));
+    g.bench_function("event_open/raw", |b| b.iter(|| f.raw_event_open()));
+    g.bench_function("export/cuda_ipc", |b| {
+        b.iter(|| std::hint::black_box(f.ours_export()))
+    });
+    g.bench_function("export/raw", |b| {
+        b.iter(|| std::hint::black_box(f.raw_export()))
+    });
+    g.finish();
+}
+
+fn summary(f: &Fixture) {
+    common::header("handle_open, 31 batches each");
+    let ours = common::sample(31, 100, || f.ours_open_close());
+    let base = common::sample(31, 100, || f.raw_open_close());
+    common::row("cold open + close", &ours, &base);
+    {
+        let _keep = IpcBuffer::open(&f.ctx, &f.mem).unwrap();
+        let cached = common::sample(31, 10_000, || f.ours_open_close());
+        common::row("cached re-open vs raw open", &cached, &base);
+    }
+    let ours = common::sample(31, 2_000, || f.ours_event_open());
+    let base = common::sample(31, 2_000, || f.raw_event_open());
+    common::row("event open + destroy", &ours, &base);
+    let ours = common::sample(31, 10_000, || {
+        std::hint::black_box(f.ours_export());
+    });
+    let base = common::sample(31, 10_000, || {
+        std::hint::black_box(f.raw_export());
+    });
+    common::row("export", &ours, &base);
+}
+
+fn main() {
+    if let Some((role, arg)) = common::role() {
+        assert_eq!(role, "exporter");
+        exporter(&arg);
+        return;
+    }
+    let Some(ctx) = common::gpu_or_skip("handle_open") else {
+        return;
+    };
+    let shared = ShmOptions::new("cuda-ipc-bench-open")
+        .random_suffix(true)
+        .create::<Shared>()
+        .unwrap();
+    let _helper = common::spawn("exporter", shared.name());
+    common::wait_for("exporter", Duration::from_secs(60), || {
+        shared.ready.load(Ordering::Acquire) == 1
+    });
+    let f = Fixture {
+        own: IpcBuffer::<u8>::new(&ctx, 64 << 20).unwrap(),
+        ctx,
+        mem: shared.mem.load(),
+        event: shared.event.load(),
+        raw_mem: sys::CUipcHandle {
+            reserved: shared.raw_mem.load(),
+        },
+        raw_event: sys::CUipcHandle {
+            reserved: shared.raw_event.load(),
+        },
+    };
+    f.ctx.make_current().unwrap(); // for the raw calls
+    let mut c = Criterion::default().configure_from_args();
+    benches(&mut c, &f);
+    c.final_summary();
+    if common::is_bench_run() {
+        summary(&f);
+    }
+}
