@@ -7,9 +7,10 @@
 //! in the current generation. A waiter adds one arrival; the process whose arrival completes the
 //! count swaps in `(generation + 1, 0)` with a compare-exchange, publishes the new generation in
 //! a separate 32-bit futex word and wakes sleepers only if one has announced itself, so a barrier
-//! whose waiters are all spinning costs no system call. Everyone else spins briefly on the futex
-//! word, then yields, then sleeps on it (a shared futex, not `FUTEX_PRIVATE`) in ticks of
-//! [`LIVENESS_TICK`], checking at each tick that every other participant is alive.
+//! whose waiters are all spinning costs no system call. Everyone else spins briefly on the state
+//! word (one cache line carries both the arrivals and the completion), then yields, then sleeps
+//! on the futex word (a shared futex, not `FUTEX_PRIVATE`) in ticks of [`LIVENESS_TICK`],
+//! checking at each tick that every other participant is alive.
 //!
 //! A waiter that runs out of time withdraws its arrival with a compare-exchange against the same
 //! word (so it races the completing arrival cleanly: either the generation completed and the
@@ -46,7 +47,7 @@ const YIELD_FOR: Duration = Duration::from_micros(200);
 
 const MAGIC: u32 = 0x6261_7272; // "barr"
 
-/// Futex-word polls between the slower checks (state word, clock); 1 under the model checker.
+/// State-word polls between the slower checks (poison, clock); 1 under the model checker.
 const POLL_BATCH: u32 = if cfg!(loom) { 1 } else { 64 };
 
 const POISON_BIT: u64 = 1 << 31;
@@ -494,7 +495,10 @@ impl<'a> ProcessBarrier<'a> {
         let mut polls: u32 = 0;
         let spin_start = Instant::now();
         loop {
-            if passed(futex.load(Ordering::Acquire), generation) {
+            // Spin on the state word itself: the completing compare-exchange is visible there
+            // with one cache-line transfer (the futex word is for sleepers).
+            let s = word.load(Ordering::Acquire);
+            if generation_of(s) != generation {
                 return Ok(self.completed(generation));
             }
             polls = polls.wrapping_add(1);
@@ -503,10 +507,6 @@ impl<'a> ProcessBarrier<'a> {
                 continue;
             }
             // Every 64 polls: the slow checks.
-            let s = word.load(Ordering::Acquire);
-            if generation_of(s) != generation {
-                return Ok(self.completed(generation));
-            }
             if poisoned(s) {
                 return Err(WaitError::Failed(st.poison_error()));
             }

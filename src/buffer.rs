@@ -288,7 +288,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
                 None => break cache,
             }
         };
-        if !exporter.is_alive() {
+        if !crate::process::is_alive_cached(&exporter) {
             return Err(Error::ExporterGone {
                 pid: exporter.pid(),
             });

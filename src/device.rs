@@ -205,14 +205,23 @@ pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
     Ok(can != 0)
 }
 
-/// The ordinal of the visible device with this UUID.
+/// The ordinal of the visible device with this UUID. The driver's device list is fixed for the
+/// life of a process, so it is read once.
 pub(crate) fn ordinal_of_uuid(uuid: &[u8; 16]) -> Result<Option<u32>> {
-    for ordinal in 0..device_count()? {
-        if uuid_of(handle(ordinal)?)? == *uuid {
-            return Ok(Some(ordinal));
+    static UUIDS: std::sync::OnceLock<Vec<[u8; 16]>> = std::sync::OnceLock::new();
+    let uuids = match UUIDS.get() {
+        Some(u) => u,
+        None => {
+            let list = (0..device_count()?)
+                .map(|o| uuid_of(handle(o)?))
+                .collect::<Result<Vec<_>>>()?;
+            UUIDS.get_or_init(|| list)
         }
-    }
-    Ok(None)
+    };
+    Ok(uuids
+        .iter()
+        .position(|u| u == uuid)
+        .and_then(|i| u32::try_from(i).ok()))
 }
 
 /// A device left out of a [`PeerGroup`], and why.

@@ -135,7 +135,7 @@ impl IpcEvent {
         if exporter == me {
             return Err(Error::SameProcess { pid: me.pid() });
         }
-        if env.boot_id != os::boot_id() || !exporter.is_alive() {
+        if env.boot_id != os::boot_id() || !crate::process::is_alive_cached(&exporter) {
             return Err(Error::ExporterGone {
                 pid: exporter.pid(),
             });
@@ -225,7 +225,7 @@ impl IpcEvent {
                 && last_check.elapsed() >= Duration::from_millis(10)
             {
                 last_check = Instant::now();
-                if !exporter.is_alive() {
+                if !crate::process::is_alive_cached(&exporter) {
                     return Err(Error::ExporterGone {
                         pid: exporter.pid(),
                     });

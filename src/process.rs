@@ -85,6 +85,44 @@ impl ProcessIdentity {
     }
 }
 
+/// Liveness checks of the same processes over and over (an exporter, at every open of its
+/// handles) cost a `/proc` read each. This cache pins each checked process with a pidfd, after
+/// confirming through `/proc` that the pid still names the process that started at the recorded
+/// time; later checks are a zero-timeout `poll` on the pidfd (pid reuse cannot fool a pidfd).
+pub(crate) fn is_alive_cached(id: &ProcessIdentity) -> bool {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    static PINNED: Mutex<BTreeMap<(u32, u64), rustix::fd::OwnedFd>> = Mutex::new(BTreeMap::new());
+    const MAX_PINNED: usize = 256;
+
+    let key = (id.pid, id.start_time);
+    let mut pinned = PINNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(fd) = pinned.get(&key) {
+        if !os::pidfd_exited(fd) {
+            return true;
+        }
+        pinned.remove(&key);
+        return false;
+    }
+    let Some(fd) = os::pidfd_open(id.pid) else {
+        return id.is_alive();
+    };
+    // The pidfd names whatever process has the pid now: keep it only if that is ours.
+    if !id.is_alive() {
+        return false;
+    }
+    if pinned.len() >= MAX_PINNED {
+        pinned.retain(|_, fd| !os::pidfd_exited(fd));
+        if pinned.len() >= MAX_PINNED {
+            pinned.clear();
+        }
+    }
+    pinned.insert(key, fd);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +133,25 @@ mod tests {
         let impostor = ProcessIdentity::from_parts(me.pid(), me.start_time() + 1);
         assert!(me.is_alive());
         assert!(!impostor.is_alive());
+    }
+
+    #[test]
+    fn the_pidfd_cache_sees_a_child_exit() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let st = crate::os::proc_stat(child.id()).unwrap();
+        let id = ProcessIdentity::from_parts(child.id(), st.start_time);
+        assert!(is_alive_cached(&id));
+        assert!(is_alive_cached(&id)); // from the cache
+        assert!(!is_alive_cached(&ProcessIdentity::from_parts(
+            child.id(),
+            st.start_time + 1
+        )));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!is_alive_cached(&id));
     }
 
     #[test]

@@ -501,6 +501,12 @@ impl<T: ShmSafe> ShmRegion<T> {
         os::shm_unlink_if_same(&self.name, self.dev, self.ino).map(drop)
     }
 
+    /// Unlink the name (if it still names this region) through a shared reference, for a region
+    /// whose last user knows its owner is gone.
+    pub(crate) fn unlink_shared(&self) -> Result<bool> {
+        os::shm_unlink_if_same(&self.name, self.dev, self.ino)
+    }
+
     /// Unmap, and unlink the name if owned, reporting an unlink failure that drop would ignore.
     ///
     /// # Errors

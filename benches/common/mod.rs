@@ -32,6 +32,8 @@ impl Drop for Helper {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        // A killed exporter cannot unlink its buffers' lease tables.
+        cuda_ipc::reclaim_stale_lease_tables();
     }
 }
 

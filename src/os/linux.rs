@@ -198,6 +198,26 @@ pub(crate) fn futex_wake_all(word: &AtomicU32) {
     let _ = futex::wake(word, futex::Flags::empty(), i32::MAX.unsigned_abs());
 }
 
+/// A pidfd for `pid` (`pidfd_open`), or `None` where the kernel or sandbox refuses it.
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+}
+
+/// Whether the process behind a pidfd has exited (the fd polls readable once it has).
+pub(crate) fn pidfd_exited(fd: &OwnedFd) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(n) => n > 0 && fds[0].revents().contains(PollFlags::IN),
+        Err(_) => false,
+    }
+}
+
 /// What `/proc/<pid>/stat` says about a process: its state letter and start time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ProcStat {
