@@ -150,24 +150,37 @@ fn benches(c: &mut Criterion, f: &Fixture) {
 }
 
 fn summary(f: &Fixture) {
-    common::header("handle_open, 31 batches each");
-    let ours = common::sample(31, 100, || f.ours_open_close());
-    let base = common::sample(31, 100, || f.raw_open_close());
+    common::header("handle_open, 31 alternating batches each");
+    let (ours, base) = common::sample_pair(31, 100, || f.ours_open_close(), || f.raw_open_close());
     common::row("cold open + close", &ours, &base);
     {
         let _keep = IpcBuffer::open(&f.ctx, &f.mem).unwrap();
-        let cached = common::sample(31, 10_000, || f.ours_open_close());
+        let (cached, base) = common::sample_pair(
+            31,
+            100,
+            || {
+                for _ in 0..100 {
+                    f.ours_open_close();
+                }
+            },
+            || f.raw_open_close(),
+        );
+        let cached: Vec<f64> = cached.iter().map(|t| t / 100.0).collect();
         common::row("cached re-open vs raw open", &cached, &base);
     }
-    let ours = common::sample(31, 2_000, || f.ours_event_open());
-    let base = common::sample(31, 2_000, || f.raw_event_open());
+    let (ours, base) =
+        common::sample_pair(31, 2_000, || f.ours_event_open(), || f.raw_event_open());
     common::row("event open + destroy", &ours, &base);
-    let ours = common::sample(31, 10_000, || {
-        std::hint::black_box(f.ours_export());
-    });
-    let base = common::sample(31, 10_000, || {
-        std::hint::black_box(f.raw_export());
-    });
+    let (ours, base) = common::sample_pair(
+        31,
+        10_000,
+        || {
+            std::hint::black_box(f.ours_export());
+        },
+        || {
+            std::hint::black_box(f.raw_export());
+        },
+    );
     common::row("export", &ours, &base);
 }
 

@@ -304,9 +304,8 @@ fn main() {
     }
     c.final_summary();
     if common::is_bench_run() {
-        common::header("hand-off round trip, 31 batches of 500");
-        let a = common::sample(31, 500, || ours.round_trip());
-        let b = common::sample(31, 500, || base.round_trip());
+        common::header("hand-off round trip, 31 alternating batches of 500");
+        let (a, b) = common::sample_pair(31, 500, || ours.round_trip(), || base.round_trip());
         common::row("round trip", &a, &b);
     }
     ours.stop();

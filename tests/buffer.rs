@@ -100,6 +100,17 @@ fn child_process() {
                 }
                 0
             }
+            "expect_unreachable" => {
+                // Run with CUDA_VISIBLE_DEVICES=0: the buffer's device 1 is not visible.
+                let ctx = gpu();
+                match IpcBuffer::open(&ctx, &shared.mem.load()) {
+                    Err(Error::DeviceNotReachable { reason, .. }) => {
+                        report(format!("unreachable: {reason}"))
+                    }
+                    other => report(format!("unexpected {:?}", other.map(|b| b.as_raw_ptr()))),
+                }
+                0
+            }
             "expect_exporter_gone" => {
                 let ctx = gpu();
                 match IpcBuffer::open(&ctx, &shared.mem.load()) {
@@ -173,6 +184,33 @@ fn round_trip_across_processes_and_two_gpus() {
     }
     // Exported on device 0, mapped in a context of device 1 (lazy peer access).
     round_trip(1);
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn memory_on_an_invisible_device_is_refused_before_cuda() {
+    let n = gpu_count();
+    if n < 2 {
+        eprintln!(
+            "SKIPPED memory_on_an_invisible_device_is_refused_before_cuda: needs 2 GPUs, {n} visible"
+        );
+        return;
+    }
+    let _dog = watchdog("unreachable", Duration::from_secs(60));
+    let ctx1 = GpuContext::new(1).unwrap();
+    let shared = region();
+    let buf = IpcBuffer::<u32>::new(&ctx1, 1024).unwrap();
+    shared.mem.store(buf.handle().unwrap());
+    let out = common::spawn_env(
+        "expect_unreachable",
+        &[shared.name()],
+        &[("CUDA_VISIBLE_DEVICES", "0")],
+    )
+    .expect_success(Duration::from_secs(50));
+    assert_eq!(
+        out,
+        vec!["unreachable: the device is not visible to this process"]
+    );
 }
 
 #[test]

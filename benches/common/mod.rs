@@ -85,6 +85,35 @@ pub fn sample(batches: usize, per_batch: u32, mut f: impl FnMut()) -> Vec<f64> {
     v
 }
 
+/// Like [`sample`] for two variants, alternating their batches (A, B, A, B, ...) so that drift
+/// in the machine or the driver lands on both alike.
+pub fn sample_pair(
+    batches: usize,
+    per_batch: u32,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (Vec<f64>, Vec<f64>) {
+    for _ in 0..per_batch {
+        a();
+        b();
+    }
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        for _ in 0..per_batch {
+            f();
+        }
+        t.elapsed().as_nanos() as f64 / f64::from(per_batch)
+    };
+    let (mut va, mut vb) = (Vec::new(), Vec::new());
+    for _ in 0..batches {
+        va.push(time(&mut a));
+        vb.push(time(&mut b));
+    }
+    va.sort_by(f64::total_cmp);
+    vb.sort_by(f64::total_cmp);
+    (va, vb)
+}
+
 pub fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }

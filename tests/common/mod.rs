@@ -68,8 +68,14 @@ pub struct Child {
 
 /// Start this test binary as a child running `role`.
 pub fn spawn(role: &str, args: &[&str]) -> Child {
+    spawn_env(role, args, &[])
+}
+
+/// [`spawn`] with extra environment variables.
+pub fn spawn_env(role: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().expect("current_exe");
     let inner = Command::new(exe)
+        .envs(env.iter().copied())
         .args([
             DISPATCHER,
             "--exact",
