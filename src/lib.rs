@@ -5,11 +5,13 @@
 //! the flow of NVIDIA's `simpleIPC` sample. This crate turns that flow into typed RAII wrappers
 //! that report errors instead of hanging, crashing or handing back wrong data.
 //!
-//! This release holds the host-side half: named shared memory and the process barrier. The GPU
-//! half (`IpcBuffer<T>`, `IpcEvent`, device checks) builds on it.
-//!
 //! | Concept | Type | Underlying calls |
 //! | ------- | ---- | ---------------- |
+//! | A device's context | [`GpuContext`] | `cuDevicePrimaryCtxRetain`, `cuCtxPushCurrent`/`PopCurrent` |
+//! | Shared GPU memory | [`IpcBuffer`], [`IpcMemHandle`] | `cuMemAlloc`, `cuIpcGetMemHandle`, `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`, `cuIpcCloseMemHandle`, `cuMemFree` |
+//! | Shared GPU events | [`IpcEvent`], [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
+//! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
+//! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
 //! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
 //! | Barrier across processes | [`ProcessBarrier`], [`BarrierState`] | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
@@ -24,17 +26,24 @@
 //! - Nothing read from shared memory is trusted: the region header is checksummed and
 //!   validated field by field before the payload is mapped, and the barrier validates its
 //!   state on every read that could index or loop.
+//! - Every GPU resource holds its [`GpuContext`] and tears down in it. An exported
+//!   [`IpcBuffer`] is freed only when no live process maps it (leases); an imported one is one
+//!   view of a per-process mapping that is closed when the last view drops. A handle names one
+//!   export: once that buffer is freed, opening the handle fails with [`Error::StaleHandle`],
+//!   even if a new buffer sits at the same address.
 //!
 //! # Threading
 //!
-//! [`ShmRegion`] and [`ProcessBarrier`] are `Send` and `Sync`. Shared memory is reached only
-//! through atomics ([`ShmSafe`]), so it can be read and written from any thread of any process.
+//! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`] and [`IpcEvent`] are `Send`
+//! and `Sync`. Shared memory is reached only through atomics ([`ShmSafe`]), so it can be read and
+//! written from any thread of any process.
 //!
 //! # Platform
 //!
-//! Linux (x86-64 and aarch64): `/dev/shm`, futexes and `/proc` are Linux interfaces, as is CUDA's
-//! legacy IPC. The crate links against the CUDA driver (`libcuda`) through `cust`; the
-//! host-side types work without a GPU.
+//! Linux: `/dev/shm`, futexes, pidfds and `/proc` are Linux interfaces, as is CUDA's legacy IPC.
+//! The crate links against the CUDA driver (`libcuda`) through `cust`; the host-side types work
+//! without a GPU, and every GPU entry point reports [`Error::NoDevice`] there. CUDA contexts are
+//! current per thread: every GPU method pushes its own context for its driver calls and pops it.
 //!
 //! # Example
 //!
