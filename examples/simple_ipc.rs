@@ -91,13 +91,21 @@ impl Phases {
 }
 
 /// Fault injection for the tests: `SIMPLE_IPC_FAIL=ID:STEP` makes child ID exit with status 3
-/// at step STEP, as a crashed child would.
+/// at step STEP, as a failing child would; `ID:STEP:kill` makes it SIGKILL itself, as a crash.
 fn injected_failure(id: usize, step: usize) {
-    if let Ok(spec) = std::env::var("SIMPLE_IPC_FAIL")
-        && spec == format!("{id}:{step}")
-    {
+    let Ok(spec) = std::env::var("SIMPLE_IPC_FAIL") else {
+        return;
+    };
+    if spec == format!("{id}:{step}") {
         eprintln!("Process {id}: injected failure at step {step}");
         std::process::exit(3);
+    }
+    if spec == format!("{id}:{step}:kill") {
+        eprintln!("Process {id}: killing itself at step {step}");
+        let _ = Command::new("kill")
+            .args(["-KILL", &std::process::id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_secs(5)); // the signal arrives meanwhile
     }
 }
 

@@ -805,6 +805,26 @@ mod tests {
         assert!(matches!(a.wait(), Err(Error::PeerLost { .. })));
     }
 
+    /// A participant whose pid now belongs to another process (same pid, different start time)
+    /// is dead: the reused pid must not pass for the peer.
+    #[test]
+    fn a_reused_pid_is_a_lost_peer() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        let b = ProcessBarrier::join(&s).unwrap();
+        let slot = &s.slots[b.slot() as usize];
+        slot.start_time.store(
+            slot.start_time.load(Ordering::Relaxed) + 1,
+            Ordering::Relaxed,
+        );
+        let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
+        assert!(
+            matches!(e, Error::PeerLost { pid, exited_cleanly: false, .. } if pid == std::process::id()),
+            "{e}"
+        );
+        std::mem::forget(b);
+    }
+
     #[test]
     fn explicit_poison_names_the_poisoner() {
         let s = BarrierState::new(2).unwrap();

@@ -109,7 +109,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use event::IpcEvent;
-pub use handle::{HANDLE_SIZE, IpcEventHandle, IpcMemHandle};
+pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle};
 pub use lease::{MAX_IMPORTERS, reclaim_stale_lease_tables};
 pub use process::ProcessIdentity;
 pub use shared::{ShmCell, ShmSafe};

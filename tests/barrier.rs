@@ -53,6 +53,7 @@ fn child_process() {
             "stop_waiter" => stop_waiter(&region),
             "join_late" => join_late(&region),
             "blocked" => blocked(&region),
+            "loop_until_killed" => loop_until_killed(&region),
             other => panic!("unknown role {other}"),
         }
     });
@@ -177,6 +178,19 @@ fn join_late(region: &Shared) -> i32 {
         other => report(format!("unexpected {:?}", other.map(|b| b.slot()))),
     }
     0
+}
+
+/// Wait generation after generation until killed, recording each arrival before making it.
+fn loop_until_killed(region: &Shared) -> i32 {
+    let mut barrier = ProcessBarrier::join(&region.barrier).expect("join");
+    barrier.set_default_timeout(Duration::from_secs(20));
+    region.joined.fetch_add(1, Ordering::AcqRel);
+    loop {
+        region.counter.fetch_add(1, Ordering::AcqRel); // arrivals started by the victim
+        if barrier.wait().is_err() {
+            return 0;
+        }
+    }
 }
 
 /// Wait while the parent sleeps a second; report the CPU time this process used meanwhile.
@@ -386,5 +400,97 @@ fn a_blocked_waiter_uses_almost_no_cpu() {
         cpu < 0.01 * wall,
         "a blocked waiter used {:.2}% of a core",
         100.0 * cpu / wall
+    );
+}
+
+/// One round of the random-kill scenario: two survivor threads of this process and a victim
+/// process loop through generations; the victim is SIGKILLed after a random delay. The
+/// survivors must both end with PeerLost naming it, never hang, and never complete a
+/// generation the victim did not arrive at.
+fn random_kill_round(seed: u64) -> u64 {
+    let region = create("random-kill", 3);
+    let victim = spawn("loop_until_killed", &[region.name()]);
+    let survivors: Vec<ProcessBarrier<'_>> = (0..2)
+        .map(|_| ProcessBarrier::join(&region.barrier).unwrap())
+        .collect();
+    let victim_pid = victim.pid();
+    let delay_us = seed % 3000;
+    let completed = std::thread::scope(|scope| {
+        let handles: Vec<_> = survivors
+            .iter()
+            .map(|b| {
+                scope.spawn(move || {
+                    let mut last = None;
+                    loop {
+                        match b.wait_timeout(Duration::from_secs(20)) {
+                            Ok(r) => last = Some(r.generation()),
+                            Err(Error::PeerLost { pid, .. }) => {
+                                assert_eq!(pid, victim_pid);
+                                return last;
+                            }
+                            Err(e) => panic!("seed {seed}: survivor got {e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        wait_for("victim joined", Duration::from_secs(20), || {
+            region.joined.load(Ordering::Acquire) == 1
+        });
+        std::thread::sleep(Duration::from_micros(delay_us));
+        victim.signal(libc::SIGKILL);
+        let _ = victim.wait(Duration::from_secs(20));
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    // Generation g needs the victim's (g + 1)-th arrival.
+    let victim_arrivals = region.counter.load(Ordering::Acquire);
+    for last in completed.iter().flatten() {
+        assert!(
+            u64::from(*last) < victim_arrivals,
+            "seed {seed}: completed generation {last} with only {victim_arrivals} victim arrivals"
+        );
+    }
+    assert!(region.barrier.is_poisoned());
+    completed
+        .iter()
+        .flatten()
+        .map(|&g| u64::from(g) + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// 1,000 kills at random points (before, during and after arriving): never a hang, never a
+/// false completion, always PeerLost naming the victim.
+#[test]
+fn a_thousand_random_kills_never_hang_or_complete_falsely() {
+    let _dog = watchdog("random kills", Duration::from_secs(900));
+    let rounds: u64 = std::env::var("CUDA_IPC_KILL_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    let seed = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(std::process::id());
+    let generations: u64 = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let mut s = seed.wrapping_add(w);
+                scope.spawn(move || {
+                    (0..rounds / 4)
+                        .map(|_| {
+                            s ^= s << 13;
+                            s ^= s >> 7;
+                            s ^= s << 17;
+                            random_kill_round(s)
+                        })
+                        .sum::<u64>()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    eprintln!(
+        "{rounds} random kills (seed {seed:#x}): {generations} generations completed before them"
     );
 }

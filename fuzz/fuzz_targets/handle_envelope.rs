@@ -1,0 +1,28 @@
+//! Any bytes offered as a handle envelope: an error or a valid handle, never a panic; a handle
+//! that passes has a consistent layout. Each input is tried as given and with its checksum
+//! recomputed, so that the checks behind the checksum (magic, version, kind, reserved bytes,
+//! element layout, length) are reached too.
+#![no_main]
+
+use cuda_ipc::{IpcEventHandle, IpcMemHandle};
+use libfuzzer_sys::fuzz_target;
+
+fn check(data: &[u8]) {
+    if let Ok(h) = IpcMemHandle::<u8>::from_bytes(data) {
+        assert_eq!(h.as_bytes(), data);
+        assert!(!h.is_empty());
+        let _ = format!("{h:?}");
+    }
+    let _ = IpcMemHandle::<[f64; 3]>::from_bytes(data);
+    if let Ok(h) = IpcEventHandle::from_bytes(data) {
+        assert_eq!(h.as_bytes(), data);
+        let _ = format!("{h:?}");
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    check(data);
+    let mut sealed = data.to_vec();
+    cuda_ipc::__fuzz_reseal(&mut sealed);
+    check(&sealed);
+});
