@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytemuck::{Pod, Zeroable};
+use bytemuck::Pod;
 use cust::memory::{DeviceCopy, DevicePointer};
 use cust::stream::Stream;
 use parking_lot::Mutex;
@@ -208,22 +208,19 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
                 sys::cuIpcGetMemHandle(&mut raw, self.ptr)
             })?;
         }
-        let me = ProcessIdentity::current();
         let env = Envelope {
-            kind: KIND_MEM,
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
             len: self.len as u64,
-            generation: export.generation,
-            exporter_pid: me.pid(),
-            device_ordinal: self.ctx.ordinal(),
-            exporter_start: me.start_time(),
-            boot_id: os::boot_id(),
             device_uuid: export.uuid,
             token: export.token,
-            cuda: raw.reserved,
-            ..Zeroable::zeroed()
+            ..Envelope::exported(
+                KIND_MEM,
+                export.generation,
+                self.ctx.ordinal(),
+                raw.reserved,
+            )
         };
         Ok(IpcMemHandle::from_envelope(env.seal()))
     }
@@ -257,16 +254,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
                 found_tag: env.type_tag,
             });
         }
-        let exporter = env.exporter();
-        if env.boot_id != os::boot_id() {
-            return Err(Error::ExporterGone {
-                pid: exporter.pid(),
-            });
-        }
-        let me = ProcessIdentity::current();
-        if exporter == me {
-            return Err(Error::SameProcess { pid: me.pid() });
-        }
+        let exporter = env.foreign_exporter()?;
         let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
             reason: format!("length {} does not fit this platform", env.len),
         })?;

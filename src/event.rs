@@ -3,7 +3,6 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytemuck::Zeroable;
 use cust::stream::Stream;
 
 use crate::buffer::GENERATION;
@@ -12,7 +11,6 @@ use crate::device;
 use crate::driver::{check, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
-use crate::os;
 use crate::process::ProcessIdentity;
 
 /// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |
@@ -106,17 +104,12 @@ impl IpcEvent {
                 sys::cuIpcGetEventHandle(&mut raw, self.raw)
             })?;
         }
-        let me = ProcessIdentity::current();
-        let env = Envelope {
-            kind: KIND_EVENT,
-            generation: self.generation,
-            exporter_pid: me.pid(),
-            device_ordinal: self.ctx.ordinal(),
-            exporter_start: me.start_time(),
-            boot_id: os::boot_id(),
-            cuda: raw.reserved,
-            ..Zeroable::zeroed()
-        };
+        let env = Envelope::exported(
+            KIND_EVENT,
+            self.generation,
+            self.ctx.ordinal(),
+            raw.reserved,
+        );
         Ok(IpcEventHandle { env: env.seal() })
     }
 
@@ -130,12 +123,8 @@ impl IpcEvent {
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
         let env = &handle.env;
         env.validate(KIND_EVENT)?;
-        let exporter = env.exporter();
-        let me = ProcessIdentity::current();
-        if exporter == me {
-            return Err(Error::SameProcess { pid: me.pid() });
-        }
-        if env.boot_id != os::boot_id() || !crate::process::is_alive_cached(&exporter) {
+        let exporter = env.foreign_exporter()?;
+        if !crate::process::is_alive_cached(&exporter) {
             return Err(Error::ExporterGone {
                 pid: exporter.pid(),
             });

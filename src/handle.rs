@@ -71,6 +71,43 @@ impl Envelope {
         ProcessIdentity::from_parts(self.exporter_pid, self.exporter_start)
     }
 
+    /// An envelope of `kind` exported by this process from a context on `device_ordinal`,
+    /// carrying `cuda`; the caller fills the kind-specific fields, then seals.
+    pub(crate) fn exported(
+        kind: u16,
+        generation: u64,
+        device_ordinal: u32,
+        cuda: [u8; 64],
+    ) -> Self {
+        let me = ProcessIdentity::current();
+        Self {
+            kind,
+            generation,
+            exporter_pid: me.pid(),
+            device_ordinal,
+            exporter_start: me.start_time(),
+            boot_id: crate::os::boot_id(),
+            cuda,
+            ..Zeroable::zeroed()
+        }
+    }
+
+    /// The checks on an exporter that need no system call: it ran since this boot (else it
+    /// is gone), and it is not this process (CUDA refuses a self-open). Returns the exporter.
+    pub(crate) fn foreign_exporter(&self) -> Result<ProcessIdentity> {
+        let exporter = self.exporter();
+        if self.boot_id != crate::os::boot_id() {
+            return Err(Error::ExporterGone {
+                pid: exporter.pid(),
+            });
+        }
+        let me = ProcessIdentity::current();
+        if exporter == me {
+            return Err(Error::SameProcess { pid: me.pid() });
+        }
+        Ok(exporter)
+    }
+
     /// Structural checks on bytes from another process: magic, version, kind, checksum,
     /// reserved bytes, and a plausible element layout.
     pub(crate) fn validate(&self, kind: u16) -> Result<()> {
