@@ -53,6 +53,20 @@ pub fn error_name(code: i32) -> String {
 }
 
 /// `Ok` for `CUDA_SUCCESS`, else [`Error::Cuda`] naming `call`.
+///
+/// # Errors
+///
+/// [`Error::Cuda`] with `call`, the code and its name, for any code but `CUDA_SUCCESS`.
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::driver::check;
+///
+/// assert!(check("cuFoo", 0).is_ok());
+/// let e = check("cuFoo", 2).unwrap_err();
+/// assert_eq!(e.to_string(), "cuFoo failed: CUDA_ERROR_OUT_OF_MEMORY (2)");
+/// ```
 pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
     if code == sys::CUDA_SUCCESS {
         Ok(())
@@ -65,7 +79,22 @@ pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
     }
 }
 
-/// `cuInit(0)`, once per process; `Error::NoDevice` when the driver reports no usable GPU.
+/// `cuInit(0)`, once per process (the result is remembered).
+///
+/// # Errors
+///
+/// [`Error::NoDevice`] when the driver reports no usable GPU (no device, a stub library, no
+/// device node), [`Error::Cuda`] for other failures.
+///
+/// # Examples
+///
+/// ```
+/// match cuda_ipc::driver::init() {
+///     Ok(()) => println!("CUDA is up"),
+///     Err(cuda_ipc::Error::NoDevice { name, .. }) => println!("no GPU here: {name}"),
+///     Err(e) => panic!("{e}"),
+/// }
+/// ```
 pub fn init() -> Result<()> {
     static INIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     // SAFETY: cuInit takes a flags word (must be 0) and is safe to call from any thread.
@@ -82,6 +111,10 @@ pub fn init() -> Result<()> {
 }
 
 /// The driver's CUDA version (`cuDriverGetVersion`), e.g. 13000 for 13.0.
+///
+/// # Errors
+///
+/// [`Error::Cuda`] naming `cuDriverGetVersion`.
 pub fn driver_version() -> Result<i32> {
     let mut v = 0;
     // SAFETY: writes one int.
@@ -91,7 +124,12 @@ pub fn driver_version() -> Result<i32> {
     Ok(v)
 }
 
-/// Free and total memory of the current context's device (`cuMemGetInfo`).
+/// Free and total memory of the current context's device (`cuMemGetInfo`); prefer
+/// [`GpuContext::mem_info`](crate::GpuContext::mem_info), which makes its context current.
+///
+/// # Errors
+///
+/// [`Error::Cuda`] naming `cuMemGetInfo` (`CUDA_ERROR_INVALID_CONTEXT` without a current one).
 pub fn mem_info() -> Result<(usize, usize)> {
     let (mut free, mut total) = (0, 0);
     // SAFETY: writes two usizes; fails cleanly without a current context.
