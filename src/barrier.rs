@@ -81,12 +81,13 @@ fn passed(now: u32, generation: u32) -> bool {
     (now.wrapping_sub(generation) as i32) > 0
 }
 
-/// A participant slot: who holds it.
+/// A participant slot: who holds it (pid, start time, pidfs inode; see [`ProcessIdentity`]).
 #[repr(C)]
 struct Slot {
     status: AtomicU32,
     pid: AtomicU32,
     start_time: AtomicU64,
+    pidfs_ino: AtomicU64,
 }
 
 /// A 64-byte aligned line holding `T`, so hot words of different roles do not share a cache
@@ -102,7 +103,7 @@ struct Line<T>(T);
 /// validated, so a peer that scribbles on it causes errors, not undefined behaviour.
 ///
 /// The state must not move while processes use it (it is addressed by its mapping, and the
-/// futex is keyed by its address). It is `Sync`; 4.5 KiB in size.
+/// futex is keyed by its address). It is `Sync`; 1.7 KiB in size.
 ///
 /// # Examples
 ///
@@ -180,6 +181,7 @@ impl BarrierState {
                 status: AtomicU32::new(SLOT_FREE),
                 pid: AtomicU32::new(0),
                 start_time: AtomicU64::new(0),
+                pidfs_ino: AtomicU64::new(0),
             }),
         }
     }
@@ -386,6 +388,7 @@ impl<'a> ProcessBarrier<'a> {
                 .is_ok()
             {
                 s.start_time.store(me.start_time(), Ordering::Relaxed);
+                s.pidfs_ino.store(me.pidfs_ino(), Ordering::Relaxed);
                 s.pid.store(me.pid(), Ordering::Relaxed);
                 s.status.store(SLOT_ACTIVE, Ordering::Release);
                 return Ok(Self {
@@ -614,7 +617,8 @@ impl<'a> ProcessBarrier<'a> {
                 SLOT_ACTIVE => {
                     let pid = s.pid.load(Ordering::Relaxed);
                     let start = s.start_time.load(Ordering::Relaxed);
-                    if peer_alive(pid, start) {
+                    let ino = s.pidfs_ino.load(Ordering::Relaxed);
+                    if peer_alive(pid, start, ino) {
                         continue;
                     }
                     KIND_DIED
@@ -631,11 +635,13 @@ impl<'a> ProcessBarrier<'a> {
 }
 
 #[cfg(not(loom))]
-fn peer_alive(pid: u32, start: u64) -> bool {
-    ProcessIdentity::from_parts(pid, start).is_alive()
+fn peer_alive(pid: u32, start: u64, ino: u64) -> bool {
+    ProcessIdentity::from_parts(pid, start)
+        .with_pidfs_ino(ino)
+        .is_alive()
 }
 #[cfg(loom)]
-fn peer_alive(_pid: u32, _start: u64) -> bool {
+fn peer_alive(_pid: u32, _start: u64, _ino: u64) -> bool {
     true
 }
 
@@ -694,7 +700,7 @@ mod tests {
     #[test]
     fn state_is_sized_for_shared_memory() {
         assert_eq!(std::mem::align_of::<BarrierState>(), 64);
-        assert_eq!(std::mem::size_of::<BarrierState>(), 3 * 64 + 64 * 16);
+        assert_eq!(std::mem::size_of::<BarrierState>(), 3 * 64 + 64 * 24);
     }
 
     #[test]

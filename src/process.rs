@@ -3,7 +3,9 @@
 //! A pid alone names a process only while it lives: once it exits, the kernel may hand the same
 //! number to a new process, and `kill(pid, 0)` would then report the stranger as alive. A
 //! [`ProcessIdentity`] pairs the pid with the process's start time (field 22 of
-//! `/proc/<pid>/stat`, in clock ticks after boot), which a reused pid cannot repeat.
+//! `/proc/<pid>/stat`) and, where the kernel has pidfs (Linux 6.9+), the process's pidfs inode
+//! number. The start time is counted in clock ticks (10 ms), so a pid reused within the same
+//! tick repeats it (a test forces exactly that); the pidfs inode is unique until reboot.
 
 use crate::os;
 
@@ -21,10 +23,28 @@ use crate::os;
 /// assert_eq!(me.pid(), std::process::id());
 /// assert!(me.is_alive());
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug)]
 pub struct ProcessIdentity {
     pid: u32,
     start_time: u64,
+    /// pidfs inode number, 0 when unknown.
+    pidfs_ino: u64,
+}
+
+/// Same pid and start time, and the same pidfs inode where both know theirs.
+impl PartialEq for ProcessIdentity {
+    fn eq(&self, other: &Self) -> bool {
+        self.pid == other.pid
+            && self.start_time == other.start_time
+            && (self.pidfs_ino == 0 || other.pidfs_ino == 0 || self.pidfs_ino == other.pidfs_ino)
+    }
+}
+impl Eq for ProcessIdentity {}
+
+impl std::hash::Hash for ProcessIdentity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.pid, self.start_time).hash(state);
+    }
 }
 
 impl ProcessIdentity {
@@ -44,16 +64,37 @@ impl ProcessIdentity {
             Some(id) if id.pid == pid => id,
             _ => {
                 let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
-                let id = Self { pid, start_time };
+                let pidfs_ino = os::pidfs_ino(pid).unwrap_or(0);
+                let id = Self {
+                    pid,
+                    start_time,
+                    pidfs_ino,
+                };
                 *cached = Some(id);
                 id
             }
         }
     }
 
-    /// Rebuild an identity from its parts (as read back from shared memory).
+    /// Rebuild an identity from its parts (as read back from shared memory); the pidfs inode
+    /// is unknown (add it with [`with_pidfs_ino`](Self::with_pidfs_ino)).
     pub fn from_parts(pid: u32, start_time: u64) -> Self {
-        Self { pid, start_time }
+        Self {
+            pid,
+            start_time,
+            pidfs_ino: 0,
+        }
+    }
+
+    /// The same identity with its pidfs inode number (0 for unknown).
+    pub fn with_pidfs_ino(mut self, ino: u64) -> Self {
+        self.pidfs_ino = ino;
+        self
+    }
+
+    /// The pidfs inode number: unique per process until reboot (Linux 6.9+); 0 when unknown.
+    pub fn pidfs_ino(&self) -> u64 {
+        self.pidfs_ino
     }
 
     /// The process id.
@@ -66,13 +107,24 @@ impl ProcessIdentity {
         self.start_time
     }
 
-    /// Whether this very process still runs: the pid exists, is not a zombie, and (where the
-    /// start time is known) started at the recorded time, so a reused pid reads as dead.
+    /// Whether this very process still runs: the pid exists, is not a zombie, and started at
+    /// the recorded time; where the pidfs inode is known, the pid's current process must also
+    /// have that inode, so a reused pid reads as dead even within one clock tick.
     ///
     /// A stopped process (`SIGSTOP`) is alive.
     pub fn is_alive(&self) -> bool {
         if self.pid == 0 {
             return false;
+        }
+        if self.pidfs_ino != 0 {
+            // No pidfd: no such process (ESRCH). Another inode: the pid was reused.
+            let Some(fd) = os::pidfd_open(self.pid) else {
+                return false;
+            };
+            let same = rustix::fs::fstat(&fd).is_ok_and(|st| st.st_ino == self.pidfs_ino);
+            if !same || os::pidfd_exited(&fd) {
+                return false;
+            }
         }
         match os::proc_stat(self.pid) {
             None => false,
@@ -152,6 +204,22 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!is_alive_cached(&id));
+    }
+
+    #[test]
+    fn a_reused_pid_with_the_same_start_tick_reads_as_dead_by_its_pidfs_inode() {
+        let me = ProcessIdentity::current();
+        if me.pidfs_ino() == 0 {
+            eprintln!("no pidfs on this kernel: covered by the start time only");
+            return;
+        }
+        let impostor = ProcessIdentity::from_parts(me.pid(), me.start_time())
+            .with_pidfs_ino(me.pidfs_ino() + 1);
+        assert!(me.is_alive());
+        assert!(!impostor.is_alive());
+        // Equality still holds when one side does not know the inode.
+        assert_eq!(ProcessIdentity::from_parts(me.pid(), me.start_time()), me);
+        assert_ne!(impostor, me);
     }
 
     #[test]

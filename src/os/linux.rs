@@ -204,6 +204,25 @@ pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
+/// The pidfs inode number of process `pid`: on Linux 6.9 and later every process has one, unique
+/// until reboot, so unlike a pid it is never handed to another process. `None` where pidfds are
+/// unavailable or share one anonymous inode (older kernels), or `pid` does not exist.
+pub(crate) fn pidfs_ino(pid: u32) -> Option<u64> {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ino_of = |pid: u32| -> Option<u64> {
+        let fd = pidfd_open(pid)?;
+        fs::fstat(&fd).ok().map(|st| st.st_ino)
+    };
+    let supported = *SUPPORTED.get_or_init(|| {
+        let me = ino_of(self::pid());
+        let parent = rustix::process::getppid()
+            .and_then(|p| u32::try_from(p.as_raw_nonzero().get()).ok())
+            .and_then(ino_of);
+        matches!((me, parent), (Some(a), Some(b)) if a != b)
+    });
+    if supported { ino_of(pid) } else { None }
+}
+
 /// Whether the process behind a pidfd has exited (the fd polls readable once it has).
 pub(crate) fn pidfd_exited(fd: &OwnedFd) -> bool {
     use rustix::event::{PollFd, PollFlags, poll};
