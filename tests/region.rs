@@ -68,6 +68,14 @@ fn child_process() {
             });
             1
         }
+        "create_lease_named_and_leave" => {
+            // A region under the lease-table prefix, left behind as a killed exporter leaves one.
+            let mut region = ShmOptions::new(&args[0])
+                .create::<AtomicU64>()
+                .expect("create");
+            region.release_ownership();
+            0
+        }
         "create_and_leave" => {
             let mut region = ShmOptions::new(&args[0])
                 .create::<Shared>()
@@ -441,4 +449,19 @@ fn invalid_names_fail_before_any_syscall() {
             Err(Error::InvalidName { .. })
         ));
     }
+}
+
+#[test]
+fn lease_tables_of_dead_exporters_are_reclaimed() {
+    let _dog = watchdog("reclaim leases", Duration::from_secs(30));
+    let dead = format!("cuda-ipc-lease.{}", unique_name("dead"));
+    spawn("create_lease_named_and_leave", &[&dead]).expect_success(Duration::from_secs(20));
+    // A live process's table (ours) must survive.
+    let live =
+        ShmRegion::<AtomicU64>::create(&format!("cuda-ipc-lease.{}", unique_name("live"))).unwrap();
+    assert!(shm_exists(&dead));
+    let removed = cuda_ipc::reclaim_stale_lease_tables();
+    assert!(removed >= 1, "removed {removed}");
+    assert!(!shm_exists(&dead), "a dead exporter's table is gone");
+    assert!(shm_exists(live.name()), "a live exporter's table stays");
 }
