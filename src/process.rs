@@ -121,7 +121,7 @@ impl ProcessIdentity {
             let Some(fd) = os::pidfd_open(self.pid) else {
                 return false;
             };
-            let same = rustix::fs::fstat(&fd).is_ok_and(|st| st.st_ino == self.pidfs_ino);
+            let same = os::pidfd_ino(&fd) == Some(self.pidfs_ino);
             if !same || os::pidfd_exited(&fd) {
                 return false;
             }

@@ -209,10 +209,7 @@ pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 /// unavailable or share one anonymous inode (older kernels), or `pid` does not exist.
 pub(crate) fn pidfs_ino(pid: u32) -> Option<u64> {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let ino_of = |pid: u32| -> Option<u64> {
-        let fd = pidfd_open(pid)?;
-        fs::fstat(&fd).ok().map(|st| st.st_ino)
-    };
+    let ino_of = |pid: u32| pidfd_ino(&pidfd_open(pid)?);
     let supported = *SUPPORTED.get_or_init(|| {
         let me = ino_of(self::pid());
         let parent = rustix::process::getppid()
@@ -221,6 +218,11 @@ pub(crate) fn pidfs_ino(pid: u32) -> Option<u64> {
         matches!((me, parent), (Some(a), Some(b)) if a != b)
     });
     if supported { ino_of(pid) } else { None }
+}
+
+/// The pidfs inode number of the process behind a pidfd (see [`pidfs_ino`]).
+pub(crate) fn pidfd_ino(fd: &OwnedFd) -> Option<u64> {
+    fs::fstat(fd).ok().map(|st| st.st_ino)
 }
 
 /// Whether the process behind a pidfd has exited (the fd polls readable once it has).
