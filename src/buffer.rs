@@ -43,7 +43,7 @@ struct Mapping {
     key: Key,
     exporter: ProcessIdentity,
     // Dropped after `drop` has unmapped: the exporter may free once the lease is gone.
-    _lease: Lease,
+    lease: Lease,
 }
 
 impl Drop for Mapping {
@@ -193,10 +193,17 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
+        let env = self.export_envelope(KIND_MEM, "IpcBuffer::handle")?;
+        Ok(IpcMemHandle::from_envelope(env))
+    }
+
+    /// The sealed envelope of kind `kind` that exports this buffer (`call` names the public
+    /// method in errors).
+    pub(crate) fn export_envelope(&self, kind: u16, call: &'static str) -> Result<Envelope> {
         let Origin::Exported(export) = &self.origin else {
             return Err(Error::InvalidArgument {
-                call: "IpcBuffer::handle",
-                reason: "an imported buffer cannot be exported again; share the original handle"
+                call,
+                reason: "an imported object cannot be exported again; share the original handle"
                     .into(),
             });
         };
@@ -215,14 +222,9 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
             len: self.len as u64,
             device_uuid: export.uuid,
             token: export.token,
-            ..Envelope::exported(
-                KIND_MEM,
-                export.generation,
-                self.ctx.ordinal(),
-                raw.reserved,
-            )
+            ..Envelope::exported(kind, export.generation, self.ctx.ordinal(), raw.reserved)
         };
-        Ok(IpcMemHandle::from_envelope(env.seal()))
+        Ok(env.seal())
     }
 
     /// Map a buffer exported by another process into `ctx`.
@@ -236,8 +238,12 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// naming `cuIpcOpenMemHandle`.
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
-        let env = &handle.env;
-        env.validate(KIND_MEM)?;
+        Self::open_envelope(ctx, &handle.env, KIND_MEM)
+    }
+
+    /// [`open`](Self::open) for an envelope of kind `kind` (memory, or a signal's counter).
+    pub(crate) fn open_envelope(ctx: &GpuContext, env: &Envelope, kind: u16) -> Result<Self> {
+        env.validate(kind)?;
         let (size, align, tag) = (
             std::mem::size_of::<T>() as u32,
             std::mem::align_of::<T>() as u32,
@@ -296,7 +302,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
             ptr,
             key,
             exporter,
-            _lease: lease,
+            lease,
         });
         cache.insert(key, Arc::downgrade(&mapping));
         drop(cache);
@@ -378,6 +384,16 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
             Origin::Exported(e) => e.leases.holders(),
             Origin::Imported(_) => Vec::new(),
         }
+    }
+
+    /// The first process other than this one that holds a lease on this export (has it
+    /// mapped) but has died without releasing it; slots are not reaped.
+    pub(crate) fn dead_importer(&self) -> Option<u32> {
+        let table = match &self.origin {
+            Origin::Exported(e) => e.leases.table(),
+            Origin::Imported(m) => m.lease.table(),
+        };
+        table.dead_holder()
     }
 
     /// How long dropping (or [`close`](Self::close)) waits for importers (default

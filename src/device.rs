@@ -36,6 +36,9 @@ pub struct DeviceInfo {
     pub compute_mode: ComputeMode,
     /// Number of multiprocessors.
     pub multiprocessors: u32,
+    /// 64-bit stream memory operations (`cuStreamWriteValue64`/`cuStreamWaitValue64`), which
+    /// [`IpcSignal`](crate::IpcSignal) needs; see [`can_use_stream_mem_ops`].
+    pub stream_mem_ops: bool,
 }
 
 impl DeviceInfo {
@@ -172,7 +175,45 @@ pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
             sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?)
         .unwrap_or(0),
+        stream_mem_ops: stream_mem_ops_64(dev)?,
     })
+}
+
+/// Whether `dev` can run 64-bit stream memory operations: CUDA 12's
+/// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`, or on an older driver that does not
+/// know it (`CUDA_ERROR_INVALID_VALUE`), the same number's CUDA 11 predecessor.
+pub(crate) fn stream_mem_ops_64(dev: sys::CUdevice) -> Result<bool> {
+    match attribute(dev, sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) {
+        Ok(v) => Ok(v != 0),
+        Err(Error::Cuda { code: 1, .. }) => Ok(attribute(
+            dev,
+            sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1,
+        )? != 0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether device `ordinal` can run the 64-bit stream memory operations
+/// (`cuStreamWriteValue64`, `cuStreamWaitValue64`) that [`IpcSignal`](crate::IpcSignal) is
+/// built on (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`).
+///
+/// # Errors
+///
+/// [`Error::NoDevice`], or [`Error::Cuda`] naming `cuDeviceGetAttribute`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> cuda_ipc::Result<()> {
+/// if !cuda_ipc::can_use_stream_mem_ops(0)? {
+///     println!("device 0: use IpcEvent, IpcSignal is not available");
+/// }
+/// # Ok(()) }
+/// ```
+#[doc(alias = "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS")]
+pub fn can_use_stream_mem_ops(ordinal: u32) -> Result<bool> {
+    driver::init()?;
+    stream_mem_ops_64(handle(ordinal)?)
 }
 
 /// Every device the driver shows this process.
@@ -350,6 +391,7 @@ mod tests {
             unified_addressing: true,
             compute_mode: ComputeMode::Default,
             multiprocessors: 1,
+            stream_mem_ops: true,
         };
         assert_eq!(d.ipc_unsuitable_reason(), None);
         d.compute_mode = ComputeMode::Prohibited;

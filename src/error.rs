@@ -280,6 +280,27 @@ pub enum Error {
         pid: u32,
     },
 
+    /// A process that had opened this IPC object (a lease holder) died without closing it, so
+    /// whatever it was expected to do will not happen.
+    #[error("pid {pid}, which had opened this {what}, died without closing it")]
+    PeerDied {
+        /// The dead process.
+        pid: u32,
+        /// What it had opened ("signal").
+        what: &'static str,
+    },
+
+    /// The device cannot do what was asked (a capability the driver reports as missing).
+    #[error("device {device} cannot {what}: {reason}")]
+    Unsupported {
+        /// The device ordinal.
+        device: u32,
+        /// The operation.
+        what: &'static str,
+        /// What the driver reported.
+        reason: String,
+    },
+
     /// An exported buffer still had importers when its owner closed it: the memory was leaked
     /// rather than freed under their feet.
     #[error("exported buffer still mapped by pid(s) {pids:?} after {waited:?}; leaked, not freed")]

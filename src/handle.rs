@@ -1,5 +1,5 @@
-//! Typed, validated envelopes around CUDA's 64-byte IPC handles: [`IpcMemHandle<T>`] and
-//! [`IpcEventHandle`].
+//! Typed, validated envelopes around CUDA's 64-byte IPC handles: [`IpcMemHandle<T>`],
+//! [`IpcEventHandle`] and [`IpcSignalHandle`].
 //!
 //! A raw CUDA IPC handle says nothing about what it names: not the element type, not the
 //! length, not whether the buffer still exists. The envelope carries all of that and a
@@ -22,6 +22,7 @@ pub(crate) const VERSION: u16 = 1;
 /// Envelope kinds.
 pub(crate) const KIND_MEM: u16 = 1;
 pub(crate) const KIND_EVENT: u16 = 2;
+pub(crate) const KIND_SIGNAL: u16 = 3;
 
 /// Size of an envelope in bytes.
 pub const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
@@ -123,12 +124,13 @@ impl Envelope {
         }
         if self.kind != kind {
             let what = |k| match k {
-                KIND_MEM => "memory",
-                KIND_EVENT => "event",
-                _ => "unknown",
+                KIND_MEM => "a memory",
+                KIND_EVENT => "an event",
+                KIND_SIGNAL => "a signal",
+                _ => "an unknown",
             };
             return bad(format!(
-                "an {} handle where an {} handle was expected",
+                "{} handle where {} handle was expected",
                 what(self.kind),
                 what(kind)
             ));
@@ -143,7 +145,16 @@ impl Envelope {
         if self.reserved != [0; 8] {
             return bad("reserved bytes are not zero".into());
         }
-        if kind == KIND_MEM {
+        if kind == KIND_SIGNAL
+            && (self.len, self.elem_size, self.elem_align, self.type_tag)
+                != (1, 8, 8, type_tag_of::<u64>())
+        {
+            return bad(format!(
+                "a signal is one 8-byte counter, not {} × {} bytes",
+                self.len, self.elem_size
+            ));
+        }
+        if kind == KIND_MEM || kind == KIND_SIGNAL {
             if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align)
             {
                 return bad(format!(
@@ -321,6 +332,71 @@ impl std::fmt::Debug for IpcEventHandle {
     }
 }
 
+/// An exported [`IpcSignal`](crate::IpcSignal): the memory handle of its 8-byte counter in
+/// a checksummed envelope of kind "signal" (same layout and rules as [`IpcMemHandle`]: exporter
+/// identity, device UUID, per-export token and generation). A memory or event handle is refused
+/// where a signal handle is expected, and the reverse. `Debug` never prints the CUDA bytes.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+pub struct IpcSignalHandle {
+    pub(crate) env: Envelope,
+}
+
+impl IpcSignalHandle {
+    /// The envelope's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.env)
+    }
+
+    /// Rebuild a handle from bytes, checking length, magic, version, kind, checksum and that
+    /// it describes one 8-byte counter (the exporter is checked on open).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuda_ipc::{Error, IpcSignalHandle, HANDLE_SIZE};
+    ///
+    /// assert!(matches!(
+    ///     IpcSignalHandle::from_bytes(&[0u8; HANDLE_SIZE]),
+    ///     Err(Error::CorruptHandle { .. })
+    /// ));
+    /// ```
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let env = envelope_from_bytes(bytes)?;
+        env.validate(KIND_SIGNAL)?;
+        Ok(Self { env })
+    }
+
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.env.exporter()
+    }
+
+    /// The UUID of the device that holds the counter.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.env.device_uuid
+    }
+
+    /// The exporter's per-process export counter.
+    pub fn generation(&self) -> u64 {
+        self.env.generation
+    }
+}
+
+impl std::fmt::Debug for IpcSignalHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcSignalHandle")
+            .field("exporter_pid", &self.env.exporter_pid)
+            .field("generation", &self.env.generation)
+            .field("device", &self.env.device_ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Recompute the checksum of envelope bytes in place (no-op for the wrong length), so that fuzz
 /// targets can reach the checks behind the checksum. Not part of the API.
 #[doc(hidden)]
@@ -392,6 +468,48 @@ mod tests {
         assert!(IpcMemHandle::<f32>::from_bytes(&[0u8; HANDLE_SIZE]).is_err());
     }
 
+    fn signal_sample() -> Envelope {
+        Envelope {
+            kind: KIND_SIGNAL,
+            elem_size: 8,
+            elem_align: 8,
+            type_tag: type_tag_of::<u64>(),
+            len: 1,
+            ..sample()
+        }
+        .seal()
+    }
+
+    #[test]
+    fn signal_handles_round_trip_and_are_not_buffers_or_events() {
+        let h = IpcSignalHandle {
+            env: signal_sample(),
+        };
+        assert_eq!(IpcSignalHandle::from_bytes(h.as_bytes()).unwrap(), h);
+        let err = IpcMemHandle::<u64>::from_bytes(h.as_bytes()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("a signal handle where a memory handle was expected"),
+            "{err}"
+        );
+        assert!(IpcEventHandle::from_bytes(h.as_bytes()).is_err());
+        let buffer = IpcMemHandle::<u64>::from_envelope(sample());
+        assert!(IpcSignalHandle::from_bytes(buffer.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_signal_envelope_must_describe_one_u64() {
+        for (len, size, align, tag) in [
+            (2, 8, 8, type_tag_of::<u64>()),
+            (1, 4, 4, type_tag_of::<u32>()),
+            (1, 8, 8, type_tag_of::<f64>()),
+        ] {
+            let mut e = signal_sample();
+            (e.len, e.elem_size, e.elem_align, e.type_tag) = (len, size, align, tag);
+            assert!(e.seal().validate(KIND_SIGNAL).is_err(), "{len} {size}");
+        }
+    }
+
     #[test]
     fn bad_layouts_are_rejected_even_when_sealed() {
         for (size, align, len) in [(4, 3, 1), (3, 2, 1), (4, 4, 0), (8, 8, u64::MAX)] {
@@ -408,6 +526,7 @@ mod tests {
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
             let _ = IpcMemHandle::<u8>::from_bytes(&bytes);
             let _ = IpcEventHandle::from_bytes(&bytes);
+            let _ = IpcSignalHandle::from_bytes(&bytes);
         }
 
         #[test]

@@ -63,6 +63,23 @@ fn token_words(token: &[u8; 16]) -> [u64; 2] {
     [u64::from_le_bytes(lo), u64::from_le_bytes(hi)]
 }
 
+impl LeaseTable {
+    /// The pid of a process other than this one that holds a lease but is dead (it died with
+    /// the export mapped), if any. Read-only: slots are reaped only by the exporter's close.
+    pub(crate) fn dead_holder(&self) -> Option<u32> {
+        let me = std::process::id();
+        self.slots.iter().find_map(|slot| {
+            if slot.state.load(Ordering::SeqCst) != HELD {
+                return None;
+            }
+            let pid = slot.pid.load(Ordering::Relaxed);
+            let start = slot.start.load(Ordering::Relaxed);
+            let id = ProcessIdentity::from_parts(pid, start);
+            (pid != 0 && pid != me && !crate::process::is_alive_cached(&id)).then_some(pid)
+        })
+    }
+}
+
 /// The exporter's side: owns (and unlinks) the lease table.
 pub(crate) struct ExportLeases {
     region: ShmRegion<LeaseTable>,
@@ -119,6 +136,11 @@ impl ExportLeases {
             Ok(())
         })?;
         Ok(Self { region })
+    }
+
+    /// The table itself.
+    pub(crate) fn table(&self) -> &LeaseTable {
+        &self.region
     }
 
     /// Mark the table closing; from now on no new lease is granted.
@@ -266,6 +288,11 @@ impl Lease {
             }
         }
         Err(Error::TooManyImporters { max: MAX_IMPORTERS })
+    }
+
+    /// The table this lease is held in.
+    pub(crate) fn table(&self) -> &LeaseTable {
+        &self.table
     }
 
     fn exporter(&self) -> ProcessIdentity {

@@ -10,6 +10,7 @@
 //! | A device's context | [`GpuContext`] | `cuDevicePrimaryCtxRetain`, `cuCtxPushCurrent`/`PopCurrent` |
 //! | Shared GPU memory | [`IpcBuffer`], [`IpcMemHandle`] | `cuMemAlloc`, `cuIpcGetMemHandle`, `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`, `cuIpcCloseMemHandle`, `cuMemFree` |
 //! | Shared GPU events | [`IpcEvent`], [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
+//! | GPU-side signalling (counters) | [`IpcSignal`], [`IpcSignalHandle`] | `cuMemAlloc` + IPC as for buffers, `cuStreamWriteValue64`, `cuStreamWaitValue64(GEQ)`, `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` |
 //! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
@@ -34,9 +35,9 @@
 //!
 //! # Threading
 //!
-//! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`] and [`IpcEvent`] are `Send`
-//! and `Sync`. Shared memory is reached only through atomics ([`ShmSafe`]), so it can be read and
-//! written from any thread of any process.
+//! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`] and
+//! [`IpcSignal`] are `Send` and `Sync`. Shared memory is reached only through atomics
+//! ([`ShmSafe`]), so it can be read and written from any thread of any process.
 //!
 //! # Platform
 //!
@@ -95,6 +96,7 @@ mod os;
 mod process;
 mod shared;
 mod shm;
+mod signal;
 mod sync;
 
 pub use barrier::{
@@ -104,15 +106,16 @@ pub use barrier::{
 pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
 pub use context::GpuContext;
 pub use device::{
-    ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, device_count, device_info,
-    devices, uuid_string,
+    ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,
+    device_count, device_info, devices, uuid_string,
 };
 pub use error::{Error, Result};
 pub use event::IpcEvent;
-pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle};
+pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use lease::{MAX_IMPORTERS, reclaim_stale_lease_tables};
 pub use process::ProcessIdentity;
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{
     DEFAULT_OPEN_TIMEOUT, HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name,
 };
+pub use signal::IpcSignal;

@@ -35,6 +35,16 @@ pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: c_int = 20;
 pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
+/// Before CUDA 12 this number named 64-bit support of the (removed) v1 stream memory operations.
+pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: c_int = 93;
+/// CUDA 12+: 64-bit `cuStreamWriteValue64`/`cuStreamWaitValue64` (the `_v2` entry points).
+pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: c_int = 122;
+
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `cuStreamWaitValue*`: wait until `(int64_t)(*addr - value) >= 0`.
+pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
+/// `cuStreamWriteValue*`: the write is preceded by a memory fence for the stream's prior work.
+pub const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
 
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_EVENT_INTERPROCESS: c_uint = 0x4;
@@ -111,4 +121,24 @@ unsafe extern "C" {
     pub fn cuEventSynchronize(event: CUevent) -> CUresult;
     pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
     pub fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    pub fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
+    pub fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
+
+    /// The stream memory operations of CUDA 11.7+ (`cuda.h` maps `cuStreamWriteValue64` here
+    /// from CUDA 12.0 on); the v1 entry points needed a driver module option on Linux.
+    pub fn cuStreamWriteValue64_v2(
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: u64,
+        flags: c_uint,
+    ) -> CUresult;
+    pub fn cuStreamWaitValue64_v2(
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: u64,
+        flags: c_uint,
+    ) -> CUresult;
+
+    pub fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult;
+    pub fn cuMemFreeHost(p: *mut c_void) -> CUresult;
 }

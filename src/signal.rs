@@ -1,0 +1,531 @@
+//! [`IpcSignal`]: a 64-bit counter in device memory that GPU streams of several processes write
+//! and wait on with stream memory operations, so a hand-off between processes needs no host.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cust::stream::Stream;
+use parking_lot::Mutex;
+
+use crate::buffer::IpcBuffer;
+use crate::context::GpuContext;
+use crate::device;
+use crate::driver::{check, sys};
+use crate::error::{Error, Result};
+use crate::handle::{IpcSignalHandle, KIND_SIGNAL};
+use crate::process::ProcessIdentity;
+
+/// How often a host wait checks that the signal's other processes are alive.
+const LIVENESS_CHECK: Duration = Duration::from_millis(10);
+
+/// `lost` encodings: which kind of party was found dead, in the high word; its pid below.
+const LOST_EXPORTER: u64 = 1 << 32;
+const LOST_PEER: u64 = 2 << 32;
+
+/// A monotonically increasing 64-bit counter in device memory, shared between processes, that
+/// GPU streams write ([`signal`](Self::signal), `cuStreamWriteValue64`) and wait on
+/// ([`wait`](Self::wait), `cuStreamWaitValue64` with "greater or equal") without the host.
+///
+/// One process creates it with [`new`](Self::new) and exports a typed
+/// [`IpcSignalHandle`] with [`handle`](Self::handle); others [`open`](Self::open) it (the same
+/// envelope checks, leases and import cache as [`IpcBuffer`], whose IPC mapping it is: across
+/// two GPUs it is reached by peer access). The counter starts at 0.
+///
+/// # Semantics
+///
+/// - `signal(stream, v)` enqueues "write `v`" on `stream`: when the stream reaches that point,
+///   after a memory fence that makes the stream's earlier writes (kernels, copies) visible
+///   system-wide, the counter becomes `v`. Values passed to one `IpcSignal` must increase
+///   (checked; a signal is a counter, not a flag), and every writer of a signal must agree on
+///   the sequence: writing a smaller value than another process already wrote is a protocol
+///   error this crate cannot see across processes.
+/// - `wait(stream, v)` enqueues "wait until counter ≥ `v`": later work on `stream` starts only
+///   after it. Unlike an event, the waiter names the value it needs, so it can enqueue waits
+///   for hand-offs that have not been signalled yet.
+/// - Values are `0..=`[`MAX_VALUE`](Self::MAX_VALUE) (2^63 − 1): CUDA compares as
+///   `(int64_t)(counter − v) >= 0`, which is plain `≥` in that range.
+/// - The host can [`value`](Self::value) the counter, [`wait_host`](Self::wait_host) with a
+///   deadline (noticing a dead exporter or importer instead of hanging), and
+///   [`signal_host`](Self::signal_host). Host reads and writes go through a non-blocking
+///   stream of the signal's own, so they never queue behind the caller's streams (a blocked
+///   stream would stall the legacy default stream that synchronous copies use).
+///
+/// # `IpcSignal` or [`IpcEvent`](crate::IpcEvent)?
+///
+/// [`IpcEvent`](crate::IpcEvent) is simpleIPC's way and has the driver's event semantics: a
+/// stream waits for the *latest* record, so the waiting process must learn (through the host)
+/// that the record happened before it enqueues its wait; measured on H200, an interprocess
+/// event hand-off costs about 140 µs. `IpcSignal` has counter semantics: the waiter must know
+/// which value to wait for, and in exchange the GPU hands off by itself in a few µs (see
+/// `BENCHMARKS.md`). Stream memory operations are invisible to CUDA's own dependency tracking
+/// (graphs, `cuStreamQuery` of the waiting stream report it as busy, and a wait that is never
+/// satisfied blocks its stream for good), so a GPU-side wait on a signal whose writer died
+/// never returns: pair it with [`wait_host`](Self::wait_host) or a barrier, and unblock
+/// streams with [`signal_host`](Self::signal_host) when giving up.
+///
+/// Requires 64-bit stream memory operations on the device
+/// ([`can_use_stream_mem_ops`](crate::can_use_stream_mem_ops)) and a driver that has the CUDA
+/// 11.7 `_v2` entry points (R515 or newer; every Hopper driver is).
+///
+/// `IpcSignal` is `Send` and `Sync`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cust::stream::{Stream, StreamFlags};
+/// use cuda_ipc::{GpuContext, IpcSignal};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Producer: export a signal (put the handle in a ShmCell for the consumer).
+/// let ctx = GpuContext::new(0)?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let ready = IpcSignal::new(&ctx)?;
+/// let handle = ready.handle()?;
+/// // ... enqueue the work that fills a shared buffer for hand-off 1, then:
+/// ready.signal(&stream, 1)?;
+///
+/// // Consumer, in another process: its stream waits for hand-off 1 on the GPU.
+/// let ready = IpcSignal::open(&ctx, &handle)?;
+/// ready.wait(&stream, 1)?;
+/// // ... enqueue work that reads the buffer ...
+/// // Or wait on the host, with a deadline:
+/// ready.wait_host(1, Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+pub struct IpcSignal {
+    counter: IpcBuffer<u64>,
+    host: Mutex<HostPort>,
+    /// The largest value this handle has signalled (0: none yet).
+    last_signalled: AtomicU64,
+    /// A dead party once seen (`LOST_*` | pid), 0 while none is known.
+    lost: AtomicU64,
+}
+
+/// The signal's own non-blocking stream and a page-locked word, for host reads and writes.
+struct HostPort {
+    ctx: GpuContext,
+    stream: sys::CUstream,
+    word: *mut u64,
+}
+
+// SAFETY: the stream and the page-locked word belong to this port alone; the driver handles may
+// be used from any thread, and the word is only touched under the signal's mutex.
+unsafe impl Send for HostPort {}
+
+impl HostPort {
+    fn new(ctx: &GpuContext) -> Result<Self> {
+        let _g = ctx.enter()?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle, created in the pushed context.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
+        })?;
+        let mut word = std::ptr::null_mut();
+        // SAFETY: writes one host pointer to 8 page-locked bytes.
+        let rc = unsafe { sys::cuMemAllocHost_v2(&mut word, 8) };
+        if let Err(e) = check("cuMemAllocHost", rc) {
+            // SAFETY: created above, destroyed once; nothing was enqueued on it.
+            let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+            return Err(e);
+        }
+        Ok(Self {
+            ctx: ctx.clone(),
+            stream,
+            word: word.cast(),
+        })
+    }
+
+    /// Copy the counter at `ptr` to the host and return it (`cuMemcpyDtoHAsync` on the port's
+    /// stream, then `cuStreamSynchronize`).
+    fn read(&self, ptr: sys::CUdeviceptr) -> Result<u64> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: the word is 8 page-locked bytes owned by this port, and the device range is
+        // the signal's 8-byte counter, mapped while the signal lives.
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(self.word.cast(), ptr, 8, self.stream)
+        })?;
+        // SAFETY: a live stream of this port.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.stream)
+        })?;
+        // SAFETY: the copy into the word has completed (synchronised above); the mutex keeps
+        // other threads away; volatile because the device wrote it.
+        Ok(unsafe { self.word.read_volatile() })
+    }
+
+    /// Write `value` into the counter at `ptr` from the host (`cuMemcpyHtoDAsync`, then
+    /// `cuStreamSynchronize`).
+    fn write(&self, ptr: sys::CUdeviceptr, value: u64) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: no copy is in flight on the port's stream (each call synchronises), and the
+        // mutex keeps other threads away.
+        unsafe { self.word.write_volatile(value) };
+        // SAFETY: as in `read`, in the other direction.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(ptr, self.word.cast(), 8, self.stream)
+        })?;
+        // SAFETY: a live stream of this port.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.stream)
+        })
+    }
+}
+
+impl Drop for HostPort {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: created in `new` in this context, released once; every copy on the stream
+            // was synchronised by the call that enqueued it. Drop cannot report a failure.
+            unsafe {
+                let _ = sys::cuStreamDestroy_v2(self.stream);
+                let _ = sys::cuMemFreeHost(self.word.cast());
+            }
+        }
+    }
+}
+
+fn stream_raw(stream: &Stream) -> sys::CUstream {
+    stream.as_inner().cast()
+}
+
+/// Refuse a device without 64-bit stream memory operations, naming the attribute.
+fn require_stream_mem_ops(ctx: &GpuContext) -> Result<()> {
+    if device::stream_mem_ops_64(ctx.device())? {
+        Ok(())
+    } else {
+        Err(Error::Unsupported {
+            device: ctx.ordinal(),
+            what: "use 64-bit stream memory operations (IpcSignal)",
+            reason: "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0; use IpcEvent".into(),
+        })
+    }
+}
+
+/// Refuse a value outside `0..=MAX_VALUE`.
+fn check_value(call: &'static str, value: u64) -> Result<()> {
+    if value <= IpcSignal::MAX_VALUE {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            call,
+            reason: format!(
+                "signal value {value} is above the maximum {}",
+                IpcSignal::MAX_VALUE
+            ),
+        })
+    }
+}
+
+/// Record `value` as the highest signalled through `last`, refusing one outside the range or
+/// not above the last.
+fn advance(last: &AtomicU64, call: &'static str, value: u64) -> Result<()> {
+    check_value(call, value)?;
+    last.fetch_update(Ordering::AcqRel, Ordering::Acquire, |prev| {
+        (value > prev).then_some(value)
+    })
+    .map(|_| ())
+    .map_err(|prev| Error::InvalidArgument {
+        call,
+        reason: format!(
+            "signal values must increase: {value} after {prev} (a signal is a counter)"
+        ),
+    })
+}
+
+impl IpcSignal {
+    /// The largest value a signal can carry, 2^63 − 1: CUDA's "greater or equal" compares the
+    /// difference as a signed 64-bit number, which is plain `≥` only below 2^63.
+    pub const MAX_VALUE: u64 = i64::MAX as u64;
+
+    /// Create a signal in `ctx`, its counter at 0, ready to export.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] when the device cannot use 64-bit stream memory operations;
+    /// [`Error::Cuda`] naming `cuMemAlloc`, `cuMemsetD8`, `cuStreamCreate` or `cuMemAllocHost`;
+    /// a shared-memory error creating the lease table.
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn new(ctx: &GpuContext) -> Result<Self> {
+        require_stream_mem_ops(ctx)?;
+        let counter = IpcBuffer::<u64>::zeroed(ctx, 1)?;
+        Self::with_counter(counter)
+    }
+
+    fn with_counter(counter: IpcBuffer<u64>) -> Result<Self> {
+        let host = HostPort::new(counter.context())?;
+        Ok(Self {
+            counter,
+            host: Mutex::new(host),
+            last_signalled: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+        })
+    }
+
+    /// Export: the typed handle another process opens (`cuIpcGetMemHandle` of the counter, in
+    /// an envelope of kind "signal").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on an opened signal (share the original handle);
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
+    pub fn handle(&self) -> Result<IpcSignalHandle> {
+        let env = self
+            .counter
+            .export_envelope(KIND_SIGNAL, "IpcSignal::handle")?;
+        Ok(IpcSignalHandle { env })
+    }
+
+    /// Open a signal exported by another process, in `ctx` (its counter is mapped with
+    /// `cuIpcOpenMemHandle`, by peer access when it lives on another device).
+    ///
+    /// # Errors
+    ///
+    /// Checked before the driver sees the handle: [`Error::CorruptHandle`] (also for a memory
+    /// or event handle), [`Error::SameProcess`], [`Error::ExporterGone`],
+    /// [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the signal was dropped, even if
+    /// new memory now sits at its address), [`Error::TooManyImporters`],
+    /// [`Error::Unsupported`]. Then [`Error::Cuda`] naming the failed call.
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcSignalHandle) -> Result<Self> {
+        handle.env.validate(KIND_SIGNAL)?;
+        require_stream_mem_ops(ctx)?;
+        let counter = IpcBuffer::<u64>::open_envelope(ctx, &handle.env, KIND_SIGNAL)?;
+        Self::with_counter(counter)
+    }
+
+    /// Enqueue on `stream`: "set the counter to `value`", after a memory fence that makes the
+    /// stream's earlier work visible to every process (`cuStreamWriteValue64`, default flags).
+    /// Returns at once; the host is not involved when the stream gets there.
+    ///
+    /// `stream` must belong to this signal's context.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE) or not above
+    /// the last one this handle signalled; [`Error::Cuda`] naming `cuStreamWriteValue64`.
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
+        advance(&self.last_signalled, "IpcSignal::signal", value)?;
+        let _g = self.counter.context().enter()?;
+        // SAFETY: the counter is an 8-byte aligned device word mapped while `self` lives (a
+        // stream that runs the write later keeps running against memory the lease keeps
+        // mapped until drop); the stream is borrowed, live.
+        check("cuStreamWriteValue64", unsafe {
+            sys::cuStreamWriteValue64_v2(
+                stream_raw(stream),
+                self.counter.as_raw_ptr(),
+                value,
+                sys::CU_STREAM_WRITE_VALUE_DEFAULT,
+            )
+        })
+    }
+
+    /// Enqueue on `stream`: "wait until the counter is ≥ `value`" (`cuStreamWaitValue64`,
+    /// `CU_STREAM_WAIT_VALUE_GEQ`). Work enqueued after it starts only once the counter gets
+    /// there. Returns at once.
+    ///
+    /// The GPU cannot notice a dead writer: if nobody ever signals `value`, the stream stays
+    /// blocked (see the type's docs for what to do about it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE);
+    /// [`Error::ExporterGone`] or [`Error::PeerDied`] when a host-side check of this handle has
+    /// already seen a party of the signal die; [`Error::Cuda`] naming `cuStreamWaitValue64`.
+    #[doc(alias = "cuStreamWaitValue64")]
+    pub fn wait(&self, stream: &Stream, value: u64) -> Result<()> {
+        check_value("IpcSignal::wait", value)?;
+        self.known_loss()?;
+        let _g = self.counter.context().enter()?;
+        // SAFETY: as in `signal`; the wait only reads the counter.
+        check("cuStreamWaitValue64", unsafe {
+            sys::cuStreamWaitValue64_v2(
+                stream_raw(stream),
+                self.counter.as_raw_ptr(),
+                value,
+                sys::CU_STREAM_WAIT_VALUE_GEQ,
+            )
+        })
+    }
+
+    /// The counter's current value, read by the host (a copy on the signal's own non-blocking
+    /// stream, so it does not queue behind the caller's streams).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemcpyDtoHAsync` or `cuStreamSynchronize`.
+    pub fn value(&self) -> Result<u64> {
+        self.host.lock().read(self.counter.as_raw_ptr())
+    }
+
+    /// Set the counter to `value` from the host, now (a copy on the signal's own stream). Also
+    /// the way to release GPU streams blocked in [`wait`](Self::wait) when giving up on a dead
+    /// peer: signal a value at or above everything they wait for.
+    ///
+    /// # Errors
+    ///
+    /// As [`signal`](Self::signal), with [`Error::Cuda`] naming `cuMemcpyHtoDAsync` or
+    /// `cuStreamSynchronize`.
+    pub fn signal_host(&self, value: u64) -> Result<()> {
+        advance(&self.last_signalled, "IpcSignal::signal_host", value)?;
+        self.host.lock().write(self.counter.as_raw_ptr(), value)
+    }
+
+    /// Block the calling thread until the counter is ≥ `value`, at most `timeout`, and return
+    /// the value read. Polls [`value`](Self::value) with a back-off from a few µs to 1 ms and,
+    /// every 10 ms, checks that the signal's exporter (for an opened signal) and every
+    /// process that has it open are alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`]; [`Error::ExporterGone`] when the exporter died, [`Error::PeerDied`]
+    /// when a process that had the signal open died without closing it (either is remembered:
+    /// later waits fail at once); [`Error::InvalidArgument`] for a value above
+    /// [`MAX_VALUE`](Self::MAX_VALUE); [`Error::Cuda`] from the reads.
+    pub fn wait_host(&self, value: u64, timeout: Duration) -> Result<u64> {
+        check_value("IpcSignal::wait_host", value)?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(2);
+        let mut next_check = start;
+        loop {
+            let now_value = self.value()?;
+            if now_value >= value {
+                return Ok(now_value);
+            }
+            if Instant::now() >= next_check {
+                self.check_parties()?;
+                next_check = Instant::now() + LIVENESS_CHECK;
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(Error::Timeout {
+                    what: "IPC signal wait",
+                    waited,
+                });
+            }
+            std::thread::sleep(pause.min(timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// The error for a party already seen dead, if any.
+    fn known_loss(&self) -> Result<()> {
+        let lost = self.lost.load(Ordering::Acquire);
+        let pid = (lost & u64::from(u32::MAX)) as u32;
+        match lost & !u64::from(u32::MAX) {
+            0 => Ok(()),
+            LOST_EXPORTER => Err(Error::ExporterGone { pid }),
+            _ => Err(Error::PeerDied {
+                pid,
+                what: "signal",
+            }),
+        }
+    }
+
+    /// Check that the exporter (for an opened signal) and every lease holder are alive;
+    /// remember the first one found dead.
+    fn check_parties(&self) -> Result<()> {
+        self.known_loss()?;
+        if let Some(exporter) = self.counter.exporter()
+            && !crate::process::is_alive_cached(&exporter)
+        {
+            self.lost
+                .store(LOST_EXPORTER | u64::from(exporter.pid()), Ordering::Release);
+        } else if let Some(pid) = self.counter.dead_importer() {
+            self.lost
+                .store(LOST_PEER | u64::from(pid), Ordering::Release);
+        }
+        self.known_loss()
+    }
+
+    /// Whether this signal was opened from another process's handle.
+    pub fn is_imported(&self) -> bool {
+        self.counter.is_imported()
+    }
+
+    /// For an opened signal: the exporting process.
+    pub fn exporter(&self) -> Option<ProcessIdentity> {
+        self.counter.exporter()
+    }
+
+    /// For an exported signal: the pids of live processes that have it open.
+    pub fn importers(&self) -> Vec<u32> {
+        self.counter.importers()
+    }
+
+    /// The context the counter is mapped in (streams passed to [`signal`](Self::signal) and
+    /// [`wait`](Self::wait) must belong to it).
+    pub fn context(&self) -> &GpuContext {
+        self.counter.context()
+    }
+
+    /// The counter's device address (8 bytes, 8-aligned), for kernels that read it or write it
+    /// themselves (with system-scope atomics and fences).
+    pub fn as_raw_ptr(&self) -> u64 {
+        self.counter.as_raw_ptr()
+    }
+
+    /// How long dropping an exported signal waits for importers to close it before leaking its
+    /// 8 bytes instead of freeing them (default
+    /// [`DEFAULT_LEASE_TIMEOUT`](crate::DEFAULT_LEASE_TIMEOUT)).
+    pub fn set_lease_timeout(&mut self, timeout: Duration) {
+        self.counter.set_lease_timeout(timeout);
+    }
+
+    /// Release the signal and report what drop would hide (as [`IpcBuffer::close`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeasesOutstanding`] when importers remained (the counter was leaked, not
+    /// freed), [`Error::Cuda`] naming `cuMemFree`.
+    pub fn close(self) -> Result<()> {
+        let Self { counter, host, .. } = self;
+        drop(host);
+        counter.close()
+    }
+}
+
+impl std::fmt::Debug for IpcSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcSignal")
+            .field("device", &self.context().ordinal())
+            .field("imported", &self.is_imported())
+            .field(
+                "last_signalled",
+                &self.last_signalled.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_above_the_signed_range_are_refused() {
+        assert!(check_value("t", 0).is_ok());
+        assert!(check_value("t", IpcSignal::MAX_VALUE).is_ok());
+        let e = check_value("t", IpcSignal::MAX_VALUE + 1).unwrap_err();
+        assert!(e.to_string().contains("above the maximum"), "{e}");
+        assert!(check_value("t", u64::MAX).is_err());
+    }
+
+    #[test]
+    fn signalled_values_must_increase() {
+        let last = AtomicU64::new(0);
+        assert!(
+            advance(&last, "t", 0).is_err(),
+            "0 is where the counter starts"
+        );
+        advance(&last, "t", 1).unwrap();
+        advance(&last, "t", 5).unwrap();
+        let e = advance(&last, "t", 5).unwrap_err();
+        assert!(e.to_string().contains("must increase: 5 after 5"), "{e}");
+        assert!(advance(&last, "t", 3).is_err());
+        assert!(advance(&last, "t", IpcSignal::MAX_VALUE + 1).is_err());
+        assert_eq!(last.load(Ordering::Relaxed), 5);
+        advance(&last, "t", IpcSignal::MAX_VALUE).unwrap();
+    }
+}
