@@ -63,6 +63,15 @@ const LOST_PEER: u64 = 2 << 32;
 /// never returns: pair it with [`wait_host`](Self::wait_host) or a barrier, and unblock
 /// streams with [`signal_host`](Self::signal_host) when giving up.
 ///
+/// # Blocking streams
+///
+/// cust's `Stream::new` drops `StreamFlags::NON_BLOCKING`, so cust streams synchronise with
+/// the legacy default stream. While such a stream is parked in [`wait`](Self::wait), every
+/// synchronous call of this process that uses the legacy stream (the memset in
+/// [`IpcBuffer::zeroed`] and [`IpcSignal::new`], [`IpcBuffer::copy_to_host`], ...) blocks until the wait is satisfied. Create buffers and signals before parking streams; the
+/// signal's own host calls ([`value`](Self::value), [`wait_host`](Self::wait_host),
+/// [`signal_host`](Self::signal_host)) use a non-blocking stream and are not affected.
+///
 /// Requires 64-bit stream memory operations on the device
 /// ([`can_use_stream_mem_ops`](crate::can_use_stream_mem_ops)) and a driver that has the CUDA
 /// 11.7 `_v2` entry points (R515 or newer; every Hopper driver is).
@@ -389,7 +398,14 @@ impl IpcSignal {
         let mut pause = Duration::from_micros(2);
         let mut next_check = start;
         loop {
-            let now_value = self.value()?;
+            let now_value = match self.value() {
+                Ok(v) => v,
+                // A read that fails because a party died is reported as that death.
+                Err(e) => {
+                    self.check_parties()?;
+                    return Err(e);
+                }
+            };
             if now_value >= value {
                 return Ok(now_value);
             }
