@@ -2,7 +2,7 @@
 //! peer mapping, interprocess events and a barrier in shared memory.
 //!
 //! ```text
-//! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N]
+//! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N] [--sync events|signal]
 //! ```
 //!
 //! The parent picks every device that supports unified addressing, is in the default compute
@@ -12,6 +12,10 @@
 //! `id` into every byte of it, records the event, and meets the others at the barrier. At the
 //! end every buffer `id` must hold `(id + 1) % n`, which each child verifies byte by byte.
 //!
+//! `--sync signal` runs the same ring with one [`IpcSignal`] per buffer instead of its event:
+//! in step `i` the writer of buffer `b` waits (on the GPU) for `b`'s counter to reach `i`, and
+//! signals `i + 1` after its kernel; the check at the end waits for `n`.
+//!
 //! Exit status: 0 on success, 2 ("waived") when no device can do IPC, 1 on any failure.
 
 use std::process::{Child, Command, ExitCode};
@@ -19,8 +23,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_ipc::{
-    BarrierState, Error, GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerGroup,
-    ProcessBarrier, ShmCell, ShmOptions, ShmSafe,
+    BarrierState, Error, GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcSignal,
+    IpcSignalHandle, PeerGroup, ProcessBarrier, ShmCell, ShmOptions, ShmSafe,
 };
 use cust::function::BlockSize;
 use cust::module::Module;
@@ -38,6 +42,9 @@ struct Shared {
     devices: ShmCell<[u32; MAX_DEVICES]>,
     mem: [ShmCell<IpcMemHandle<u8>>; MAX_DEVICES],
     events: [ShmCell<IpcEventHandle>; MAX_DEVICES],
+    /// `--sync signal`: 1, and `signals` holds one signal per buffer.
+    use_signals: AtomicU32,
+    signals: [ShmCell<IpcSignalHandle>; MAX_DEVICES],
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
@@ -48,6 +55,7 @@ struct Options {
     size: usize,
     max_devices: usize,
     timings: bool,
+    signals: bool,
 }
 
 fn parse_options(args: &[String]) -> Result<Options, String> {
@@ -55,6 +63,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         size: 64 << 20,
         max_devices: MAX_DEVICES,
         timings: false,
+        signals: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -67,6 +76,11 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--size" => opts.size = value("--size")?,
             "--devices" => opts.max_devices = value("--devices")?.min(MAX_DEVICES),
             "--timings" => opts.timings = true,
+            "--sync" => match it.next().map(String::as_str) {
+                Some("events") => opts.signals = false,
+                Some("signal") => opts.signals = true,
+                _ => return Err("--sync takes events or signal".into()),
+            },
             other => return Err(format!("unknown option {other:?} (try --help)")),
         }
     }
@@ -109,6 +123,12 @@ fn injected_failure(id: usize, step: usize) {
     }
 }
 
+/// How the children order their writes: simpleIPC's interprocess events, or signals.
+enum Sync {
+    Events(Vec<IpcEvent>),
+    Signals(Vec<IpcSignal>),
+}
+
 fn child(region_name: &str, id: usize) -> Result<(), Failure> {
     let mut phases = Phases {
         start: Instant::now(),
@@ -134,9 +154,19 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
     let buffers = (0..n)
         .map(|i| IpcBuffer::open(&ctx, &shared.mem[i].load()))
         .collect::<Result<Vec<_>, _>>()?;
-    let events = (0..n)
-        .map(|i| IpcEvent::open(&ctx, &shared.events[i].load()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let sync = if shared.use_signals.load(Ordering::Acquire) == 1 {
+        Sync::Signals(
+            (0..n)
+                .map(|i| IpcSignal::open(&ctx, &shared.signals[i].load()))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+    } else {
+        Sync::Events(
+            (0..n)
+                .map(|i| IpcEvent::open(&ctx, &shared.events[i].load()))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+    };
     phases.mark("open");
     barrier.wait()?; // everyone has opened everything
     phases.mark("barrier");
@@ -145,19 +175,32 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
         injected_failure(id, i);
         let target = (i + id) % n;
         let buf = &buffers[target];
-        events[target].wait_on(&stream)?;
+        // Buffer `target` was written in step i - 1 (its counter says i), not yet in step i.
+        match &sync {
+            Sync::Events(events) => events[target].wait_on(&stream)?,
+            Sync::Signals(signals) => signals[target].wait(&stream, i as u64)?,
+        }
         let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
         // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
         // buffer, which stays mapped until the stream is synchronised below.
         unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
-        events[target].record(&stream)?;
+        match &sync {
+            Sync::Events(events) => events[target].record(&stream)?,
+            Sync::Signals(signals) => signals[target].signal(&stream, i as u64 + 1)?,
+        }
         barrier.wait()?;
         if id == 0 {
             println!("Step {i} done");
         }
     }
 
-    events[id].synchronize(Duration::from_secs(60))?;
+    // The last write of this child's buffer is complete (bounded: a dead peer is an error).
+    match &sync {
+        Sync::Events(events) => events[id].synchronize(Duration::from_secs(60))?,
+        Sync::Signals(signals) => {
+            signals[id].wait_host(n as u64, Duration::from_secs(60))?;
+        }
+    }
     phases.mark("steps");
     println!("Process {id}: verifying...");
     let mut host = vec![0u8; buffers[id].len()];
@@ -201,6 +244,15 @@ fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
         return Ok(None);
     }
     let n = group.devices.len();
+    if opts.signals
+        && let Some(d) = group.devices.iter().find(|d| !d.stream_mem_ops)
+    {
+        println!(
+            "Waived: device {} cannot use 64-bit stream memory operations (--sync signal)",
+            d.ordinal
+        );
+        return Ok(None);
+    }
     let contexts = group.enable_peer_access()?;
     println!("Peer access enabled among {n} device(s)");
     let setup = Instant::now();
@@ -215,17 +267,26 @@ fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
                 *slot = d.ordinal;
             }
             s.devices.store(devices);
+            s.use_signals
+                .store(u32::from(opts.signals), Ordering::Release);
             Ok(())
         })?;
     let mut buffers = Vec::new();
     let mut events = Vec::new();
+    let mut signals = Vec::new();
     for (i, ctx) in contexts.iter().enumerate() {
         let buf = IpcBuffer::<u8>::new(ctx, opts.size)?;
-        let event = IpcEvent::new(ctx)?;
         region.mem[i].store(buf.handle()?);
-        region.events[i].store(event.handle()?);
         buffers.push(buf);
-        events.push(event);
+        if opts.signals {
+            let signal = IpcSignal::new(ctx)?;
+            region.signals[i].store(signal.handle()?);
+            signals.push(signal);
+        } else {
+            let event = IpcEvent::new(ctx)?;
+            region.events[i].store(event.handle()?);
+            events.push(event);
+        }
     }
 
     if opts.timings {
@@ -289,9 +350,11 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "simple_ipc: NVIDIA's simpleIPC sample on cuda-ipc\n\n\
-             usage: simple_ipc [--size BYTES] [--devices N] [--timings]\n\
+             usage: simple_ipc [--size BYTES] [--devices N] [--sync events|signal] [--timings]\n\
              \x20 --size BYTES   bytes per device buffer (default 67108864 = 64 MiB)\n\
              \x20 --devices N    use at most N devices (default and maximum {MAX_DEVICES})\n\
+             \x20 --sync events  order the writes with interprocess events (simpleIPC; default)\n\
+             \x20 --sync signal  order them with IpcSignal counters (GPU-side stream memory ops)\n\
              \x20 --timings      print where each child's time goes\n\n\
              exit status: 0 success, 2 waived (no device can do IPC), 1 failure"
         );
@@ -307,7 +370,8 @@ fn main() -> ExitCode {
     match parent(&opts) {
         Ok(Some((devices, bytes))) => {
             println!(
-                "simple_ipc: {devices} device(s), {bytes} bytes verified, {:.3} s",
+                "simple_ipc: {devices} device(s), {} sync, {bytes} bytes verified, {:.3} s",
+                if opts.signals { "signal" } else { "event" },
                 start.elapsed().as_secs_f64()
             );
             ExitCode::SUCCESS
