@@ -1,39 +1,90 @@
-//! Producer/consumer hand-off between two processes, through the crate's types vs the same
-//! protocol with raw driver calls, in the same run.
+//! Producer/consumer hand-off between two processes, four ways in the same run: raw
+//! interprocess events, the crate's `IpcEvent`, raw stream memory operations on IPC-mapped
+//! counters, and the crate's `IpcSignal`.
 //!
-//! One round trip: the producer's stream waits for the consumer's event (the buffer is handed
-//! back), a kernel writes the buffer, the producer records its event and bumps a sequence
-//! number in shared memory; the consumer sees it, makes its stream wait on the producer's
-//! event, copies the first bytes to the host, records its own event, synchronises, and
-//! acknowledges. Run: `cargo bench --bench handoff`.
+//! One round trip `k`, event protocol (simpleIPC's way): the producer's stream waits for the
+//! consumer's event (the buffer is handed back), a kernel writes the buffer, the producer
+//! records its event and bumps a sequence number in shared memory; the consumer sees it, makes
+//! its stream wait on the producer's event, copies the first 64 bytes to the host, records its
+//! own event, synchronises, and acknowledges in shared memory. An event can only be waited on
+//! after it was recorded, so the consumer's host must be in the loop.
+//!
+//! Signal protocol: the producer enqueues the kernel, `ready = k`, publishes `k`, then
+//! enqueues "wait until `ack ≥ k`" and a local event, and spins on that event; the consumer,
+//! seeing `k` published, enqueues "wait until `ready ≥ k`", a 64-byte device copy out of the
+//! buffer, and `ack = k`, and never synchronises. Both GPUs' streams hand off by themselves.
+//!
+//! The producer runs on device 0; the consumer on device 0, and on device 1 too when there are
+//! two GPUs (peer access over NVLink). Run: `cargo bench --bench handoff`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
 
 #[path = "common/mod.rs"]
 mod common;
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use cuda_ipc::driver::{error_name, sys};
 use cuda_ipc::{
-    GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, ShmCell, ShmOptions, ShmSafe,
+    GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle,
+    ShmCell, ShmOptions, ShmRegion, ShmSafe,
 };
+use cust::function::Function;
 use cust::module::Module;
 use cust::prelude::*;
 
 const LEN: usize = 1 << 20;
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    EventRaw,
+    EventCrate,
+    SignalRaw,
+    SignalCrate,
+}
+
+impl Mode {
+    const ALL: [Mode; 4] = [
+        Mode::EventRaw,
+        Mode::EventCrate,
+        Mode::SignalRaw,
+        Mode::SignalCrate,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::EventRaw => "event_raw",
+            Mode::EventCrate => "event_cuda_ipc",
+            Mode::SignalRaw => "signal_raw_memops",
+            Mode::SignalCrate => "signal_cuda_ipc",
+        }
+    }
+
+    fn parse(s: &str) -> Mode {
+        *Mode::ALL.iter().find(|m| m.name() == s).unwrap()
+    }
+
+    fn is_crate(self) -> bool {
+        matches!(self, Mode::EventCrate | Mode::SignalCrate)
+    }
+}
+
 #[repr(C)]
 struct Shared {
     mem: ShmCell<IpcMemHandle<u8>>,
     producer_event: ShmCell<IpcEventHandle>,
     consumer_event: ShmCell<IpcEventHandle>,
+    ready: ShmCell<IpcSignalHandle>,
+    ack_signal: ShmCell<IpcSignalHandle>,
     raw_mem: ShmCell<[u8; 64]>,
     raw_producer_event: ShmCell<[u8; 64]>,
     raw_consumer_event: ShmCell<[u8; 64]>,
+    raw_ready: ShmCell<[u8; 64]>,
+    raw_ack: ShmCell<[u8; 64]>,
     consumer_ready: AtomicU32,
     seq: AtomicU64,
     ack: AtomicU64,
@@ -57,20 +108,18 @@ fn spin(cond: impl Fn() -> bool) {
     }
 }
 
-fn raw_event() -> (sys::CUevent, [u8; 64]) {
+fn raw_event(flags: u32) -> sys::CUevent {
     let mut ev = std::ptr::null_mut();
+    // SAFETY: writes one event handle on the current context.
+    unsafe { ok("cuEventCreate", sys::cuEventCreate(&mut ev, flags)) };
+    ev
+}
+
+fn raw_ipc_event() -> (sys::CUevent, [u8; 64]) {
+    let ev = raw_event(sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING);
     let mut h = sys::CUipcHandle { reserved: [0; 64] };
-    // SAFETY: raw driver calls with valid out-pointers on the current context.
-    unsafe {
-        ok(
-            "cuEventCreate",
-            sys::cuEventCreate(
-                &mut ev,
-                sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING,
-            ),
-        );
-        ok("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev));
-    }
+    // SAFETY: an interprocess event of the current context.
+    unsafe { ok("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev)) };
     (ev, h.reserved)
 }
 
@@ -86,186 +135,389 @@ fn raw_open_event(h: [u8; 64]) -> sys::CUevent {
     ev
 }
 
-/// The consumer loop (helper process), in `mode` "crate" or "raw".
+/// A raw 8-byte counter at 0 and its IPC handle.
+fn raw_counter() -> (u64, [u8; 64]) {
+    let mut ptr = 0;
+    let mut h = sys::CUipcHandle { reserved: [0; 64] };
+    // SAFETY: raw allocation on the current context, zeroed, exported.
+    unsafe {
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut ptr, 8));
+        ok("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, 8));
+        ok("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(&mut h, ptr));
+    }
+    (ptr, h.reserved)
+}
+
+fn raw_open_mem(h: [u8; 64]) -> u64 {
+    let mut ptr = 0;
+    // SAFETY: the partner's live handle.
+    unsafe {
+        ok(
+            "cuIpcOpenMemHandle",
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                sys::CUipcHandle { reserved: h },
+                sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
+            ),
+        )
+    };
+    ptr
+}
+
+fn raw_write(s: sys::CUstream, addr: u64, v: u64) {
+    // SAFETY: a live stream and an 8-byte device counter mapped for the bench's lifetime.
+    let rc =
+        unsafe { sys::cuStreamWriteValue64_v2(s, addr, v, sys::CU_STREAM_WRITE_VALUE_DEFAULT) };
+    ok("cuStreamWriteValue64", rc);
+}
+
+fn raw_wait(s: sys::CUstream, addr: u64, v: u64) {
+    // SAFETY: as in `raw_write`.
+    let rc = unsafe { sys::cuStreamWaitValue64_v2(s, addr, v, sys::CU_STREAM_WAIT_VALUE_GEQ) };
+    ok("cuStreamWaitValue64", rc);
+}
+
+/// The consumer loop (helper process): `REGION:MODE:DEVICE`.
 fn consumer(arg: &str) {
-    let (region, mode) = arg.split_once(':').unwrap();
+    let mut parts = arg.split(':');
+    let (region, mode, device) = (
+        parts.next().unwrap(),
+        Mode::parse(parts.next().unwrap()),
+        parts.next().unwrap().parse::<u32>().unwrap(),
+    );
     let shared = ShmOptions::new(region).open::<Shared>().unwrap();
-    let ctx = GpuContext::new(0).unwrap();
+    let ctx = GpuContext::new(device).unwrap();
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-    let s = stream.as_inner().cast();
+    let s: sys::CUstream = stream.as_inner().cast();
     let mut host = [0u8; 64];
-    let mut k = 0u64;
+    let mut scratch = 0;
+    // SAFETY: a 64-byte device scratch buffer for the signal protocol's read.
+    unsafe { ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut scratch, 64)) };
     let done = |k: u64| shared.stop_at.load(Ordering::Acquire) == k;
-    if mode == "crate" {
-        let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
-        let theirs = IpcEvent::open(&ctx, &shared.producer_event.load()).unwrap();
-        let mine = IpcEvent::new(&ctx).unwrap();
-        shared.consumer_event.store(mine.handle().unwrap());
-        shared.consumer_ready.store(1, Ordering::Release);
-        loop {
-            k += 1;
-            spin(|| shared.seq.load(Ordering::Acquire) >= k);
-            theirs.wait_on(&stream).unwrap();
-            // SAFETY: `host` outlives the synchronize below.
-            let rc = unsafe {
-                sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.as_raw_ptr(), host.len(), s)
-            };
-            ok("cuMemcpyDtoHAsync", rc);
-            mine.record(&stream).unwrap();
-            stream.synchronize().unwrap();
-            shared.ack.store(k, Ordering::Release);
-            if done(k) {
-                break;
+    let mut k = 0u64;
+    match mode {
+        Mode::EventCrate => {
+            let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
+            let theirs = IpcEvent::open(&ctx, &shared.producer_event.load()).unwrap();
+            let mine = IpcEvent::new(&ctx).unwrap();
+            shared.consumer_event.store(mine.handle().unwrap());
+            shared.consumer_ready.store(1, Ordering::Release);
+            loop {
+                k += 1;
+                spin(|| shared.seq.load(Ordering::Acquire) >= k);
+                theirs.wait_on(&stream).unwrap();
+                // SAFETY: `host` outlives the synchronize below.
+                let rc = unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.as_raw_ptr(), 64, s)
+                };
+                ok("cuMemcpyDtoHAsync", rc);
+                mine.record(&stream).unwrap();
+                stream.synchronize().unwrap();
+                shared.ack.store(k, Ordering::Release);
+                if done(k) {
+                    break;
+                }
             }
         }
-    } else {
-        ctx.make_current().unwrap();
-        let mut ptr = 0;
-        // SAFETY: the producer's live handle.
-        unsafe {
-            ok(
-                "cuIpcOpenMemHandle",
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut ptr,
-                    sys::CUipcHandle {
-                        reserved: shared.raw_mem.load(),
-                    },
-                    sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
-                ),
-            )
-        };
-        let theirs = raw_open_event(shared.raw_producer_event.load());
-        let (mine, h) = raw_event();
-        shared.raw_consumer_event.store(h);
-        shared.consumer_ready.store(1, Ordering::Release);
-        loop {
-            k += 1;
-            spin(|| shared.seq.load(Ordering::Acquire) >= k);
-            // SAFETY: live events, stream and mapping; `host` outlives the synchronize.
-            unsafe {
-                ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s, theirs, 0));
-                ok(
-                    "cuMemcpyDtoHAsync",
-                    sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, host.len(), s),
-                );
-                ok("cuEventRecord", sys::cuEventRecord(mine, s));
-                ok("cuStreamSynchronize", sys::cuStreamSynchronize(s));
+        Mode::EventRaw => {
+            let ptr = raw_open_mem(shared.raw_mem.load());
+            let theirs = raw_open_event(shared.raw_producer_event.load());
+            let (mine, h) = raw_ipc_event();
+            shared.raw_consumer_event.store(h);
+            shared.consumer_ready.store(1, Ordering::Release);
+            loop {
+                k += 1;
+                spin(|| shared.seq.load(Ordering::Acquire) >= k);
+                // SAFETY: live events, stream and mapping; `host` outlives the synchronize.
+                unsafe {
+                    ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s, theirs, 0));
+                    ok(
+                        "cuMemcpyDtoHAsync",
+                        sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, 64, s),
+                    );
+                    ok("cuEventRecord", sys::cuEventRecord(mine, s));
+                    ok("cuStreamSynchronize", sys::cuStreamSynchronize(s));
+                }
+                shared.ack.store(k, Ordering::Release);
+                if done(k) {
+                    break;
+                }
             }
-            shared.ack.store(k, Ordering::Release);
-            if done(k) {
-                break;
+        }
+        Mode::SignalCrate => {
+            let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
+            let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
+            let ack = IpcSignal::new(&ctx).unwrap();
+            shared.ack_signal.store(ack.handle().unwrap());
+            shared.consumer_ready.store(1, Ordering::Release);
+            loop {
+                k += 1;
+                spin(|| shared.seq.load(Ordering::Acquire) >= k);
+                ready.wait(&stream, k).unwrap();
+                // SAFETY: both device ranges are live for the bench; the stream orders the copy.
+                let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, buf.as_raw_ptr(), 64, s) };
+                ok("cuMemcpyDtoDAsync", rc);
+                ack.signal(&stream, k).unwrap();
+                if done(k) {
+                    stream.synchronize().unwrap();
+                    break;
+                }
+            }
+        }
+        Mode::SignalRaw => {
+            let ptr = raw_open_mem(shared.raw_mem.load());
+            let ready = raw_open_mem(shared.raw_ready.load());
+            let (ack, h) = raw_counter();
+            shared.raw_ack.store(h);
+            shared.consumer_ready.store(1, Ordering::Release);
+            loop {
+                k += 1;
+                spin(|| shared.seq.load(Ordering::Acquire) >= k);
+                raw_wait(s, ready, k);
+                // SAFETY: as above.
+                let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, ptr, 64, s) };
+                ok("cuMemcpyDtoDAsync", rc);
+                raw_write(s, ack, k);
+                if done(k) {
+                    stream.synchronize().unwrap();
+                    break;
+                }
             }
         }
     }
 }
 
-/// The producer side of one mode.
+/// What the producer waits and signals with.
+enum Sync {
+    Events {
+        mine: sys::CUevent,
+        theirs: sys::CUevent,
+        /// Kept alive: the crate's events (raw handles above are theirs).
+        typed: Option<(IpcEvent, IpcEvent)>,
+    },
+    SignalCrate {
+        ready: Box<IpcSignal>,
+        ack: Box<IpcSignal>,
+    },
+    SignalRaw {
+        ready: u64,
+        ack: u64,
+    },
+}
+
+/// The producer side of one mode, with its consumer helper.
 struct Producer<'m> {
-    shared: &'m Shared,
+    region: ShmRegion<Shared>,
     stream: Stream,
-    kernel: cust::function::Function<'m>,
+    kernel: Function<'m>,
     ptr: u64,
-    /// Crate mode: the typed events; raw mode: the raw ones.
-    typed: Option<(IpcEvent, IpcEvent)>,
-    raw: Option<(sys::CUevent, sys::CUevent)>,
-    k: std::cell::Cell<u64>,
+    sync: Sync,
+    /// Local (non-IPC) event the signal protocol's host spins on.
+    done: sys::CUevent,
+    k: Cell<u64>,
     _helper: common::Helper,
 }
 
-impl Producer<'_> {
-    fn round_trip(&self) {
-        let k = self.k.get() + 1;
-        self.k.set(k);
-        let s = &self.stream;
-        let kern = &self.kernel;
-        if let Some((mine, theirs)) = &self.typed {
-            if k > 1 {
-                theirs.wait_on(s).unwrap();
+impl<'m> Producer<'m> {
+    fn new(
+        ctx: &GpuContext,
+        module: &'m Module,
+        mode: Mode,
+        consumer_device: u32,
+        own: &IpcBuffer<u8>,
+        raw_ptr: u64,
+    ) -> Self {
+        ctx.make_current().unwrap();
+        let region = ShmOptions::new("cuda-ipc-bench-handoff")
+            .random_suffix(true)
+            .create::<Shared>()
+            .unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        let shared: &Shared = &region;
+        let ptr = if mode.is_crate() {
+            shared.mem.store(own.handle().unwrap());
+            own.as_raw_ptr()
+        } else {
+            let mut mh = sys::CUipcHandle { reserved: [0; 64] };
+            // SAFETY: a raw allocation of this process on the current context.
+            unsafe {
+                ok(
+                    "cuIpcGetMemHandle",
+                    sys::cuIpcGetMemHandle(&mut mh, raw_ptr),
+                )
+            };
+            shared.raw_mem.store(mh.reserved);
+            raw_ptr
+        };
+        // Export what the consumer opens, start it, open what it exports.
+        let mut typed_mine = None;
+        let mut raw_mine = None;
+        let mut crate_ready = None;
+        let mut raw_ready = 0;
+        match mode {
+            Mode::EventCrate => {
+                let mine = IpcEvent::new(ctx).unwrap();
+                shared.producer_event.store(mine.handle().unwrap());
+                typed_mine = Some(mine);
             }
-            // SAFETY: simple_kernel writes LEN bytes of the producer's live buffer.
-            unsafe { launch!(kern<<<8, 128, 0, s>>>(self.ptr, LEN as i32, k as u32)) }.unwrap();
-            mine.record(s).unwrap();
-        } else if let Some((mine, theirs)) = self.raw {
-            let sr = s.as_inner().cast();
-            if k > 1 {
-                // SAFETY: live event and stream.
-                unsafe { ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(sr, theirs, 0)) };
+            Mode::EventRaw => {
+                let (mine, h) = raw_ipc_event();
+                shared.raw_producer_event.store(h);
+                raw_mine = Some(mine);
             }
-            // SAFETY: as above.
-            unsafe { launch!(kern<<<8, 128, 0, s>>>(self.ptr, LEN as i32, k as u32)) }.unwrap();
-            // SAFETY: live event and stream.
-            unsafe { ok("cuEventRecord", sys::cuEventRecord(mine, sr)) };
+            Mode::SignalCrate => {
+                let ready = IpcSignal::new(ctx).unwrap();
+                shared.ready.store(ready.handle().unwrap());
+                crate_ready = Some(ready);
+            }
+            Mode::SignalRaw => {
+                let (ready, h) = raw_counter();
+                shared.raw_ready.store(h);
+                raw_ready = ready;
+            }
         }
-        self.shared.seq.store(k, Ordering::Release);
-        spin(|| self.shared.ack.load(Ordering::Acquire) == k);
-    }
-
-    fn stop(&self) {
-        self.shared
-            .stop_at
-            .store(self.k.get() + 1, Ordering::Release);
-        self.round_trip();
-    }
-}
-
-fn producer<'m>(
-    ctx: &GpuContext,
-    module: &'m Module,
-    region: &'m cuda_ipc::ShmRegion<Shared>,
-    mode: &str,
-    own: &IpcBuffer<u8>,
-    raw_ptr: u64,
-) -> Producer<'m> {
-    let shared: &'m Shared = region;
-    ctx.make_current().unwrap();
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-    let (typed, raw, ptr);
-    if mode == "crate" {
-        let mine = IpcEvent::new(ctx).unwrap();
-        shared.mem.store(own.handle().unwrap());
-        shared.producer_event.store(mine.handle().unwrap());
-        let helper = common::spawn("consumer", &format!("{}:crate", region.name()));
+        let helper = common::spawn(
+            "consumer",
+            &format!("{}:{}:{consumer_device}", region.name(), mode.name()),
+        );
         common::wait_for("consumer", Duration::from_secs(60), || {
             shared.consumer_ready.load(Ordering::Acquire) == 1
         });
-        let theirs = IpcEvent::open(ctx, &shared.consumer_event.load()).unwrap();
-        (typed, raw, ptr) = (Some((mine, theirs)), None, own.as_raw_ptr());
-        return Producer {
-            shared,
+        ctx.make_current().unwrap();
+        let sync = match mode {
+            Mode::EventCrate => {
+                let mine = typed_mine.unwrap();
+                let theirs = IpcEvent::open(ctx, &shared.consumer_event.load()).unwrap();
+                Sync::Events {
+                    mine: std::ptr::null_mut(),
+                    theirs: std::ptr::null_mut(),
+                    typed: Some((mine, theirs)),
+                }
+            }
+            Mode::EventRaw => Sync::Events {
+                mine: raw_mine.unwrap(),
+                theirs: raw_open_event(shared.raw_consumer_event.load()),
+                typed: None,
+            },
+            Mode::SignalCrate => Sync::SignalCrate {
+                ready: Box::new(crate_ready.unwrap()),
+                ack: Box::new(IpcSignal::open(ctx, &shared.ack_signal.load()).unwrap()),
+            },
+            Mode::SignalRaw => Sync::SignalRaw {
+                ready: raw_ready,
+                ack: raw_open_mem(shared.raw_ack.load()),
+            },
+        };
+        Producer {
+            region,
             stream,
             kernel: module.get_function("simple_kernel").unwrap(),
             ptr,
-            typed,
-            raw,
-            k: std::cell::Cell::new(0),
+            sync,
+            done: raw_event(sys::CU_EVENT_DISABLE_TIMING),
+            k: Cell::new(0),
             _helper: helper,
-        };
+        }
     }
-    let (mine, h) = raw_event();
-    let mut mh = sys::CUipcHandle { reserved: [0; 64] };
-    // SAFETY: a raw allocation of this process on the current context.
-    unsafe {
-        ok(
-            "cuIpcGetMemHandle",
-            sys::cuIpcGetMemHandle(&mut mh, raw_ptr),
-        )
-    };
-    shared.raw_mem.store(mh.reserved);
-    shared.raw_producer_event.store(h);
-    let helper = common::spawn("consumer", &format!("{}:raw", region.name()));
-    common::wait_for("consumer", Duration::from_secs(60), || {
-        shared.consumer_ready.load(Ordering::Acquire) == 1
-    });
-    let theirs = raw_open_event(shared.raw_consumer_event.load());
-    Producer {
-        shared,
-        stream,
-        kernel: module.get_function("simple_kernel").unwrap(),
-        ptr: raw_ptr,
-        typed: None,
-        raw: Some((mine, theirs)),
-        k: std::cell::Cell::new(0),
-        _helper: helper,
+
+    fn round_trip(&self) {
+        let k = self.k.get() + 1;
+        self.k.set(k);
+        let shared: &Shared = &self.region;
+        let s = &self.stream;
+        let sr: sys::CUstream = s.as_inner().cast();
+        let kern = &self.kernel;
+        let launch = || {
+            // SAFETY: simple_kernel writes LEN bytes of the producer's live buffer.
+            unsafe { launch!(kern<<<8, 128, 0, s>>>(self.ptr, LEN as i32, k as u32)) }.unwrap();
+        };
+        match &self.sync {
+            Sync::Events {
+                typed: Some((mine, theirs)),
+                ..
+            } => {
+                if k > 1 {
+                    theirs.wait_on(s).unwrap();
+                }
+                launch();
+                mine.record(s).unwrap();
+                shared.seq.store(k, Ordering::Release);
+                spin(|| shared.ack.load(Ordering::Acquire) == k);
+            }
+            Sync::Events { mine, theirs, .. } => {
+                if k > 1 {
+                    // SAFETY: live event and stream.
+                    unsafe { ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(sr, *theirs, 0)) };
+                }
+                launch();
+                // SAFETY: live event and stream.
+                unsafe { ok("cuEventRecord", sys::cuEventRecord(*mine, sr)) };
+                shared.seq.store(k, Ordering::Release);
+                spin(|| shared.ack.load(Ordering::Acquire) == k);
+            }
+            Sync::SignalCrate { ready, ack } => {
+                launch();
+                ready.signal(s, k).unwrap();
+                shared.seq.store(k, Ordering::Release);
+                ack.wait(s, k).unwrap();
+                self.await_stream(sr);
+            }
+            Sync::SignalRaw { ready, ack } => {
+                launch();
+                raw_write(sr, *ready, k);
+                shared.seq.store(k, Ordering::Release);
+                raw_wait(sr, *ack, k);
+                self.await_stream(sr);
+            }
+        }
+    }
+
+    /// Record the local event and spin until the stream has passed it.
+    fn await_stream(&self, s: sys::CUstream) {
+        // SAFETY: a live local event and stream.
+        unsafe { ok("cuEventRecord", sys::cuEventRecord(self.done, s)) };
+        let t = Instant::now();
+        loop {
+            // SAFETY: a live event.
+            match unsafe { sys::cuEventQuery(self.done) } {
+                0 => return,
+                sys::CUDA_ERROR_NOT_READY => {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(60),
+                        "hand-off partner stopped"
+                    );
+                    std::hint::spin_loop();
+                }
+                rc => ok("cuEventQuery", rc),
+            }
+        }
+    }
+
+    fn stop(self) {
+        self.region
+            .stop_at
+            .store(self.k.get() + 1, Ordering::Release);
+        self.round_trip();
+        self.stream.synchronize().unwrap();
+        // SAFETY: the stream is idle, so nothing uses these any more; each is released once.
+        unsafe {
+            ok("cuEventDestroy", sys::cuEventDestroy_v2(self.done));
+            match self.sync {
+                Sync::Events {
+                    mine,
+                    theirs,
+                    typed: None,
+                } => {
+                    ok("cuEventDestroy", sys::cuEventDestroy_v2(mine));
+                    ok("cuEventDestroy", sys::cuEventDestroy_v2(theirs));
+                }
+                Sync::SignalRaw { ready, ack } => {
+                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ack));
+                    ok("cuMemFree", sys::cuMemFree_v2(ready));
+                }
+                Sync::Events { .. } | Sync::SignalCrate { .. } => {}
+            }
+        }
     }
 }
 
@@ -281,37 +533,65 @@ fn main() {
     let module = Module::from_ptx(KERNELS, &[]).unwrap();
     let own = IpcBuffer::<u8>::zeroed(&ctx, LEN).unwrap();
     let mut raw_ptr = 0;
-    // SAFETY: a raw allocation for the raw protocol, freed at the end.
+    // SAFETY: a raw allocation for the raw protocols, freed at the end.
     unsafe { ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw_ptr, LEN)) };
-
-    let region = || {
-        ShmOptions::new("cuda-ipc-bench-handoff")
-            .random_suffix(true)
-            .create::<Shared>()
-            .unwrap()
+    let consumers: Vec<u32> = if cuda_ipc::device_count().unwrap() >= 2 {
+        vec![0, 1]
+    } else {
+        vec![0]
     };
-    let (r1, r2) = (region(), region());
-    let ours = producer(&ctx, &module, &r1, "crate", &own, raw_ptr);
-    let base = producer(&ctx, &module, &r2, "raw", &own, raw_ptr);
+
     let mut c = Criterion::default().configure_from_args();
-    {
-        let mut g = c.benchmark_group("handoff_round_trip");
-        g.measurement_time(Duration::from_secs(3))
-            .warm_up_time(Duration::from_millis(500));
-        g.bench_function("cuda_ipc", |b| b.iter(|| ours.round_trip()));
-        g.bench_function("raw", |b| b.iter(|| base.round_trip()));
-        g.finish();
+    for &device in &consumers {
+        let label = if device == 0 { "1gpu" } else { "2gpu" };
+        let producers: Vec<Producer> = Mode::ALL
+            .iter()
+            .map(|&m| Producer::new(&ctx, &module, m, device, &own, raw_ptr))
+            .collect();
+        {
+            let mut g = c.benchmark_group(format!("handoff_round_trip_{label}"));
+            g.measurement_time(Duration::from_secs(3))
+                .warm_up_time(Duration::from_millis(500));
+            for (mode, p) in Mode::ALL.iter().zip(&producers) {
+                g.bench_function(mode.name(), |b| b.iter(|| p.round_trip()));
+            }
+            g.finish();
+        }
+        if common::is_bench_run() {
+            let [event_raw, event_crate, signal_raw, signal_crate] = &producers[..] else {
+                unreachable!()
+            };
+            common::header(&format!(
+                "hand-off round trip, consumer on device {device} ({label}), alternating batches"
+            ));
+            let (a, b) = common::sample_pair(
+                31,
+                200,
+                || event_crate.round_trip(),
+                || event_raw.round_trip(),
+            );
+            common::row("IpcEvent vs raw events", &a, &b);
+            let (a, b) = common::sample_pair(
+                31,
+                2000,
+                || signal_crate.round_trip(),
+                || signal_raw.round_trip(),
+            );
+            common::row("IpcSignal vs raw memops", &a, &b);
+            let (a, b) = common::sample_pair(
+                31,
+                200,
+                || signal_crate.round_trip(),
+                || event_raw.round_trip(),
+            );
+            common::row("IpcSignal vs raw events", &a, &b);
+        }
+        for p in producers {
+            p.stop();
+        }
     }
     c.final_summary();
-    if common::is_bench_run() {
-        common::header("hand-off round trip, 31 alternating batches of 500");
-        let (a, b) = common::sample_pair(31, 500, || ours.round_trip(), || base.round_trip());
-        common::row("round trip", &a, &b);
-    }
-    ours.stop();
-    base.stop();
-    drop(ours);
-    drop(base);
-    // SAFETY: allocated above; the consumer that mapped it has exited.
+    ctx.make_current().unwrap();
+    // SAFETY: allocated above; the consumers that mapped it have exited.
     unsafe { ok("cuMemFree", sys::cuMemFree_v2(raw_ptr)) };
 }
