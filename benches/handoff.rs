@@ -13,6 +13,9 @@
 //! enqueues "wait until `ack ≥ k`" and a local event, and spins on that event; the consumer,
 //! seeing `k` published, enqueues "wait until `ready ≥ k`", a 64-byte device copy out of the
 //! buffer, and `ack = k`, and never synchronises. Both GPUs' streams hand off by themselves.
+//! Each counter lives on the device of the process that waits on it (`ready` on the
+//! consumer's, `ack` on the producer's); `signal_cuda_ipc_writer_owned` puts each on its
+//! writer's device instead, so that across two GPUs every wait polls the other GPU's memory.
 //!
 //! The producer runs on device 0; the consumer on device 0, and on device 1 too when there are
 //! two GPUs (peer access over NVLink). Run: `cargo bench --bench handoff`.
@@ -43,16 +46,20 @@ const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 enum Mode {
     EventRaw,
     EventCrate,
+    /// Each counter on its waiter's device (the placement the docs recommend).
     SignalRaw,
     SignalCrate,
+    /// Each counter on its writer's device: across GPUs, waits poll remote memory.
+    SignalCrateWriterOwned,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [
+    const ALL: [Mode; 5] = [
         Mode::EventRaw,
         Mode::EventCrate,
         Mode::SignalRaw,
         Mode::SignalCrate,
+        Mode::SignalCrateWriterOwned,
     ];
 
     fn name(self) -> &'static str {
@@ -61,6 +68,7 @@ impl Mode {
             Mode::EventCrate => "event_cuda_ipc",
             Mode::SignalRaw => "signal_raw_memops",
             Mode::SignalCrate => "signal_cuda_ipc",
+            Mode::SignalCrateWriterOwned => "signal_cuda_ipc_writer_owned",
         }
     }
 
@@ -69,7 +77,10 @@ impl Mode {
     }
 
     fn is_crate(self) -> bool {
-        matches!(self, Mode::EventCrate | Mode::SignalCrate)
+        matches!(
+            self,
+            Mode::EventCrate | Mode::SignalCrate | Mode::SignalCrateWriterOwned
+        )
     }
 }
 
@@ -244,11 +255,20 @@ fn consumer(arg: &str) {
                 }
             }
         }
-        Mode::SignalCrate => {
+        Mode::SignalCrate | Mode::SignalCrateWriterOwned => {
             let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
-            let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
-            let ack = IpcSignal::new(&ctx).unwrap();
-            shared.ack_signal.store(ack.handle().unwrap());
+            let (ready, ack) = if mode == Mode::SignalCrate {
+                let ready = IpcSignal::new(&ctx).unwrap();
+                shared.ready.store(ready.handle().unwrap());
+                (
+                    ready,
+                    IpcSignal::open(&ctx, &shared.ack_signal.load()).unwrap(),
+                )
+            } else {
+                let ack = IpcSignal::new(&ctx).unwrap();
+                shared.ack_signal.store(ack.handle().unwrap());
+                (IpcSignal::open(&ctx, &shared.ready.load()).unwrap(), ack)
+            };
             shared.consumer_ready.store(1, Ordering::Release);
             loop {
                 k += 1;
@@ -266,9 +286,9 @@ fn consumer(arg: &str) {
         }
         Mode::SignalRaw => {
             let ptr = raw_open_mem(shared.raw_mem.load());
-            let ready = raw_open_mem(shared.raw_ready.load());
-            let (ack, h) = raw_counter();
-            shared.raw_ack.store(h);
+            let ack = raw_open_mem(shared.raw_ack.load());
+            let (ready, h) = raw_counter();
+            shared.raw_ready.store(h);
             shared.consumer_ready.store(1, Ordering::Release);
             loop {
                 k += 1;
@@ -352,8 +372,8 @@ impl<'m> Producer<'m> {
         // Export what the consumer opens, start it, open what it exports.
         let mut typed_mine = None;
         let mut raw_mine = None;
-        let mut crate_ready = None;
-        let mut raw_ready = 0;
+        let mut crate_signal = None;
+        let mut raw_ack = 0;
         match mode {
             Mode::EventCrate => {
                 let mine = IpcEvent::new(ctx).unwrap();
@@ -366,14 +386,19 @@ impl<'m> Producer<'m> {
                 raw_mine = Some(mine);
             }
             Mode::SignalCrate => {
+                let ack = IpcSignal::new(ctx).unwrap();
+                shared.ack_signal.store(ack.handle().unwrap());
+                crate_signal = Some(ack);
+            }
+            Mode::SignalCrateWriterOwned => {
                 let ready = IpcSignal::new(ctx).unwrap();
                 shared.ready.store(ready.handle().unwrap());
-                crate_ready = Some(ready);
+                crate_signal = Some(ready);
             }
             Mode::SignalRaw => {
-                let (ready, h) = raw_counter();
-                shared.raw_ready.store(h);
-                raw_ready = ready;
+                let (ack, h) = raw_counter();
+                shared.raw_ack.store(h);
+                raw_ack = ack;
             }
         }
         let helper = common::spawn(
@@ -400,12 +425,16 @@ impl<'m> Producer<'m> {
                 typed: None,
             },
             Mode::SignalCrate => Sync::SignalCrate {
-                ready: Box::new(crate_ready.unwrap()),
+                ready: Box::new(IpcSignal::open(ctx, &shared.ready.load()).unwrap()),
+                ack: Box::new(crate_signal.unwrap()),
+            },
+            Mode::SignalCrateWriterOwned => Sync::SignalCrate {
+                ready: Box::new(crate_signal.unwrap()),
                 ack: Box::new(IpcSignal::open(ctx, &shared.ack_signal.load()).unwrap()),
             },
             Mode::SignalRaw => Sync::SignalRaw {
-                ready: raw_ready,
-                ack: raw_open_mem(shared.raw_ack.load()),
+                ready: raw_open_mem(shared.raw_ready.load()),
+                ack: raw_ack,
             },
         };
         Producer {
@@ -512,8 +541,8 @@ impl<'m> Producer<'m> {
                     ok("cuEventDestroy", sys::cuEventDestroy_v2(theirs));
                 }
                 Sync::SignalRaw { ready, ack } => {
-                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ack));
-                    ok("cuMemFree", sys::cuMemFree_v2(ready));
+                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ready));
+                    ok("cuMemFree", sys::cuMemFree_v2(ack));
                 }
                 Sync::Events { .. } | Sync::SignalCrate { .. } => {}
             }
@@ -558,7 +587,14 @@ fn main() {
             g.finish();
         }
         if common::is_bench_run() {
-            let [event_raw, event_crate, signal_raw, signal_crate] = &producers[..] else {
+            let [
+                event_raw,
+                event_crate,
+                signal_raw,
+                signal_crate,
+                writer_owned,
+            ] = &producers[..]
+            else {
                 unreachable!()
             };
             common::header(&format!(
@@ -585,6 +621,13 @@ fn main() {
                 || event_raw.round_trip(),
             );
             common::row("IpcSignal vs raw events", &a, &b);
+            let (a, b) = common::sample_pair(
+                31,
+                2000,
+                || writer_owned.round_trip(),
+                || signal_crate.round_trip(),
+            );
+            common::row("writer- vs waiter-owned", &a, &b);
         }
         for p in producers {
             p.stop();

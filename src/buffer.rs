@@ -174,15 +174,44 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         })
     }
 
-    /// [`new`](Self::new), then fill with zero bytes.
+    /// [`new`](Self::new), then fill with zero bytes; the zeroes are on the device when it
+    /// returns, so a handle exported next never shows another process the allocation's old
+    /// contents. The fill runs on a stream of its own that does not synchronise with other
+    /// streams (the memory is new: nothing else can be using it), so it does not wait behind
+    /// the caller's blocked streams either.
     ///
     /// # Errors
     ///
-    /// As [`new`](Self::new), and [`Error::Cuda`] naming `cuMemsetD8`.
+    /// As [`new`](Self::new), and [`Error::Cuda`] naming `cuStreamCreate`, `cuMemsetD8Async`
+    /// or `cuStreamSynchronize`.
     pub fn zeroed(ctx: &GpuContext, len: usize) -> Result<Self> {
         let buf = Self::new(ctx, len)?;
-        buf.memset_bytes(0)?;
+        buf.fill_fresh(0)?;
         Ok(buf)
+    }
+
+    /// Set every byte of a buffer nothing else uses yet, on a private non-blocking stream, and
+    /// wait until it is done.
+    fn fill_fresh(&self, value: u8) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle in the pushed context.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
+        })?;
+        // SAFETY: the device range is this buffer's `byte_len` bytes; the stream is live.
+        let mut rc = check("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream)
+        });
+        if rc.is_ok() {
+            // SAFETY: a live stream.
+            rc = check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(stream)
+            });
+        }
+        // SAFETY: created above and destroyed once; its work is done (or never started).
+        let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+        rc
     }
 
     /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
@@ -415,18 +444,24 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         }
     }
 
-    /// Copy `src` (exactly [`len`](Self::len) elements) to the device (`cuMemcpyHtoD`).
+    /// Copy `src` (exactly [`len`](Self::len) elements) to the device (`cuMemcpyHtoD` on the
+    /// legacy default stream, so after earlier work of this process's blocking streams), and
+    /// wait until the data is on the device (`cuStreamSynchronize` of the legacy stream):
+    /// `cuMemcpyHtoD` alone may return while its DMA is still in flight, before another
+    /// process could see the data.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyHtoD`.
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyHtoD`
+    /// or `cuStreamSynchronize`.
     pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
         self.check_len("IpcBuffer::copy_from_host", src.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: `src` is valid for `byte_len` bytes, the device range is this buffer's.
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast(), self.byte_len())
-        })
+        })?;
+        sync_legacy_stream()
     }
 
     /// Copy the device contents into `dst` (exactly [`len`](Self::len) elements)
@@ -511,17 +546,21 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         })
     }
 
-    /// Set every byte to `value` (`cuMemsetD8`).
+    /// Set every byte to `value` (`cuMemsetD8` on the legacy default stream, so after earlier
+    /// work of this process's blocking streams), and wait until it is done
+    /// (`cuStreamSynchronize` of the legacy stream): `cuMemsetD8` alone returns before the
+    /// device has written, and another process could read the old bytes.
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming `cuMemsetD8`.
+    /// [`Error::Cuda`] naming `cuMemsetD8` or `cuStreamSynchronize`.
     pub fn memset_bytes(&self, value: u8) -> Result<()> {
         let _g = self.ctx.enter()?;
         // SAFETY: the device range is this buffer's `byte_len` bytes.
         check("cuMemsetD8", unsafe {
             sys::cuMemsetD8_v2(self.ptr, value, self.byte_len())
-        })
+        })?;
+        sync_legacy_stream()
     }
 
     /// Enqueue setting every byte to `value` on `stream` (`cuMemsetD8Async`).
@@ -568,6 +607,15 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         // and no importer maps it any more (no live leases, new ones refused: closing).
         check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) })
     }
+}
+
+/// Wait for the current context's legacy default stream (`cuStreamSynchronize(NULL)`).
+fn sync_legacy_stream() -> Result<()> {
+    // SAFETY: the null stream is the current context's legacy default stream, always valid
+    // while a context is current (the callers hold a pushed context).
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
+    })
 }
 
 /// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be

@@ -67,10 +67,11 @@ const LOST_PEER: u64 = 2 << 32;
 ///
 /// cust's `Stream::new` drops `StreamFlags::NON_BLOCKING`, so cust streams synchronise with
 /// the legacy default stream. While such a stream is parked in [`wait`](Self::wait), every
-/// synchronous call of this process that uses the legacy stream (the memset in
-/// [`IpcBuffer::zeroed`] and [`IpcSignal::new`], [`IpcBuffer::copy_to_host`], ...) blocks until the wait is satisfied. Create buffers and signals before parking streams; the
-/// signal's own host calls ([`value`](Self::value), [`wait_host`](Self::wait_host),
-/// [`signal_host`](Self::signal_host)) use a non-blocking stream and are not affected.
+/// synchronous call of this process that uses the legacy stream ([`IpcBuffer::copy_to_host`],
+/// [`IpcBuffer::copy_from_host`], [`IpcBuffer::memset_bytes`], ...) blocks until the wait is
+/// satisfied. [`IpcSignal::new`] and [`IpcBuffer::zeroed`] use private non-blocking streams
+/// and are not affected, nor are the signal's own host calls ([`value`](Self::value),
+/// [`wait_host`](Self::wait_host), [`signal_host`](Self::signal_host)).
 ///
 /// Requires 64-bit stream memory operations on the device
 /// ([`can_use_stream_mem_ops`](crate::can_use_stream_mem_ops)) and a driver that has the CUDA
@@ -252,13 +253,18 @@ impl IpcSignal {
     /// # Errors
     ///
     /// [`Error::Unsupported`] when the device cannot use 64-bit stream memory operations;
-    /// [`Error::Cuda`] naming `cuMemAlloc`, `cuMemsetD8`, `cuStreamCreate` or `cuMemAllocHost`;
+    /// [`Error::Cuda`] naming `cuMemAlloc`, `cuStreamCreate`, `cuMemAllocHost`,
+    /// `cuMemcpyHtoDAsync` or `cuStreamSynchronize`;
     /// a shared-memory error creating the lease table.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn new(ctx: &GpuContext) -> Result<Self> {
         require_stream_mem_ops(ctx)?;
-        let counter = IpcBuffer::<u64>::zeroed(ctx, 1)?;
-        Self::with_counter(counter)
+        let signal = Self::with_counter(IpcBuffer::<u64>::new(ctx, 1)?)?;
+        // Zero through the signal's own stream: on the device when `new` returns (a peer that
+        // opens the handle next must never see the allocation's old contents), and not
+        // queued behind the caller's blocked streams.
+        signal.host.lock().write(signal.counter.as_raw_ptr(), 0)?;
+        Ok(signal)
     }
 
     fn with_counter(counter: IpcBuffer<u64>) -> Result<Self> {

@@ -64,6 +64,37 @@ fn copy_word(dst: u64, src: u64, stream: &Stream) {
     ok("cuMemcpyDtoDAsync", rc);
 }
 
+/// The GPU tests of this binary run one at a time: a test's legacy-stream calls would wait for
+/// another test's parked streams (same process, same context) and blur what each measures.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Copy `buf` to `host` on a fresh non-blocking stream: ordered after nothing else.
+fn read_unordered(buf: &IpcBuffer<u8>, host: &mut [u8]) {
+    assert_eq!(host.len(), buf.len());
+    let _ctx = buf.context().make_current();
+    let mut s = std::ptr::null_mut();
+    // SAFETY: a new stream; `host` is valid for its length and outlives the synchronize; the
+    // device range is the buffer's.
+    unsafe {
+        ok(
+            "cuStreamCreate",
+            sys::cuStreamCreate(&mut s, sys::CU_STREAM_NON_BLOCKING),
+        );
+        ok(
+            "cuMemcpyDtoHAsync",
+            sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.as_raw_ptr(), host.len(), s),
+        );
+        ok("cuStreamSynchronize", sys::cuStreamSynchronize(s));
+        ok("cuStreamDestroy", sys::cuStreamDestroy_v2(s));
+    }
+}
+
 fn arg_device(args: &[String]) -> u32 {
     args[1].parse().unwrap()
 }
@@ -117,14 +148,16 @@ fn child_process() {
                 values
                     .copy_from_host(&(0..=HANDOFFS).collect::<Vec<u32>>())
                     .unwrap();
-                let ready = IpcSignal::new(&ctx).unwrap();
+                // Each signal lives on its waiter's device: waits poll local memory, and the
+                // writer's update crosses the link as one posted write.
+                let ack = IpcSignal::new(&ctx).unwrap();
                 shared.words.store(word.handle().unwrap());
-                shared.ready.store(ready.handle().unwrap());
+                shared.ack.store(ack.handle().unwrap());
                 shared.producer_up.store(1, Ordering::Release);
                 wait_for("consumer", Duration::from_secs(30), || {
                     shared.consumer_up.load(Ordering::Acquire) == 1
                 });
-                let ack = IpcSignal::open(&ctx, &shared.ack.load()).unwrap();
+                let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
                 let start = Instant::now();
                 for i in 1..=u64::from(HANDOFFS) {
                     ack.wait(&stream, i - 1).unwrap();
@@ -201,8 +234,9 @@ fn slow_producer_is_never_overtaken(producer_device: u32, consumer_device: u32) 
             shared.seq.load(Ordering::Acquire) == round
         });
         // Control: the 300 ms kernel has not finished, so an unordered read sees old bytes and
-        // the counter is still below the round.
-        data.copy_to_host(&mut host).unwrap();
+        // the counter is still below the round. (Through a non-blocking stream: a legacy-stream
+        // copy would wait for this process's other blocking streams.)
+        read_unordered(&data, &mut host);
         assert!(
             host.iter().any(|&b| u64::from(b) != round),
             "round {round}: the control read already saw the new bytes: the test cannot tell order"
@@ -235,12 +269,14 @@ fn slow_producer_is_never_overtaken(producer_device: u32, consumer_device: u32) 
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_signal_orders_a_slow_kernel_before_the_consumers_copy() {
+    let _serial = serial();
     slow_producer_is_never_overtaken(0, 0);
 }
 
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_signal_orders_a_slow_kernel_across_two_gpus() {
+    let _serial = serial();
     let n = gpu_count();
     if n < 2 {
         eprintln!(
@@ -267,12 +303,12 @@ fn handoffs_without_lost_or_early_wakeups(producer_device: u32, consumer_device:
         shared.producer_up.load(Ordering::Acquire) == 1
     });
     let word = IpcBuffer::open(&ctx, &shared.words.load()).unwrap();
-    let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
-    let ack = IpcSignal::new(&ctx).unwrap();
+    let ack = IpcSignal::open(&ctx, &shared.ack.load()).unwrap();
+    let ready = IpcSignal::new(&ctx).unwrap();
     let log = IpcBuffer::<u32>::zeroed(&ctx, HANDOFFS as usize + 1).unwrap();
     ctx.make_current().unwrap();
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-    shared.ack.store(ack.handle().unwrap());
+    shared.ready.store(ready.handle().unwrap());
     shared.consumer_up.store(1, Ordering::Release);
     let start = Instant::now();
     for i in 1..=u64::from(HANDOFFS) {
@@ -311,12 +347,14 @@ fn handoffs_without_lost_or_early_wakeups(producer_device: u32, consumer_device:
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_hundred_thousand_handoffs_on_one_gpu() {
+    let _serial = serial();
     handoffs_without_lost_or_early_wakeups(0, 0);
 }
 
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_hundred_thousand_handoffs_across_two_gpus() {
+    let _serial = serial();
     let n = gpu_count();
     if n < 2 {
         eprintln!("SKIPPED a_hundred_thousand_handoffs_across_two_gpus: {n} GPU visible, needs 2");
@@ -328,6 +366,7 @@ fn a_hundred_thousand_handoffs_across_two_gpus() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
+    let _serial = serial();
     let _dog = watchdog("dead exporter", Duration::from_secs(120));
     let ctx = gpu();
     let shared = region();
@@ -337,6 +376,8 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
     });
     let sig = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
     assert_eq!(sig.exporter().map(|e| e.pid()), Some(child.pid()));
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     // Alive and silent: a plain timeout.
     assert!(matches!(
         sig.wait_host(1, Duration::from_millis(100)),
@@ -352,12 +393,13 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
     }
     eprintln!("signal: dead exporter noticed after {:?}", t.elapsed());
     // Remembered: a GPU-side wait that could never end is refused too.
-    ctx.make_current().unwrap();
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     assert!(matches!(
         sig.wait(&stream, 1),
         Err(Error::ExporterGone { .. })
     ));
+    // Once our mapping is gone, opening again is refused before the driver is asked (while
+    // it is open, a second open is a view of the same mapping).
+    drop(sig);
     assert!(matches!(
         IpcSignal::open(&ctx, &shared.ready.load()),
         Err(Error::ExporterGone { .. })
@@ -367,6 +409,7 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_host_wait_notices_a_dead_importer_before_its_deadline() {
+    let _serial = serial();
     let _dog = watchdog("dead importer", Duration::from_secs(120));
     let ctx = gpu();
     let shared = region();
@@ -400,6 +443,7 @@ fn a_host_wait_notices_a_dead_importer_before_its_deadline() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn wrong_and_stale_signal_handles_are_refused_before_cuda() {
+    let _serial = serial();
     let _dog = watchdog("bad handles", Duration::from_secs(120));
     let ctx = gpu();
     let shared = region();
@@ -456,6 +500,7 @@ fn wrong_and_stale_signal_handles_are_refused_before_cuda() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
+    let _serial = serial();
     let _dog = watchdog("basics", Duration::from_secs(60));
     let ctx = gpu();
     assert!(cuda_ipc::can_use_stream_mem_ops(0).unwrap());
