@@ -85,6 +85,16 @@ pub fn sample(batches: usize, per_batch: u32, mut f: impl FnMut()) -> Vec<f64> {
     v
 }
 
+/// Calls per batch so that a batch of `f` takes about `target` (20 to 20,000).
+pub fn batch_size(target: Duration, mut f: impl FnMut()) -> u32 {
+    let t = Instant::now();
+    for _ in 0..20 {
+        f();
+    }
+    let per_call = t.elapsed().as_secs_f64() / 20.0;
+    (target.as_secs_f64() / per_call.max(1e-9)).clamp(20.0, 20_000.0) as u32
+}
+
 /// Like [`sample`] for two variants, alternating their batches (A, B, A, B, ...) so that drift
 /// in the machine or the driver lands on both alike.
 pub fn sample_pair(
