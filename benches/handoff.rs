@@ -17,8 +17,11 @@
 //! consumer's, `ack` on the producer's); `signal_cuda_ipc_writer_owned` puts each on its
 //! writer's device instead, so that across two GPUs every wait polls the other GPU's memory.
 //!
-//! The producer runs on device 0; the consumer on device 0, and on device 1 too when there are
-//! two GPUs (peer access over NVLink). Run: `cargo bench --bench handoff`.
+//! Each protocol runs twice: `round_trip_*` with the kernel and the copy, `ping_pong_*` with
+//! neither (the hand-off alone). The producer runs on device 0; the consumer on device 0, and
+//! on device 1 too when there are two GPUs (peer access over NVLink). Two processes on one GPU
+//! are time-sliced by the GPU (no MPS), which bounds every cross-process hand-off there.
+//! Run: `cargo bench --bench handoff`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
 
@@ -198,6 +201,8 @@ fn consumer(arg: &str) {
         Mode::parse(parts.next().unwrap()),
         parts.next().unwrap().parse::<u32>().unwrap(),
     );
+    // "bare": hand the buffer back and forth without touching it (the signalling alone).
+    let work = parts.next() == Some("work");
     let shared = ShmOptions::new(region).open::<Shared>().unwrap();
     let ctx = GpuContext::new(device).unwrap();
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
@@ -219,11 +224,13 @@ fn consumer(arg: &str) {
                 k += 1;
                 spin(|| shared.seq.load(Ordering::Acquire) >= k);
                 theirs.wait_on(&stream).unwrap();
-                // SAFETY: `host` outlives the synchronize below.
-                let rc = unsafe {
-                    sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.as_raw_ptr(), 64, s)
-                };
-                ok("cuMemcpyDtoHAsync", rc);
+                if work {
+                    // SAFETY: `host` outlives the synchronize below.
+                    let rc = unsafe {
+                        sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.as_raw_ptr(), 64, s)
+                    };
+                    ok("cuMemcpyDtoHAsync", rc);
+                }
                 mine.record(&stream).unwrap();
                 stream.synchronize().unwrap();
                 shared.ack.store(k, Ordering::Release);
@@ -244,10 +251,12 @@ fn consumer(arg: &str) {
                 // SAFETY: live events, stream and mapping; `host` outlives the synchronize.
                 unsafe {
                     ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s, theirs, 0));
-                    ok(
-                        "cuMemcpyDtoHAsync",
-                        sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, 64, s),
-                    );
+                    if work {
+                        ok(
+                            "cuMemcpyDtoHAsync",
+                            sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, 64, s),
+                        );
+                    }
                     ok("cuEventRecord", sys::cuEventRecord(mine, s));
                     ok("cuStreamSynchronize", sys::cuStreamSynchronize(s));
                 }
@@ -276,9 +285,11 @@ fn consumer(arg: &str) {
                 k += 1;
                 spin(|| shared.seq.load(Ordering::Acquire) >= k);
                 ready.wait(&stream, k).unwrap();
-                // SAFETY: both device ranges are live for the bench; the stream orders the copy.
-                let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, buf.as_raw_ptr(), 64, s) };
-                ok("cuMemcpyDtoDAsync", rc);
+                if work {
+                    // SAFETY: both device ranges are live; the stream orders the copy.
+                    let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, buf.as_raw_ptr(), 64, s) };
+                    ok("cuMemcpyDtoDAsync", rc);
+                }
                 ack.signal(&stream, k).unwrap();
                 if done(k) {
                     stream.synchronize().unwrap();
@@ -296,9 +307,11 @@ fn consumer(arg: &str) {
                 k += 1;
                 spin(|| shared.seq.load(Ordering::Acquire) >= k);
                 raw_wait(s, ready, k);
-                // SAFETY: as above.
-                let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, ptr, 64, s) };
-                ok("cuMemcpyDtoDAsync", rc);
+                if work {
+                    // SAFETY: as above.
+                    let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, ptr, 64, s) };
+                    ok("cuMemcpyDtoDAsync", rc);
+                }
                 raw_write(s, ack, k);
                 if done(k) {
                     stream.synchronize().unwrap();
@@ -334,6 +347,8 @@ struct Producer<'m> {
     kernel: Function<'m>,
     ptr: u64,
     sync: Sync,
+    /// Whether a round trip writes the buffer (kernel) and reads it (copy), or only hands off.
+    work: bool,
     /// Local (non-IPC) event the signal protocol's host spins on.
     done: sys::CUevent,
     k: Cell<u64>,
@@ -346,6 +361,7 @@ impl<'m> Producer<'m> {
         module: &'m Module,
         mode: Mode,
         consumer_device: u32,
+        work: bool,
         own: &IpcBuffer<u8>,
         raw_ptr: u64,
     ) -> Self {
@@ -405,7 +421,12 @@ impl<'m> Producer<'m> {
         }
         let helper = common::spawn(
             "consumer",
-            &format!("{}:{}:{consumer_device}", region.name(), mode.name()),
+            &format!(
+                "{}:{}:{consumer_device}:{}",
+                region.name(),
+                mode.name(),
+                if work { "work" } else { "bare" }
+            ),
         );
         common::wait_for("consumer", Duration::from_secs(60), || {
             shared.consumer_ready.load(Ordering::Acquire) == 1
@@ -445,6 +466,7 @@ impl<'m> Producer<'m> {
             kernel: module.get_function("simple_kernel").unwrap(),
             ptr,
             sync,
+            work,
             done: raw_event(sys::CU_EVENT_DISABLE_TIMING),
             k: Cell::new(0),
             _helper: helper,
@@ -459,8 +481,10 @@ impl<'m> Producer<'m> {
         let sr: sys::CUstream = s.as_inner().cast();
         let kern = &self.kernel;
         let launch = || {
-            // SAFETY: simple_kernel writes LEN bytes of the producer's live buffer.
-            unsafe { launch!(kern<<<8, 128, 0, s>>>(self.ptr, LEN as i32, k as u32)) }.unwrap();
+            if self.work {
+                // SAFETY: simple_kernel writes LEN bytes of the producer's live buffer.
+                unsafe { launch!(kern<<<8, 128, 0, s>>>(self.ptr, LEN as i32, k as u32)) }.unwrap();
+            }
         };
         match &self.sync {
             Sync::Events {
@@ -573,14 +597,19 @@ fn main() {
     };
 
     let mut c = Criterion::default().configure_from_args();
-    for &device in &consumers {
-        let label = if device == 0 { "1gpu" } else { "2gpu" };
+    for (&device, work) in consumers.iter().flat_map(|d| [(d, true), (d, false)]) {
+        let label = match (device, work) {
+            (0, true) => "round_trip_1gpu",
+            (0, false) => "ping_pong_1gpu",
+            (_, true) => "round_trip_2gpu",
+            (_, false) => "ping_pong_2gpu",
+        };
         let producers: Vec<Producer> = Mode::ALL
             .iter()
-            .map(|&m| Producer::new(&ctx, &module, m, device, &own, raw_ptr))
+            .map(|&m| Producer::new(&ctx, &module, m, device, work, &own, raw_ptr))
             .collect();
         {
-            let mut g = c.benchmark_group(format!("handoff_round_trip_{label}"));
+            let mut g = c.benchmark_group(format!("handoff_{label}"));
             g.measurement_time(Duration::from_secs(3))
                 .warm_up_time(Duration::from_millis(500));
             for (mode, p) in Mode::ALL.iter().zip(&producers) {
@@ -600,7 +629,12 @@ fn main() {
                 unreachable!()
             };
             common::header(&format!(
-                "hand-off round trip, consumer on device {device} ({label}), alternating batches"
+                "hand-off {label}: consumer on device {device}{}, alternating batches",
+                if work {
+                    ", kernel writes 1 MiB, consumer copies 64 B"
+                } else {
+                    ", signalling only"
+                }
             ));
             let pairs: [(&str, &Producer, &Producer); 4] = [
                 ("IpcEvent vs raw events", event_crate, event_raw),
