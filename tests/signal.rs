@@ -148,8 +148,8 @@ fn child_process() {
                 values
                     .copy_from_host(&(0..=HANDOFFS).collect::<Vec<u32>>())
                     .unwrap();
-                // Each signal lives on its waiter's device: waits poll local memory, and the
-                // writer's update crosses the link as one posted write.
+                // Each signal lives on its waiter's device (the slow-producer test covers the
+                // other placement, where the consumer waits on the producer's counter).
                 let ack = IpcSignal::new(&ctx).unwrap();
                 shared.words.store(word.handle().unwrap());
                 shared.ack.store(ack.handle().unwrap());

@@ -4,7 +4,7 @@
 //! element layout, length) are reached too.
 #![no_main]
 
-use cuda_ipc::{IpcEventHandle, IpcMemHandle};
+use cuda_ipc::{IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {
@@ -16,6 +16,13 @@ fn check(data: &[u8]) {
     let _ = IpcMemHandle::<[f64; 3]>::from_bytes(data);
     if let Ok(h) = IpcEventHandle::from_bytes(data) {
         assert_eq!(h.as_bytes(), data);
+        let _ = format!("{h:?}");
+    }
+    if let Ok(h) = IpcSignalHandle::from_bytes(data) {
+        assert_eq!(h.as_bytes(), data);
+        // A signal handle is never also a memory or an event handle.
+        assert!(IpcMemHandle::<u64>::from_bytes(data).is_err());
+        assert!(IpcEventHandle::from_bytes(data).is_err());
         let _ = format!("{h:?}");
     }
 }
