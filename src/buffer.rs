@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{check, sys};
+use crate::driver::{self, check, stream_raw, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
@@ -133,10 +133,6 @@ fn byte_len_of<T>(len: usize) -> Result<usize> {
         })
 }
 
-fn stream_raw(stream: &Stream) -> sys::CUstream {
-    stream.as_inner().cast()
-}
-
 impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
     /// a valid `T`: it is `Pod`), and prepare its lease table for export.
@@ -194,11 +190,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// wait until it is done.
     fn fill_fresh(&self, value: u8) -> Result<()> {
         let _g = self.ctx.enter()?;
-        let mut stream = std::ptr::null_mut();
-        // SAFETY: writes one stream handle in the pushed context.
-        check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
-        })?;
+        let stream = driver::create_non_blocking_stream()?;
         // SAFETY: the device range is this buffer's `byte_len` bytes; the stream is live.
         let mut rc = check("cuMemsetD8Async", unsafe {
             sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream)

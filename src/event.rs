@@ -8,7 +8,7 @@ use cust::stream::Stream;
 use crate::buffer::GENERATION;
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{check, sys};
+use crate::driver::{check, stream_raw, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
 use crate::process::ProcessIdentity;
@@ -153,7 +153,7 @@ impl IpcEvent {
         let _g = self.ctx.enter()?;
         // SAFETY: a live event and a live stream (borrowed).
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.raw, stream.as_inner().cast())
+            sys::cuEventRecord(self.raw, stream_raw(stream))
         })
     }
 
@@ -168,7 +168,7 @@ impl IpcEvent {
         let _g = self.ctx.enter()?;
         // SAFETY: a live event and a live stream (borrowed); flags must be 0.
         check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream.as_inner().cast(), self.raw, 0)
+            sys::cuStreamWaitEvent(stream_raw(stream), self.raw, 0)
         })
     }
 

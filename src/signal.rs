@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{check, sys};
+use crate::driver::{self, check, stream_raw, sys};
 use crate::error::{Error, Result};
 use crate::handle::{IpcSignalHandle, KIND_SIGNAL};
 use crate::process::ProcessIdentity;
@@ -137,11 +137,7 @@ unsafe impl Send for HostPort {}
 impl HostPort {
     fn new(ctx: &GpuContext) -> Result<Self> {
         let _g = ctx.enter()?;
-        let mut stream = std::ptr::null_mut();
-        // SAFETY: writes one stream handle, created in the pushed context.
-        check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
-        })?;
+        let stream = driver::create_non_blocking_stream()?;
         let mut word = std::ptr::null_mut();
         // SAFETY: writes one host pointer to 8 page-locked bytes.
         let rc = unsafe { sys::cuMemAllocHost_v2(&mut word, 8) };
@@ -204,10 +200,6 @@ impl Drop for HostPort {
             }
         }
     }
-}
-
-fn stream_raw(stream: &Stream) -> sys::CUstream {
-    stream.as_inner().cast()
 }
 
 /// Refuse a device without 64-bit stream memory operations, naming the attribute.

@@ -79,6 +79,23 @@ pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
     }
 }
 
+/// The raw handle of a cust stream, for the driver calls this crate declares itself.
+pub(crate) fn stream_raw(stream: &cust::stream::Stream) -> sys::CUstream {
+    stream.as_inner().cast()
+}
+
+/// A new stream in the current context that does not synchronise with the legacy default
+/// stream (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`), for the crate's own host-side copies;
+/// the caller destroys it (`cuStreamDestroy`).
+pub(crate) fn create_non_blocking_stream() -> Result<sys::CUstream> {
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: writes one stream handle; fails cleanly without a current context.
+    check("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
+    })?;
+    Ok(stream)
+}
+
 /// `cuInit(0)`, once per process (the result is remembered).
 ///
 /// # Errors
