@@ -24,6 +24,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
 use crate::sync::{
     AtomicU32, AtomicU64, Ordering, futex_wait, futex_wake_all, spin_hint, yield_now,
@@ -45,18 +46,14 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// How long a waiter yields the CPU between polls after spinning and before sleeping.
 const YIELD_FOR: Duration = Duration::from_micros(200);
 
-const MAGIC: u32 = 0x6261_7272; // "barr"
+/// "bar2": the layout with one-word owned slots (a barrier of the earlier layout is refused).
+const MAGIC: u32 = 0x3272_6162;
 
 /// State-word polls between the slower checks (poison, clock); 1 under the model checker.
 const POLL_BATCH: u32 = if cfg!(loom) { 1 } else { 64 };
 
 const POISON_BIT: u64 = 1 << 31;
 const COUNT_MASK: u64 = POISON_BIT - 1;
-
-const SLOT_FREE: u32 = 0;
-const SLOT_CLAIMING: u32 = 1;
-const SLOT_ACTIVE: u32 = 2;
-const SLOT_LEFT: u32 = 3;
 
 const KIND_DIED: u64 = 1;
 const KIND_LEFT: u64 = 2;
@@ -79,15 +76,6 @@ fn poisoned(state: u64) -> bool {
 /// state and arrived in the next generation can find the futex word one *behind* it.
 fn passed(now: u32, generation: u32) -> bool {
     (now.wrapping_sub(generation) as i32) > 0
-}
-
-/// A participant slot: who holds it (pid, start time, pidfs inode; see [`ProcessIdentity`]).
-#[repr(C)]
-struct Slot {
-    status: AtomicU32,
-    pid: AtomicU32,
-    start_time: AtomicU64,
-    pidfs_ino: AtomicU64,
 }
 
 /// A 64-byte aligned line holding `T`, so hot words of different roles do not share a cache
@@ -129,7 +117,9 @@ pub struct BarrierState {
     wake: Line<Wake>,
     /// Configuration and poison record.
     config: Line<BarrierConfig>,
-    slots: [Slot; MAX_PARTIES as usize],
+    /// Participant slots: state and owner in one word ([`OwnedSlot`]): `Claiming` while
+    /// joining, `Held` while a participant, `Left` after it dropped.
+    slots: [OwnedSlot; MAX_PARTIES as usize],
 }
 
 #[repr(C)]
@@ -177,12 +167,7 @@ impl BarrierState {
                 parties: AtomicU32::new(0),
                 poison_info: AtomicU64::new(0),
             }),
-            slots: std::array::from_fn(|_| Slot {
-                status: AtomicU32::new(SLOT_FREE),
-                pid: AtomicU32::new(0),
-                start_time: AtomicU64::new(0),
-                pidfs_ino: AtomicU64::new(0),
-            }),
+            slots: std::array::from_fn(|_| OwnedSlot::new()),
         }
     }
 
@@ -248,7 +233,7 @@ impl BarrierState {
     /// children, say, after one of them failed): every current and future wait fails with
     /// [`Error::Poisoned`] naming the calling process.
     pub fn poison(&self) {
-        self.poison_with(KIND_EXPLICIT, u32::MAX, crate::os::pid());
+        let _ = self.poison_with(KIND_EXPLICIT, u32::MAX, crate::os::pid());
     }
 
     /// How many participants have arrived in the current generation (a snapshot, for
@@ -263,7 +248,8 @@ impl BarrierState {
     }
 
     /// Record why the barrier broke (first cause wins), set the poison bit, wake everyone.
-    fn poison_with(&self, kind: u64, slot: u32, pid: u32) {
+    /// Returns the state word from just before the poison bit was set.
+    fn poison_with(&self, kind: u64, slot: u32, pid: u32) -> u64 {
         let info = (kind << 40) | (u64::from(slot & 0xff) << 32) | u64::from(pid);
         let _ = self.config.0.poison_info.compare_exchange(
             0,
@@ -271,8 +257,9 @@ impl BarrierState {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        self.state.0.fetch_or(POISON_BIT, Ordering::SeqCst);
+        let prev = self.state.0.fetch_or(POISON_BIT, Ordering::SeqCst);
         futex_wake_all(&self.wake.0.futex);
+        prev
     }
 
     /// The error a poisoned barrier reports, from the recorded cause.
@@ -357,6 +344,8 @@ pub struct ProcessBarrier<'a> {
     state: &'a BarrierState,
     parties: u32,
     slot: u32,
+    /// Our slot word (`Held`), moved to `Left` on drop.
+    held: u64,
     pid: u32,
     timeout: Duration,
     spin: Duration,
@@ -376,32 +365,33 @@ impl<'a> ProcessBarrier<'a> {
             return Err(state.poison_error());
         }
         let me = current_identity();
-        for slot in 0..parties {
-            let s = &state.slots[slot as usize];
-            if s.status
-                .compare_exchange(
-                    SLOT_FREE,
-                    SLOT_CLAIMING,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
-                s.start_time.store(me.start_time(), Ordering::Relaxed);
-                s.pidfs_ino.store(me.pidfs_ino(), Ordering::Relaxed);
-                s.pid.store(me.pid(), Ordering::Relaxed);
-                s.status.store(SLOT_ACTIVE, Ordering::Release);
-                return Ok(Self {
-                    state,
-                    parties,
-                    slot,
-                    pid: me.pid(),
-                    timeout: DEFAULT_WAIT_TIMEOUT,
-                    spin: DEFAULT_SPIN,
-                });
-            }
-        }
-        Err(Error::BarrierFull { parties })
+        let slots = &state.slots[..parties as usize];
+        // A free slot, else one whose claimer died before it finished joining (it never
+        // arrived: arrivals need a joined participant), taken over in one compare-exchange
+        // against the exact word judged dead.
+        let free = slots
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| Some((i, s.claim(&me)?)));
+        let taken = free.or_else(|| {
+            slots.iter().enumerate().find_map(|(i, s)| {
+                let (owner, id) = s.load_identity();
+                let dead_claimer = owner.state == OwnerState::Claiming && !peer_alive(&id);
+                dead_claimer.then(|| Some((i, s.claim_from(owner.word, &me)?)))?
+            })
+        });
+        let Some((slot, held)) = taken else {
+            return Err(Error::BarrierFull { parties });
+        };
+        Ok(Self {
+            state,
+            parties,
+            slot: slot as u32,
+            held,
+            pid: me.pid(),
+            timeout: DEFAULT_WAIT_TIMEOUT,
+            spin: DEFAULT_SPIN,
+        })
     }
 
     /// Set the deadline [`wait`](Self::wait) uses (default [`DEFAULT_WAIT_TIMEOUT`]).
@@ -455,7 +445,7 @@ impl<'a> ProcessBarrier<'a> {
     /// Poison the barrier on purpose (say, a participant failed and the others must stop):
     /// every current and future wait fails with [`Error::Poisoned`] naming this process.
     pub fn poison(&self) {
-        self.state.poison_with(KIND_EXPLICIT, self.slot, self.pid);
+        let _ = self.state.poison_with(KIND_EXPLICIT, self.slot, self.pid);
     }
 
     /// Whether the barrier is poisoned.
@@ -484,7 +474,7 @@ impl<'a> ProcessBarrier<'a> {
                 what: "barrier state",
                 reason: format!("{arrived} arrivals for {parties} parties"),
             };
-            st.poison_with(KIND_EXPLICIT, self.slot, self.pid);
+            let _ = st.poison_with(KIND_EXPLICIT, self.slot, self.pid);
             return Err(WaitError::Failed(e));
         }
         if arrived == parties
@@ -526,6 +516,13 @@ impl<'a> ProcessBarrier<'a> {
             // sleep protocol below is exercised only by the multi-process tests; loom checks
             // the arrive/complete/withdraw protocol on the state word.
             if cfg!(loom) {
+                if check_peers {
+                    match self.check_peers(generation) {
+                        Ok(PeerCheck::AllAlive) => {}
+                        Ok(PeerCheck::GenerationPassed) => return Ok(self.completed(generation)),
+                        Err(e) => return Err(WaitError::Failed(e)),
+                    }
+                }
                 yield_now();
                 continue;
             }
@@ -548,8 +545,12 @@ impl<'a> ProcessBarrier<'a> {
             if passed(futex.load(Ordering::Acquire), generation) {
                 return Ok(self.completed(generation));
             }
-            if check_peers && let Err(e) = self.check_peers() {
-                return Err(WaitError::Failed(e));
+            if check_peers {
+                match self.check_peers(generation) {
+                    Ok(PeerCheck::AllAlive) => {}
+                    Ok(PeerCheck::GenerationPassed) => return Ok(self.completed(generation)),
+                    Err(e) => return Err(WaitError::Failed(e)),
+                }
             }
         }
     }
@@ -605,44 +606,56 @@ impl<'a> ProcessBarrier<'a> {
         }
     }
 
-    /// Poison the barrier if another participant died or left; report it.
-    fn check_peers(&self) -> Result<()> {
+    /// Poison the barrier if another participant died or left, and report it, unless
+    /// `generation` completed meanwhile: a participant that completes a generation and then
+    /// exits (the usual "last barrier, then exit") is found gone by waiters that have not yet
+    /// seen the completion, and for them the generation succeeded.
+    fn check_peers(&self, generation: u32) -> Result<PeerCheck> {
         let st = self.state;
         for slot in 0..self.parties {
             if slot == self.slot {
                 continue;
             }
             let s = &st.slots[slot as usize];
-            let kind = match s.status.load(Ordering::Acquire) {
-                SLOT_ACTIVE => {
-                    let pid = s.pid.load(Ordering::Relaxed);
-                    let start = s.start_time.load(Ordering::Relaxed);
-                    let ino = s.pidfs_ino.load(Ordering::Relaxed);
-                    if peer_alive(pid, start, ino) {
-                        continue;
-                    }
-                    KIND_DIED
-                }
-                SLOT_LEFT => KIND_LEFT,
-                _ => continue,
+            let (owner, id) = s.load_identity();
+            let kind = match owner.state {
+                OwnerState::Free => continue,
+                // A joiner killed before it finished joining is a participant that died.
+                OwnerState::Claiming | OwnerState::Held if peer_alive(&id) => continue,
+                OwnerState::Claiming | OwnerState::Held => KIND_DIED,
+                OwnerState::Left => KIND_LEFT,
             };
-            let pid = s.pid.load(Ordering::Relaxed);
-            st.poison_with(kind, slot, pid);
+            // Judge the word we read: a dead claimer's slot may have been taken over since.
+            if s.load().word != owner.word {
+                continue;
+            }
+            let before = st.poison_with(kind, slot, owner.pid);
+            if generation_of(before) != generation {
+                return Ok(PeerCheck::GenerationPassed);
+            }
             return Err(st.poison_error());
         }
-        Ok(())
+        Ok(PeerCheck::AllAlive)
     }
 }
 
-#[cfg(not(loom))]
-fn peer_alive(pid: u32, start: u64, ino: u64) -> bool {
-    ProcessIdentity::from_parts(pid, start)
-        .with_pidfs_ino(ino)
-        .is_alive()
+/// What [`ProcessBarrier::check_peers`] found.
+enum PeerCheck {
+    AllAlive,
+    /// A peer is gone, but the generation being waited for had completed before the barrier
+    /// was poisoned.
+    GenerationPassed,
 }
+
+#[cfg(not(loom))]
+fn peer_alive(id: &ProcessIdentity) -> bool {
+    id.is_alive()
+}
+/// Under the model checker, processes are threads of one process: pids at or above
+/// [`loom_support::DEAD_FROM`] stand for participants that were killed.
 #[cfg(loom)]
-fn peer_alive(_pid: u32, _start: u64, _ino: u64) -> bool {
-    true
+fn peer_alive(id: &ProcessIdentity) -> bool {
+    id.pid() < loom_support::DEAD_FROM
 }
 
 #[cfg(not(loom))]
@@ -651,7 +664,30 @@ fn current_identity() -> ProcessIdentity {
 }
 #[cfg(loom)]
 fn current_identity() -> ProcessIdentity {
-    ProcessIdentity::from_parts(1, 1)
+    ProcessIdentity::from_parts(loom_support::pid(), 1)
+}
+
+/// Under the model checker, each thread names the process it stands for.
+#[cfg(loom)]
+pub(crate) mod loom_support {
+    use std::cell::Cell;
+
+    /// Pids from here on stand for killed processes.
+    pub(crate) const DEAD_FROM: u32 = 1000;
+
+    loom::thread_local! {
+        static PID: Cell<u32> = const { Cell::new(1) };
+    }
+
+    /// The pid the calling model thread stands for.
+    pub(crate) fn pid() -> u32 {
+        PID.with(Cell::get)
+    }
+
+    /// Make the calling model thread stand for process `pid`.
+    pub(crate) fn set_pid(pid: u32) {
+        PID.with(|p| p.set(pid));
+    }
 }
 
 /// The internal outcome of a failed wait, before the elapsed time is attached.
@@ -677,9 +713,7 @@ impl Drop for ProcessBarrier<'_> {
     fn drop(&mut self) {
         // Leaving is final for the slot: the barrier cannot complete without us, so waiters
         // must learn we left (PeerLost) rather than wait for their deadline.
-        self.state.slots[self.slot as usize]
-            .status
-            .store(SLOT_LEFT, Ordering::Release);
+        self.state.slots[self.slot as usize].transition(self.held, OwnerState::Left);
     }
 }
 
@@ -700,7 +734,7 @@ mod tests {
     #[test]
     fn state_is_sized_for_shared_memory() {
         assert_eq!(std::mem::align_of::<BarrierState>(), 64);
-        assert_eq!(std::mem::size_of::<BarrierState>(), 3 * 64 + 64 * 24);
+        assert_eq!(std::mem::size_of::<BarrierState>(), 3 * 64 + 64 * 16);
     }
 
     #[test]
@@ -818,17 +852,86 @@ mod tests {
         let s = BarrierState::new(2).unwrap();
         let a = ProcessBarrier::join(&s).unwrap();
         let b = ProcessBarrier::join(&s).unwrap();
+        // Rewrite B's slot word as a process with B's pid but another start time.
         let slot = &s.slots[b.slot() as usize];
-        slot.start_time.store(
-            slot.start_time.load(Ordering::Relaxed) + 1,
-            Ordering::Relaxed,
-        );
+        let owner = slot.load();
+        assert!(slot.reap(owner.word));
+        let impostor = ProcessIdentity::from_parts(owner.pid, owner.start + 1);
+        slot.claim(&impostor).unwrap();
         let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
         assert!(
             matches!(e, Error::PeerLost { pid, exited_cleanly: false, .. } if pid == std::process::id()),
             "{e}"
         );
         std::mem::forget(b);
+    }
+
+    /// An identity that is provably dead: this process's pid with another start time.
+    fn dead() -> ProcessIdentity {
+        let me = ProcessIdentity::current();
+        ProcessIdentity::from_parts(me.pid(), me.start_time() + 1)
+    }
+
+    /// Issue 11, defect 3, replayed: A arrives and reads the futex word (not yet passed); B
+    /// arrives, completes the generation and leaves (drops: the last barrier, then exit); A
+    /// then checks its peers and finds B gone. On 66d5eef A reported `PeerLost` for the
+    /// generation that had completed and poisoned the barrier (14 of 160 such waits failed
+    /// with the shipped constants). The check now sees that the generation passed.
+    #[test]
+    fn a_completed_generation_is_success_even_if_the_completer_left_at_once() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        let b = ProcessBarrier::join(&s).unwrap();
+        let prev = s.state.0.fetch_add(1, Ordering::AcqRel); // A's arrival, as `wait` makes it
+        assert_eq!(generation_of(prev), 0);
+        assert!(b.wait().unwrap().is_leader());
+        drop(b);
+        assert!(matches!(
+            a.check_peers(0),
+            Ok(PeerCheck::GenerationPassed)
+        ));
+        // The next generation cannot complete: B left. That is reported, not hidden.
+        let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, Error::PeerLost { exited_cleanly: true, .. }), "{e}");
+    }
+
+    /// Issue 11, defect 4: a joiner killed between taking its slot and finishing the join. On
+    /// 66d5eef its slot said `CLAIMING` with no owner: waiters ignored it and got `Timeout`,
+    /// and the slot was lost (a replacement got `BarrierFull`). The slot now names the joiner
+    /// from the first step.
+    #[test]
+    fn a_joiner_killed_mid_join_is_a_lost_peer() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        s.slots[1].claim_and_stall(&dead()).unwrap();
+        let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
+        assert!(
+            matches!(e, Error::PeerLost { exited_cleanly: false, slot: 1, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_dead_joiners_slot_is_taken_over_by_a_replacement() {
+        let s = BarrierState::new(2).unwrap();
+        let a = ProcessBarrier::join(&s).unwrap();
+        s.slots[1].claim_and_stall(&dead()).unwrap();
+        let b = ProcessBarrier::join(&s).expect("the replacement takes the dead joiner's slot");
+        assert_eq!(b.slot(), 1);
+        std::thread::scope(|scope| {
+            let t = scope.spawn(|| b.wait().unwrap());
+            a.wait().unwrap();
+            t.join().unwrap();
+        });
+        // A live claimer's slot is never taken over.
+        let s = BarrierState::new(1).unwrap();
+        s.slots[0]
+            .claim_and_stall(&ProcessIdentity::current())
+            .unwrap();
+        assert!(matches!(
+            ProcessBarrier::join(&s),
+            Err(Error::BarrierFull { parties: 1 })
+        ));
     }
 
     #[test]
@@ -894,6 +997,77 @@ mod loom_tests {
             }
             std::mem::forget(b);
             assert_eq!(leads + t.join().unwrap(), 2);
+        });
+    }
+
+    /// Join and leave: a participant that joins and drops without waiting. The other's wait
+    /// must end with `PeerLost { exited_cleanly: true }` (never hang, never complete).
+    #[test]
+    fn a_participant_that_leaves_ends_the_others_wait() {
+        model(|| {
+            let s = Arc::new(BarrierState::new(2).unwrap());
+            let leaver = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    loom_support::set_pid(2);
+                    drop(ProcessBarrier::join(&s).unwrap());
+                })
+            };
+            let b = ProcessBarrier::join(&s).unwrap();
+            let r = b.wait_until(&mut never(), true);
+            leaver.join().unwrap();
+            assert!(
+                matches!(
+                    r,
+                    Err(WaitError::Failed(Error::PeerLost {
+                        exited_cleanly: true,
+                        ..
+                    }))
+                ),
+                "{r:?}"
+            );
+        });
+    }
+
+    /// Issue 11, defect 4: a joiner killed between taking its slot and finishing the join.
+    /// Its slot names it from the first step, so waiters see it die (`PeerLost`, never a
+    /// timeout), and a replacement can take its slot over while nobody has noticed yet. Both
+    /// live participants agree: both complete, or both fail.
+    #[test]
+    fn a_joiner_killed_mid_join_is_seen_dead_or_replaced() {
+        model(|| {
+            let s = Arc::new(BarrierState::new(2).unwrap());
+            let victim = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    loom_support::set_pid(loom_support::DEAD_FROM);
+                    let me = current_identity();
+                    let _ = s.slots[..2].iter().find_map(|slot| slot.claim_and_stall(&me));
+                })
+            };
+            let other = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    loom_support::set_pid(2);
+                    let b = ProcessBarrier::join(&s)?;
+                    let r = b.wait_until(&mut never(), true);
+                    std::mem::forget(b);
+                    r.map_err(|e| e.into_error(std::time::Duration::ZERO))
+                })
+            };
+            loom_support::set_pid(3);
+            let mine = ProcessBarrier::join(&s).map(|b| {
+                let r = b.wait_until(&mut never(), true);
+                std::mem::forget(b);
+                r
+            });
+            victim.join().unwrap();
+            let theirs = other.join().unwrap();
+            let mine_ok = matches!(mine, Ok(Ok(_)));
+            assert_eq!(mine_ok, theirs.is_ok(), "{mine:?} / {theirs:?}");
+            if !mine_ok {
+                assert!(s.is_poisoned());
+            }
         });
     }
 

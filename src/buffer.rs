@@ -28,8 +28,9 @@ pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Export generations of this process, one per exported buffer or event.
 pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-/// Import cache key: the export token and the importing context.
-type Key = ([u8; 16], usize);
+/// Import cache key: the export token, the importing context, and the envelope kind (a signal's
+/// counter and a buffer never share a mapping record, whatever a forged envelope claims).
+type Key = ([u8; 16], usize, u16);
 
 /// Live imports of this process, so that opening a buffer again shares one mapping and the
 /// driver's close runs once. The lock is held across the driver's open and close so that a
@@ -40,6 +41,12 @@ static CACHE: Mutex<BTreeMap<Key, Weak<Mapping>>> = parking_lot::const_mutex(BTr
 struct Mapping {
     ctx: GpuContext,
     ptr: sys::CUdeviceptr,
+    /// Bytes mapped from `ptr` on, as the driver reports the allocation
+    /// (`cuMemGetAddressRange`): no view may reach past them, whatever an envelope says.
+    mapped: usize,
+    /// What the envelope that created the mapping described: element size, alignment, type
+    /// tag and length. Every later open of the same export must describe the same.
+    described: (u32, u32, u64, u64),
     key: Key,
     exporter: ProcessIdentity,
     // Dropped after `drop` has unmapped: the exporter may free once the lease is gone.
@@ -95,6 +102,19 @@ enum Origin {
 /// `IpcBuffer<T>` is `Send` and `Sync`. Device memory is not Rust memory: methods take `&self`,
 /// and concurrent writes from several processes are a GPU data race for the caller to order
 /// (with [`IpcEvent`](crate::IpcEvent)s and barriers), not undefined behaviour in this process.
+///
+/// # Asynchronous work
+///
+/// The synchronous methods ([`copy_from_host`](Self::copy_from_host),
+/// [`copy_to_host`](Self::copy_to_host), [`memset_bytes`](Self::memset_bytes)) are done with
+/// the memory when they return. The `*_async` methods, like kernels launched on
+/// [`device_ptr`](Self::device_ptr), only *enqueue* work that touches the memory later; the
+/// buffer does not track that work, and dropping the last view of an import unmaps the memory
+/// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for
+/// it. That is why they are `unsafe`: the caller keeps the buffer alive until the work has
+/// completed (synchronise the stream, or an event recorded after the work, before dropping).
+/// The same holds for [`IpcSignal::signal`](crate::IpcSignal::signal) and
+/// [`IpcSignal::wait`](crate::IpcSignal::wait).
 ///
 /// # Examples
 ///
@@ -285,13 +305,18 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
             reason: format!("length {} does not fit this platform", env.len),
         })?;
-        let key: Key = (env.token, ctx.as_raw() as usize);
+        let described = (env.elem_size, env.elem_align, env.type_tag, env.len);
+        let key: Key = (env.token, ctx.as_raw() as usize, kind);
 
         let mut cache = loop {
             let cache = CACHE.lock();
             match cache.get(&key).map(Weak::upgrade) {
                 Some(Some(mapping)) => {
                     drop(cache);
+                    // A hit is held to everything a first open checks that can have changed
+                    // or been forged since: the export is not closing, its exporter lives,
+                    // and the envelope describes the mapping as the first one did.
+                    mapping.check_reuse(described)?;
                     return Ok(Self::view(mapping, len));
                 }
                 // The last view is being dropped on another thread: its close has not run yet,
@@ -318,9 +343,33 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         check("cuIpcOpenMemHandle", unsafe {
             sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         })?;
+        // The envelope's length is the peer's word: hold it to what the driver mapped.
+        let wanted = len.saturating_mul(std::mem::size_of::<T>());
+        let mapped = mapped_bytes(ptr).and_then(|mapped| {
+            if wanted <= mapped {
+                Ok(mapped)
+            } else {
+                Err(Error::CorruptHandle {
+                    reason: format!(
+                        "the handle describes {wanted} bytes, but the memory it maps is \
+                         {mapped} bytes (cuMemGetAddressRange)"
+                    ),
+                })
+            }
+        });
+        let mapped = match mapped {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: opened just above in this context, closed once, never handed out.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+                return Err(e); // the lease drops after the close
+            }
+        };
         let mapping = Arc::new(Mapping {
             ctx: ctx.clone(),
             ptr,
+            mapped,
+            described,
             key,
             exporter,
             lease,
@@ -525,14 +574,27 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// Copy another buffer's contents (same length) into this one, device to device
     /// (`cuMemcpyDtoDAsync` on `stream`): through an IPC mapping, this is a peer copy.
     ///
+    /// # Safety
+    ///
+    /// The copy runs later, on the device, after this call returns: both `self` and `src`
+    /// must stay alive until it has completed on `stream` (for example, until
+    /// `stream.synchronize()` returns). Dropping the last view of an imported buffer unmaps
+    /// it at once (`cuIpcCloseMemHandle`) and dropping an exported one frees it, whatever is
+    /// still queued: a copy still in flight would then read or write memory that is no longer
+    /// this buffer's (a device use-after-free). See [the type's docs](Self#asynchronous-work).
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
-    pub fn copy_from_device_async(&self, src: &IpcBuffer<T>, stream: &Stream) -> Result<()> {
+    pub unsafe fn copy_from_device_async(
+        &self,
+        src: &IpcBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
         self.check_len("IpcBuffer::copy_from_device_async", src.len)?;
         let _g = self.ctx.enter()?;
-        // SAFETY: both ranges are live device allocations of `byte_len` bytes held by the
-        // borrows; completion ordering is the stream's.
+        // SAFETY: both ranges are live device allocations of `byte_len` bytes now; that they
+        // stay so until the copy completes is the caller's duty (forwarded).
         check("cuMemcpyDtoDAsync", unsafe {
             sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream_raw(stream))
         })
@@ -557,12 +619,18 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
 
     /// Enqueue setting every byte to `value` on `stream` (`cuMemsetD8Async`).
     ///
+    /// # Safety
+    ///
+    /// The buffer must stay alive until the memset has completed on `stream`, as for
+    /// [`copy_from_device_async`](Self::copy_from_device_async).
+    ///
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuMemsetD8Async`.
-    pub fn memset_bytes_async(&self, value: u8, stream: &Stream) -> Result<()> {
+    pub unsafe fn memset_bytes_async(&self, value: u8, stream: &Stream) -> Result<()> {
         let _g = self.ctx.enter()?;
-        // SAFETY: as `memset_bytes`; ordering is the stream's.
+        // SAFETY: the range is this buffer's `byte_len` bytes, live now; that it stays so until
+        // the memset completes is the caller's duty (forwarded).
         check("cuMemsetD8Async", unsafe {
             sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream_raw(stream))
         })
@@ -599,6 +667,54 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         // and no importer maps it any more (no live leases, new ones refused: closing).
         check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) })
     }
+}
+
+impl Mapping {
+    /// The checks a cache hit must pass: the export is not closing (its exporter is waiting
+    /// for importers to go: no new views), the exporter is alive, and the envelope describes
+    /// what the first open of this export described (and so fits the mapping).
+    fn check_reuse(&self, described: (u32, u32, u64, u64)) -> Result<()> {
+        if self.lease.is_closing() {
+            return Err(Error::StaleHandle {
+                generation: self.lease.generation(),
+            });
+        }
+        if !crate::process::is_alive_cached(&self.exporter) {
+            return Err(Error::ExporterGone {
+                pid: self.exporter.pid(),
+            });
+        }
+        if described != self.described {
+            let (size, _, _, len) = described;
+            return Err(Error::CorruptHandle {
+                reason: format!(
+                    "the handle describes {len} elements of {size} bytes, but this process \
+                     already maps the same export as {} elements of {} bytes ({} bytes mapped)",
+                    self.described.3, self.described.0, self.mapped
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuMemGetAddressRange`), in the
+/// current context.
+fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: writes one pointer and one size; any pointer value is accepted (an unknown one
+    // is an error code).
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    let offset = usize::try_from(ptr.wrapping_sub(base)).unwrap_or(usize::MAX);
+    if ptr < base || offset > size {
+        return Err(Error::Corrupt {
+            what: "IPC mapping",
+            reason: format!("{ptr:#x} lies outside the range the driver reports for it"),
+        });
+    }
+    Ok(size - offset)
 }
 
 /// Wait for the current context's legacy default stream (`cuStreamSynchronize(NULL)`).

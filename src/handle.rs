@@ -103,7 +103,7 @@ impl Envelope {
             });
         }
         let me = ProcessIdentity::current();
-        if exporter == me {
+        if exporter.is_same_process(&me) {
             return Err(Error::SameProcess { pid: me.pid() });
         }
         Ok(exporter)

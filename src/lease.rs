@@ -1,38 +1,61 @@
 //! Leases: how an exporter learns which processes still map its buffer.
 //!
 //! Each exported buffer has a lease table in a [`ShmRegion`] named after the export's random
-//! token (`cuda-ipc-lease.<token>`). An importer claims a slot (pid + start time) before it maps
-//! the memory and frees it after unmapping; the exporter, before `cuMemFree`, marks the table
-//! *closing* and waits until no live process holds a slot (dead holders are reaped). Marking and
-//! claiming are sequentially consistent and each side re-checks the other's flag afterwards, so
-//! either the exporter sees the new lease and waits, or the importer sees *closing* and backs
-//! off with [`Error::StaleHandle`]. Once the buffer is freed the table is unlinked, so a handle
-//! of a freed buffer finds no table: stale, even if a new buffer now sits at the same address.
+//! token (`cuda-ipc-lease.<token>`). An importer claims a slot before it maps the memory and
+//! frees it after unmapping; the exporter, before `cuMemFree`, marks the table *closing* and
+//! waits until no live process holds a slot, reaping the slots of dead ones. Once the buffer is
+//! freed the table is unlinked, so a handle of a freed buffer finds no table: stale, even if a
+//! new buffer now sits at the same address.
+//!
+//! # Protocol
+//!
+//! A slot is one [`OwnedSlot`]: its state and its owner's pid and start time change together
+//! in one compare-exchange, so nobody ever sees a slot taken without its owner.
+//!
+//! - **Claim** (importer): `0 → Claiming(me)` (compare-exchange), write the pidfs inode,
+//!   `Claiming(me) → Held(me)`, then read *closing*; if set, release and report
+//!   [`Error::StaleHandle`]. Only after that does the importer map the memory.
+//! - **Release** (importer, after unmapping): `Held(me) → 0`, compare-exchange against its own
+//!   word, so it can never free a slot that has changed hands.
+//! - **Close** (exporter): set *closing*, then scan: a slot whose owner is alive is a holder; a
+//!   slot whose owner is proven dead is reaped with a compare-exchange against the exact word
+//!   judged. The memory is freed only after a scan finds no holder.
+//! - `closing` and the slot words are sequentially consistent (Dekker): either the exporter's
+//!   scan sees a claim, or the claimer sees *closing* and backs off before mapping.
+//! - Reaping happens only under *closing* (and only of proven deaths: a process the kernel
+//!   cannot be asked about counts as alive); [`ExportLeases::holders`] outside a close only
+//!   reads.
+//!
+//! # What each side sees when the other stops
+//!
+//! | The other side is preempted or `SIGKILL`ed... | This side sees |
+//! |------------------------------------------------|----------------|
+//! | importer, before its claim's compare-exchange | nothing: the slot is free |
+//! | importer, between the compare-exchange and `Held` | `Claiming(pid)`: a live holder while it runs; once it is dead, the exporter's close reaps it |
+//! | importer, after `Held`, before or after mapping | a holder; once dead, reaped by the close (its mapping died with it) |
+//! | importer, after unmapping, before release | a holder until it releases or dies: close waits, then reaps |
+//! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the table stays until the last importer drops, which unlinks it (its creator is dead) |
+//! | exporter, killed at any point | its memory is freed by the driver with its context; importers see `ExporterGone` on later opens and waits |
+//!
+//! Tested by: a loom model of close against two claimers, one of which dies mid-claim
+//! (`loom_tests`); replay tests of the interleavings above (`tests` below, each written against
+//! the defect it pins); and `tests/lease_stress.rs`, where processes claim, release and are
+//! `SIGKILL`ed at random while an exporter polls and closes, checked against a shadow record.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
 use crate::shared::ShmSafe;
 use crate::shm::{ShmOptions, ShmRegion};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The most importing processes one export tracks.
 pub const MAX_IMPORTERS: usize = 64;
-
-const FREE: u32 = 0;
-const CLAIMING: u32 = 1;
-const HELD: u32 = 2;
-
-#[repr(C)]
-struct LeaseSlot {
-    state: AtomicU32,
-    pid: AtomicU32,
-    start: AtomicU64,
-}
 
 #[repr(C)]
 pub(crate) struct LeaseTable {
@@ -40,13 +63,15 @@ pub(crate) struct LeaseTable {
     closing: AtomicU32,
     exporter_pid: AtomicU32,
     exporter_start: AtomicU64,
-    slots: [LeaseSlot; MAX_IMPORTERS],
+    slots: [OwnedSlot; MAX_IMPORTERS],
 }
 
 // SAFETY: repr(C), all fields integer atomics (valid for any bits, accessed atomically).
+// Under `--cfg loom` (model checks only, where no region is ever mapped) the atomics are
+// loom's; see `shared.rs`.
 unsafe impl ShmSafe for LeaseTable {
     fn type_tag() -> u64 {
-        u64::from_le_bytes(*b"leases01")
+        u64::from_le_bytes(*b"leases02")
     }
 }
 
@@ -63,20 +88,127 @@ fn token_words(token: &[u8; 16]) -> [u64; 2] {
     [u64::from_le_bytes(lo), u64::from_le_bytes(hi)]
 }
 
+/// The outcome of a claim.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Slot `0`, held with word `1`.
+    Granted(usize, u64),
+    /// The exporter is closing: no lease (and the slot, if one was taken, is free again).
+    Closing,
+    /// Every slot is taken.
+    Full,
+}
+
+/// The lease protocol over a *closing* flag and a set of slots: the table in shared memory
+/// uses it, and so does the loom model (with a few slots on the heap).
+pub(crate) struct Slots<'a> {
+    pub(crate) closing: &'a AtomicU32,
+    pub(crate) slots: &'a [OwnedSlot],
+}
+
+impl Slots<'_> {
+    /// Claim a slot for `me` (see the module docs).
+    pub(crate) fn claim(&self, me: &ProcessIdentity) -> Claim {
+        if self.closing.load(Ordering::SeqCst) != 0 {
+            return Claim::Closing;
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let Some(held) = slot.claim(me) {
+                // Dekker with `begin_close`: the exporter either sees our slot or we see this.
+                if self.closing.load(Ordering::SeqCst) != 0 {
+                    slot.transition(held, OwnerState::Free);
+                    return Claim::Closing;
+                }
+                return Claim::Granted(i, held);
+            }
+        }
+        Claim::Full
+    }
+
+    /// Give slot `i` back, if it still holds our word `held`.
+    pub(crate) fn release(&self, i: usize, held: u64) {
+        if let Some(slot) = self.slots.get(i) {
+            slot.transition(held, OwnerState::Free);
+        }
+    }
+
+    /// Refuse every later claim.
+    pub(crate) fn begin_close(&self) {
+        self.closing.store(1, Ordering::SeqCst);
+    }
+
+    /// The pids of live holders. With `reap` (only under *closing*: then nobody can be about
+    /// to use a slot it is taking), slots of proven-dead holders are freed.
+    pub(crate) fn holders(&self, alive: &dyn Fn(&ProcessIdentity) -> bool, reap: bool) -> Vec<u32> {
+        let reap = reap && self.closing.load(Ordering::SeqCst) != 0;
+        let mut live = Vec::new();
+        for slot in self.slots {
+            // A reap that loses its compare-exchange means the slot changed hands: judge anew.
+            // Three tries; a slot still changing after that counts as held (the close waits).
+            let mut held_by = None;
+            for _ in 0..3 {
+                let (owner, id) = slot.load_identity();
+                if owner.state == OwnerState::Free {
+                    held_by = None;
+                    break;
+                }
+                held_by = Some(owner.pid);
+                if alive(&id) {
+                    break;
+                }
+                if !reap {
+                    held_by = None;
+                    break;
+                }
+                if slot.reap(owner.word) {
+                    held_by = None;
+                    break;
+                }
+            }
+            live.extend(held_by);
+        }
+        live
+    }
+
+    /// A process other than `me` that holds a slot but is dead. The slot is re-read after the
+    /// judgement: a holder that released and exited in between is not reported.
+    pub(crate) fn dead_holder(
+        &self,
+        me: u32,
+        alive: &dyn Fn(&ProcessIdentity) -> bool,
+    ) -> Option<u32> {
+        self.slots.iter().find_map(|slot| {
+            let (owner, id) = slot.load_identity();
+            let dead = owner.state != OwnerState::Free && owner.pid != me && !alive(&id);
+            (dead && slot.load().word == owner.word).then_some(owner.pid)
+        })
+    }
+}
+
 impl LeaseTable {
+    fn slots(&self) -> Slots<'_> {
+        Slots {
+            closing: &self.closing,
+            slots: &self.slots,
+        }
+    }
+
     /// The pid of a process other than this one that holds a lease but is dead (it died with
     /// the export mapped), if any. Read-only: slots are reaped only by the exporter's close.
     pub(crate) fn dead_holder(&self) -> Option<u32> {
-        let me = std::process::id();
-        self.slots.iter().find_map(|slot| {
-            if slot.state.load(Ordering::SeqCst) != HELD {
-                return None;
-            }
-            let pid = slot.pid.load(Ordering::Relaxed);
-            let start = slot.start.load(Ordering::Relaxed);
-            let id = ProcessIdentity::from_parts(pid, start);
-            (pid != 0 && pid != me && !crate::process::is_alive_cached(&id)).then_some(pid)
-        })
+        self.slots()
+            .dead_holder(std::process::id(), &crate::process::is_alive_cached)
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst) != 0
+    }
+
+    fn exporter(&self) -> ProcessIdentity {
+        ProcessIdentity::from_parts(
+            self.exporter_pid.load(Ordering::Relaxed),
+            self.exporter_start.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -145,44 +277,27 @@ impl ExportLeases {
 
     /// Mark the table closing; from now on no new lease is granted.
     pub(crate) fn begin_close(&self) {
-        self.region.closing.store(1, Ordering::SeqCst);
+        self.region.slots().begin_close();
     }
 
-    /// The live holders, reaping slots of dead ones.
+    /// The live holders (read-only: nothing is reaped outside a close).
     pub(crate) fn holders(&self) -> Vec<u32> {
-        let mut live = Vec::new();
-        for slot in &self.region.slots {
-            match slot.state.load(Ordering::SeqCst) {
-                FREE => {}
-                state => {
-                    let pid = slot.pid.load(Ordering::Relaxed);
-                    let start = slot.start.load(Ordering::Relaxed);
-                    // A CLAIMING slot whose pid is not written yet belongs to a live claimer.
-                    if state == CLAIMING && pid == 0 {
-                        live.push(0);
-                    } else if ProcessIdentity::from_parts(pid, start).is_alive() {
-                        live.push(pid);
-                    } else {
-                        let _ = slot.state.compare_exchange(
-                            state,
-                            FREE,
-                            Ordering::SeqCst,
-                            Ordering::Relaxed,
-                        );
-                    }
-                }
-            }
-        }
-        live
+        self.region
+            .slots()
+            .holders(&|id: &ProcessIdentity| id.is_alive(), false)
     }
 
-    /// Close and wait up to `timeout` for every live lease to go; return the holders left.
+    /// Close and wait up to `timeout` for every live lease to go, reaping dead holders; return
+    /// the holders left.
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
         self.begin_close();
         let start = Instant::now();
         let mut pause = Duration::from_micros(100);
         loop {
-            let holders = self.holders();
+            let holders = self
+                .region
+                .slots()
+                .holders(&|id: &ProcessIdentity| id.is_alive(), true);
             let waited = start.elapsed();
             if holders.is_empty() || waited >= timeout {
                 return (holders, waited);
@@ -196,7 +311,10 @@ impl ExportLeases {
 /// An importer's lease; frees its slot on drop.
 pub(crate) struct Lease {
     table: Arc<ShmRegion<LeaseTable>>,
+    generation: u64,
     slot: usize,
+    /// Our slot word, released by compare-exchange against it.
+    held: u64,
 }
 
 /// Lease tables this process has mapped, by token, kept after their leases are released so that
@@ -211,7 +329,7 @@ const MAX_CACHED_TABLES: usize = 64;
 fn cached_table(token: &[u8; 16]) -> Option<Arc<ShmRegion<LeaseTable>>> {
     let mut tables = TABLES.lock();
     let i = tables.iter().position(|(t, _)| t == token)?;
-    if tables[i].1.closing.load(Ordering::SeqCst) != 0 {
+    if tables[i].1.is_closing() {
         tables.remove(i);
         return None;
     }
@@ -220,7 +338,7 @@ fn cached_table(token: &[u8; 16]) -> Option<Arc<ShmRegion<LeaseTable>>> {
 
 fn cache_table(token: &[u8; 16], table: &Arc<ShmRegion<LeaseTable>>) {
     let mut tables = TABLES.lock();
-    tables.retain(|(_, t)| t.closing.load(Ordering::Relaxed) == 0);
+    tables.retain(|(_, t)| !t.is_closing());
     if tables.len() >= MAX_CACHED_TABLES {
         tables.remove(0);
     }
@@ -264,30 +382,30 @@ impl Lease {
                 table
             }
         };
-        if table.closing.load(Ordering::SeqCst) != 0 {
-            forget_table(token);
-            return Err(stale());
-        }
         let me = ProcessIdentity::current();
-        for (i, slot) in table.slots.iter().enumerate() {
-            if slot
-                .state
-                .compare_exchange(FREE, CLAIMING, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
-            {
-                slot.start.store(me.start_time(), Ordering::Relaxed);
-                slot.pid.store(me.pid(), Ordering::Relaxed);
-                slot.state.store(HELD, Ordering::SeqCst);
-                let lease = Self { table, slot: i };
-                // Dekker with `begin_close`: the exporter either sees our slot or we see this.
-                if lease.table.closing.load(Ordering::SeqCst) != 0 {
-                    forget_table(token);
-                    return Err(stale()); // drop frees the slot
-                }
-                return Ok(lease);
+        match table.slots().claim(&me) {
+            Claim::Granted(slot, held) => Ok(Self {
+                table,
+                generation,
+                slot,
+                held,
+            }),
+            Claim::Closing => {
+                forget_table(token);
+                Err(stale())
             }
+            Claim::Full => Err(Error::TooManyImporters { max: MAX_IMPORTERS }),
         }
-        Err(Error::TooManyImporters { max: MAX_IMPORTERS })
+    }
+
+    /// The export generation named by the handle that took this lease.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether the exporter has begun to close (no new views should be handed out).
+    pub(crate) fn is_closing(&self) -> bool {
+        self.table.is_closing()
     }
 
     /// The table this lease is held in.
@@ -295,27 +413,19 @@ impl Lease {
         &self.table
     }
 
-    fn exporter(&self) -> ProcessIdentity {
-        ProcessIdentity::from_parts(
-            self.table.exporter_pid.load(Ordering::Relaxed),
-            self.table.exporter_start.load(Ordering::Relaxed),
-        )
-    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.table.slots[self.slot]
-            .state
-            .store(FREE, Ordering::SeqCst);
+        self.table.slots().release(self.slot, self.held);
         // The exporter died without unlinking its table: the last importer cleans it up (and
         // stops caching it).
-        if !crate::process::is_alive_cached(&self.exporter())
+        if !crate::process::is_alive_cached(&self.table.exporter())
             && self
                 .table
                 .slots
                 .iter()
-                .all(|s| s.state.load(Ordering::SeqCst) == FREE)
+                .all(|s| s.load().state == OwnerState::Free)
         {
             TABLES.lock().retain(|(_, t)| !Arc::ptr_eq(t, &self.table));
             let _ = self.table.unlink_shared();
@@ -323,7 +433,7 @@ impl Drop for Lease {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -352,5 +462,245 @@ mod tests {
             Lease::acquire(&token, 8),
             Err(Error::StaleHandle { generation: 8 })
         ));
+    }
+
+    /// Slots on the heap and a liveness oracle: the replay tests below drive each party's
+    /// steps by hand, in the order of an interleaving that once went wrong.
+    struct Table {
+        closing: AtomicU32,
+        slots: Vec<OwnedSlot>,
+        dead: std::cell::RefCell<Vec<u32>>,
+    }
+
+    impl Table {
+        fn new(n: usize) -> Self {
+            Self {
+                closing: AtomicU32::new(0),
+                slots: (0..n).map(|_| OwnedSlot::new()).collect(),
+                dead: Default::default(),
+            }
+        }
+        fn slots(&self) -> Slots<'_> {
+            Slots {
+                closing: &self.closing,
+                slots: &self.slots,
+            }
+        }
+        fn kill(&self, id: &ProcessIdentity) {
+            self.dead.borrow_mut().push(id.pid());
+        }
+        fn holders(&self, reap: bool) -> Vec<u32> {
+            let dead = self.dead.borrow().clone();
+            self.slots()
+                .holders(&move |id: &ProcessIdentity| !dead.contains(&id.pid()), reap)
+        }
+    }
+
+    fn pid(p: u32) -> ProcessIdentity {
+        ProcessIdentity::from_parts(p, 1000 + u64::from(p))
+    }
+
+    /// Issue 11, defect 1, as reported against 66d5eef: P releases slot 0 and exits; C takes
+    /// the slot and is preempted before naming itself; the exporter's `importers()` finds the
+    /// slot naming dead P and reaps it; D claims slot 0; C resumes; D releases; close finds no
+    /// holder and frees while C maps. On 66d5eef slot 0 was granted to C and D at once. Now C's
+    /// claim names C in the same step, so nothing about P remains to mislead the reaper.
+    #[test]
+    fn a_slot_released_by_a_dead_holder_is_never_granted_twice() {
+        let t = Table::new(1);
+        let (p, c, d) = (pid(10), pid(11), pid(12));
+        let Claim::Granted(i, held) = t.slots().claim(&p) else {
+            panic!("P's claim")
+        };
+        t.slots().release(i, held);
+        t.kill(&p);
+        let c_claiming = t.slots[0].claim_and_stall(&c).expect("C takes slot 0");
+        assert_eq!(t.holders(false), vec![11], "the stalled claimer is named, and live");
+        assert_eq!(t.slots().claim(&d), Claim::Full, "D must not get C's slot");
+        let c_held = t.slots[0].resume_claim(c_claiming, &c).expect("C completes");
+        t.slots().begin_close();
+        assert_eq!(t.holders(true), vec![11], "close must wait for C");
+        t.slots().release(0, c_held);
+        assert!(t.holders(true).is_empty());
+    }
+
+    /// A claimer killed between its compare-exchange and finishing: the slot names it, it
+    /// reads as a holder while alive, and the exporter's close reaps it once it is dead (on
+    /// 66d5eef the slot read `CLAIMING` with pid 0 and no close could ever reap it).
+    #[test]
+    fn a_claimer_killed_mid_claim_is_reaped_by_the_close() {
+        let t = Table::new(2);
+        let k = pid(20);
+        t.slots[0].claim_and_stall(&k).unwrap();
+        assert_eq!(t.holders(false), vec![20]);
+        t.kill(&k);
+        assert!(t.holders(false).is_empty(), "dead: not a holder");
+        assert_ne!(t.slots[0].load().word, 0, "but not reaped outside a close");
+        t.slots().begin_close();
+        assert!(t.holders(true).is_empty());
+        assert_eq!(t.slots[0].load().word, 0, "reaped by the close");
+    }
+
+    /// The reaper judged a holder dead; before its compare-exchange, the slot changed hands.
+    /// The stale judgement must free nothing.
+    #[test]
+    fn a_reap_never_frees_a_slot_that_changed_hands() {
+        let t = Table::new(1);
+        let (p, c) = (pid(30), pid(31));
+        let Claim::Granted(_, p_word) = t.slots().claim(&p) else {
+            panic!()
+        };
+        t.slots().release(0, p_word);
+        let Claim::Granted(_, c_word) = t.slots().claim(&c) else {
+            panic!()
+        };
+        assert!(!t.slots[0].reap(p_word));
+        assert_eq!(t.slots[0].load().word, c_word);
+    }
+
+    /// Defect 7: `dead_holder` read the state, then the pid: a holder that released and
+    /// exited in between was reported dead while holding nothing. Now the word is judged
+    /// whole and re-read before reporting.
+    #[test]
+    fn dead_holder_does_not_report_a_slot_released_meanwhile() {
+        let t = Table::new(1);
+        let p = pid(40);
+        let Claim::Granted(i, held) = t.slots().claim(&p) else {
+            panic!()
+        };
+        let slots = t.slots();
+        // The liveness check runs between the reads: P releases and dies right there.
+        let judge = |_: &ProcessIdentity| {
+            slots.release(i, held);
+            false
+        };
+        assert_eq!(slots.dead_holder(1, &judge), None);
+    }
+
+    #[test]
+    fn a_claim_during_close_backs_off_and_frees_its_slot() {
+        let t = Table::new(1);
+        t.slots().begin_close();
+        assert_eq!(t.slots().claim(&pid(50)), Claim::Closing);
+        assert_eq!(t.slots[0].load().word, 0);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Model check of the lease protocol: an exporter closing (scan, reap, "free") against two
+    //! importers, one of which is killed right after its claim's compare-exchange. Invariants:
+    //! no slot is ever held by two importers, and the memory is never freed while a live
+    //! importer holds a lease.
+    use super::*;
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicBool;
+
+    struct Model {
+        closing: AtomicU32,
+        slots: [OwnedSlot; 2],
+        /// The exporter freed the memory.
+        freed: AtomicBool,
+        /// Importers currently using the memory.
+        using: AtomicU32,
+        /// The importer with pid 3 was killed.
+        killed: AtomicBool,
+    }
+
+    impl Model {
+        fn slots(&self) -> Slots<'_> {
+            Slots {
+                closing: &self.closing,
+                slots: &self.slots,
+            }
+        }
+        fn alive(&self, id: &ProcessIdentity) -> bool {
+            !(id.pid() == 3 && self.killed.load(Ordering::SeqCst))
+        }
+    }
+
+    fn id(pid: u32) -> ProcessIdentity {
+        ProcessIdentity::from_parts(pid, 1)
+    }
+
+    #[test]
+    fn close_never_frees_under_a_live_lease() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.max_branches = 100_000;
+        builder.check(|| {
+            let m = Arc::new(Model {
+                closing: AtomicU32::new(0),
+                slots: [OwnedSlot::new(), OwnedSlot::new()],
+                freed: AtomicBool::new(false),
+                using: AtomicU32::new(0),
+                killed: AtomicBool::new(false),
+            });
+            // A live importer: claim, use, release.
+            let live = {
+                let m = m.clone();
+                loom::thread::spawn(move || {
+                    if let Claim::Granted(i, held) = m.slots().claim(&id(2)) {
+                        m.using.fetch_add(1, Ordering::SeqCst);
+                        assert!(!m.freed.load(Ordering::SeqCst), "freed under a live lease");
+                        m.using.fetch_sub(1, Ordering::SeqCst);
+                        m.slots().release(i, held);
+                    }
+                })
+            };
+            // An importer killed right after its compare-exchange.
+            let victim = {
+                let m = m.clone();
+                loom::thread::spawn(move || {
+                    for slot in &m.slots {
+                        if slot.claim_and_stall(&id(3)).is_some() {
+                            break;
+                        }
+                    }
+                    m.killed.store(true, Ordering::SeqCst);
+                })
+            };
+            // The exporter: close, scan and reap until no holder, then free.
+            m.slots().begin_close();
+            loop {
+                if m.slots().holders(&|i| m.alive(i), true).is_empty() {
+                    break;
+                }
+                loom::thread::yield_now();
+            }
+            m.freed.store(true, Ordering::SeqCst);
+            assert_eq!(m.using.load(Ordering::SeqCst), 0, "freed while in use");
+            live.join().unwrap();
+            victim.join().unwrap();
+            // Every slot ends free: the victim's was reaped or never taken.
+            assert!(m.slots.iter().all(|s| s.load().word == 0));
+        });
+    }
+
+    /// Two claimers, one slot, a release in between: never both granted at once.
+    #[test]
+    fn one_slot_is_never_granted_twice() {
+        loom::model(|| {
+            let m = Arc::new((AtomicU32::new(0), [OwnedSlot::new()], AtomicU32::new(0)));
+            let claimers: Vec<_> = (2..4)
+                .map(|p| {
+                    let m = m.clone();
+                    loom::thread::spawn(move || {
+                        let slots = Slots {
+                            closing: &m.0,
+                            slots: &m.1,
+                        };
+                        if let Claim::Granted(i, held) = slots.claim(&id(p)) {
+                            assert_eq!(m.2.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                            m.2.fetch_sub(1, Ordering::SeqCst);
+                            slots.release(i, held);
+                        }
+                    })
+                })
+                .collect();
+            for c in claimers {
+                c.join().unwrap();
+            }
+        });
     }
 }

@@ -93,6 +93,7 @@ mod event;
 mod handle;
 mod lease;
 mod os;
+mod owner;
 mod process;
 mod shared;
 mod shm;

@@ -12,7 +12,10 @@ use crate::os;
 /// A process named by pid and start time, as recorded in shared memory by the barrier and the
 /// region header.
 ///
-/// `ProcessIdentity` is plain data (`Copy`, `Send`, `Sync`).
+/// `ProcessIdentity` is plain data (`Copy`, `Send`, `Sync`). `==` compares every field, the
+/// pidfs inode included, so it is an equivalence; [`is_same_process`](Self::is_same_process)
+/// is the looser question "could these two records name one process?", where an unknown inode
+/// matches any.
 ///
 /// # Examples
 ///
@@ -23,28 +26,12 @@ use crate::os;
 /// assert_eq!(me.pid(), std::process::id());
 /// assert!(me.is_alive());
 /// ```
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ProcessIdentity {
     pid: u32,
     start_time: u64,
     /// pidfs inode number, 0 when unknown.
     pidfs_ino: u64,
-}
-
-/// Same pid and start time, and the same pidfs inode where both know theirs.
-impl PartialEq for ProcessIdentity {
-    fn eq(&self, other: &Self) -> bool {
-        self.pid == other.pid
-            && self.start_time == other.start_time
-            && (self.pidfs_ino == 0 || other.pidfs_ino == 0 || self.pidfs_ino == other.pidfs_ino)
-    }
-}
-impl Eq for ProcessIdentity {}
-
-impl std::hash::Hash for ProcessIdentity {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (self.pid, self.start_time).hash(state);
-    }
 }
 
 impl ProcessIdentity {
@@ -92,6 +79,26 @@ impl ProcessIdentity {
         self
     }
 
+    /// Whether `self` and `other` can name the same process: same pid and start time, and the
+    /// same pidfs inode where both records know theirs (an identity read back from an envelope
+    /// or a region header has no inode). Not an equivalence relation (two records with
+    /// different inodes can each match one without), which is why it is not `==`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuda_ipc::ProcessIdentity;
+    ///
+    /// let me = ProcessIdentity::current();
+    /// let recorded = ProcessIdentity::from_parts(me.pid(), me.start_time());
+    /// assert!(recorded.is_same_process(&me));
+    /// ```
+    pub fn is_same_process(&self, other: &Self) -> bool {
+        self.pid == other.pid
+            && self.start_time == other.start_time
+            && (self.pidfs_ino == 0 || other.pidfs_ino == 0 || self.pidfs_ino == other.pidfs_ino)
+    }
+
     /// The pidfs inode number: unique per process until reboot (Linux 6.9+); 0 when unknown.
     pub fn pidfs_ino(&self) -> u64 {
         self.pidfs_ino
@@ -111,28 +118,40 @@ impl ProcessIdentity {
     /// the recorded time; where the pidfs inode is known, the pid's current process must also
     /// have that inode, so a reused pid reads as dead even within one clock tick.
     ///
+    /// Only a proven death reads as dead: when the kernel cannot be asked (`/proc` unreadable,
+    /// no file descriptors left), the process counts as alive, because the crate frees shared
+    /// memory and reaps slots on a death, and a guess there would be a use-after-free.
     /// A stopped process (`SIGSTOP`) is alive.
     pub fn is_alive(&self) -> bool {
+        !self.is_proven_dead()
+    }
+
+    fn is_proven_dead(&self) -> bool {
         if self.pid == 0 {
-            return false;
+            return true;
         }
         if self.pidfs_ino != 0 {
-            // No pidfd: no such process (ESRCH). Another inode: the pid was reused.
-            let Some(fd) = os::pidfd_open(self.pid) else {
-                return false;
-            };
-            let same = os::pidfd_ino(&fd) == Some(self.pidfs_ino);
-            if !same || os::pidfd_exited(&fd) {
-                return false;
+            match os::pidfd_open_checked(self.pid) {
+                // No such process.
+                Err(rustix::io::Errno::SRCH) => return true,
+                // Another inode: the pid was reused.
+                Ok(fd) if os::pidfd_ino(&fd).is_some_and(|ino| ino != self.pidfs_ino) => {
+                    return true;
+                }
+                Ok(fd) if os::pidfd_exited(&fd) => return true,
+                // Ours and running, or pidfds unusable here: ask /proc too.
+                Ok(_) | Err(_) => {}
             }
         }
-        match os::proc_stat(self.pid) {
-            None => false,
-            Some(st) => {
+        match os::proc_stat_checked(self.pid) {
+            Ok(None) => true,
+            Ok(Some(st)) => {
                 let exited = matches!(st.state, b'Z' | b'X' | b'x');
-                let same = self.start_time == 0 || st.start_time == self.start_time;
-                !exited && same
+                let other = self.start_time != 0 && st.start_time != self.start_time;
+                exited || other
             }
+            // Could not tell: not a proof of death.
+            Err(_) => false,
         }
     }
 }
@@ -217,9 +236,22 @@ mod tests {
             .with_pidfs_ino(me.pidfs_ino() + 1);
         assert!(me.is_alive());
         assert!(!impostor.is_alive());
-        // Equality still holds when one side does not know the inode.
-        assert_eq!(ProcessIdentity::from_parts(me.pid(), me.start_time()), me);
+        // The loose comparison still matches when one side does not know the inode.
+        assert!(ProcessIdentity::from_parts(me.pid(), me.start_time()).is_same_process(&me));
+        assert!(!impostor.is_same_process(&me));
         assert_ne!(impostor, me);
+    }
+
+    /// `Eq` must be an equivalence: on 66d5eef an unknown inode matched any, so a == b and
+    /// b == c held while a != c.
+    #[test]
+    fn equality_is_transitive() {
+        let a = ProcessIdentity::from_parts(7, 9).with_pidfs_ino(1);
+        let b = ProcessIdentity::from_parts(7, 9);
+        let c = ProcessIdentity::from_parts(7, 9).with_pidfs_ino(2);
+        assert_ne!(a, c);
+        assert!(!(a == b && b == c), "a == b and b == c must imply a == c");
+        assert!(a.is_same_process(&b) && b.is_same_process(&c) && !a.is_same_process(&c));
     }
 
     #[test]

@@ -66,6 +66,13 @@ shm_safe_atomics!(
     AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicI8, AtomicI16, AtomicI32, AtomicI64
 );
 
+// Under `--cfg loom` the crate's protocol cores (leases, the barrier) run on loom's atomics so
+// that loom can model-check them. Those builds only run the model checks, which keep the
+// shared structures on the heap and never map a region; this impl lets the shared layouts
+// (the lease table) compile there.
+#[cfg(loom)]
+shm_safe_atomics!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU64);
+
 // SAFETY: an array of ShmSafe elements has no padding between them and inherits their contract.
 unsafe impl<T: ShmSafe, const N: usize> ShmSafe for [T; N] {}
 
@@ -90,7 +97,8 @@ pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
 /// an atomic flag or the barrier: `store` ends with a release fence and `load` starts with an
 /// acquire fence.
 ///
-/// `ShmCell<T>` is `Sync` (every access is atomic) and [`ShmSafe`].
+/// `ShmCell<T>` is `Sync` and [`ShmSafe`] when `T` is `Send` (every access is atomic, and a
+/// value loaded on one thread may have been stored on another).
 ///
 /// # Examples
 ///
@@ -106,12 +114,15 @@ pub struct ShmCell<T: Pod> {
     value: UnsafeCell<T>,
 }
 
-// SAFETY: all access to the inner value goes through per-byte atomic operations (see `bytes`).
-unsafe impl<T: Pod> Sync for ShmCell<T> {}
+// SAFETY: all access to the inner value goes through per-byte atomic operations (see `bytes`),
+// and values only ever leave the cell as copies, handed to whichever thread calls `load`: that
+// moves a `T` between threads, so `T` must be `Send` (a `Pod` type can still be `!Send`, e.g.
+// one holding a `PhantomData<*const ()>` as a thread-affinity marker).
+unsafe impl<T: Pod + Send> Sync for ShmCell<T> {}
 
 // SAFETY: repr(transparent) over a Pod value (valid for all bit patterns, zero included, no
-// pointers); every access is atomic.
-unsafe impl<T: Pod> ShmSafe for ShmCell<T> {}
+// pointers); every access is atomic; `T: Send` for `Sync` above.
+unsafe impl<T: Pod + Send> ShmSafe for ShmCell<T> {}
 
 impl<T: Pod> ShmCell<T> {
     /// A cell holding `value` (for use outside shared memory, or in tests).

@@ -246,8 +246,10 @@ impl ShmOptions {
     /// timeout, or its creator died first), [`Error::HeaderMismatch`] naming the field.
     pub fn open<T: ShmSafe>(&self) -> Result<ShmRegion<T>> {
         let name = validate_name(&self.name)?.to_owned();
+        let start = Instant::now();
         let (file, info) = os::shm_open(&name)?;
         check_file(&name, &info)?;
+        let info = wait_sized(&file, info, &name, start, self.open_timeout)?;
         let (offset, total) = layout_of::<T>()?;
         if info.size < HEADER_LEN as u64 {
             return Err(Error::SizeMismatch {
@@ -258,7 +260,7 @@ impl ShmOptions {
         }
         // Map the header alone, wait for publication, validate; only then map the payload.
         let head = map(&file, HEADER_LEN, &name)?;
-        let fields = wait_published(raw_header(&head), &name, self.open_timeout)?;
+        let fields = wait_published(raw_header(&head), &name, start, self.open_timeout)?;
         fields.validate(
             &name,
             &Expected {
@@ -332,9 +334,40 @@ fn raw_header(map: &MmapRaw) -> &RawHeader {
     unsafe { &*map.as_ptr().cast::<RawHeader>() }
 }
 
+/// A region's file is empty from the creator's exclusive `open` until its `fallocate` (one
+/// step from 0 to the full size): wait, within the open timeout, for the size to appear, so
+/// that an open racing a create is "not ready yet", never "wrong size".
+fn wait_sized(
+    file: &File,
+    mut info: FileInfo,
+    name: &str,
+    start: Instant,
+    timeout: Duration,
+) -> Result<FileInfo> {
+    let mut pause = Duration::from_micros(20);
+    while info.size == 0 {
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(Error::NotReady {
+                name: name.to_owned(),
+                waited,
+                creator_dead: false,
+            });
+        }
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(10));
+        info = os::shm_fstat(file, name)?;
+    }
+    Ok(info)
+}
+
 /// Wait (bounded) for the creator's `Release` store of the magic; return the header copy.
-fn wait_published(header: &RawHeader, name: &str, timeout: Duration) -> Result<HeaderFields> {
-    let start = Instant::now();
+fn wait_published(
+    header: &RawHeader,
+    name: &str,
+    start: Instant,
+    timeout: Duration,
+) -> Result<HeaderFields> {
     let mut pause = Duration::from_micros(50);
     loop {
         if header.is_published() {

@@ -118,7 +118,7 @@ pub struct IpcSignal {
     counter: IpcBuffer<u64>,
     host: Mutex<HostPort>,
     /// The largest value this handle has signalled (0: none yet).
-    last_signalled: AtomicU64,
+    last_signalled: Mutex<u64>,
     /// A dead party once seen (`LOST_*` | pid), 0 while none is known.
     lost: AtomicU64,
 }
@@ -230,20 +230,38 @@ fn check_value(call: &'static str, value: u64) -> Result<()> {
     }
 }
 
-/// Record `value` as the highest signalled through `last`, refusing one outside the range or
-/// not above the last.
-fn advance(last: &AtomicU64, call: &'static str, value: u64) -> Result<()> {
+/// Signal `value` through `write` and record it as the highest signalled through `last`,
+/// refusing a value outside the range or not above the last. The value is recorded only once
+/// `write` succeeded, so a failed signal can be retried with the same value; the lock keeps
+/// concurrent signals of one handle in order (check, write, record as one step).
+fn advance(
+    last: &Mutex<u64>,
+    call: &'static str,
+    value: u64,
+    write: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     check_value(call, value)?;
-    last.fetch_update(Ordering::AcqRel, Ordering::Acquire, |prev| {
-        (value > prev).then_some(value)
-    })
-    .map(|_| ())
-    .map_err(|prev| Error::InvalidArgument {
-        call,
-        reason: format!(
-            "signal values must increase: {value} after {prev} (a signal is a counter)"
-        ),
-    })
+    let mut last = last.lock();
+    if value <= *last {
+        return Err(Error::InvalidArgument {
+            call,
+            reason: format!(
+                "signal values must increase: {value} after {} (a signal is a counter)",
+                *last
+            ),
+        });
+    }
+    write()?;
+    *last = value;
+    Ok(())
+}
+
+/// Whether a counter reading `counter` satisfies "≥ `value`" as the GPU decides it for
+/// `cuStreamWaitValue64(GEQ)`: `(int64_t)(counter − value) >= 0`. The same as plain `≥` for
+/// values up to [`IpcSignal::MAX_VALUE`], and what a peer kernel writing a larger value makes
+/// the GPU see.
+fn reached(counter: u64, value: u64) -> bool {
+    counter.wrapping_sub(value) as i64 >= 0
 }
 
 impl IpcSignal {
@@ -275,7 +293,7 @@ impl IpcSignal {
         Ok(Self {
             counter,
             host: Mutex::new(host),
-            last_signalled: AtomicU64::new(0),
+            last_signalled: Mutex::new(0),
             lost: AtomicU64::new(0),
         })
     }
@@ -316,26 +334,35 @@ impl IpcSignal {
     /// stream's earlier work visible to every process (`cuStreamWriteValue64`, default flags).
     /// Returns at once; the host is not involved when the stream gets there.
     ///
-    /// `stream` must belong to this signal's context.
+    /// `stream` must belong to this signal's context. A value is used up only when the
+    /// driver accepted the write: after an error, the same value can be signalled again.
+    ///
+    /// # Safety
+    ///
+    /// The write runs later, on the device: the signal must stay alive until it has executed
+    /// on `stream` (synchronise the stream before dropping the signal). Dropping an opened
+    /// signal unmaps its counter and dropping the exported one frees it, without waiting for
+    /// queued work, which would then write to memory that is no longer the counter (see
+    /// [`IpcBuffer`'s asynchronous work](crate::IpcBuffer#asynchronous-work)).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE) or not above
     /// the last one this handle signalled; [`Error::Cuda`] naming `cuStreamWriteValue64`.
     #[doc(alias = "cuStreamWriteValue64")]
-    pub fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
-        advance(&self.last_signalled, "IpcSignal::signal", value)?;
-        let _g = self.counter.context().enter()?;
-        // SAFETY: the counter is an 8-byte aligned device word mapped while `self` lives (a
-        // stream that runs the write later keeps running against memory the lease keeps
-        // mapped until drop); the stream is borrowed, live.
-        check("cuStreamWriteValue64", unsafe {
-            sys::cuStreamWriteValue64_v2(
-                stream_raw(stream),
-                self.counter.as_raw_ptr(),
-                value,
-                sys::CU_STREAM_WRITE_VALUE_DEFAULT,
-            )
+    pub unsafe fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
+        advance(&self.last_signalled, "IpcSignal::signal", value, || {
+            let _g = self.counter.context().enter()?;
+            // SAFETY: the counter is an 8-byte aligned device word, mapped now; that it stays
+            // mapped until the stream runs the write is the caller's duty (forwarded).
+            check("cuStreamWriteValue64", unsafe {
+                sys::cuStreamWriteValue64_v2(
+                    stream_raw(stream),
+                    self.counter.as_raw_ptr(),
+                    value,
+                    sys::CU_STREAM_WRITE_VALUE_DEFAULT,
+                )
+            })
         })
     }
 
@@ -346,17 +373,26 @@ impl IpcSignal {
     /// The GPU cannot notice a dead writer: if nobody ever signals `value`, the stream stays
     /// blocked (see the type's docs for what to do about it).
     ///
+    /// # Safety
+    ///
+    /// The wait runs on the device until the counter gets there: the signal must stay alive
+    /// until it has completed on `stream`, as for [`signal`](Self::signal). A stream parked
+    /// on a counter that was unmapped or freed reads whatever memory is there next; and
+    /// freeing an exported counter (`cuMemFree`) waits for the device, so dropping it while a
+    /// stream of this process waits on a value nobody will write blocks the drop for good.
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE);
     /// [`Error::ExporterGone`] or [`Error::PeerDied`] when a host-side check of this handle has
     /// already seen a party of the signal die; [`Error::Cuda`] naming `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
-    pub fn wait(&self, stream: &Stream, value: u64) -> Result<()> {
+    pub unsafe fn wait(&self, stream: &Stream, value: u64) -> Result<()> {
         check_value("IpcSignal::wait", value)?;
         self.known_loss()?;
         let _g = self.counter.context().enter()?;
-        // SAFETY: as in `signal`; the wait only reads the counter.
+        // SAFETY: as in `signal` (the counter's lifetime until the wait completes is the
+        // caller's duty); the wait only reads the counter.
         check("cuStreamWaitValue64", unsafe {
             sys::cuStreamWaitValue64_v2(
                 stream_raw(stream),
@@ -386,8 +422,9 @@ impl IpcSignal {
     /// As [`signal`](Self::signal), with [`Error::Cuda`] naming `cuMemcpyHtoDAsync` or
     /// `cuStreamSynchronize`.
     pub fn signal_host(&self, value: u64) -> Result<()> {
-        advance(&self.last_signalled, "IpcSignal::signal_host", value)?;
-        self.host.lock().write(self.counter.as_raw_ptr(), value)
+        advance(&self.last_signalled, "IpcSignal::signal_host", value, || {
+            self.host.lock().write(self.counter.as_raw_ptr(), value)
+        })
     }
 
     /// Block the calling thread until the counter is ≥ `value`, at most `timeout`, and return
@@ -415,7 +452,7 @@ impl IpcSignal {
                     return Err(e);
                 }
             };
-            if now_value >= value {
+            if reached(now_value, value) {
                 return Ok(now_value);
             }
             if Instant::now() >= next_check {
@@ -518,7 +555,7 @@ impl std::fmt::Debug for IpcSignal {
             .field("imported", &self.is_imported())
             .field(
                 "last_signalled",
-                &self.last_signalled.load(Ordering::Relaxed),
+                &*self.last_signalled.lock(),
             )
             .finish_non_exhaustive()
     }
@@ -539,18 +576,50 @@ mod tests {
 
     #[test]
     fn signalled_values_must_increase() {
-        let last = AtomicU64::new(0);
+        let last = Mutex::new(0);
+        let ok = || Ok(());
         assert!(
-            advance(&last, "t", 0).is_err(),
+            advance(&last, "t", 0, ok).is_err(),
             "0 is where the counter starts"
         );
-        advance(&last, "t", 1).unwrap();
-        advance(&last, "t", 5).unwrap();
-        let e = advance(&last, "t", 5).unwrap_err();
+        advance(&last, "t", 1, ok).unwrap();
+        advance(&last, "t", 5, ok).unwrap();
+        let e = advance(&last, "t", 5, ok).unwrap_err();
         assert!(e.to_string().contains("must increase: 5 after 5"), "{e}");
-        assert!(advance(&last, "t", 3).is_err());
-        assert!(advance(&last, "t", IpcSignal::MAX_VALUE + 1).is_err());
-        assert_eq!(last.load(Ordering::Relaxed), 5);
-        advance(&last, "t", IpcSignal::MAX_VALUE).unwrap();
+        assert!(advance(&last, "t", 3, ok).is_err());
+        assert!(advance(&last, "t", IpcSignal::MAX_VALUE + 1, ok).is_err());
+        assert_eq!(*last.lock(), 5);
+        advance(&last, "t", IpcSignal::MAX_VALUE, ok).unwrap();
+    }
+
+    /// Issue 11, defect 7: on 66d5eef the value was used up before the driver call, so a
+    /// signal that failed could not be retried with the same value.
+    #[test]
+    fn a_failed_signal_can_be_retried_with_the_same_value() {
+        let last = Mutex::new(0);
+        let fail = || {
+            Err(Error::Cuda {
+                call: "cuStreamWriteValue64",
+                code: 1,
+                name: "CUDA_ERROR_INVALID_VALUE".into(),
+            })
+        };
+        assert!(matches!(advance(&last, "t", 1, fail), Err(Error::Cuda { .. })));
+        assert_eq!(*last.lock(), 0);
+        advance(&last, "t", 1, || Ok(())).unwrap();
+        assert_eq!(*last.lock(), 1);
+    }
+
+    /// Issue 11, defect 7: the host wait compared unsigned where the GPU compares the signed
+    /// difference; a peer kernel writing 2^63 or more made the two disagree (on 66d5eef the
+    /// host saw 2^63 + 5 ≥ 1 while every GPU-side wait for 1 stayed blocked).
+    #[test]
+    fn the_host_wait_decides_as_the_gpu_does() {
+        assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
+        assert!(reached(IpcSignal::MAX_VALUE, 0));
+        // (int64_t)(2^63 + 4) < 0: a GPU-side wait for 1 does not pass, though 2^63 + 5 ≥ 1.
+        assert!(!reached((1 << 63) + 5, 1));
+        assert!(!reached(1 << 63, 0));
+        assert!(!reached(u64::MAX, 0));
     }
 }

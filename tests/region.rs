@@ -360,6 +360,47 @@ fn unpublished_header_gives_not_ready_and_a_dead_creator_is_noticed() {
     assert!(!shm_exists(&name));
 }
 
+/// Issue 11, defect 5: between the creator's exclusive `open` and its `fallocate` the file is
+/// empty. On 66d5eef an open in that window returned `SizeMismatch { found: 0 }` at once (81
+/// of 400 racing opens); it must wait, within the open timeout, like an unpublished header.
+#[test]
+fn an_open_racing_a_create_waits_instead_of_failing() {
+    let _dog = watchdog("open_races_create", Duration::from_secs(60));
+    // The window itself, held open: an empty 0600 file is "not ready", not "wrong size".
+    let name = unique_name("empty");
+    let path = format!("/dev/shm/{name}");
+    std::fs::File::create(&path).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let r = ShmOptions::new(&name)
+        .open_timeout(Duration::from_millis(50))
+        .open::<Shared>();
+    assert!(
+        matches!(r, Err(Error::NotReady { creator_dead: false, .. })),
+        "{r:?}"
+    );
+    std::fs::remove_file(&path).unwrap();
+    // And the race: 400 opens, each started while a thread creates the region.
+    for i in 0..400 {
+        let name = unique_name("race");
+        std::thread::scope(|s| {
+            let creator = s.spawn(|| {
+                if i % 2 == 0 {
+                    std::thread::yield_now();
+                }
+                ShmOptions::new(&name).create::<Shared>().unwrap()
+            });
+            loop {
+                match ShmOptions::new(&name).open::<Shared>() {
+                    Ok(_) => break,
+                    Err(Error::NotFound { .. }) => std::hint::spin_loop(),
+                    Err(e) => panic!("open {i} racing a create: {e}"),
+                }
+            }
+            drop(creator.join().unwrap());
+        });
+    }
+}
+
 #[test]
 fn umask_never_changes_the_mode() {
     let _dog = watchdog("umask", Duration::from_secs(30));

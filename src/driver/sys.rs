@@ -104,6 +104,12 @@ unsafe extern "C" {
         stream: CUstream,
     ) -> CUresult;
 
+    pub fn cuMemGetAddressRange_v2(
+        base: *mut CUdeviceptr,
+        size: *mut usize,
+        dptr: CUdeviceptr,
+    ) -> CUresult;
+
     pub fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
     pub fn cuIpcOpenMemHandle_v2(
         dptr: *mut CUdeviceptr,

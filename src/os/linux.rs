@@ -112,6 +112,12 @@ pub(crate) fn shm_open(name: &str) -> Result<(File, FileInfo)> {
     Ok((File::from(fd), info))
 }
 
+/// `fstat` of an open shared-memory file.
+pub(crate) fn shm_fstat(file: &File, name: &str) -> Result<FileInfo> {
+    let st = fs::fstat(file).map_err(|e| Error::from_os("fstat", name, e))?;
+    Ok(info_of(&st))
+}
+
 fn file_info(fd: &OwnedFd, name: &str) -> Result<FileInfo> {
     let st = fs::fstat(fd).map_err(|e| Error::from_os("fstat", name, e))?;
     Ok(info_of(&st))
@@ -200,8 +206,17 @@ pub(crate) fn futex_wake_all(word: &AtomicU32) {
 
 /// A pidfd for `pid` (`pidfd_open`), or `None` where the kernel or sandbox refuses it.
 pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+    pidfd_open_checked(pid).ok()
+}
+
+/// [`pidfd_open`] keeping the reason: `ESRCH` means no such process (the only answer that proves
+/// a death); anything else (`EMFILE`, `ENOSYS`, a seccomp `EPERM`) says nothing about it.
+pub(crate) fn pidfd_open_checked(pid: u32) -> std::result::Result<OwnedFd, Errno> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or(Errno::SRCH)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
 }
 
 /// The pidfs inode number of process `pid`: on Linux 6.9 and later every process has one, unique
@@ -250,8 +265,24 @@ pub(crate) struct ProcStat {
 
 /// Read `/proc/<pid>/stat`; `None` when there is no such process.
 pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    parse_proc_stat(&text)
+    proc_stat_checked(pid).ok().flatten()
+}
+
+/// [`proc_stat`] telling "no such process" (`Ok(None)`: the file is gone, `ENOENT`/`ESRCH`)
+/// apart from "could not tell" (`Err`: `/proc` unreadable, fd limit, unparsable line).
+pub(crate) fn proc_stat_checked(pid: u32) -> std::io::Result<Option<ProcStat>> {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(text) => parse_proc_stat(&text)
+            .map(Some)
+            .ok_or_else(|| std::io::Error::other("unparsable /proc/<pid>/stat")),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(Errno::SRCH.raw_os_error()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Parse the `stat` line. The command name (field 2) is in parentheses and may itself contain
