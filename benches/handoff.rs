@@ -284,13 +284,15 @@ fn consumer(arg: &str) {
             loop {
                 k += 1;
                 spin(|| shared.seq.load(Ordering::Acquire) >= k);
-                ready.wait(&stream, k).unwrap();
+                // SAFETY: the stream is synchronised before the signals drop (below).
+                unsafe { ready.wait(&stream, k).unwrap() };
                 if work {
                     // SAFETY: both device ranges are live; the stream orders the copy.
                     let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, buf.as_raw_ptr(), 64, s) };
                     ok("cuMemcpyDtoDAsync", rc);
                 }
-                ack.signal(&stream, k).unwrap();
+                // SAFETY: as above.
+                unsafe { ack.signal(&stream, k).unwrap() };
                 if done(k) {
                     stream.synchronize().unwrap();
                     break;
@@ -512,9 +514,12 @@ impl<'m> Producer<'m> {
             }
             Sync::SignalCrate { ready, ack } => {
                 launch();
-                ready.signal(s, k).unwrap();
+                // SAFETY: `await_stream` below waits for the stream before the next step, and
+                // the signals outlive this helper.
+                unsafe { ready.signal(s, k).unwrap() };
                 shared.seq.store(k, Ordering::Release);
-                ack.wait(s, k).unwrap();
+                // SAFETY: as above.
+                unsafe { ack.wait(s, k).unwrap() };
                 self.await_stream(sr);
             }
             Sync::SignalRaw { ready, ack } => {

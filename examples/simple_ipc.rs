@@ -171,50 +171,65 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
     barrier.wait()?; // everyone has opened everything
     phases.mark("barrier");
 
-    for i in 0..n {
-        injected_failure(id, i);
-        let target = (i + id) % n;
-        let buf = &buffers[target];
-        // Buffer `target` was written in step i - 1 (its counter says i), not yet in step i.
-        match &sync {
-            Sync::Events(events) => events[target].wait_on(&stream)?,
-            Sync::Signals(signals) => signals[target].wait(&stream, i as u64)?,
+    // From the first enqueued wait until the stream is synchronised, GPU work of this process
+    // may be queued on the buffers and signals: they must not be dropped before it ends
+    // (`IpcSignal::wait` is unsafe for this reason), and a wait on a dead peer's counter never
+    // ends. So a failure in this phase exits the process without dropping them: the driver
+    // tears the context down with the process.
+    let mut gpu_phase = || -> Result<(), Failure> {
+        for i in 0..n {
+            injected_failure(id, i);
+            let target = (i + id) % n;
+            let buf = &buffers[target];
+            // Buffer `target` was written in step i - 1 (its counter says i), not yet in step i.
+            match &sync {
+                Sync::Events(events) => events[target].wait_on(&stream)?,
+                // SAFETY: the stream is synchronised before the signals drop (or the process
+                // exits without dropping them, see `gpu_phase`).
+                Sync::Signals(signals) => unsafe { signals[target].wait(&stream, i as u64)? },
+            }
+            let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
+            // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
+            // buffer, which stays mapped until the stream is synchronised below.
+            unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
+            match &sync {
+                Sync::Events(events) => events[target].record(&stream)?,
+                // SAFETY: as for the wait above.
+                Sync::Signals(signals) => unsafe { signals[target].signal(&stream, i as u64 + 1)? },
+            }
+            barrier.wait()?;
+            if id == 0 {
+                println!("Step {i} done");
+            }
         }
-        let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
-        // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
-        // buffer, which stays mapped until the stream is synchronised below.
-        unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
-        match &sync {
-            Sync::Events(events) => events[target].record(&stream)?,
-            Sync::Signals(signals) => signals[target].signal(&stream, i as u64 + 1)?,
-        }
-        barrier.wait()?;
-        if id == 0 {
-            println!("Step {i} done");
-        }
-    }
 
-    // The last write of this child's buffer is complete (bounded: a dead peer is an error).
-    match &sync {
-        Sync::Events(events) => events[id].synchronize(Duration::from_secs(60))?,
-        Sync::Signals(signals) => {
-            signals[id].wait_host(n as u64, Duration::from_secs(60))?;
+        // The last write of this child's buffer is complete (bounded: a dead peer is an error).
+        match &sync {
+            Sync::Events(events) => events[id].synchronize(Duration::from_secs(60))?,
+            Sync::Signals(signals) => {
+                signals[id].wait_host(n as u64, Duration::from_secs(60))?;
+            }
         }
+        phases.mark("steps");
+        println!("Process {id}: verifying...");
+        let mut host = vec![0u8; buffers[id].len()];
+        buffers[id].copy_to_host(&mut host)?;
+        let expect = ((id + 1) % n) as u8;
+        if let Some(pos) = host.iter().position(|&b| b != expect) {
+            return Err(format!(
+                "Process {id}: verification failed at byte {pos}: {} != {expect}",
+                host[pos]
+            )
+            .into());
+        }
+        stream.synchronize()?;
+        phases.mark("verify");
+        Ok(())
+    };
+    if let Err(e) = gpu_phase() {
+        eprintln!("Process {id}: error: {}", chain(e.as_ref()));
+        std::process::exit(1);
     }
-    phases.mark("steps");
-    println!("Process {id}: verifying...");
-    let mut host = vec![0u8; buffers[id].len()];
-    buffers[id].copy_to_host(&mut host)?;
-    let expect = ((id + 1) % n) as u8;
-    if let Some(pos) = host.iter().position(|&b| b != expect) {
-        return Err(format!(
-            "Process {id}: verification failed at byte {pos}: {} != {expect}",
-            host[pos]
-        )
-        .into());
-    }
-    stream.synchronize()?;
-    phases.mark("verify");
     barrier.wait()?; // no buffer is unmapped while another child may still read it
     println!("Process {id} complete!");
     if std::env::var_os("SIMPLE_IPC_TIMINGS").is_some() {

@@ -676,7 +676,7 @@ pub(crate) mod loom_support {
     pub(crate) const DEAD_FROM: u32 = 1000;
 
     loom::thread_local! {
-        static PID: Cell<u32> = const { Cell::new(1) };
+        static PID: Cell<u32> = Cell::new(1);
     }
 
     /// The pid the calling model thread stands for.
@@ -886,13 +886,19 @@ mod tests {
         assert_eq!(generation_of(prev), 0);
         assert!(b.wait().unwrap().is_leader());
         drop(b);
-        assert!(matches!(
-            a.check_peers(0),
-            Ok(PeerCheck::GenerationPassed)
-        ));
+        assert!(matches!(a.check_peers(0), Ok(PeerCheck::GenerationPassed)));
         // The next generation cannot complete: B left. That is reported, not hidden.
         let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
-        assert!(matches!(e, Error::PeerLost { exited_cleanly: true, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::PeerLost {
+                    exited_cleanly: true,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     /// Issue 11, defect 4: a joiner killed between taking its slot and finishing the join. On
@@ -906,7 +912,14 @@ mod tests {
         s.slots[1].claim_and_stall(&dead()).unwrap();
         let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
         assert!(
-            matches!(e, Error::PeerLost { exited_cleanly: false, slot: 1, .. }),
+            matches!(
+                e,
+                Error::PeerLost {
+                    exited_cleanly: false,
+                    slot: 1,
+                    ..
+                }
+            ),
             "{e}"
         );
     }
@@ -1042,7 +1055,9 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     loom_support::set_pid(loom_support::DEAD_FROM);
                     let me = current_identity();
-                    let _ = s.slots[..2].iter().find_map(|slot| slot.claim_and_stall(&me));
+                    let _ = s.slots[..2]
+                        .iter()
+                        .find_map(|slot| slot.claim_and_stall(&me));
                 })
             };
             let other = {

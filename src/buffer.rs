@@ -586,11 +586,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
-    pub unsafe fn copy_from_device_async(
-        &self,
-        src: &IpcBuffer<T>,
-        stream: &Stream,
-    ) -> Result<()> {
+    pub unsafe fn copy_from_device_async(&self, src: &IpcBuffer<T>, stream: &Stream) -> Result<()> {
         self.check_len("IpcBuffer::copy_from_device_async", src.len)?;
         let _g = self.ctx.enter()?;
         // SAFETY: both ranges are live device allocations of `byte_len` bytes now; that they

@@ -412,7 +412,6 @@ impl Lease {
     pub(crate) fn table(&self) -> &LeaseTable {
         &self.table
     }
-
 }
 
 impl Drop for Lease {
@@ -429,6 +428,56 @@ impl Drop for Lease {
         {
             TABLES.lock().retain(|(_, t)| !Arc::ptr_eq(t, &self.table));
             let _ = self.table.unlink_shared();
+        }
+    }
+}
+
+/// The lease protocol without a GPU, for the multi-process stress test
+/// (`tests/lease_stress.rs`). Not part of the API.
+#[doc(hidden)]
+pub mod __testing {
+    use super::*;
+
+    /// An exporter's lease table (no memory behind it).
+    pub struct Export(ExportLeases);
+
+    impl Export {
+        /// Create the table for `token`.
+        ///
+        /// # Errors
+        ///
+        /// As the lease table's creation.
+        pub fn create(token: &[u8; 16]) -> Result<Self> {
+            ExportLeases::create(token).map(Self)
+        }
+
+        /// What `importers()` reports: the live holders' pids.
+        pub fn holders(&self) -> Vec<u32> {
+            self.0.holders()
+        }
+
+        /// What a drop does before `cuMemFree`: close, wait, reap; the holders left.
+        pub fn close_and_wait(&self, timeout: Duration) -> Vec<u32> {
+            self.0.close_and_wait(timeout).0
+        }
+    }
+
+    /// An importer's lease.
+    pub struct Held(Lease);
+
+    impl Held {
+        /// Claim a lease on the export `token`.
+        ///
+        /// # Errors
+        ///
+        /// As `IpcBuffer::open`'s lease step.
+        pub fn acquire(token: &[u8; 16]) -> Result<Self> {
+            Lease::acquire(token, 0).map(Self)
+        }
+
+        /// The slot held.
+        pub fn slot(&self) -> usize {
+            self.0.slot
         }
     }
 }
@@ -515,9 +564,15 @@ mod tests {
         t.slots().release(i, held);
         t.kill(&p);
         let c_claiming = t.slots[0].claim_and_stall(&c).expect("C takes slot 0");
-        assert_eq!(t.holders(false), vec![11], "the stalled claimer is named, and live");
+        assert_eq!(
+            t.holders(false),
+            vec![11],
+            "the stalled claimer is named, and live"
+        );
         assert_eq!(t.slots().claim(&d), Claim::Full, "D must not get C's slot");
-        let c_held = t.slots[0].resume_claim(c_claiming, &c).expect("C completes");
+        let c_held = t.slots[0]
+            .resume_claim(c_claiming, &c)
+            .expect("C completes");
         t.slots().begin_close();
         assert_eq!(t.holders(true), vec![11], "close must wait for C");
         t.slots().release(0, c_held);

@@ -113,7 +113,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use event::IpcEvent;
 pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
-pub use lease::{MAX_IMPORTERS, reclaim_stale_lease_tables};
+pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
 pub use process::ProcessIdentity;
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{

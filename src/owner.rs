@@ -224,11 +224,16 @@ mod tests {
         for state in [OwnerState::Claiming, OwnerState::Held, OwnerState::Left] {
             let w = Owner::encode(state, &id).unwrap();
             let o = Owner::decode(w);
-            assert_eq!((o.state, o.pid, o.start), (state, id.pid(), id.start_time()));
+            assert_eq!(
+                (o.state, o.pid, o.start),
+                (state, id.pid(), id.start_time())
+            );
         }
         assert_eq!(Owner::decode(0).state, OwnerState::Free);
         assert!(Owner::encode(OwnerState::Held, &ProcessIdentity::from_parts(0, 5)).is_none());
-        assert!(Owner::encode(OwnerState::Held, &ProcessIdentity::from_parts(1 << 22, 5)).is_none());
+        assert!(
+            Owner::encode(OwnerState::Held, &ProcessIdentity::from_parts(1 << 22, 5)).is_none()
+        );
         assert!(Owner::encode(OwnerState::Free, &id).is_none());
     }
 

@@ -102,6 +102,21 @@ pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
 ///
 /// # Examples
 ///
+/// A type that must stay on its thread cannot be shared through a cell (a value stored on one
+/// thread would be loaded on another):
+///
+/// ```compile_fail
+/// use std::marker::PhantomData;
+/// use cuda_ipc::ShmCell;
+///
+/// #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+/// #[repr(transparent)]
+/// struct ThisThreadOnly(u32, PhantomData<*const ()>);
+///
+/// fn shared<T: Sync>() {}
+/// shared::<ShmCell<ThisThreadOnly>>(); // error: `*const ()` cannot be sent between threads
+/// ```
+///
 /// ```
 /// use cuda_ipc::ShmCell;
 ///

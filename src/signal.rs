@@ -104,12 +104,16 @@ const LOST_PEER: u64 = 2 << 32;
 /// let ready = IpcSignal::new(&ctx)?;
 /// let handle = ready.handle()?;
 /// // ... enqueue the work that fills a shared buffer for hand-off 1, then:
-/// ready.signal(&stream, 1)?;
+/// // SAFETY: `ready` outlives the write: the stream is synchronised before it drops.
+/// unsafe { ready.signal(&stream, 1)? };
+/// stream.synchronize()?;
 ///
 /// // Consumer, in another process: its stream waits for hand-off 1 on the GPU.
 /// let ready = IpcSignal::open(&ctx, &handle)?;
-/// ready.wait(&stream, 1)?;
+/// // SAFETY: as above: the stream is synchronised before `ready` drops.
+/// unsafe { ready.wait(&stream, 1)? };
 /// // ... enqueue work that reads the buffer ...
+/// stream.synchronize()?;
 /// // Or wait on the host, with a deadline:
 /// ready.wait_host(1, Duration::from_secs(5))?;
 /// # Ok(()) }
@@ -422,9 +426,12 @@ impl IpcSignal {
     /// As [`signal`](Self::signal), with [`Error::Cuda`] naming `cuMemcpyHtoDAsync` or
     /// `cuStreamSynchronize`.
     pub fn signal_host(&self, value: u64) -> Result<()> {
-        advance(&self.last_signalled, "IpcSignal::signal_host", value, || {
-            self.host.lock().write(self.counter.as_raw_ptr(), value)
-        })
+        advance(
+            &self.last_signalled,
+            "IpcSignal::signal_host",
+            value,
+            || self.host.lock().write(self.counter.as_raw_ptr(), value),
+        )
     }
 
     /// Block the calling thread until the counter is ≥ `value`, at most `timeout`, and return
@@ -553,10 +560,7 @@ impl std::fmt::Debug for IpcSignal {
         f.debug_struct("IpcSignal")
             .field("device", &self.context().ordinal())
             .field("imported", &self.is_imported())
-            .field(
-                "last_signalled",
-                &*self.last_signalled.lock(),
-            )
+            .field("last_signalled", &*self.last_signalled.lock())
             .finish_non_exhaustive()
     }
 }
@@ -604,7 +608,10 @@ mod tests {
                 name: "CUDA_ERROR_INVALID_VALUE".into(),
             })
         };
-        assert!(matches!(advance(&last, "t", 1, fail), Err(Error::Cuda { .. })));
+        assert!(matches!(
+            advance(&last, "t", 1, fail),
+            Err(Error::Cuda { .. })
+        ));
         assert_eq!(*last.lock(), 0);
         advance(&last, "t", 1, || Ok(())).unwrap();
         assert_eq!(*last.lock(), 1);

@@ -138,9 +138,112 @@ fn child_process() {
                 std::thread::sleep(Duration::from_secs(50));
                 1
             }
+            // Issue 11, defect 2: the envelope's length is the peer's word. Forge it (and
+            // reseal: the checksum is integrity, not authenticity) and try both paths.
+            "forged_lengths" => {
+                let ctx = gpu();
+                let h = shared.mem.load();
+                let forged = with_len(&h, h.len() as u64 * 1024);
+                // Through the import cache (a real view is open): refused, not served.
+                let real = IpcBuffer::open(&ctx, &h).unwrap();
+                match IpcBuffer::open(&ctx, &forged) {
+                    Err(Error::CorruptHandle { reason }) => report(format!("hit: {reason}")),
+                    other => report(format!("hit: unexpected {:?}", other.map(|b| b.len()))),
+                }
+                drop(real);
+                // A first open: held to the size the driver reports for the mapping.
+                match IpcBuffer::open(&ctx, &forged) {
+                    Err(Error::CorruptHandle { reason }) => report(format!("miss: {reason}")),
+                    other => report(format!("miss: unexpected {:?}", other.map(|b| b.len()))),
+                }
+                // Nothing is left behind: the real handle still opens, with its real length.
+                let real = IpcBuffer::open(&ctx, &h).unwrap();
+                let mut host = vec![0u32; real.len()];
+                real.copy_to_host(&mut host).unwrap();
+                assert_eq!(host, pattern(real.len(), 7));
+                report(format!("real {}", real.len()));
+                0
+            }
+            // Issue 11, defect 7: a cache hit must see that the exporter is closing. Hold a
+            // view and keep re-opening (cache hits) until refused, then let the close finish.
+            "reopen_until_closing" => {
+                let ctx = gpu();
+                let h = shared.mem.load();
+                let held = IpcBuffer::open(&ctx, &h).unwrap();
+                shared.done.store(1, Ordering::Release);
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                let outcome = loop {
+                    match IpcBuffer::open(&ctx, &h) {
+                        Ok(view) => drop(view),
+                        Err(e) => break format!("refused: {e:?}"),
+                    }
+                    if std::time::Instant::now() > deadline {
+                        break "never refused while closing".to_owned();
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                };
+                drop(held);
+                report(outcome);
+                0
+            }
             other => panic!("unknown role {other}"),
         }
     });
+}
+
+/// `h` with its length replaced by `len`, resealed so that only the length is wrong.
+fn with_len(h: &IpcMemHandle<u32>, len: u64) -> IpcMemHandle<u32> {
+    let mut bytes = h.as_bytes().to_vec();
+    bytes[24..32].copy_from_slice(&len.to_le_bytes());
+    cuda_ipc::__fuzz_reseal(&mut bytes);
+    let forged = IpcMemHandle::<u32>::from_bytes(&bytes).unwrap();
+    assert_eq!(forged.len() as u64, len);
+    forged
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_forged_length_is_refused_on_first_open_and_on_a_cache_hit() {
+    let _dog = watchdog("forged_lengths", Duration::from_secs(60));
+    let ctx = gpu();
+    let shared = region();
+    let buf = IpcBuffer::<u32>::new(&ctx, 1 << 16).unwrap();
+    buf.copy_from_host(&pattern(1 << 16, 7)).unwrap();
+    shared.mem.store(buf.handle().unwrap());
+    let out = spawn("forged_lengths", &[shared.name()]).expect_success(Duration::from_secs(50));
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(
+        out[0].starts_with("hit: ") && out[0].contains("already maps the same export"),
+        "{out:?}"
+    );
+    assert!(
+        out[1].starts_with("miss: ") && out[1].contains("cuMemGetAddressRange"),
+        "{out:?}"
+    );
+    assert_eq!(out[2], format!("real {}", 1 << 16));
+    assert!(buf.importers().is_empty());
+    buf.close().unwrap();
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_cache_hit_is_refused_once_the_exporter_closes() {
+    let _dog = watchdog("hit_while_closing", Duration::from_secs(60));
+    let ctx = gpu();
+    let shared = region();
+    let buf = IpcBuffer::<u32>::new(&ctx, 4096).unwrap();
+    shared.mem.store(buf.handle().unwrap());
+    let child = spawn("reopen_until_closing", &[shared.name()]);
+    wait_for("child opened", Duration::from_secs(30), || {
+        shared.done.load(Ordering::Acquire) == 1
+    });
+    let mut buf = buf;
+    buf.set_lease_timeout(Duration::from_secs(30));
+    // Waits for the child's lease; the child's next open must see the table closing.
+    buf.close().unwrap();
+    let out = child.expect_success(Duration::from_secs(30));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(out[0].starts_with("refused: StaleHandle"), "{out:?}");
 }
 
 fn round_trip(importer_device: u32) {

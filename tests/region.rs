@@ -375,7 +375,13 @@ fn an_open_racing_a_create_waits_instead_of_failing() {
         .open_timeout(Duration::from_millis(50))
         .open::<Shared>();
     assert!(
-        matches!(r, Err(Error::NotReady { creator_dead: false, .. })),
+        matches!(
+            r,
+            Err(Error::NotReady {
+                creator_dead: false,
+                ..
+            })
+        ),
         "{r:?}"
     );
     std::fs::remove_file(&path).unwrap();

@@ -130,7 +130,8 @@ fn child_process() {
                         launch!(delay<<<64, 256, 0, stream>>>(ptr, SLOW_LEN as u64, round as u32, 300_000_000u64))
                             .unwrap();
                     }
-                    ready.signal(&stream, round).unwrap();
+                    // SAFETY: the stream is synchronised before the signal drops.
+                    unsafe { ready.signal(&stream, round).unwrap() };
                     shared.seq.store(round, Ordering::Release);
                     ack.wait_host(round, Duration::from_secs(30)).unwrap();
                 }
@@ -160,9 +161,11 @@ fn child_process() {
                 let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
                 let start = Instant::now();
                 for i in 1..=u64::from(HANDOFFS) {
-                    ack.wait(&stream, i - 1).unwrap();
+                    // SAFETY: the stream is synchronised before the signals drop.
+                    unsafe { ack.wait(&stream, i - 1).unwrap() };
                     copy_word(word.as_raw_ptr(), values.as_raw_ptr() + 4 * i, &stream);
-                    ready.signal(&stream, i).unwrap();
+                    // SAFETY: as above.
+                    unsafe { ready.signal(&stream, i).unwrap() };
                 }
                 let enqueued = start.elapsed();
                 ack.wait_host(u64::from(HANDOFFS), Duration::from_secs(50))
@@ -245,10 +248,12 @@ fn slow_producer_is_never_overtaken(producer_device: u32, consumer_device: u32) 
             ready.value().unwrap() < round,
             "round {round}: signalled before its kernel ended"
         );
-        ready.wait(&stream, round).unwrap();
+        // SAFETY: the stream is synchronised before the signals drop.
+        unsafe { ready.wait(&stream, round).unwrap() };
         // SAFETY: `host` is neither touched nor dropped until the stream is synchronised.
         unsafe { data.copy_to_host_async(&mut host, &stream).unwrap() };
-        ack.signal(&stream, round).unwrap();
+        // SAFETY: the stream is synchronised before the signals drop.
+        unsafe { ack.signal(&stream, round).unwrap() };
         // The host learns of the hand-off only through the signal (a deadline, not a hang).
         assert_eq!(
             ack.wait_host(round, Duration::from_secs(30)).unwrap(),
@@ -312,9 +317,11 @@ fn handoffs_without_lost_or_early_wakeups(producer_device: u32, consumer_device:
     shared.consumer_up.store(1, Ordering::Release);
     let start = Instant::now();
     for i in 1..=u64::from(HANDOFFS) {
-        ready.wait(&stream, i).unwrap();
+        // SAFETY: the stream is synchronised before the signals drop.
+        unsafe { ready.wait(&stream, i).unwrap() };
         copy_word(log.as_raw_ptr() + 4 * i, word.as_raw_ptr(), &stream);
-        ack.signal(&stream, i).unwrap();
+        // SAFETY: as above.
+        unsafe { ack.signal(&stream, i).unwrap() };
     }
     let enqueued = start.elapsed();
     let last = ack
@@ -393,10 +400,9 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
     }
     eprintln!("signal: dead exporter noticed after {:?}", t.elapsed());
     // Remembered: a GPU-side wait that could never end is refused too.
-    assert!(matches!(
-        sig.wait(&stream, 1),
-        Err(Error::ExporterGone { .. })
-    ));
+    // SAFETY: refused before anything is enqueued (and the stream is synchronised anyway).
+    let refused = unsafe { sig.wait(&stream, 1) };
+    assert!(matches!(refused, Err(Error::ExporterGone { .. })));
     // Once our mapping is gone, opening again is refused before the driver is asked (while
     // it is open, a second open is a view of the same mapping).
     drop(sig);
@@ -512,9 +518,13 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     // stream would hold up (see IpcSignal's docs).
     let after = IpcBuffer::<u32>::zeroed(&ctx, 1).unwrap();
     // The stream signals 1, then blocks until someone signals 2.
-    sig.signal(&stream, 1).unwrap();
-    sig.wait(&stream, 2).unwrap();
-    after.memset_bytes_async(0xab, &stream).unwrap();
+    // SAFETY: `sig` and `after` outlive the stream's work: it is synchronised below, after
+    // the host releases the wait.
+    unsafe {
+        sig.signal(&stream, 1).unwrap();
+        sig.wait(&stream, 2).unwrap();
+        after.memset_bytes_async(0xab, &stream).unwrap();
+    }
     assert_eq!(sig.wait_host(1, Duration::from_secs(10)).unwrap(), 1);
     // Still blocked: host reads and a bounded host wait go around it.
     std::thread::sleep(Duration::from_millis(50));
@@ -524,14 +534,15 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
         Err(Error::Timeout { .. })
     ));
     // Values must increase, and stay below 2^63.
-    assert!(matches!(
-        sig.signal(&stream, 1),
-        Err(Error::InvalidArgument { .. })
-    ));
-    assert!(matches!(
-        sig.wait(&stream, IpcSignal::MAX_VALUE + 1),
-        Err(Error::InvalidArgument { .. })
-    ));
+    // SAFETY: both are refused before anything is enqueued.
+    let (again, too_big) = unsafe {
+        (
+            sig.signal(&stream, 1),
+            sig.wait(&stream, IpcSignal::MAX_VALUE + 1),
+        )
+    };
+    assert!(matches!(again, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(too_big, Err(Error::InvalidArgument { .. })));
     // The host releases the stream.
     sig.signal_host(2).unwrap();
     stream.synchronize().unwrap();
@@ -540,7 +551,8 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     assert_eq!(host[0], 0xabab_abab, "work after the wait ran");
     assert_eq!(sig.value().unwrap(), 2);
     // A wait for a value already reached passes at once.
-    sig.wait(&stream, 1).unwrap();
+    // SAFETY: the stream is synchronised before the signal closes.
+    unsafe { sig.wait(&stream, 1).unwrap() };
     stream.synchronize().unwrap();
     sig.close().unwrap();
 }

@@ -1,0 +1,180 @@
+//! The lease protocol under random deaths, across real processes, without a GPU: importers
+//! claim, hold and release leases on one table and are `SIGKILL`ed at random points (some kill
+//! themselves between steps), while the exporter polls `importers()` and closes. A shadow record
+//! in shared memory checks the two invariants every run:
+//!
+//! - no slot is ever held by two live processes (each holder writes its pid into the shadow slot
+//!   after its claim and clears it before its release; finding a live pid there is a violation);
+//! - the close never reports "no holders" while a live process holds a lease (a live pid left in
+//!   the shadow record after the close returned is a violation), and no holder sees the memory
+//!   "freed" while it holds its lease.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{spawn, unique_name, watchdog};
+use cuda_ipc::__lease_testing::{Export, Held};
+use cuda_ipc::{Error, MAX_IMPORTERS, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+
+#[repr(C)]
+struct Shadow {
+    token: ShmCell<[u8; 16]>,
+    /// Per lease slot: the pid that says it holds it, 0 for none.
+    owner: [AtomicU32; MAX_IMPORTERS],
+    /// Set once the exporter's close found no holder (the memory would be freed now).
+    freed: AtomicU32,
+    violations: AtomicU32,
+    /// Claims that succeeded, over all runs (to show the test exercised something).
+    claims: AtomicU64,
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shadow {}
+
+fn alive(pid: u32) -> bool {
+    // The shadow record has pids only; a killed child is reaped by the parent only after the
+    // run, so until then it is a zombie, which reads as dead.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| !r.trim_start().starts_with(['Z', 'X']))
+        })
+        .unwrap_or(false)
+}
+
+/// A cheap per-process random number generator (xorshift), seeded from the pid and a count.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn one_in(&mut self, n: u64) -> bool {
+        self.next().is_multiple_of(n)
+    }
+}
+
+fn die() -> ! {
+    // SAFETY: kill(2) on ourselves; never returns.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL")
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        let shadow = ShmOptions::new(&args[0]).open::<Shadow>().unwrap();
+        assert_eq!(role, "claimer");
+        let me = std::process::id();
+        let mut rng = Rng(u64::from(me).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let token = shadow.token.load();
+        loop {
+            let lease = match Held::acquire(&token) {
+                Ok(l) => l,
+                Err(Error::StaleHandle { .. }) => return 0, // the exporter closed
+                Err(Error::TooManyImporters { .. }) => continue,
+                Err(e) => panic!("claim: {e}"),
+            };
+            if rng.one_in(8) {
+                die(); // between the claim and the shadow record
+            }
+            shadow.claims.fetch_add(1, Ordering::Relaxed);
+            let slot = lease.slot();
+            let before = shadow.owner[slot].swap(me, Ordering::SeqCst);
+            if before != 0 && before != me && alive(before) {
+                eprintln!("slot {slot} held by {me} and by live {before}");
+                shadow.violations.fetch_add(1, Ordering::SeqCst);
+            }
+            for _ in 0..rng.next() % 50 {
+                if shadow.freed.load(Ordering::SeqCst) != 0 {
+                    eprintln!("{me} holds slot {slot} of freed memory");
+                    shadow.violations.fetch_add(1, Ordering::SeqCst);
+                }
+                std::hint::spin_loop();
+            }
+            if rng.one_in(8) {
+                die(); // holding, recorded
+            }
+            let _ = shadow.owner[slot].compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+            if rng.one_in(16) {
+                die(); // recorded as released, lease not yet released
+            }
+            drop(lease);
+            if rng.one_in(32) {
+                std::thread::yield_now();
+            }
+        }
+    });
+}
+
+/// One run: an exporter, `n` claimers, one killed by the parent at a random time (others may
+/// kill themselves), `importers()` polled meanwhile, then the close.
+fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) {
+    let mut token = [0u8; 16];
+    token[..8].copy_from_slice(&run.to_le_bytes());
+    token[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    token[12..].copy_from_slice(b"strs");
+    shadow.token.store(token);
+    shadow.freed.store(0, Ordering::SeqCst);
+    for o in &shadow.owner {
+        o.store(0, Ordering::SeqCst);
+    }
+    let export = Export::create(&token).unwrap();
+    let children: Vec<_> = (0..n).map(|_| spawn("claimer", &[shadow.name()])).collect();
+    let mut rng = Rng(run.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
+    let polls = rng.next() % 20;
+    for _ in 0..polls {
+        let _ = export.holders(); // the public `importers()` path, which once reaped slots
+        std::thread::sleep(Duration::from_micros(rng.next() % 500));
+    }
+    children[rng.next() as usize % n].signal(libc::SIGKILL);
+    let _ = export.holders();
+    let left = export.close_and_wait(Duration::from_secs(20));
+    assert!(
+        left.is_empty(),
+        "run {run}: close gave up with holders {left:?}"
+    );
+    shadow.freed.store(1, Ordering::SeqCst);
+    for (slot, o) in shadow.owner.iter().enumerate() {
+        let pid = o.load(Ordering::SeqCst);
+        if pid != 0 && alive(pid) {
+            eprintln!("run {run}: close returned while live {pid} held slot {slot}");
+            shadow.violations.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    for c in children {
+        let _ = c.wait(Duration::from_secs(30)); // killed ones end by signal: fine
+    }
+    drop(export);
+}
+
+#[test]
+fn a_thousand_runs_with_random_kills_never_grant_a_slot_twice_or_free_under_a_holder() {
+    let _dog = watchdog("lease_stress", Duration::from_secs(600));
+    let shadow = ShmOptions::new(unique_name("lease-stress"))
+        .create::<Shadow>()
+        .unwrap();
+    let runs = std::env::var("LEASE_STRESS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000u64);
+    let start = std::time::Instant::now();
+    for r in 0..runs {
+        run(&shadow, r, 3);
+        assert_eq!(shadow.violations.load(Ordering::SeqCst), 0, "run {r}");
+    }
+    let claims = shadow.claims.load(Ordering::Relaxed);
+    eprintln!(
+        "lease stress: {runs} runs, {claims} claims, 0 violations, {:?}",
+        start.elapsed()
+    );
+    assert!(claims > runs, "the claimers hardly ran: {claims} claims");
+    let _ = ProcessIdentity::current();
+}
