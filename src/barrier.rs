@@ -18,8 +18,24 @@
 //! stays usable. A dead or departed participant **poisons** the barrier: the poison bit makes the
 //! completing compare-exchange impossible, and every wait then fails with [`Error::PeerLost`].
 //!
-//! Participants register in a slot with their pid and start time, which a reused pid cannot
-//! repeat ([`ProcessIdentity`]).
+//! Participants register in a slot whose state and owner (pid and start time, which a reused
+//! pid cannot repeat, plus the pidfs inode: [`ProcessIdentity`]) change in one atomic word
+//! ([`OwnedSlot`]).
+//!
+//! # What each side sees when another participant stops
+//!
+//! | A participant is preempted or `SIGKILL`ed... | The others see |
+//! |-----------------------------------------------|----------------|
+//! | in `join`, before its slot's compare-exchange | nothing |
+//! | in `join`, after it (slot `Claiming`, named) | `PeerLost` at their next liveness tick once it is dead; a later `join` takes the slot over while nobody has noticed |
+//! | joined, not waiting | `PeerLost` once dead (poisoned) |
+//! | after its arrival, before completing | `PeerLost`; the poison bit makes the completing compare-exchange fail, so no false completion |
+//! | right after completing, then exiting or dropping | waiters that had not seen the completion find it gone: the poison records the state word as it was, and a generation that had moved on is success |
+//! | stopped (`SIGSTOP`) | alive: `Timeout` at the deadline, arrival withdrawn, barrier usable |
+//!
+//! Tested by the loom models below (arrive/complete/withdraw, leave, a joiner killed mid-join),
+//! the replay unit tests of the completer-exits and killed-joiner cases, and
+//! `tests/barrier.rs` (kills before, during and after waits; 1,000 random kills).
 
 use std::time::{Duration, Instant};
 
@@ -685,6 +701,7 @@ pub(crate) mod loom_support {
     }
 
     /// Make the calling model thread stand for process `pid`.
+    #[cfg(test)]
     pub(crate) fn set_pid(pid: u32) {
         PID.with(|p| p.set(pid));
     }

@@ -3,6 +3,19 @@
 //! This is where simpleIPC's `shm_open(..., 0777)` and raw struct become safe: the region is
 //! created exclusively with mode `0600`, space is reserved up front, a header describes the
 //! layout, and an opener checks the file and the header before it maps the payload.
+//!
+//! # Publish and open: what an opener sees when the creator stops
+//!
+//! | The creator is preempted or `SIGKILL`ed... | An opener sees |
+//! |--------------------------------------------|----------------|
+//! | before its exclusive `open` | `NotFound` |
+//! | after `open`, before `fallocate` (empty file) | waits for the size within the open timeout, then `NotReady` (`creator_dead: false`: nothing names the creator yet) |
+//! | after `fallocate`, before writing its identity | waits, then `NotReady` |
+//! | after its identity, before publishing the header | waits; `NotReady { creator_dead: true }` at once if it is dead |
+//! | after publishing | a complete, validated region (the payload was initialised before the header's release store) |
+//!
+//! Tested by `tests/region.rs` (an unpublished header with a live and a killed creator; an
+//! empty file; 400 opens racing creates).
 
 mod header;
 

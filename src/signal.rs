@@ -1,5 +1,14 @@
 //! [`IpcSignal`]: a 64-bit counter in device memory that GPU streams of several processes write
 //! and wait on with stream memory operations, so a hand-off between processes needs no host.
+//!
+//! # When a party stops
+//!
+//! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its
+//! write leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
+//! [`IpcSignal::wait_host`] notices a dead exporter or lease holder within 10 ms and remembers
+//! it, after which GPU-side waits are refused; [`IpcSignal::signal_host`] releases this
+//! process's parked streams. A signal that fails leaves its value unused (retry with it). Tested
+//! in `tests/signal.rs` (dead exporter, dead importer, blocked streams).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
