@@ -532,12 +532,8 @@ impl<'a> ProcessBarrier<'a> {
             // sleep protocol below is exercised only by the multi-process tests; loom checks
             // the arrive/complete/withdraw protocol on the state word.
             if cfg!(loom) {
-                if check_peers {
-                    match self.check_peers(generation) {
-                        Ok(PeerCheck::AllAlive) => {}
-                        Ok(PeerCheck::GenerationPassed) => return Ok(self.completed(generation)),
-                        Err(e) => return Err(WaitError::Failed(e)),
-                    }
+                if check_peers && let Some(end) = self.end_if_peer_gone(generation) {
+                    return end;
                 }
                 yield_now();
                 continue;
@@ -561,12 +557,8 @@ impl<'a> ProcessBarrier<'a> {
             if passed(futex.load(Ordering::Acquire), generation) {
                 return Ok(self.completed(generation));
             }
-            if check_peers {
-                match self.check_peers(generation) {
-                    Ok(PeerCheck::AllAlive) => {}
-                    Ok(PeerCheck::GenerationPassed) => return Ok(self.completed(generation)),
-                    Err(e) => return Err(WaitError::Failed(e)),
-                }
+            if check_peers && let Some(end) = self.end_if_peer_gone(generation) {
+                return end;
             }
         }
     }
@@ -619,6 +611,19 @@ impl<'a> ProcessBarrier<'a> {
                 Ok(_) => return Err(WaitError::TimedOut),
                 Err(now) => s = now,
             }
+        }
+    }
+
+    /// The wait's outcome if a peer is gone: success if `generation` completed first, the
+    /// poison error otherwise; `None` while every peer is alive.
+    fn end_if_peer_gone(
+        &self,
+        generation: u32,
+    ) -> Option<std::result::Result<BarrierWaitResult, WaitError>> {
+        match self.check_peers(generation) {
+            Ok(PeerCheck::AllAlive) => None,
+            Ok(PeerCheck::GenerationPassed) => Some(Ok(self.completed(generation))),
+            Err(e) => Some(Err(WaitError::Failed(e))),
         }
     }
 
