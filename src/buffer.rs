@@ -116,6 +116,18 @@ enum Origin {
 /// The same holds for [`IpcSignal::signal`](crate::IpcSignal::signal) and
 /// [`IpcSignal::wait`](crate::IpcSignal::wait).
 ///
+/// Safe code cannot enqueue work on a buffer and then drop it (this does not compile):
+///
+/// ```compile_fail,E0133
+/// use cuda_ipc::IpcBuffer;
+/// use cust::stream::Stream;
+///
+/// fn copy_then_drop(dst: IpcBuffer<u32>, src: &IpcBuffer<u32>, stream: &Stream) {
+///     dst.copy_from_device_async(src, stream).ok(); // error: call to unsafe function
+///     drop(dst); // would unmap or free `dst` while the copy may still be queued
+/// }
+/// ```
+///
 /// # Examples
 ///
 /// ```no_run

@@ -127,6 +127,19 @@ const LOST_PEER: u64 = 2 << 32;
 /// ready.wait_host(1, Duration::from_secs(5))?;
 /// # Ok(()) }
 /// ```
+///
+/// Enqueueing a write or a wait is `unsafe` (the stream may run it after the signal is gone);
+/// safe code cannot do it:
+///
+/// ```compile_fail,E0133
+/// use cust::stream::Stream;
+/// use cuda_ipc::IpcSignal;
+///
+/// fn signal_then_drop(ready: IpcSignal, stream: &Stream) {
+///     ready.signal(stream, 1).ok(); // error: call to unsafe function
+///     drop(ready); // would unmap or free the counter while the write may still be queued
+/// }
+/// ```
 pub struct IpcSignal {
     counter: IpcBuffer<u64>,
     host: Mutex<HostPort>,
