@@ -109,12 +109,21 @@ pub(crate) struct Slots<'a> {
 
 impl Slots<'_> {
     /// Claim a slot for `me` (see the module docs).
+    #[cfg(any(test, loom))]
     pub(crate) fn claim(&self, me: &ProcessIdentity) -> Claim {
+        self.claim_pausing(me, || {})
+    }
+
+    /// [`claim`](Self::claim), calling `pause` at its two windows: after the slot reads
+    /// `Claiming` and after it reads `Held`, before the *closing* check. The stress test
+    /// stalls or kills itself there; `claim` passes a no-op.
+    pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, mut pause: impl FnMut()) -> Claim {
         if self.closing.load(Ordering::SeqCst) != 0 {
             return Claim::Closing;
         }
         for (i, slot) in self.slots.iter().enumerate() {
-            if let Some(held) = slot.claim(me) {
+            if let Some(held) = slot.claim_pausing(me, &mut pause) {
+                pause();
                 // Against `begin_close`: both sides read-modify-write `closing`, so one of the
                 // two comes second and reads from the other: if ours comes second we see
                 // *closing*; if the exporter's does, it acquires our claim and its scan sees
@@ -362,6 +371,11 @@ impl Lease {
     /// [`Error::StaleHandle`] if the table is gone, names another export, or is closing;
     /// [`Error::TooManyImporters`]; region open errors otherwise.
     pub(crate) fn acquire(token: &[u8; 16], generation: u64) -> Result<Self> {
+        Self::acquire_pausing(token, generation, || {})
+    }
+
+    /// [`acquire`](Self::acquire) with [`Slots::claim_pausing`]'s pauses (for the stress test).
+    fn acquire_pausing(token: &[u8; 16], generation: u64, pause: impl FnMut()) -> Result<Self> {
         let stale = || Error::StaleHandle { generation };
         let table = match cached_table(token) {
             Some(t) => t,
@@ -388,7 +402,7 @@ impl Lease {
             }
         };
         let me = ProcessIdentity::current();
-        match table.slots().claim(&me) {
+        match table.slots().claim_pausing(&me, pause) {
             Claim::Granted(slot, held) => Ok(Self {
                 table,
                 generation,
@@ -478,6 +492,16 @@ pub mod __testing {
         /// As `IpcBuffer::open`'s lease step.
         pub fn acquire(token: &[u8; 16]) -> Result<Self> {
             Lease::acquire(token, 0).map(Self)
+        }
+
+        /// [`acquire`](Self::acquire), calling `pause` at the claim's two windows (after the
+        /// slot reads *claiming*, and after it reads *held* but before the closing check).
+        ///
+        /// # Errors
+        ///
+        /// As [`acquire`](Self::acquire).
+        pub fn acquire_pausing(token: &[u8; 16], pause: impl FnMut()) -> Result<Self> {
+            Lease::acquire_pausing(token, 0, pause).map(Self)
         }
 
         /// The slot held.

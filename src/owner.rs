@@ -151,10 +151,17 @@ impl OwnedSlot {
     /// Between the two steps the slot reads `Claiming` with `me` named, so an observer that
     /// finds `me` dead there (killed mid-claim) may reap it.
     pub(crate) fn claim(&self, me: &ProcessIdentity) -> Option<u64> {
+        self.claim_pausing(me, || {})
+    }
+
+    /// [`claim`](Self::claim), calling `pause` between the two steps (while the slot reads
+    /// `Claiming`): the stress test stalls or kills itself there. `claim` passes a no-op.
+    pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, pause: impl FnOnce()) -> Option<u64> {
         let claiming = Owner::encode(OwnerState::Claiming, me)?;
         self.owner
             .compare_exchange(0, claiming, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
+        pause();
         self.finish_claim(claiming, me)
     }
 

@@ -1,6 +1,7 @@
 //! The lease protocol under random deaths, across real processes, without a GPU: importers
 //! claim, hold and release leases on one table and are `SIGKILL`ed at random points (some kill
-//! themselves between steps), while the exporter polls `importers()` and closes. A shadow record
+//! themselves between steps, some stall or die inside a claim), while the exporter polls
+//! `importers()` and closes. A shadow record
 //! in shared memory checks the two invariants every run:
 //!
 //! - no slot is ever held by two live processes (each holder writes its pid into the shadow slot
@@ -76,7 +77,21 @@ fn child_process() {
         let mut rng = Rng(u64::from(me).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let token = shadow.token.load();
         loop {
-            let lease = match Held::acquire(&token) {
+            // One claim in four stalls in the claim's windows (the slot reads *claiming*, then
+            // *held* before the closing check) and sometimes dies there, while the exporter
+            // polls and closes: the interleavings of issue 11's defect 1, made wide.
+            let claimed = if rng.one_in(4) {
+                let mut pause_rng = Rng(rng.next() | 1);
+                Held::acquire_pausing(&token, || {
+                    if pause_rng.one_in(12) {
+                        die(); // mid-claim
+                    }
+                    std::thread::sleep(Duration::from_micros(pause_rng.next() % 300));
+                })
+            } else {
+                Held::acquire(&token)
+            };
+            let lease = match claimed {
                 Ok(l) => l,
                 Err(Error::StaleHandle { .. }) => return 0, // the exporter closed
                 Err(Error::TooManyImporters { .. }) => continue,
