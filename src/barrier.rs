@@ -376,6 +376,21 @@ impl<'a> ProcessBarrier<'a> {
     /// [`Error::BarrierFull`] if every slot is taken, or the poison error if the barrier is
     /// already poisoned.
     pub fn join(state: &'a BarrierState) -> Result<Self> {
+        Self::join_pausing(state, || {})
+    }
+
+    /// Test access: [`join`](Self::join), calling `pause` while the claimed slot still reads
+    /// *claiming* (the stress test stalls or kills itself there). Not part of the API.
+    ///
+    /// # Errors
+    ///
+    /// As [`join`](Self::join).
+    #[doc(hidden)]
+    pub fn __join_pausing(state: &'a BarrierState, pause: impl FnMut()) -> Result<Self> {
+        Self::join_pausing(state, pause)
+    }
+
+    fn join_pausing(state: &'a BarrierState, mut pause: impl FnMut()) -> Result<Self> {
         let parties = state.parties()?;
         if state.is_poisoned() {
             return Err(state.poison_error());
@@ -388,12 +403,12 @@ impl<'a> ProcessBarrier<'a> {
         let free = slots
             .iter()
             .enumerate()
-            .find_map(|(i, s)| Some((i, s.claim(&me)?)));
+            .find_map(|(i, s)| Some((i, s.claim_pausing(&me, &mut pause)?)));
         let taken = free.or_else(|| {
             slots.iter().enumerate().find_map(|(i, s)| {
                 let (owner, id) = s.load_identity();
                 let dead_claimer = owner.state == OwnerState::Claiming && !peer_alive(&id);
-                dead_claimer.then(|| Some((i, s.claim_from(owner.word, &me)?)))?
+                dead_claimer.then(|| Some((i, s.claim_from(owner.word, &me, &mut pause)?)))?
             })
         });
         let Some((slot, held)) = taken else {

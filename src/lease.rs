@@ -109,7 +109,7 @@ pub(crate) struct Slots<'a> {
 
 impl Slots<'_> {
     /// Claim a slot for `me` (see the module docs).
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     pub(crate) fn claim(&self, me: &ProcessIdentity) -> Claim {
         self.claim_pausing(me, || {})
     }

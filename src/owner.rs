@@ -150,6 +150,7 @@ impl OwnedSlot {
     ///
     /// Between the two steps the slot reads `Claiming` with `me` named, so an observer that
     /// finds `me` dead there (killed mid-claim) may reap it.
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn claim(&self, me: &ProcessIdentity) -> Option<u64> {
         self.claim_pausing(me, || {})
     }
@@ -166,12 +167,18 @@ impl OwnedSlot {
     }
 
     /// Replace a dead owner's exact word with `me` (the reaper's judgement and the claim in
-    /// one compare-exchange), then finish as [`claim`](Self::claim).
-    pub(crate) fn claim_from(&self, dead: u64, me: &ProcessIdentity) -> Option<u64> {
+    /// one compare-exchange), then finish as [`claim_pausing`](Self::claim_pausing).
+    pub(crate) fn claim_from(
+        &self,
+        dead: u64,
+        me: &ProcessIdentity,
+        pause: impl FnOnce(),
+    ) -> Option<u64> {
         let claiming = Owner::encode(OwnerState::Claiming, me)?;
         self.owner
             .compare_exchange(dead, claiming, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
+        pause();
         self.finish_claim(claiming, me)
     }
 
