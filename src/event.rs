@@ -1,4 +1,23 @@
 //! [`IpcEvent`]: a CUDA event that other processes can open, record and wait on.
+//!
+//! # When the other side dies
+//!
+//! An event is the driver's object: this crate adds no shared state beside it, so the only
+//! protocol is the exporter's liveness, checked by [`open`](IpcEvent::open) and by
+//! [`synchronize`](IpcEvent::synchronize). Where the other process can be preempted or
+//! `SIGKILL`ed, and what this side then sees:
+//!
+//! | The other side dies...                            | This side sees                       |
+//! |---------------------------------------------------|--------------------------------------|
+//! | exporter, before the importer opens               | `open`: `ExporterGone`, before the driver sees the handle |
+//! | exporter, between the liveness check and `cuIpcOpenEventHandle` | the driver's answer: an error naming `cuIpcOpenEventHandle`, or an event that never completes again (then as the next row) |
+//! | exporter, after recording, before the work ends   | `synchronize`: `ExporterGone` within about 10 ms (its context and queued work are torn down), or `Ok` if the driver marks the event complete as it tears the context down — the test accepts both, and neither proves the work finished |
+//! | exporter, after the work ended                    | `synchronize`: `Ok` if its query comes first, else `ExporterGone`. A death is not re-checked against a last query on purpose: the event alone cannot tell work that ended from a context torn down, and an error is safer than an `Ok` for work that never ran |
+//! | exporter, while an importer's stream waits on it (`wait_on`) | nothing on the host: the GPU cannot notice a dead recorder; bound it by synchronising with a deadline, as for [`IpcSignal::wait`](crate::IpcSignal::wait) |
+//! | importer, at any point                            | nothing: an exported event keeps no per-importer state, and destroying it is always allowed |
+//!
+//! Covered by tests: a dead exporter at `open` and during `synchronize` (tests/event.rs,
+//! GPU); the others follow from the table's reasoning and are not replayed.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
