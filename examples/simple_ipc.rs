@@ -251,6 +251,10 @@ fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
             println!("Waived: no CUDA device ({name}, {code})");
             return Ok(None);
         }
+        Err(Error::DriverNotFound { tried, .. }) => {
+            println!("Waived: no CUDA driver library (tried {tried})");
+            return Ok(None);
+        }
         other => other?,
     };
     print!("{}", group.report());

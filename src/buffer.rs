@@ -8,18 +8,17 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytemuck::Pod;
-use cust::memory::{DeviceCopy, DevicePointer};
-use cust::stream::Stream;
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{self, check, stream_raw, sys};
+use crate::driver::{self, check, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
+use crate::stream::AsStream;
 
 /// Default for [`IpcBuffer::set_lease_timeout`]: how long dropping an exported buffer waits for
 /// importers to unmap it before leaking it instead of freeing it.
@@ -120,9 +119,8 @@ enum Origin {
 ///
 /// ```compile_fail,E0133
 /// use cuda_ipc::IpcBuffer;
-/// use cust::stream::Stream;
-///
-/// fn copy_then_drop(dst: IpcBuffer<u32>, src: &IpcBuffer<u32>, stream: &Stream) {
+/// ///
+/// fn copy_then_drop(dst: IpcBuffer<u32>, src: &IpcBuffer<u32>, stream: &(impl AsStream + ?Sized)) {
 ///     dst.copy_from_device_async(src, stream).ok(); // error: call to unsafe function
 ///     drop(dst); // would unmap or free `dst` while the copy may still be queued
 /// }
@@ -145,7 +143,7 @@ enum Origin {
 /// peer.copy_to_host(&mut host)?;
 /// # Ok(()) }
 /// ```
-pub struct IpcBuffer<T: Pod + DeviceCopy> {
+pub struct IpcBuffer<T: Pod> {
     ctx: GpuContext,
     ptr: sys::CUdeviceptr,
     len: usize,
@@ -165,7 +163,7 @@ fn byte_len_of<T>(len: usize) -> Result<usize> {
         })
 }
 
-impl<T: Pod + DeviceCopy> IpcBuffer<T> {
+impl<T: Pod> IpcBuffer<T> {
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
     /// a valid `T`: it is `Pod`), and prepare its lease table for export.
     ///
@@ -455,11 +453,6 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
         self.ptr
     }
 
-    /// The device pointer, for cust kernel launches.
-    pub fn device_ptr(&self) -> DevicePointer<T> {
-        DevicePointer::from_raw(self.ptr)
-    }
-
     /// For an exported buffer: the pids of live importers (dead ones are reaped).
     pub fn importers(&self) -> Vec<u32> {
         match &self.origin {
@@ -544,7 +537,11 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
     /// `cuMemcpyHtoDAsync`.
-    pub unsafe fn copy_from_host_async(&self, src: &[T], stream: &Stream) -> Result<()> {
+    pub unsafe fn copy_from_host_async(
+        &self,
+        src: &[T],
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
         self.check_len("IpcBuffer::copy_from_host_async", src.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: lifetime of `src` until completion is the caller's duty (forwarded).
@@ -553,7 +550,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
                 self.ptr,
                 src.as_ptr().cast(),
                 self.byte_len(),
-                stream_raw(stream),
+                stream.as_cu_stream(),
             )
         })
     }
@@ -569,7 +566,11 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
     /// `cuMemcpyDtoHAsync`.
-    pub unsafe fn copy_to_host_async(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
+    pub unsafe fn copy_to_host_async(
+        &self,
+        dst: &mut [T],
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
         self.check_len("IpcBuffer::copy_to_host_async", dst.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: lifetime and exclusivity of `dst` until completion are the caller's duty.
@@ -578,7 +579,7 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
                 dst.as_mut_ptr().cast(),
                 self.ptr,
                 self.byte_len(),
-                stream_raw(stream),
+                stream.as_cu_stream(),
             )
         })
     }
@@ -598,13 +599,17 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
-    pub unsafe fn copy_from_device_async(&self, src: &IpcBuffer<T>, stream: &Stream) -> Result<()> {
+    pub unsafe fn copy_from_device_async(
+        &self,
+        src: &IpcBuffer<T>,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
         self.check_len("IpcBuffer::copy_from_device_async", src.len)?;
         let _g = self.ctx.enter()?;
         // SAFETY: both ranges are live device allocations of `byte_len` bytes now; that they
         // stay so until the copy completes is the caller's duty (forwarded).
         check("cuMemcpyDtoDAsync", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream_raw(stream))
+            sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream.as_cu_stream())
         })
     }
 
@@ -635,12 +640,16 @@ impl<T: Pod + DeviceCopy> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuMemsetD8Async`.
-    pub unsafe fn memset_bytes_async(&self, value: u8, stream: &Stream) -> Result<()> {
+    pub unsafe fn memset_bytes_async(
+        &self,
+        value: u8,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
         let _g = self.ctx.enter()?;
         // SAFETY: the range is this buffer's `byte_len` bytes, live now; that it stays so until
         // the memset completes is the caller's duty (forwarded).
         check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream_raw(stream))
+            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream.as_cu_stream())
         })
     }
 
@@ -760,7 +769,32 @@ fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<()> {
     }
 }
 
-impl<T: Pod + DeviceCopy> Drop for IpcBuffer<T> {
+#[cfg(feature = "cust")]
+impl<T: Pod + cust::memory::DeviceCopy> IpcBuffer<T> {
+    /// The device pointer, for cust kernel launches (feature `cust`).
+    pub fn device_ptr(&self) -> cust::memory::DevicePointer<T> {
+        cust::memory::DevicePointer::from_raw(self.ptr)
+    }
+}
+
+/// An `IpcBuffer` is a kernel argument of cudarc launches (feature `cudarc`): it passes the
+/// buffer's device address, as a `CudaSlice` does. cudarc's launch is `unsafe`; its caller
+/// keeps the buffer alive until the kernel has completed (see
+/// [asynchronous work](IpcBuffer#asynchronous-work)).
+// SAFETY: pushes a reference to the buffer's `u64` device address, which lives as long as the
+// borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the kernel's pointer
+// parameter reads.
+#[cfg(feature = "cudarc")]
+unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b IpcBuffer<T>>
+    for cudarc::driver::LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b IpcBuffer<T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+impl<T: Pod> Drop for IpcBuffer<T> {
     fn drop(&mut self) {
         // An exported buffer with importers left is leaked rather than freed (no UB); callers
         // who need to know use `close`.
@@ -768,7 +802,7 @@ impl<T: Pod + DeviceCopy> Drop for IpcBuffer<T> {
     }
 }
 
-impl<T: Pod + DeviceCopy> std::fmt::Debug for IpcBuffer<T> {
+impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcBuffer")
             .field("type", &std::any::type_name::<T>())

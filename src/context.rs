@@ -92,11 +92,35 @@ impl GpuContext {
     ///
     /// [`Error::InvalidArgument`] if the cust context is not its device's primary context;
     /// [`Error::Cuda`] from the driver calls.
+    #[cfg(feature = "cust")]
     pub fn from_cust(ctx: &cust::context::Context) -> Result<Self> {
+        // SAFETY: the cust Context keeps its context retained while borrowed.
+        unsafe { Self::from_primary(ctx.as_raw().cast(), "GpuContext::from_cust") }
+    }
+
+    /// The same primary context as a cudarc [`CudaContext`](cudarc::driver::CudaContext)
+    /// (which, like this crate, uses each device's primary context).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the cudarc context is not its device's primary context;
+    /// [`Error::Cuda`] from the driver calls.
+    #[cfg(feature = "cudarc")]
+    pub fn from_cudarc(ctx: &cudarc::driver::CudaContext) -> Result<Self> {
+        // SAFETY: the CudaContext keeps its context retained while borrowed.
+        unsafe { Self::from_primary(ctx.cu_ctx().cast(), "GpuContext::from_cudarc") }
+    }
+
+    /// The primary context `raw` is, as a `GpuContext`; refused if `raw` is another context.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live context for the duration of the call.
+    #[cfg(any(feature = "cust", feature = "cudarc"))]
+    unsafe fn from_primary(raw: sys::CUcontext, call: &'static str) -> Result<Self> {
         driver::init()?;
-        let raw = ctx.as_raw().cast::<std::ffi::c_void>();
-        // SAFETY: pushing a live context (the cust Context keeps it retained) and popping it
-        // again; cuCtxGetDevice writes one CUdevice.
+        // SAFETY: pushing a live context (the caller's duty) and popping it again;
+        // cuCtxGetDevice writes one CUdevice.
         let device = unsafe {
             check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(raw))?;
             let mut device = 0;
@@ -107,14 +131,14 @@ impl GpuContext {
             device
         };
         let ordinal = u32::try_from(device).map_err(|_| Error::InvalidArgument {
-            call: "GpuContext::from_cust",
+            call,
             reason: format!("device handle {device} is not an ordinal"),
         })?;
         let ours = Self::new(ordinal)?;
         if ours.inner.raw != raw {
             return Err(Error::InvalidArgument {
-                call: "GpuContext::from_cust",
-                reason: "the cust context is not the device's primary context".into(),
+                call,
+                reason: "the context is not the device's primary context".into(),
             });
         }
         Ok(ours)

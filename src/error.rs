@@ -199,6 +199,31 @@ pub enum Error {
         name: String,
     },
 
+    /// No CUDA driver library could be loaded (see [`driver::library_path`]): the process
+    /// runs on a machine without the NVIDIA driver, or the library is not on the loader's
+    /// path.
+    ///
+    /// [`driver::library_path`]: crate::driver::library_path
+    #[error("no CUDA driver library: tried {tried} ({reason})")]
+    DriverNotFound {
+        /// The libraries tried, in order.
+        tried: String,
+        /// What the dynamic loader said for each.
+        reason: String,
+    },
+
+    /// The loaded driver library has no entry point for `call`: the driver is older than the
+    /// call needs.
+    #[error(
+        "the CUDA driver (version {driver_version}) has no entry point for {call}; a newer driver is needed"
+    )]
+    DriverTooOld {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's CUDA version (`cuDriverGetVersion`, e.g. 12040), 0 if unknown.
+        driver_version: i32,
+    },
+
     /// The CUDA driver reports no usable GPU (`cuInit`).
     #[error("no CUDA device: cuInit returned {name} ({code})")]
     NoDevice {

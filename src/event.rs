@@ -22,15 +22,14 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cust::stream::Stream;
-
 use crate::buffer::GENERATION;
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{check, stream_raw, sys};
+use crate::driver::{check, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
 use crate::process::ProcessIdentity;
+use crate::stream::AsStream;
 
 /// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |
 /// CU_EVENT_DISABLE_TIMING`), exported with [`handle`](Self::handle) and opened in another
@@ -168,11 +167,11 @@ impl IpcEvent {
     ///
     /// [`Error::Cuda`] naming `cuEventRecord`.
     #[doc(alias = "cuEventRecord")]
-    pub fn record(&self, stream: &Stream) -> Result<()> {
+    pub fn record(&self, stream: &(impl AsStream + ?Sized)) -> Result<()> {
         let _g = self.ctx.enter()?;
         // SAFETY: a live event and a live stream (borrowed).
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.raw, stream_raw(stream))
+            sys::cuEventRecord(self.raw, stream.as_cu_stream())
         })
     }
 
@@ -183,11 +182,11 @@ impl IpcEvent {
     ///
     /// [`Error::Cuda`] naming `cuStreamWaitEvent`.
     #[doc(alias = "cuStreamWaitEvent")]
-    pub fn wait_on(&self, stream: &Stream) -> Result<()> {
+    pub fn wait_on(&self, stream: &(impl AsStream + ?Sized)) -> Result<()> {
         let _g = self.ctx.enter()?;
         // SAFETY: a live event and a live stream (borrowed); flags must be 0.
         check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream_raw(stream), self.raw, 0)
+            sys::cuStreamWaitEvent(stream.as_cu_stream(), self.raw, 0)
         })
     }
 

@@ -98,6 +98,7 @@ mod process;
 mod shared;
 mod shm;
 mod signal;
+mod stream;
 mod sync;
 
 pub use barrier::{
@@ -120,3 +121,4 @@ pub use shm::{
     DEFAULT_OPEN_TIMEOUT, HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name,
 };
 pub use signal::IpcSignal;
+pub use stream::{AsStream, RawStream};

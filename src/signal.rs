@@ -13,16 +13,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cust::stream::Stream;
 use parking_lot::Mutex;
 
 use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{self, check, stream_raw, sys};
+use crate::driver::{self, check, sys};
 use crate::error::{Error, Result};
 use crate::handle::{IpcSignalHandle, KIND_SIGNAL};
 use crate::process::ProcessIdentity;
+use crate::stream::AsStream;
 
 /// How often a host wait checks that the signal's other processes are alive.
 const LIVENESS_CHECK: Duration = Duration::from_millis(10);
@@ -132,10 +132,9 @@ const LOST_PEER: u64 = 2 << 32;
 /// safe code cannot do it:
 ///
 /// ```compile_fail,E0133
-/// use cust::stream::Stream;
-/// use cuda_ipc::IpcSignal;
+/// /// use cuda_ipc::IpcSignal;
 ///
-/// fn signal_then_drop(ready: IpcSignal, stream: &Stream) {
+/// fn signal_then_drop(ready: IpcSignal, stream: &(impl AsStream + ?Sized)) {
 ///     ready.signal(stream, 1).ok(); // error: call to unsafe function
 ///     drop(ready); // would unmap or free the counter while the write may still be queued
 /// }
@@ -376,14 +375,14 @@ impl IpcSignal {
     /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE) or not above
     /// the last one this handle signalled; [`Error::Cuda`] naming `cuStreamWriteValue64`.
     #[doc(alias = "cuStreamWriteValue64")]
-    pub unsafe fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
+    pub unsafe fn signal(&self, stream: &(impl AsStream + ?Sized), value: u64) -> Result<()> {
         advance(&self.last_signalled, "IpcSignal::signal", value, || {
             let _g = self.counter.context().enter()?;
             // SAFETY: the counter is an 8-byte aligned device word, mapped now; that it stays
             // mapped until the stream runs the write is the caller's duty (forwarded).
             check("cuStreamWriteValue64", unsafe {
                 sys::cuStreamWriteValue64_v2(
-                    stream_raw(stream),
+                    stream.as_cu_stream(),
                     self.counter.as_raw_ptr(),
                     value,
                     sys::CU_STREAM_WRITE_VALUE_DEFAULT,
@@ -413,7 +412,7 @@ impl IpcSignal {
     /// [`Error::ExporterGone`] or [`Error::PeerDied`] when a host-side check of this handle has
     /// already seen a party of the signal die; [`Error::Cuda`] naming `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
-    pub unsafe fn wait(&self, stream: &Stream, value: u64) -> Result<()> {
+    pub unsafe fn wait(&self, stream: &(impl AsStream + ?Sized), value: u64) -> Result<()> {
         check_value("IpcSignal::wait", value)?;
         self.known_loss()?;
         let _g = self.counter.context().enter()?;
@@ -421,7 +420,7 @@ impl IpcSignal {
         // caller's duty); the wait only reads the counter.
         check("cuStreamWaitValue64", unsafe {
             sys::cuStreamWaitValue64_v2(
-                stream_raw(stream),
+                stream.as_cu_stream(),
                 self.counter.as_raw_ptr(),
                 value,
                 sys::CU_STREAM_WAIT_VALUE_GEQ,

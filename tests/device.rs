@@ -27,8 +27,62 @@ fn without_a_gpu_every_entry_point_says_no_device() {
                 "{msg}"
             );
         }
+        Err(Error::DriverNotFound { tried, .. }) => {
+            assert!(
+                std::env::var_os("CUDA_IPC_REQUIRE_GPU").is_none(),
+                "a GPU is required here but no driver library loaded (tried {tried})"
+            );
+            assert!(matches!(
+                GpuContext::new(0),
+                Err(Error::DriverNotFound { .. })
+            ));
+        }
         Err(e) => panic!("unexpected error without a GPU: {e}"),
     }
+}
+
+/// Without a driver library (hidden here by naming one that does not exist), every GPU entry
+/// point says which libraries it tried, and the host-side types work as before. Runs in a
+/// child process: the library is loaded once per process.
+#[test]
+fn without_a_driver_library_every_entry_point_says_which_it_tried() {
+    let lines = common::spawn_env(
+        "no_driver",
+        &[],
+        &[(cuda_ipc::driver::LIBRARY_ENV, "/nonexistent/libcuda.so.1")],
+    )
+    .expect_success(std::time::Duration::from_secs(30));
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for line in &lines[..3] {
+        assert!(
+            line.contains("no CUDA driver library: tried /nonexistent/libcuda.so.1"),
+            "{line}"
+        );
+    }
+    assert_eq!(lines[3], "host side works");
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, _args| {
+        assert_eq!(role, "no_driver");
+        let errors = [
+            cuda_ipc::driver::init().unwrap_err(),
+            GpuContext::new(0).unwrap_err(),
+            cuda_ipc::device_count().unwrap_err(),
+        ];
+        for e in errors {
+            assert!(matches!(e, Error::DriverNotFound { .. }), "{e:?}");
+            common::report(e);
+        }
+        let region = cuda_ipc::ShmOptions::new(common::unique_name("no-driver"))
+            .create::<cuda_ipc::ShmCell<u64>>()
+            .unwrap();
+        region.store(7);
+        assert_eq!(region.load(), 7);
+        common::report("host side works");
+        0
+    });
 }
 
 #[test]

@@ -4,7 +4,10 @@
 //! Users never need this module, but it is public so that they can reach the raw functions with
 //! the same integer-return discipline.
 
+mod loader;
 pub mod sys;
+
+pub use loader::{DEFAULT_LIBRARIES, LIBRARY_ENV, library_path};
 
 use std::ffi::CStr;
 
@@ -14,6 +17,8 @@ use crate::error::{Error, Result};
 /// `cuGetErrorName`, else `CUDA_ERROR_<code>`. Never transmutes the code.
 pub fn error_name(code: i32) -> String {
     let known = match code {
+        sys::NO_DRIVER => "no CUDA driver library (cuda-ipc)",
+        sys::NO_ENTRY_POINT => "no such driver entry point (cuda-ipc)",
         0 => "CUDA_SUCCESS",
         1 => "CUDA_ERROR_INVALID_VALUE",
         2 => "CUDA_ERROR_OUT_OF_MEMORY",
@@ -56,7 +61,10 @@ pub fn error_name(code: i32) -> String {
 ///
 /// # Errors
 ///
-/// [`Error::Cuda`] with `call`, the code and its name, for any code but `CUDA_SUCCESS`.
+/// [`Error::Cuda`] with `call`, the code and its name, for any code but `CUDA_SUCCESS`;
+/// [`Error::DriverNotFound`] for [`sys::NO_DRIVER`] and [`Error::DriverTooOld`] for
+/// [`sys::NO_ENTRY_POINT`] (what [`sys`]'s functions return without a driver library, or when
+/// the library lacks the entry point).
 ///
 /// # Examples
 ///
@@ -68,20 +76,31 @@ pub fn error_name(code: i32) -> String {
 /// assert_eq!(e.to_string(), "cuFoo failed: CUDA_ERROR_OUT_OF_MEMORY (2)");
 /// ```
 pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
-    if code == sys::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Cuda {
+    match code {
+        sys::CUDA_SUCCESS => Ok(()),
+        sys::NO_DRIVER => Err(no_driver()),
+        sys::NO_ENTRY_POINT => Err(Error::DriverTooOld {
+            call,
+            driver_version: driver_version().unwrap_or(0),
+        }),
+        _ => Err(Error::Cuda {
             call,
             code,
             name: error_name(code),
-        })
+        }),
     }
 }
 
-/// The raw handle of a cust stream, for the driver calls this crate declares itself.
-pub(crate) fn stream_raw(stream: &cust::stream::Stream) -> sys::CUstream {
-    stream.as_inner().cast()
+/// The error for "no driver library": each library tried and why it did not load.
+fn no_driver() -> Error {
+    match loader::failure() {
+        Some(f) => f.into(),
+        // Loaded after all (a sentinel from elsewhere): say so rather than invent a reason.
+        None => Error::DriverNotFound {
+            tried: DEFAULT_LIBRARIES.join(", "),
+            reason: "the driver reported no library".into(),
+        },
+    }
 }
 
 /// A new stream in the current context that does not synchronise with the legacy default
@@ -100,8 +119,9 @@ pub(crate) fn create_non_blocking_stream() -> Result<sys::CUstream> {
 ///
 /// # Errors
 ///
-/// [`Error::NoDevice`] when the driver reports no usable GPU (no device, a stub library, no
-/// device node), [`Error::Cuda`] for other failures.
+/// [`Error::DriverNotFound`] when no driver library could be loaded (it names each library
+/// tried), [`Error::NoDevice`] when the driver reports no usable GPU (no device, a stub
+/// library, no device node), [`Error::Cuda`] for other failures.
 ///
 /// # Examples
 ///
@@ -109,6 +129,7 @@ pub(crate) fn create_non_blocking_stream() -> Result<sys::CUstream> {
 /// match cuda_ipc::driver::init() {
 ///     Ok(()) => println!("CUDA is up"),
 ///     Err(cuda_ipc::Error::NoDevice { name, .. }) => println!("no GPU here: {name}"),
+///     Err(cuda_ipc::Error::DriverNotFound { tried, .. }) => println!("no driver: tried {tried}"),
 ///     Err(e) => panic!("{e}"),
 /// }
 /// ```
@@ -118,6 +139,7 @@ pub fn init() -> Result<()> {
     let code = *INIT.get_or_init(|| unsafe { sys::cuInit(0) });
     match code {
         sys::CUDA_SUCCESS => Ok(()),
+        sys::NO_DRIVER => Err(no_driver()),
         // No device, no driver behind the library (a stub), or no device node.
         100 | 34 | 999 | 3 => Err(Error::NoDevice {
             code,

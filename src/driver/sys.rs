@@ -3,8 +3,17 @@
 //! Every function returns the raw `CUresult` as a plain `c_int`, never a Rust enum: `cust_raw`'s
 //! `CUresult` is an enum generated from CUDA 11.4's header, and a newer driver can return codes
 //! it does not list, which would be undefined behaviour at the FFI boundary. The symbols are the
-//! versioned names `cuda.h` maps its macros to (`cuMemAlloc` → `cuMemAlloc_v2`, ...). `libcuda`
-//! itself is linked by `cust_raw`'s build script.
+//! versioned names `cuda.h` maps its macros to (`cuMemAlloc` → `cuMemAlloc_v2`, ...).
+//!
+//! Nothing is linked: the driver library is loaded at run time ([`loader`](super::loader)),
+//! once, and each function here calls through the entry point resolved from it. Without a
+//! driver library every function returns [`NO_DRIVER`]; when the library lacks an entry point
+//! (a driver older than the call), that function returns [`NO_ENTRY_POINT`]. Neither is a CUDA
+//! code: [`check`](super::check) turns them into [`Error::DriverNotFound`] and
+//! [`Error::DriverTooOld`].
+//!
+//! [`Error::DriverNotFound`]: crate::Error::DriverNotFound
+//! [`Error::DriverTooOld`]: crate::Error::DriverTooOld
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -30,6 +39,10 @@ pub struct CUuuid {
 }
 
 pub const CUDA_SUCCESS: CUresult = 0;
+/// Not a CUDA code: returned by every function here when no driver library could be loaded.
+pub const NO_DRIVER: CUresult = -0x4355_0001;
+/// Not a CUDA code: returned when the loaded driver library has no such entry point.
+pub const NO_ENTRY_POINT: CUresult = -0x4355_0002;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
@@ -50,101 +63,101 @@ pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_EVENT_INTERPROCESS: c_uint = 0x4;
 pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
 
-unsafe extern "C" {
-    pub fn cuInit(flags: c_uint) -> CUresult;
-    pub fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
-    pub fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult;
+super::loader::driver_api! {
+    fn cuInit(flags: c_uint) -> CUresult;
+    fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
+    fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult;
 
-    pub fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult;
-    pub fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
-    pub fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
-    pub fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
-    pub fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
-    pub fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
-    pub fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult;
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+    fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+    fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
+    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+    fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult;
 
-    pub fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-    pub fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
-    pub fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
-    pub fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
-    pub fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
-    pub fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
-    pub fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
-    pub fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult;
+    fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
+    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+    fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
+    fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
+    fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
+    fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
+    fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult;
 
-    pub fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
-    pub fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
-    pub fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
-    pub fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
-    pub fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
-    pub fn cuMemcpyHtoDAsync_v2(
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
+    fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
+    fn cuMemcpyHtoDAsync_v2(
         dst: CUdeviceptr,
         src: *const c_void,
         bytes: usize,
         stream: CUstream,
     ) -> CUresult;
-    pub fn cuMemcpyDtoHAsync_v2(
+    fn cuMemcpyDtoHAsync_v2(
         dst: *mut c_void,
         src: CUdeviceptr,
         bytes: usize,
         stream: CUstream,
     ) -> CUresult;
-    pub fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
-    pub fn cuMemcpyDtoDAsync_v2(
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
+    fn cuMemcpyDtoDAsync_v2(
         dst: CUdeviceptr,
         src: CUdeviceptr,
         bytes: usize,
         stream: CUstream,
     ) -> CUresult;
-    pub fn cuMemsetD8_v2(dptr: CUdeviceptr, value: u8, count: usize) -> CUresult;
-    pub fn cuMemsetD8Async(
+    fn cuMemsetD8_v2(dptr: CUdeviceptr, value: u8, count: usize) -> CUresult;
+    fn cuMemsetD8Async(
         dptr: CUdeviceptr,
         value: u8,
         count: usize,
         stream: CUstream,
     ) -> CUresult;
 
-    pub fn cuMemGetAddressRange_v2(
+    fn cuMemGetAddressRange_v2(
         base: *mut CUdeviceptr,
         size: *mut usize,
         dptr: CUdeviceptr,
     ) -> CUresult;
 
-    pub fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
-    pub fn cuIpcOpenMemHandle_v2(
+    fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
+    fn cuIpcOpenMemHandle_v2(
         dptr: *mut CUdeviceptr,
         handle: CUipcHandle,
         flags: c_uint,
     ) -> CUresult;
-    pub fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult;
-    pub fn cuIpcGetEventHandle(handle: *mut CUipcHandle, event: CUevent) -> CUresult;
-    pub fn cuIpcOpenEventHandle(event: *mut CUevent, handle: CUipcHandle) -> CUresult;
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult;
+    fn cuIpcGetEventHandle(handle: *mut CUipcHandle, event: CUevent) -> CUresult;
+    fn cuIpcOpenEventHandle(event: *mut CUevent, handle: CUipcHandle) -> CUresult;
 
-    pub fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
-    pub fn cuEventDestroy_v2(event: CUevent) -> CUresult;
-    pub fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
-    pub fn cuEventQuery(event: CUevent) -> CUresult;
-    pub fn cuEventSynchronize(event: CUevent) -> CUresult;
-    pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
-    pub fn cuStreamSynchronize(stream: CUstream) -> CUresult;
-    pub fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
-    pub fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
+    fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
+    fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+    fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+    fn cuEventQuery(event: CUevent) -> CUresult;
+    fn cuEventSynchronize(event: CUevent) -> CUresult;
+    fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
+    fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
 
     /// The stream memory operations of CUDA 11.7+ (`cuda.h` maps `cuStreamWriteValue64` here
     /// from CUDA 12.0 on); the v1 entry points needed a driver module option on Linux.
-    pub fn cuStreamWriteValue64_v2(
+    fn cuStreamWriteValue64_v2(
         stream: CUstream,
         addr: CUdeviceptr,
         value: u64,
         flags: c_uint,
     ) -> CUresult;
-    pub fn cuStreamWaitValue64_v2(
+    fn cuStreamWaitValue64_v2(
         stream: CUstream,
         addr: CUdeviceptr,
         value: u64,
         flags: c_uint,
     ) -> CUresult;
 
-    pub fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult;
-    pub fn cuMemFreeHost(p: *mut c_void) -> CUresult;
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult;
+    fn cuMemFreeHost(p: *mut c_void) -> CUresult;
 }
