@@ -95,8 +95,9 @@ enum Origin {
 ///   for every importer to unmap, reaping dead ones, then frees; if importers remain it
 ///   **leaks** the memory rather than free it under them. [`close`](Self::close) reports that.
 ///
-/// Use it with cust: [`device_ptr`](Self::device_ptr) for kernel arguments, host copies
-/// (synchronous, or asynchronous on a cust [`Stream`]), memset.
+/// Use it from any CUDA crate: [`as_raw_ptr`](Self::as_raw_ptr) for kernel arguments (or
+/// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the
+/// `cudarc` feature), host copies (synchronous, or asynchronous on any [`AsStream`]), memset.
 ///
 /// `IpcBuffer<T>` is `Send` and `Sync`. Device memory is not Rust memory: methods take `&self`,
 /// and concurrent writes from several processes are a GPU data race for the caller to order
@@ -107,7 +108,7 @@ enum Origin {
 /// The synchronous methods ([`copy_from_host`](Self::copy_from_host),
 /// [`copy_to_host`](Self::copy_to_host), [`memset_bytes`](Self::memset_bytes)) are done with
 /// the memory when they return. The `*_async` methods, like kernels launched on
-/// [`device_ptr`](Self::device_ptr), only *enqueue* work that touches the memory later; the
+/// [`as_raw_ptr`](Self::as_raw_ptr), only *enqueue* work that touches the memory later; the
 /// buffer does not track that work, and dropping the last view of an import unmaps the memory
 /// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for
 /// it. That is why they are `unsafe`: the caller keeps the buffer alive until the work has
@@ -530,7 +531,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Safety
     ///
     /// `src` must stay alive and unmodified until the copy has completed on `stream` (for
-    /// example, until [`Stream::synchronize`] returns). For a copy that overlaps other work,
+    /// example, until the stream is synchronised). For a copy that overlaps other work,
     /// `src` should be page-locked memory.
     ///
     /// # Errors

@@ -29,8 +29,8 @@ impl Drop for Inner {
 /// The primary CUDA context of one device (`cuDevicePrimaryCtxRetain`), shared by every
 /// buffer and event created or opened on it.
 ///
-/// This is the same context cust's [`Context::new`](cust::context::Context::new) retains, so
-/// cust streams, modules and kernel launches made while it is current work with this crate's
+/// This is the same context cust's `Context::new` and cudarc's `CudaContext::new` retain, so
+/// their streams, modules and kernel launches made while it is current work with this crate's
 /// buffers and events. Cloning is cheap (an `Arc`); the last clone releases the retain.
 ///
 /// `GpuContext` is `Send` and `Sync`. CUDA contexts are current *per thread*: every method of

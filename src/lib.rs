@@ -12,7 +12,8 @@
 //! | Shared GPU events | [`IpcEvent`], [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
 //! | GPU-side signalling (counters) | [`IpcSignal`], [`IpcSignalHandle`] | `cuMemAlloc` + IPC as for buffers, `cuStreamWriteValue64`, `cuStreamWaitValue64(GEQ)`, `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` |
 //! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
-//! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum |
+//! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
+//! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
 //! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
 //! | Barrier across processes | [`ProcessBarrier`], [`BarrierState`] | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
@@ -42,9 +43,19 @@
 //! # Platform
 //!
 //! Linux: `/dev/shm`, futexes, pidfds and `/proc` are Linux interfaces, as is CUDA's legacy IPC.
-//! The crate links against the CUDA driver (`libcuda`) through `cust`; the host-side types work
-//! without a GPU, and every GPU entry point reports [`Error::NoDevice`] there. CUDA contexts are
-//! current per thread: every GPU method pushes its own context for its driver calls and pops it.
+//! The crate links nothing CUDA: it loads the driver library (`libcuda.so.1`) the first time a
+//! GPU entry point runs ([`driver::library_path`]). The host-side types work without a driver or
+//! a GPU; without a driver library every GPU entry point reports [`Error::DriverNotFound`],
+//! without a GPU [`Error::NoDevice`]. CUDA contexts are current per thread: every GPU method
+//! pushes its own context for its driver calls and pops it.
+//!
+//! # Features
+//!
+//! - `cust` (default): interop with cust 0.3 — its streams are [`AsStream`],
+//!   `GpuContext::from_cust`, `IpcBuffer::device_ptr` for cust's `launch!`. cust links
+//!   `libcuda` at build time; without this feature nothing CUDA is needed to build.
+//! - `cudarc`: interop with cudarc 0.19 — its streams are [`AsStream`],
+//!   `GpuContext::from_cudarc`, and an [`IpcBuffer`] is a kernel argument of its launch builder.
 //!
 //! # Example
 //!
@@ -122,3 +133,8 @@ pub use shm::{
 };
 pub use signal::IpcSignal;
 pub use stream::{AsStream, RawStream};
+
+/// The README's Rust examples, compiled as doc tests (so the README cannot drift from the API).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
