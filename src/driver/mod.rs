@@ -81,7 +81,7 @@ pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
         sys::NO_DRIVER => Err(no_driver()),
         sys::NO_ENTRY_POINT => Err(Error::DriverTooOld {
             call,
-            driver_version: driver_version().unwrap_or(0),
+            driver_version: raw_driver_version(),
         }),
         _ => Err(Error::Cuda {
             call,
@@ -89,6 +89,14 @@ pub fn check(call: &'static str, code: sys::CUresult) -> Result<()> {
             name: error_name(code),
         }),
     }
+}
+
+/// `cuDriverGetVersion`, 0 when it fails (not through `check`, which calls this).
+fn raw_driver_version() -> i32 {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
+    if rc == sys::CUDA_SUCCESS { v } else { 0 }
 }
 
 /// The error for "no driver library": each library tried and why it did not load.
@@ -176,4 +184,38 @@ pub fn mem_info() -> Result<(usize, usize)> {
         sys::cuMemGetInfo_v2(&mut free, &mut total)
     })?;
     Ok((free, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loaders_sentinels_become_their_own_errors() {
+        let e = check("cuStreamWriteValue64", sys::NO_ENTRY_POINT).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DriverTooOld {
+                    call: "cuStreamWriteValue64",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("has no entry point for cuStreamWriteValue64")
+        );
+        // Either there is a driver library here (then NO_DRIVER cannot come from it, and the
+        // error says so) or there is none (then it names what was tried).
+        let e = check("cuInit", sys::NO_DRIVER).unwrap_err();
+        assert!(matches!(e, Error::DriverNotFound { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with("no CUDA driver library: tried "),
+            "{e}"
+        );
+        assert!(error_name(sys::NO_DRIVER).contains("no CUDA driver library"));
+        assert!(check("cuInit", sys::CUDA_SUCCESS).is_ok());
+    }
 }
