@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use parking_lot::Mutex;
@@ -48,6 +48,9 @@ struct Mapping {
     described: (u32, u32, u64, u64),
     key: Key,
     exporter: ProcessIdentity,
+    /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
+    /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
+    exporter_seen_alive: AtomicU64,
     // Dropped after `drop` has unmapped: the exporter may free once the lease is gone.
     lease: Lease,
 }
@@ -383,6 +386,7 @@ impl<T: Pod> IpcBuffer<T> {
             described,
             key,
             exporter,
+            exporter_seen_alive: AtomicU64::new(0),
             lease,
         });
         cache.insert(key, Arc::downgrade(&mapping));
@@ -697,10 +701,21 @@ impl Mapping {
                 generation: self.lease.generation(),
             });
         }
-        if !crate::process::is_alive_cached(&self.exporter) {
-            return Err(Error::ExporterGone {
-                pid: self.exporter.pid(),
-            });
+        // The exporter's liveness, polled at most once per LIVENESS_REUSE_NS per mapping: a
+        // tight loop of re-opens pays a clock read, not a syscall, per hit. A death is then
+        // reported by the first hit that starts LIVENESS_REUSE_NS after it. A view handed out
+        // inside that window is in the position of one opened just before the death, which
+        // no check can prevent (the exporter may die right after any check): this check
+        // turns a known death into a clear error, it does not keep the memory alive.
+        let now = liveness_clock();
+        let seen = self.exporter_seen_alive.load(Ordering::Relaxed);
+        if now.saturating_sub(seen) >= LIVENESS_REUSE_NS {
+            if !crate::process::is_alive_cached(&self.exporter) {
+                return Err(Error::ExporterGone {
+                    pid: self.exporter.pid(),
+                });
+            }
+            self.exporter_seen_alive.store(now, Ordering::Relaxed);
         }
         if described != self.described {
             let (size, _, _, len) = described;
@@ -714,6 +729,16 @@ impl Mapping {
         }
         Ok(())
     }
+}
+
+/// How long a cache hit trusts the last "exporter alive" answer for its mapping (100 µs).
+const LIVENESS_REUSE_NS: u64 = 100_000;
+
+/// Monotonic nanoseconds since this process first asked (for [`Mapping::exporter_seen_alive`]).
+fn liveness_clock() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuMemGetAddressRange`), in the
