@@ -62,9 +62,47 @@ fn without_a_driver_library_every_entry_point_says_which_it_tried() {
     assert_eq!(lines[3], "host side works");
 }
 
+/// A driver library without the entry points the crate needs (stood in for by the C math
+/// library, which has none of them) is `DriverTooOld` naming the call — never a panic or a
+/// failure at load time.
+#[test]
+fn a_library_without_the_entry_points_is_driver_too_old() {
+    let lines = common::spawn_env(
+        "no_entry_points",
+        &[],
+        &[(cuda_ipc::driver::LIBRARY_ENV, "libm.so.6")],
+    )
+    .expect_success(std::time::Duration::from_secs(30));
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0], "loaded libm.so.6");
+    for line in &lines[1..] {
+        assert!(
+            line.contains("has no entry point for cuInit; a newer driver is needed"),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, _args| {
+        if role == "no_entry_points" {
+            common::report(format!(
+                "loaded {}",
+                cuda_ipc::driver::library_path().unwrap()
+            ));
+            for e in [
+                cuda_ipc::driver::init().unwrap_err(),
+                GpuContext::new(0).unwrap_err(),
+            ] {
+                assert!(
+                    matches!(e, Error::DriverTooOld { call: "cuInit", .. }),
+                    "{e:?}"
+                );
+                common::report(e);
+            }
+            return 0;
+        }
         assert_eq!(role, "no_driver");
         let errors = [
             cuda_ipc::driver::init().unwrap_err(),
