@@ -18,6 +18,7 @@ use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
+use crate::raw::{RawExport, RawImport, RawMemHandle};
 use crate::stream::AsStream;
 
 /// Default for [`IpcBuffer::set_lease_timeout`]: how long dropping an exported buffer waits for
@@ -29,7 +30,21 @@ pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// Import cache key: the export token, the importing context, and the envelope kind (a signal's
 /// counter and a buffer never share a mapping record, whatever a forged envelope claims).
-type Key = ([u8; 16], usize, u16);
+/// An export (its token padded to 64 bytes, or a raw handle's 64 bytes), the context, and the
+/// kind of handle that opened it ([`KIND_RAW`] for raw handles).
+type Key = ([u8; 64], usize, u16);
+
+/// The cache kind of raw handles (not an envelope kind: they have no envelope).
+const KIND_RAW: u16 = u16::MAX;
+
+/// What the first open of a mapping described, which every later open must match.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Described {
+    /// From an envelope: element size, alignment, type tag and length.
+    Envelope(u32, u32, u64, u64),
+    /// From a raw handle: nothing beyond the bytes mapped (views may take any range of them).
+    Raw,
+}
 
 /// Live imports of this process, so that opening a buffer again shares one mapping and the
 /// driver's close runs once. The lock is held across the driver's open and close so that a
@@ -45,14 +60,16 @@ struct Mapping {
     mapped: usize,
     /// What the envelope that created the mapping described: element size, alignment, type
     /// tag and length. Every later open of the same export must describe the same.
-    described: (u32, u32, u64, u64),
+    described: Described,
     key: Key,
-    exporter: ProcessIdentity,
+    /// The exporting process (for a raw handle: only if the caller named it).
+    exporter: Option<ProcessIdentity>,
     /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
     /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
     exporter_seen_alive: AtomicU64,
-    // Dropped after `drop` has unmapped: the exporter may free once the lease is gone.
-    lease: Lease,
+    // Dropped after `drop` has unmapped: the exporter may free once the lease is gone. Raw
+    // handles have no lease (a foreign exporter keeps no table).
+    lease: Option<Lease>,
 }
 
 impl Drop for Mapping {
@@ -270,6 +287,7 @@ impl<T: Pod> IpcBuffer<T> {
                 sys::cuIpcGetMemHandle(&mut raw, self.ptr)
             })?;
         }
+        crate::raw::remember_own(RawMemHandle(raw.reserved));
         let env = Envelope {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
@@ -319,8 +337,10 @@ impl<T: Pod> IpcBuffer<T> {
         let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
             reason: format!("length {} does not fit this platform", env.len),
         })?;
-        let described = (env.elem_size, env.elem_align, env.type_tag, env.len);
-        let key: Key = (env.token, ctx.as_raw() as usize, kind);
+        let described = Described::Envelope(env.elem_size, env.elem_align, env.type_tag, env.len);
+        let mut token = [0u8; 64];
+        token[..16].copy_from_slice(&env.token);
+        let key: Key = (token, ctx.as_raw() as usize, kind);
 
         let mut cache = loop {
             let cache = CACHE.lock();
@@ -385,9 +405,9 @@ impl<T: Pod> IpcBuffer<T> {
             mapped,
             described,
             key,
-            exporter,
+            exporter: Some(exporter),
             exporter_seen_alive: AtomicU64::new(0),
-            lease,
+            lease: Some(lease),
         });
         cache.insert(key, Arc::downgrade(&mapping));
         drop(cache);
@@ -411,13 +431,228 @@ impl<T: Pod> IpcBuffer<T> {
     }
 
     fn view(mapping: Arc<Mapping>, len: usize) -> Self {
+        Self::view_at(mapping, 0, len)
+    }
+
+    /// A view of `len` elements at byte `offset` of the mapping (the caller checked the range).
+    fn view_at(mapping: Arc<Mapping>, offset: u64, len: usize) -> Self {
         Self {
             ctx: mapping.ctx.clone(),
-            ptr: mapping.ptr,
+            ptr: mapping.ptr + offset,
             len,
             origin: Origin::Imported(mapping),
             _elem: PhantomData,
         }
+    }
+
+    /// The raw legacy IPC handle of this exported buffer, for a peer that does not use this
+    /// crate (PyTorch, CuPy, C/C++; see [`RawExport`] for the layout and the
+    /// [`raw` module](crate::RawMemHandle) for what a foreign peer gets).
+    ///
+    /// What ends at this boundary: a foreign peer takes no lease, so this buffer's drop cannot
+    /// see it and frees the memory when the buffer drops, whether the peer still maps it or
+    /// not; nor can the peer detect that the buffer was freed (a raw handle has no export
+    /// token). Keep the buffer alive until the peer says it is done with the memory (a message,
+    /// a barrier, the peer's exit), and tell the peer the element type and count.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an imported buffer; [`Error::Cuda`] naming
+    /// `cuIpcGetMemHandle`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<f32>::zeroed(&ctx, 1 << 20)?;
+    /// let export = buf.raw_export()?;
+    /// // CuPy: cupy.cuda.runtime.ipcOpenMemHandle(bytes(export.handle.0)) + export.offset
+    /// println!("{} bytes at offset {}", export.bytes, export.offset);
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuIpcGetMemHandle")]
+    pub fn raw_export(&self) -> Result<RawExport> {
+        let Origin::Exported(export) = &self.origin else {
+            return Err(Error::InvalidArgument {
+                call: "IpcBuffer::raw_export",
+                reason: "an imported buffer cannot be exported again; share the original handle"
+                    .into(),
+            });
+        };
+        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
+        {
+            let _g = self.ctx.enter()?;
+            // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc.
+            check("cuIpcGetMemHandle", unsafe {
+                sys::cuIpcGetMemHandle(&mut raw, self.ptr)
+            })?;
+        }
+        let handle = RawMemHandle(raw.reserved);
+        crate::raw::remember_own(handle);
+        Ok(RawExport {
+            handle,
+            offset: 0,
+            bytes: self.byte_len() as u64,
+            device_uuid: export.uuid,
+            device_ordinal: self.ctx.ordinal(),
+            exporter_pid: std::process::id(),
+        })
+    }
+
+    /// Open memory another process exported as a raw legacy IPC handle (PyTorch, CuPy, C/C++
+    /// peers): `import.len` elements of `T` at byte `import.offset` of the allocation the
+    /// handle maps, mapped with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. A second open of the same
+    /// handle in the same context (any range of it) shares the mapping, as for typed handles.
+    ///
+    /// Checked before the driver: the range is non-empty and does not overflow, the offset
+    /// suits `T`'s alignment, the handle is not one this process exported, and a named
+    /// exporter is alive. After mapping: the range lies inside the allocation
+    /// (`cuMemGetAddressRange`), and the memory's device is this context's or one it reaches
+    /// as a peer.
+    ///
+    /// # Safety
+    ///
+    /// A raw handle carries no type, length, exporter or export token, and takes no lease, so
+    /// the caller vouches for what this crate cannot check:
+    ///
+    /// - the exporter keeps the memory allocated **for this use** until every view from this
+    ///   open has dropped and all GPU work on them has completed: it must not free it, exit, or
+    ///   (PyTorch's caching allocator) hand the block to another tensor meanwhile — the driver
+    ///   would not stop it, and reads and writes through the view would then reach whatever
+    ///   the memory holds next;
+    /// - the range holds `T`s as the exporter lays them out (size, endianness), so that what is
+    ///   read is what the exporter meant (any bytes are a valid `T`, since `T: Pod`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty, overflowing or misaligned range;
+    /// [`Error::SameProcess`] for a handle this process exported; [`Error::ExporterGone`] when
+    /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
+    /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
+    /// `cuMemGetAddressRange` when the range reaches past the allocation;
+    /// [`Error::DeviceNotReachable`] when the memory is on a device this context cannot reach.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcBuffer, RawImport, RawMemHandle};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let (torch_handle, storage_offset_bytes, numel, pid) = (vec![0u8; 66], 0u64, 1usize, 1u32);
+    /// let ctx = GpuContext::new(0)?;
+    /// // From a PyTorch peer: untyped_storage()._share_cuda_()[1] and [3], the tensor's numel.
+    /// let handle = RawMemHandle::from_torch(&torch_handle)?;
+    /// let import = RawImport::new(handle, storage_offset_bytes, numel).exporter_pid(pid);
+    /// // SAFETY: the PyTorch process keeps the tensor alive until we say we are done.
+    /// let tensor = unsafe { IpcBuffer::<f32>::open_raw(&ctx, &import)? };
+    /// let mut host = vec![0.0; tensor.len()];
+    /// tensor.copy_to_host(&mut host)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
+        let call = "IpcBuffer::open_raw";
+        let invalid = |reason: String| Error::InvalidArgument { call, reason };
+        let size = std::mem::size_of::<T>() as u64;
+        let bytes = (import.len as u64)
+            .checked_mul(size)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| invalid(format!("{} elements of {size} bytes", import.len)))?;
+        if import.offset % std::mem::align_of::<T>() as u64 != 0 {
+            return Err(invalid(format!(
+                "offset {} is not a multiple of {}'s alignment {}",
+                import.offset,
+                std::any::type_name::<T>(),
+                std::mem::align_of::<T>()
+            )));
+        }
+        let end = import.offset.checked_add(bytes).ok_or_else(|| {
+            invalid(format!(
+                "offset {} + {bytes} bytes overflows",
+                import.offset
+            ))
+        })?;
+        if crate::raw::is_own(&import.handle) {
+            return Err(Error::SameProcess {
+                pid: std::process::id(),
+            });
+        }
+        let exporter = match import.exporter_pid {
+            None => None,
+            Some(pid) => match ProcessIdentity::of_pid(pid) {
+                Some(id) if crate::process::is_alive_cached(&id) => Some(id),
+                _ => return Err(Error::ExporterGone { pid }),
+            },
+        };
+        let in_range = |mapped: usize| {
+            if end <= mapped as u64 {
+                Ok(())
+            } else {
+                Err(Error::CorruptHandle {
+                    reason: format!(
+                        "bytes {}..{end} reach past the allocation the handle maps, {mapped} \
+                         bytes (cuMemGetAddressRange)",
+                        import.offset
+                    ),
+                })
+            }
+        };
+        let key: Key = (import.handle.0, ctx.as_raw() as usize, KIND_RAW);
+        let mut cache = loop {
+            let cache = CACHE.lock();
+            match cache.get(&key).map(Weak::upgrade) {
+                Some(Some(mapping)) => {
+                    drop(cache);
+                    mapping.check_reuse(Described::Raw)?;
+                    in_range(mapping.mapped)?;
+                    return Ok(Self::view_at(mapping, import.offset, import.len));
+                }
+                Some(None) => {
+                    drop(cache);
+                    std::thread::yield_now();
+                }
+                None => break cache,
+            }
+        };
+        let _g = ctx.enter()?;
+        let mut ptr = 0;
+        let raw = sys::CUipcHandle {
+            reserved: import.handle.0,
+        };
+        // SAFETY: writes one device pointer; the handle bytes are passed by value and the
+        // driver validates them (a forged handle is an error code, not UB).
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        })?;
+        let checked = mapped_bytes(ptr).and_then(|mapped| {
+            in_range(mapped)?;
+            check_memory_device(ctx, ptr)?;
+            Ok(mapped)
+        });
+        let mapped = match checked {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: opened just above in this context, closed once, never handed out.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+                return Err(e);
+            }
+        };
+        let mapping = Arc::new(Mapping {
+            ctx: ctx.clone(),
+            ptr,
+            mapped,
+            described: Described::Raw,
+            key,
+            exporter,
+            exporter_seen_alive: AtomicU64::new(0),
+            lease: None,
+        });
+        cache.insert(key, Arc::downgrade(&mapping));
+        drop(cache);
+        Ok(Self::view_at(mapping, import.offset, import.len))
     }
 
     /// Number of elements.
@@ -443,7 +678,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// For an imported buffer: the exporting process.
     pub fn exporter(&self) -> Option<ProcessIdentity> {
         match &self.origin {
-            Origin::Imported(m) => Some(m.exporter),
+            Origin::Imported(m) => m.exporter,
             Origin::Exported(_) => None,
         }
     }
@@ -471,7 +706,7 @@ impl<T: Pod> IpcBuffer<T> {
     pub(crate) fn dead_importer(&self) -> Option<u32> {
         let table = match &self.origin {
             Origin::Exported(e) => e.leases.table(),
-            Origin::Imported(m) => m.lease.table(),
+            Origin::Imported(m) => m.lease.as_ref()?.table(),
         };
         table.dead_holder()
     }
@@ -695,10 +930,12 @@ impl Mapping {
     /// The checks a cache hit must pass: the export is not closing (its exporter is waiting
     /// for importers to go: no new views), the exporter is alive, and the envelope describes
     /// what the first open of this export described (and so fits the mapping).
-    fn check_reuse(&self, described: (u32, u32, u64, u64)) -> Result<()> {
-        if self.lease.is_closing() {
+    fn check_reuse(&self, described: Described) -> Result<()> {
+        if let Some(lease) = &self.lease
+            && lease.is_closing()
+        {
             return Err(Error::StaleHandle {
-                generation: self.lease.generation(),
+                generation: lease.generation(),
             });
         }
         // The exporter's liveness, polled at most once per LIVENESS_REUSE_NS per mapping: a
@@ -709,21 +946,32 @@ impl Mapping {
         // turns a known death into a clear error, it does not keep the memory alive.
         let now = liveness_clock();
         let seen = self.exporter_seen_alive.load(Ordering::Relaxed);
-        if now.saturating_sub(seen) >= LIVENESS_REUSE_NS {
-            if !crate::process::is_alive_cached(&self.exporter) {
+        if let Some(exporter) = &self.exporter
+            && now.saturating_sub(seen) >= LIVENESS_REUSE_NS
+        {
+            if !crate::process::is_alive_cached(exporter) {
                 return Err(Error::ExporterGone {
-                    pid: self.exporter.pid(),
+                    pid: exporter.pid(),
                 });
             }
             self.exporter_seen_alive.store(now, Ordering::Relaxed);
         }
         if described != self.described {
-            let (size, _, _, len) = described;
+            let (
+                Described::Envelope(size, _, _, len),
+                Described::Envelope(first_size, _, _, first_len),
+            ) = (described, self.described)
+            else {
+                return Err(Error::CorruptHandle {
+                    reason: "a raw handle and an envelope name the same mapping".into(),
+                });
+            };
             return Err(Error::CorruptHandle {
                 reason: format!(
                     "the handle describes {len} elements of {size} bytes, but this process \
-                     already maps the same export as {} elements of {} bytes ({} bytes mapped)",
-                    self.described.3, self.described.0, self.mapped
+                     already maps the same export as {first_len} elements of {first_size} \
+                     bytes ({} bytes mapped)",
+                    self.mapped
                 ),
             });
         }
@@ -771,6 +1019,38 @@ fn sync_legacy_stream() -> Result<()> {
 
 /// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
 /// visible and, if it is not the context's own device, reachable by peer access.
+/// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
+/// `ctx` can reach as a peer. `ctx` is current.
+fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
+    let mut ordinal: std::ffi::c_int = -1;
+    // SAFETY: writes one int for the attribute asked; any pointer value is accepted.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut ordinal).cast(),
+            sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    })?;
+    let Ok(ordinal) = u32::try_from(ordinal) else {
+        return Err(Error::Corrupt {
+            what: "IPC mapping",
+            reason: format!("the driver reports device {ordinal} for it"),
+        });
+    };
+    if ordinal == ctx.ordinal() || device::can_access_peer(ctx.ordinal(), ordinal)? {
+        Ok(())
+    } else {
+        Err(Error::DeviceNotReachable {
+            uuid: format!("(device {ordinal})"),
+            from: ctx.ordinal(),
+            reason: format!(
+                "no peer access from device {} to device {ordinal}",
+                ctx.ordinal()
+            ),
+        })
+    }
+}
+
 fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<()> {
     let unreachable = |reason: String| Error::DeviceNotReachable {
         uuid: device::uuid_string(uuid),

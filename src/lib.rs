@@ -106,6 +106,7 @@ mod lease;
 mod os;
 mod owner;
 mod process;
+mod raw;
 mod shared;
 mod shm;
 mod signal;
@@ -127,6 +128,7 @@ pub use event::IpcEvent;
 pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
 pub use process::ProcessIdentity;
+pub use raw::{RawExport, RawImport, RawMemHandle};
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{
     DEFAULT_OPEN_TIMEOUT, HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name,

@@ -62,6 +62,8 @@ pub const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_EVENT_INTERPROCESS: c_uint = 0x4;
 pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
+/// `cuPointerGetAttribute`: the ordinal of the device the memory is on (an `int`).
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 
 super::loader::driver_api! {
     fn cuInit(flags: c_uint) -> CUresult;
@@ -122,6 +124,8 @@ super::loader::driver_api! {
         size: *mut usize,
         dptr: CUdeviceptr,
     ) -> CUresult;
+
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult;
 
     fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
     fn cuIpcOpenMemHandle_v2(

@@ -1,0 +1,303 @@
+//! Raw legacy IPC handles: the 64-byte `cudaIpcMemHandle_t` that PyTorch, CuPy, Numba and C/C++
+//! peers exchange, with an offset and a size, for sharing with processes that do not use this
+//! crate.
+//!
+//! A raw handle carries none of the envelope this crate's own handles have (element type,
+//! length, exporter identity, export token, checksum) and takes no lease, so most of what
+//! [`IpcBuffer::open`](crate::IpcBuffer::open) checks cannot be checked. What still is:
+//! the byte range lies inside the allocation the driver mapped (`cuMemGetAddressRange`), its
+//! offset suits the element type's alignment, the memory's device is this context's or
+//! reachable from it as a peer, the handle is not one this process exported, and — if the
+//! caller names the exporting pid — the exporter is alive. The rest is what
+//! [`IpcBuffer::open_raw`](crate::IpcBuffer::open_raw)'s caller vouches for.
+//!
+//! # The layout, for C and C++ peers
+//!
+//! [`RawExport`] is `#[repr(C)]`, 104 bytes, native-endian, no padding:
+//!
+//! ```c
+//! #include <stdint.h>
+//! struct cuda_ipc_raw_export {
+//!     uint8_t  handle[64];      /* cudaIpcMemHandle_t / CUipcMemHandle, as the driver wrote it */
+//!     uint64_t offset;          /* bytes from the allocation's start to the data */
+//!     uint64_t bytes;           /* bytes of data from there */
+//!     uint8_t  device_uuid[16]; /* the device holding the memory (cuDeviceGetUuid) */
+//!     uint32_t device_ordinal;  /* its ordinal in the exporter's numbering */
+//!     uint32_t exporter_pid;    /* the exporting process */
+//! };
+//! ```
+//!
+//! A C peer opens it with `cudaIpcOpenMemHandle(&base, *(cudaIpcMemHandle_t *)e.handle,
+//! cudaIpcMemLazyEnablePeerAccess)` and uses `(char *)base + e.offset`.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{Error, Result};
+
+/// The 64 bytes of a legacy CUDA IPC memory handle (`cudaIpcMemHandle_t`, `CUipcMemHandle`).
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::RawMemHandle;
+///
+/// // What CuPy's `cupy.cuda.runtime.ipcGetMemHandle` returns: the 64 bytes themselves.
+/// let bytes = [7u8; 64];
+/// let handle = RawMemHandle::from_bytes(&bytes)?;
+/// assert_eq!(handle.as_bytes(), &bytes);
+/// # Ok::<(), cuda_ipc::Error>(())
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Pod, Zeroable)]
+pub struct RawMemHandle(pub [u8; 64]);
+
+/// The version bytes PyTorch's caching allocator writes in front of a shareable handle (torch 2.x:
+/// 2; torch 2.13: 3, same payload).
+const TORCH_HANDLE_VERSIONS: [u8; 2] = [2, 3];
+/// PyTorch's type byte for a `cudaMalloc` block (a legacy IPC handle follows).
+const TORCH_CUDA_MALLOC: u8 = b'c';
+/// PyTorch's type byte for an expandable segment (not a legacy IPC handle).
+const TORCH_EXPANDABLE_SEGMENT: u8 = b'e';
+
+impl RawMemHandle {
+    /// The handle from exactly 64 bytes (CuPy's `ipcGetMemHandle`, a C peer's
+    /// `cudaIpcMemHandle_t`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] for any other length.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let raw: [u8; 64] = bytes.try_into().map_err(|_| Error::CorruptHandle {
+            reason: format!("a raw CUDA IPC handle is 64 bytes, got {}", bytes.len()),
+        })?;
+        Ok(Self(raw))
+    }
+
+    /// The handle from the bytes PyTorch puts in the second field of
+    /// `untyped_storage()._share_cuda_()` (what `torch.multiprocessing` sends for a CUDA
+    /// tensor): a version byte (2 or 3), a type byte (`'c'` for a `cudaMalloc` block), then the
+    /// 64 handle bytes — 66 bytes. A bare 64-byte handle (older torch) is accepted as is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] naming the reason, for a handle of an expandable segment (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: virtual
+    /// memory, not a legacy IPC handle), an unknown version or type, or another length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuda_ipc::RawMemHandle;
+    ///
+    /// let mut from_torch = vec![2u8, b'c'];
+    /// from_torch.extend_from_slice(&[9u8; 64]);
+    /// assert_eq!(RawMemHandle::from_torch(&from_torch)?.0, [9u8; 64]);
+    /// # Ok::<(), cuda_ipc::Error>(())
+    /// ```
+    pub fn from_torch(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() == 64 {
+            return Self::from_bytes(bytes);
+        }
+        match bytes {
+            [version, kind, rest @ ..] if rest.len() == 64 => {
+                if !TORCH_HANDLE_VERSIONS.contains(version) {
+                    return Err(Error::CorruptHandle {
+                        reason: format!(
+                            "PyTorch handle version {version} (known: {TORCH_HANDLE_VERSIONS:?})"
+                        ),
+                    });
+                }
+                match *kind {
+                    TORCH_CUDA_MALLOC => Self::from_bytes(rest),
+                    TORCH_EXPANDABLE_SEGMENT => Err(Error::CorruptHandle {
+                        reason: "a PyTorch expandable-segment handle (expandable_segments:True) \
+                                 is virtual memory, not a legacy CUDA IPC handle; share the \
+                                 tensor from a process without expandable segments"
+                            .into(),
+                    }),
+                    other => Err(Error::CorruptHandle {
+                        reason: format!("unknown PyTorch handle type byte {other:#04x}"),
+                    }),
+                }
+            }
+            _ => Err(Error::CorruptHandle {
+                reason: format!(
+                    "a PyTorch CUDA handle is 66 bytes (or a bare 64), got {}",
+                    bytes.len()
+                ),
+            }),
+        }
+    }
+
+    /// The 64 bytes.
+    pub fn as_bytes(&self) -> &[u8; 64] {
+        &self.0
+    }
+}
+
+/// What [`IpcBuffer::raw_export`](crate::IpcBuffer::raw_export) gives a foreign peer: the raw
+/// handle and where the data lies in the allocation it maps. The layout is a C struct (see the
+/// [module docs](self)); it is [`Pod`], so it can be sent as bytes or stored in a
+/// [`ShmCell`](crate::ShmCell).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
+pub struct RawExport {
+    /// The legacy IPC handle of the allocation.
+    pub handle: RawMemHandle,
+    /// Bytes from the allocation's start to the data.
+    pub offset: u64,
+    /// Bytes of data.
+    pub bytes: u64,
+    /// The device holding the memory.
+    pub device_uuid: [u8; 16],
+    /// The device's ordinal in the exporter's numbering.
+    pub device_ordinal: u32,
+    /// The exporting process.
+    pub exporter_pid: u32,
+}
+
+/// What [`IpcBuffer::open_raw`](crate::IpcBuffer::open_raw) opens: a raw handle, where the
+/// data lies in its allocation, and how many elements.
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::{RawImport, RawMemHandle};
+///
+/// let import = RawImport::new(RawMemHandle([0; 64]), 512, 1024).exporter_pid(4242);
+/// assert_eq!((import.offset, import.len, import.exporter_pid), (512, 1024, Some(4242)));
+/// ```
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct RawImport {
+    /// The legacy IPC handle of the allocation.
+    pub handle: RawMemHandle,
+    /// Bytes from the allocation's start to the data.
+    pub offset: u64,
+    /// Elements of data.
+    pub len: usize,
+    /// The exporting process, if known: checked alive before the driver is asked, and kept
+    /// for liveness checks.
+    pub exporter_pid: Option<u32>,
+}
+
+impl RawImport {
+    /// `len` elements at byte `offset` of the allocation `handle` maps.
+    pub fn new(handle: RawMemHandle, offset: u64, len: usize) -> Self {
+        Self {
+            handle,
+            offset,
+            len,
+            exporter_pid: None,
+        }
+    }
+
+    /// Name the exporting process (recommended: a dead exporter is then a clear
+    /// [`Error::ExporterGone`] instead of the driver's error).
+    pub fn exporter_pid(mut self, pid: u32) -> Self {
+        self.exporter_pid = Some(pid);
+        self
+    }
+
+    /// From a [`RawExport`] written by another process (this crate's or a C peer's), for
+    /// elements of `T` covering its bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the byte count is not a whole number of `T`s.
+    pub fn from_export<T>(export: &RawExport) -> Result<Self> {
+        let size = std::mem::size_of::<T>() as u64;
+        if size == 0 || export.bytes % size != 0 {
+            return Err(Error::InvalidArgument {
+                call: "RawImport::from_export",
+                reason: format!(
+                    "{} bytes are not a whole number of {size}-byte elements",
+                    export.bytes
+                ),
+            });
+        }
+        let len = usize::try_from(export.bytes / size).map_err(|_| Error::InvalidArgument {
+            call: "RawImport::from_export",
+            reason: format!("{} bytes do not fit this platform", export.bytes),
+        })?;
+        Ok(Self {
+            handle: export.handle,
+            offset: export.offset,
+            len,
+            exporter_pid: Some(export.exporter_pid).filter(|&p| p != 0),
+        })
+    }
+}
+
+/// Raw handles this process exported (through [`IpcBuffer::raw_export`] or its typed handles),
+/// so that opening one of them here is refused before the driver is asked. Bounded: the oldest
+/// go first.
+///
+/// [`IpcBuffer::raw_export`]: crate::IpcBuffer::raw_export
+static OWN_EXPORTS: parking_lot::Mutex<Vec<RawMemHandle>> = parking_lot::const_mutex(Vec::new());
+const MAX_OWN_EXPORTS: usize = 4096;
+
+/// Record a handle this process exported.
+pub(crate) fn remember_own(handle: RawMemHandle) {
+    let mut own = OWN_EXPORTS.lock();
+    if own.contains(&handle) {
+        return;
+    }
+    if own.len() >= MAX_OWN_EXPORTS {
+        own.remove(0);
+    }
+    own.push(handle);
+}
+
+/// Whether this process exported `handle`.
+pub(crate) fn is_own(handle: &RawMemHandle) -> bool {
+    OWN_EXPORTS.lock().contains(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_handles_are_parsed_and_expandable_segments_refused() {
+        let mut h = vec![2u8, b'c'];
+        h.extend_from_slice(&[5; 64]);
+        assert_eq!(RawMemHandle::from_torch(&h).unwrap().0, [5; 64]);
+        h[0] = 3;
+        assert!(RawMemHandle::from_torch(&h).is_ok());
+        h[1] = b'e';
+        let e = RawMemHandle::from_torch(&h).unwrap_err().to_string();
+        assert!(e.contains("expandable"), "{e}");
+        h[1] = b'c';
+        h[0] = 9;
+        assert!(RawMemHandle::from_torch(&h).is_err());
+        assert!(RawMemHandle::from_torch(&[0; 65]).is_err());
+        assert!(RawMemHandle::from_torch(&[1; 64]).is_ok());
+        assert!(RawMemHandle::from_bytes(&[0; 63]).is_err());
+    }
+
+    #[test]
+    fn the_export_layout_is_the_documented_c_struct() {
+        assert_eq!(std::mem::size_of::<RawExport>(), 104);
+        assert_eq!(std::mem::align_of::<RawExport>(), 8);
+        assert_eq!(std::mem::offset_of!(RawExport, offset), 64);
+        assert_eq!(std::mem::offset_of!(RawExport, bytes), 72);
+        assert_eq!(std::mem::offset_of!(RawExport, device_uuid), 80);
+        assert_eq!(std::mem::offset_of!(RawExport, device_ordinal), 96);
+        assert_eq!(std::mem::offset_of!(RawExport, exporter_pid), 100);
+    }
+
+    #[test]
+    fn an_import_from_an_export_counts_whole_elements() {
+        let e = RawExport {
+            handle: RawMemHandle([1; 64]),
+            offset: 256,
+            bytes: 4096,
+            device_uuid: [0; 16],
+            device_ordinal: 0,
+            exporter_pid: 77,
+        };
+        let i = RawImport::from_export::<f32>(&e).unwrap();
+        assert_eq!((i.offset, i.len, i.exporter_pid), (256, 1024, Some(77)));
+        assert!(RawImport::from_export::<[u8; 3]>(&e).is_err());
+    }
+}
