@@ -561,7 +561,7 @@ impl<T: Pod> IpcBuffer<T> {
             .checked_mul(size)
             .filter(|&b| b > 0)
             .ok_or_else(|| invalid(format!("{} elements of {size} bytes", import.len)))?;
-        if import.offset % std::mem::align_of::<T>() as u64 != 0 {
+        if !import.offset.is_multiple_of(std::mem::align_of::<T>() as u64) {
             return Err(invalid(format!(
                 "offset {} is not a multiple of {}'s alignment {}",
                 import.offset,

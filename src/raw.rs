@@ -206,7 +206,7 @@ impl RawImport {
     /// [`Error::InvalidArgument`] if the byte count is not a whole number of `T`s.
     pub fn from_export<T>(export: &RawExport) -> Result<Self> {
         let size = std::mem::size_of::<T>() as u64;
-        if size == 0 || export.bytes % size != 0 {
+        if size == 0 || !export.bytes.is_multiple_of(size) {
             return Err(Error::InvalidArgument {
                 call: "RawImport::from_export",
                 reason: format!(
