@@ -561,7 +561,10 @@ impl<T: Pod> IpcBuffer<T> {
             .checked_mul(size)
             .filter(|&b| b > 0)
             .ok_or_else(|| invalid(format!("{} elements of {size} bytes", import.len)))?;
-        if !import.offset.is_multiple_of(std::mem::align_of::<T>() as u64) {
+        if !import
+            .offset
+            .is_multiple_of(std::mem::align_of::<T>() as u64)
+        {
             return Err(invalid(format!(
                 "offset {} is not a multiple of {}'s alignment {}",
                 import.offset,
