@@ -583,13 +583,6 @@ impl<T: Pod> IpcBuffer<T> {
                 pid: std::process::id(),
             });
         }
-        let exporter = match import.exporter_pid {
-            None => None,
-            Some(pid) => match ProcessIdentity::of_pid(pid) {
-                Some(id) if crate::process::is_alive_cached(&id) => Some(id),
-                _ => return Err(Error::ExporterGone { pid }),
-            },
-        };
         let in_range = |mapped: usize| {
             if end <= mapped as u64 {
                 Ok(())
@@ -618,6 +611,18 @@ impl<T: Pod> IpcBuffer<T> {
                     std::thread::yield_now();
                 }
                 None => break cache,
+            }
+        };
+        // A named exporter: alive now? By pid alone (a pidfd, kept open for later checks):
+        // a raw handle names no start time to tell a reused pid from the exporter.
+        let exporter = match import.exporter_pid {
+            None => None,
+            Some(pid) => {
+                let id = ProcessIdentity::from_parts(pid, 0);
+                if !crate::process::is_alive_cached(&id) {
+                    return Err(Error::ExporterGone { pid });
+                }
+                Some(id)
             }
         };
         let _g = ctx.enter()?;

@@ -63,17 +63,6 @@ impl ProcessIdentity {
         }
     }
 
-    /// The process that has `pid` now (its start time and pidfs inode read now), or `None` if
-    /// there is none.
-    pub(crate) fn of_pid(pid: u32) -> Option<Self> {
-        let stat = os::proc_stat(pid)?;
-        Some(Self {
-            pid,
-            start_time: stat.start_time,
-            pidfs_ino: os::pidfs_ino(pid).unwrap_or(0),
-        })
-    }
-
     /// Rebuild an identity from its parts (as read back from shared memory); the pidfs inode
     /// is unknown (add it with [`with_pidfs_ino`](Self::with_pidfs_ino)).
     pub fn from_parts(pid: u32, start_time: u64) -> Self {

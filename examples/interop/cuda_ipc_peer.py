@@ -11,8 +11,9 @@ Use it as a module::
     #         RawMemHandle::from_torch(&hex_decode(handle))?, offset, bytes / 4).exporter_pid(pid))
     # and keep `tensor` alive until the Rust side is done with it.
 
-    array = cupy_open(rust_export, "int32")  # a CuPy view of memory a Rust IpcBuffer exported
-    torch.as_tensor(array, device="cuda")    # ... and a PyTorch one (no copy)
+    array, base = cupy_open(rust_export, "int32")  # a CuPy view of a Rust IpcBuffer's memory
+    torch.as_tensor(array, device="cuda")          # ... and a PyTorch one (no copy)
+    cupy_close(base)                               # then tell the Rust side you are done
 
 or as a script, which cuda-ipc's tests and benches run (``python3 cuda_ipc_peer.py ROLE ...``).
 
@@ -49,7 +50,8 @@ def torch_export(tensor):
 
 def cupy_open(export, dtype):
     """A CuPy array over memory exported as a raw handle (a dict like ``torch_export``'s, or
-    cuda-ipc's ``RawExport`` fields). Close it with ``cupy_close(array)``."""
+    cuda-ipc's ``RawExport`` fields), and the mapping's base: close it with
+    ``cupy_close(base)`` once nothing uses the array."""
     import cupy
 
     handle = bytes.fromhex(export["handle"])
@@ -59,14 +61,13 @@ def cupy_open(export, dtype):
     memory = cupy.cuda.UnownedMemory(base + export["offset"], export["bytes"], owner=None)
     itemsize = cupy.dtype(dtype).itemsize
     array = cupy.ndarray((export["bytes"] // itemsize,), dtype, cupy.cuda.MemoryPointer(memory, 0))
-    array._cuda_ipc_base = base
-    return array
+    return array, base
 
 
-def cupy_close(array):
+def cupy_close(base):
     import cupy
 
-    cupy.cuda.runtime.ipcCloseMemHandle(array._cuda_ipc_base)
+    cupy.cuda.runtime.ipcCloseMemHandle(base)
 
 
 def _line(*fields):
@@ -113,13 +114,14 @@ def _cupy_import(handle, offset, nbytes, want, write):
     import cupy
     import torch
 
-    array = cupy_open({"handle": handle, "offset": offset, "bytes": nbytes}, "int32")
+    array, base = cupy_open({"handle": handle, "offset": offset, "bytes": nbytes}, "int32")
     bad = int((array != want).sum())
     tensor = torch.as_tensor(array, device="cuda")
     torch_bad = int((tensor != want).sum().item())
     tensor.fill_(write)
     torch.cuda.synchronize()
-    cupy_close(array)
+    del tensor, array
+    cupy_close(base)
     _line("OK" if bad == 0 and torch_bad == 0 else f"BAD cupy {bad} torch {torch_bad}")
     return 0
 
