@@ -224,6 +224,37 @@ pub enum Error {
         driver_version: i32,
     },
 
+    /// A socket peer's credentials (`SO_PEERCRED`) are not ones the [`PeerPolicy`] allows:
+    /// for a listener, the connecting process; for a connector, the listening one (a name
+    /// squatted by another user).
+    ///
+    /// [`PeerPolicy`]: crate::PeerPolicy
+    #[error("socket {name}: peer pid {pid} (uid {uid}) refused ({policy})")]
+    PeerRefused {
+        /// The peer's pid.
+        pid: u32,
+        /// The peer's effective uid.
+        uid: u32,
+        /// The socket's name.
+        name: String,
+        /// What the policy allows.
+        policy: String,
+    },
+
+    /// The process at the other end of a socket closed it or died.
+    #[error("socket peer pid {pid} closed the connection (it exited, died or dropped its socket)")]
+    PeerClosed {
+        /// The peer's pid.
+        pid: u32,
+    },
+
+    /// Something already listens at a socket name (or a file exists at the path).
+    #[error("socket {name} is already in use")]
+    AddressInUse {
+        /// The socket's name.
+        name: String,
+    },
+
     /// The CUDA driver reports no usable GPU (`cuInit`).
     #[error("no CUDA device: cuInit returned {name} ({code})")]
     NoDevice {

@@ -101,6 +101,7 @@ mod device;
 pub mod driver;
 mod error;
 mod event;
+mod fd_socket;
 mod handle;
 mod lease;
 mod os;
@@ -125,6 +126,9 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use event::IpcEvent;
+pub use fd_socket::{
+    FdListener, FdMessage, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerCred, PeerPolicy, SocketName,
+};
 pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
 pub use process::ProcessIdentity;

@@ -135,9 +135,26 @@ impl RawMemHandle {
 }
 
 /// What [`IpcBuffer::raw_export`](crate::IpcBuffer::raw_export) gives a foreign peer: the raw
-/// handle and where the data lies in the allocation it maps. The layout is a C struct (see the
-/// [module docs](self)); it is [`Pod`], so it can be sent as bytes or stored in a
-/// [`ShmCell`](crate::ShmCell).
+/// handle and where the data lies in the allocation it maps. It is [`Pod`], so it can be sent
+/// as bytes or stored in a [`ShmCell`](crate::ShmCell).
+///
+/// The layout, for C and C++ peers (`#[repr(C)]`, 104 bytes, native-endian, no padding; also
+/// `examples/interop/cuda_ipc_raw.h`):
+///
+/// ```c
+/// #include <stdint.h>
+/// struct cuda_ipc_raw_export {
+///     uint8_t  handle[64];      /* cudaIpcMemHandle_t / CUipcMemHandle */
+///     uint64_t offset;          /* bytes from the allocation's start to the data */
+///     uint64_t bytes;           /* bytes of data */
+///     uint8_t  device_uuid[16]; /* the device holding the memory (cuDeviceGetUuid) */
+///     uint32_t device_ordinal;  /* its ordinal in the exporter's numbering */
+///     uint32_t exporter_pid;    /* the exporting process */
+/// };
+/// ```
+///
+/// A C peer opens it with `cudaIpcOpenMemHandle(&base, *(cudaIpcMemHandle_t *)e.handle,
+/// cudaIpcMemLazyEnablePeerAccess)` and uses `(char *)base + e.offset`.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct RawExport {

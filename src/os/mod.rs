@@ -7,6 +7,8 @@
 mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) use linux::*;
+#[cfg(target_os = "linux")]
+pub(crate) mod socket;
 
 #[cfg(not(target_os = "linux"))]
 compile_error!("cuda-ipc supports Linux only (CUDA legacy IPC is Linux-only)");

@@ -1,0 +1,384 @@
+//! [`FdListener`] and [`FdSocket`]: passing file descriptors between processes over a
+//! Unix-domain socket (`SCM_RIGHTS`), with the peer's credentials checked.
+//!
+//! File-descriptor handles (VMM allocations exported as POSIX fds, memory-pool exports) are
+//! capabilities: only a process that was *sent* the descriptor can map the memory, unlike a
+//! legacy IPC handle, whose 64 bytes are enough. Sending needs a channel the kernel trusts:
+//! a Unix socket. `pidfd_getfd` would need ptrace permission over the peer, which the default
+//! container seccomp and Yama settings refuse; a socket needs none.
+//!
+//! - Sockets are `SOCK_SEQPACKET` (each send is one message, with its descriptors), in the
+//!   abstract namespace ([`SocketName::Abstract`], no file, gone with the listener) or at a
+//!   path ([`SocketName::Path`], mode `0600` right after the bind, unlinked on drop).
+//! - Both sides check the other's credentials (`SO_PEERCRED`: pid, uid, gid as the kernel saw
+//!   them at `connect`/`listen`) against a [`PeerPolicy`] — the same uid by default. A
+//!   listener on an abstract name has no file permissions, so this check is what keeps other
+//!   users out; a connector checks the listener too, so a name squatted by another user is
+//!   refused, not trusted.
+//! - Every wait has a deadline; a peer that closed its socket or died is
+//!   [`Error::PeerClosed`] naming its pid.
+//!
+//! # When the other side dies
+//!
+//! | The peer dies or stops...                     | This side sees                            |
+//! |-----------------------------------------------|-------------------------------------------|
+//! | before connecting                              | `accept`: [`Error::Timeout`] at its deadline |
+//! | after `connect`, before it is accepted         | `accept` succeeds (the kernel queued it); the first `recv` is `PeerClosed` |
+//! | after connecting, never sending                | `recv`: [`Error::Timeout`] at its deadline |
+//! | in the middle of a `send`                       | nothing half-sent: a message and its descriptors arrive whole or not at all |
+//! | after sending                                   | the message is delivered; the next `recv` is `PeerClosed` |
+//! | while this side sends                           | `send`: `PeerClosed` (`EPIPE`, never `SIGPIPE`) |
+//! | the listener, before a `connect`                | `connect`: [`Error::Os`] naming `connect` (`ECONNREFUSED`/`ENOENT`) |
+//!
+//! Covered by `tests/fd_socket.rs` (real processes): a descriptor and its contents across,
+//! a peer that never sends, a peer killed, a listener of another uid (name squatted), a
+//! connector of another uid, truncated and oversized messages.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rustix::event::PollFlags;
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+use crate::os::socket as sys;
+
+/// The largest payload of one message, in bytes.
+pub const MAX_PAYLOAD: usize = 64 * 1024;
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = sys::MAX_FDS;
+
+/// Message framing: one version byte before the payload (so that no message is empty: an
+/// empty read means the peer closed).
+const FRAME_VERSION: u8 = 1;
+
+/// Where an [`FdListener`] listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketName {
+    /// A name in Linux's abstract socket namespace: no file, no permissions (the credential
+    /// check is the gate), removed when the listener closes. Names are per network namespace.
+    Abstract(String),
+    /// A socket file at this path, mode `0600`, unlinked when the listener drops.
+    Path(PathBuf),
+}
+
+impl SocketName {
+    fn describe(&self) -> String {
+        match self {
+            Self::Abstract(name) => format!("@{name}"),
+            Self::Path(path) => path.display().to_string(),
+        }
+    }
+
+    fn address(&self) -> sys::Address<'_> {
+        match self {
+            Self::Abstract(name) => sys::Address::Abstract(name.as_bytes()),
+            Self::Path(path) => sys::Address::Path(path),
+        }
+    }
+}
+
+/// Which peers a socket accepts, checked against `SO_PEERCRED` on both sides.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PeerPolicy {
+    /// Only processes of this process's effective uid (the default).
+    #[default]
+    SameUid,
+    /// Only processes of these uids.
+    Uids(Vec<u32>),
+    /// Any process that can reach the socket. With an abstract name that is every process of
+    /// the network namespace: use only where something else authenticates the peer.
+    Anyone,
+}
+
+impl PeerPolicy {
+    fn allows(&self, uid: u32) -> bool {
+        match self {
+            Self::SameUid => uid == crate::os::euid(),
+            Self::Uids(uids) => uids.contains(&uid),
+            Self::Anyone => true,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::SameUid => format!("only uid {}", crate::os::euid()),
+            Self::Uids(uids) => format!("only uids {uids:?}"),
+            Self::Anyone => "anyone".into(),
+        }
+    }
+}
+
+/// The credentials of the process at the other end of a socket, as the kernel recorded them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its pid (in this process's pid namespace).
+    pub pid: u32,
+    /// Its effective uid.
+    pub uid: u32,
+    /// Its effective gid.
+    pub gid: u32,
+}
+
+fn os_error(call: &'static str, name: &SocketName, e: Errno) -> Error {
+    Error::Os {
+        call,
+        name: name.describe(),
+        source: std::io::Error::from_raw_os_error(e.raw_os_error()),
+    }
+}
+
+fn check_peer(fd: BorrowedFd<'_>, name: &SocketName, policy: &PeerPolicy) -> Result<PeerCred> {
+    let (pid, uid, gid) =
+        sys::peer_cred(fd).map_err(|e| os_error("getsockopt(SO_PEERCRED)", name, e))?;
+    if !policy.allows(uid) {
+        return Err(Error::PeerRefused {
+            pid,
+            uid,
+            name: name.describe(),
+            policy: policy.describe(),
+        });
+    }
+    Ok(PeerCred { pid, uid, gid })
+}
+
+/// A listening socket that hands out [`FdSocket`]s to peers its [`PeerPolicy`] allows.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{FdListener, FdSocket, PeerPolicy, SocketName};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let name = SocketName::Abstract(format!("my-app-{}", std::process::id()));
+/// let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid)?;
+/// // In the peer process: FdSocket::connect(&name, PeerPolicy::SameUid, Duration::from_secs(5))
+/// let socket = listener.accept(Duration::from_secs(5))?;
+/// let file = std::fs::File::open("/dev/null").expect("open");
+/// socket.send(b"here is a descriptor", &[std::os::fd::AsFd::as_fd(&file)], Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct FdListener {
+    fd: OwnedFd,
+    name: SocketName,
+    policy: PeerPolicy,
+}
+
+impl FdListener {
+    /// Listen at `name`, accepting peers `policy` allows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AddressInUse`] when something already listens there (or a file exists at the
+    /// path: it is never removed for you); [`Error::Os`] naming the failed call otherwise.
+    pub fn bind(name: SocketName, policy: PeerPolicy) -> Result<Self> {
+        let fd = sys::listen(&name.address()).map_err(|e| match e {
+            Errno::ADDRINUSE => Error::AddressInUse {
+                name: name.describe(),
+            },
+            e => os_error("bind/listen", &name, e),
+        })?;
+        Ok(Self { fd, name, policy })
+    }
+
+    /// The next connection whose peer the policy allows, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when no peer connected in time; [`Error::PeerRefused`] for a peer the
+    /// policy does not allow (its connection is closed; call `accept` again for the next);
+    /// [`Error::Os`] naming the failed call.
+    pub fn accept(&self, timeout: Duration) -> Result<FdSocket> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ready = sys::wait(self.fd.as_fd(), PollFlags::IN, deadline)
+                .map_err(|e| os_error("poll", &self.name, e))?;
+            if !ready {
+                return Err(Error::Timeout {
+                    what: "fd socket accept",
+                    waited: timeout,
+                });
+            }
+            match sys::accept(self.fd.as_fd()) {
+                Ok(fd) => {
+                    let peer = check_peer(fd.as_fd(), &self.name, &self.policy)?;
+                    return Ok(FdSocket {
+                        fd,
+                        peer,
+                        name: self.name.clone(),
+                    });
+                }
+                // Another thread took it, or the connector went away: wait again.
+                Err(Errno::AGAIN | Errno::CONNABORTED | Errno::INTR) => {}
+                Err(e) => return Err(os_error("accept", &self.name, e)),
+            }
+        }
+    }
+
+    /// Where this listener listens.
+    pub fn name(&self) -> &SocketName {
+        &self.name
+    }
+}
+
+impl Drop for FdListener {
+    fn drop(&mut self) {
+        if let SocketName::Path(path) = &self.name {
+            // Ours since the bind (the bind fails on an existing file). Drop cannot report.
+            let _ = sys::unlink(path);
+        }
+    }
+}
+
+/// A connected socket that sends and receives messages with file descriptors.
+#[derive(Debug)]
+pub struct FdSocket {
+    fd: OwnedFd,
+    peer: PeerCred,
+    name: SocketName,
+}
+
+/// One message received: its payload and the descriptors that came with it (close-on-exec,
+/// owned: dropping them closes them).
+#[derive(Debug)]
+pub struct FdMessage {
+    /// The bytes sent.
+    pub payload: Vec<u8>,
+    /// The descriptors sent, in order.
+    pub fds: Vec<OwnedFd>,
+}
+
+impl FdSocket {
+    /// Connect to a listener at `name`, checking that the listening process is one `policy`
+    /// allows (a name squatted by another user is refused), retrying at most `timeout` while
+    /// its backlog is full.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerRefused`] for a listener the policy does not allow; [`Error::Os`] naming
+    /// `connect` (`ECONNREFUSED` or `ENOENT`: nobody listens there).
+    pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
+        let fd = sys::connect(&name.address(), Instant::now() + timeout)
+            .map_err(|e| os_error("connect", name, e))?;
+        let peer = check_peer(fd.as_fd(), name, policy)?;
+        Ok(Self {
+            fd,
+            peer,
+            name: name.clone(),
+        })
+    }
+
+    /// The process at the other end.
+    pub fn peer(&self) -> PeerCred {
+        self.peer
+    }
+
+    /// Send `payload` (1 to [`MAX_PAYLOAD`] bytes) and `fds` (at most [`MAX_FDS`]) as one
+    /// message, waiting at most `timeout` for room in the socket.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty or oversized payload or too many descriptors;
+    /// [`Error::PeerClosed`] when the peer is gone; [`Error::Timeout`]; [`Error::Os`] naming
+    /// `sendmsg`.
+    pub fn send(&self, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
+        if payload.is_empty() || payload.len() > MAX_PAYLOAD || fds.len() > MAX_FDS {
+            return Err(Error::InvalidArgument {
+                call: "FdSocket::send",
+                reason: format!(
+                    "{} bytes and {} descriptors (1 to {MAX_PAYLOAD} bytes, at most {MAX_FDS} \
+                     descriptors)",
+                    payload.len(),
+                    fds.len()
+                ),
+            });
+        }
+        let mut framed = Vec::with_capacity(payload.len() + 1);
+        framed.push(FRAME_VERSION);
+        framed.extend_from_slice(payload);
+        let deadline = Instant::now() + timeout;
+        loop {
+            match sys::send(self.fd.as_fd(), &framed, fds) {
+                Ok(()) => return Ok(()),
+                Err(Errno::AGAIN) => {
+                    let ready = sys::wait(self.fd.as_fd(), PollFlags::OUT, deadline)
+                        .map_err(|e| os_error("poll", &self.name, e))?;
+                    if !ready {
+                        return Err(Error::Timeout {
+                            what: "fd socket send",
+                            waited: timeout,
+                        });
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::PIPE | Errno::CONNRESET) => {
+                    return Err(Error::PeerClosed { pid: self.peer.pid });
+                }
+                Err(e) => return Err(os_error("sendmsg", &self.name, e)),
+            }
+        }
+    }
+
+    /// Receive the next message, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerClosed`] when the peer closed its socket or died; [`Error::Timeout`];
+    /// [`Error::Corrupt`] for a message that was cut short (more bytes or descriptors than
+    /// this side accepts: the descriptors that did arrive are closed) or not framed by this
+    /// crate; [`Error::Os`] naming `recvmsg`.
+    pub fn recv(&self, timeout: Duration) -> Result<FdMessage> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; MAX_PAYLOAD + 1];
+        loop {
+            match sys::recv(self.fd.as_fd(), &mut buf) {
+                Ok(r) if r.bytes == 0 => return Err(Error::PeerClosed { pid: self.peer.pid }),
+                Ok(r) if r.truncated => {
+                    return Err(Error::Corrupt {
+                        what: "fd socket message",
+                        reason: format!(
+                            "cut short by the kernel (over {MAX_PAYLOAD} bytes or {MAX_FDS} \
+                             descriptors); the {} descriptors that arrived are closed",
+                            r.fds.len()
+                        ),
+                    });
+                }
+                Ok(r) => {
+                    if buf[0] != FRAME_VERSION {
+                        return Err(Error::Corrupt {
+                            what: "fd socket message",
+                            reason: format!("unknown frame version {}", buf[0]),
+                        });
+                    }
+                    return Ok(FdMessage {
+                        payload: buf[1..r.bytes].to_vec(),
+                        fds: r.fds,
+                    });
+                }
+                Err(Errno::AGAIN) => {
+                    let ready = sys::wait(self.fd.as_fd(), PollFlags::IN, deadline)
+                        .map_err(|e| os_error("poll", &self.name, e))?;
+                    if !ready {
+                        return Err(Error::Timeout {
+                            what: "fd socket receive",
+                            waited: timeout,
+                        });
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::CONNRESET) => return Err(Error::PeerClosed { pid: self.peer.pid }),
+                Err(e) => return Err(os_error("recvmsg", &self.name, e)),
+            }
+        }
+    }
+}
+
+impl AsFd for FdSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

@@ -1,0 +1,165 @@
+//! Unix-domain `SOCK_SEQPACKET` sockets that carry file descriptors (`SCM_RIGHTS`): the system
+//! calls behind [`FdListener`](crate::FdListener) and [`FdSocket`](crate::FdSocket). Every
+//! socket is non-blocking and close-on-exec; waits are `poll` with a deadline.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fd::{BorrowedFd, OwnedFd};
+use rustix::io::Errno;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+/// The most descriptors one message carries.
+pub(crate) const MAX_FDS: usize = 16;
+
+/// Where a socket lives: an abstract name (Linux; no file, gone with the socket) or a path.
+pub(crate) enum Address<'a> {
+    Abstract(&'a [u8]),
+    Path(&'a std::path::Path),
+}
+
+fn unix_addr(addr: &Address<'_>) -> Result<SocketAddrUnix, Errno> {
+    match addr {
+        Address::Abstract(name) => SocketAddrUnix::new_abstract_name(name),
+        Address::Path(path) => SocketAddrUnix::new(*path),
+    }
+}
+
+fn seqpacket() -> Result<OwnedFd, Errno> {
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+}
+
+/// A listening socket bound at `addr`; a path is made `0600` right after the bind.
+pub(crate) fn listen(addr: &Address<'_>) -> Result<OwnedFd, Errno> {
+    let fd = seqpacket()?;
+    rustix::net::bind(&fd, &unix_addr(addr)?)?;
+    if let Address::Path(path) = addr {
+        rustix::fs::chmod(*path, rustix::fs::Mode::from_raw_mode(0o600))?;
+    }
+    rustix::net::listen(&fd, 16)?;
+    Ok(fd)
+}
+
+/// A connected socket to `addr`, retrying while the listener's backlog is full, until
+/// `deadline`.
+pub(crate) fn connect(addr: &Address<'_>, deadline: Instant) -> Result<OwnedFd, Errno> {
+    let target = unix_addr(addr)?;
+    loop {
+        let fd = seqpacket()?;
+        match rustix::net::connect(&fd, &target) {
+            Ok(()) => return Ok(fd),
+            Err(Errno::AGAIN) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Wait until `fd` is ready for `flags` (or hung up), at most until `deadline`; `false` on
+/// timeout.
+pub(crate) fn wait(fd: BorrowedFd<'_>, flags: PollFlags, deadline: Instant) -> Result<bool, Errno> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = rustix::time::Timespec {
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(&fd, flags)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The next connection on a listening socket (non-blocking, close-on-exec).
+pub(crate) fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    rustix::net::accept_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)
+}
+
+/// The peer's pid, uid and gid as the kernel recorded them at `connect`/`listen`.
+pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> Result<(u32, u32, u32), Errno> {
+    let cred = rustix::net::sockopt::socket_peercred(fd)?;
+    Ok((
+        cred.pid.as_raw_nonzero().get().unsigned_abs(),
+        cred.uid.as_raw(),
+        cred.gid.as_raw(),
+    ))
+}
+
+/// Send one message: `payload` (non-empty) and `fds` (at most [`MAX_FDS`]).
+pub(crate) fn send(
+    fd: BorrowedFd<'_>,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), Errno> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(Errno::TOOBIG);
+    }
+    let sent = rustix::net::sendmsg(
+        fd,
+        &[IoSlice::new(payload)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if sent == payload.len() {
+        Ok(())
+    } else {
+        Err(Errno::MSGSIZE)
+    }
+}
+
+/// What [`recv`] read: the bytes (0 = the peer closed), the descriptors, and whether the
+/// kernel had to cut bytes or descriptors off.
+pub(crate) struct Received {
+    pub(crate) bytes: usize,
+    pub(crate) fds: Vec<OwnedFd>,
+    pub(crate) truncated: bool,
+}
+
+/// Receive one message into `buf` (descriptors arrive close-on-exec).
+pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Received, Errno> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        fd,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    // Take every descriptor that arrived (even from a message refused below): dropping them
+    // closes them, so nothing leaks.
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    Ok(Received {
+        bytes: msg.bytes,
+        fds,
+        truncated: msg
+            .flags
+            .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC),
+    })
+}
+
+/// Remove a socket file at `path`.
+pub(crate) fn unlink(path: &std::path::Path) -> Result<(), Errno> {
+    rustix::fs::unlink(path)
+}

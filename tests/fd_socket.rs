@@ -1,0 +1,272 @@
+//! Passing file descriptors between real processes over `FdListener` / `FdSocket`: a
+//! descriptor and its contents across (both ways), a peer that never sends, a killed peer,
+//! peers of another uid refused on both sides (connector, and a listener squatting a name),
+//! path sockets (0600, unlinked), bad sends, and no descriptor leaked.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use common::{fd_count, report, spawn, unique_name, watchdog};
+use cuda_ipc::{Error, FdListener, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerPolicy, SocketName};
+
+const NOBODY: u32 = 65534;
+
+fn memfd_with(text: &str) -> std::fs::File {
+    let name = std::ffi::CString::new("cuda-ipc-test").unwrap();
+    // SAFETY: memfd_create with a valid C string; the fd is owned by the File below.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: a fresh fd we own.
+    let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.write_all(text.as_bytes()).unwrap();
+    file
+}
+
+fn read_all(fd: OwnedFd) -> String {
+    let mut file = std::fs::File::from(fd);
+    file.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    file.read_to_string(&mut s).unwrap();
+    s
+}
+
+fn drop_privileges() {
+    // SAFETY: plain libc calls in a single-threaded child process before any other work.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
+        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
+        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn abstract_name(what: &str) -> SocketName {
+    SocketName::Abstract(unique_name(what))
+}
+
+const T: Duration = Duration::from_secs(10);
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        let name = SocketName::Abstract(args[0].clone());
+        match role {
+            "receive_fd" => {
+                let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+                let msg = s.recv(T).unwrap();
+                assert_eq!(msg.payload, b"a file for you");
+                assert_eq!(msg.fds.len(), 1);
+                let text = read_all(msg.fds.into_iter().next().unwrap());
+                // And one back.
+                let reply = memfd_with(&format!("child read: {text}"));
+                s.send(b"and one for you", &[reply.as_fd()], T).unwrap();
+                // Wait for the parent to close (so the reply is not lost with our exit).
+                assert!(matches!(s.recv(T), Err(Error::PeerClosed { .. })));
+                0
+            }
+            "connect_and_sleep" => {
+                let _s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+                report("connected");
+                std::thread::sleep(Duration::from_secs(30));
+                0
+            }
+            "nobody_connects" => {
+                drop_privileges();
+                // The listener is root's: this side refuses it too.
+                match FdSocket::connect(&name, &PeerPolicy::SameUid, T) {
+                    Err(Error::PeerRefused { uid, .. }) => report(format!("refused uid {uid}")),
+                    other => report(format!("unexpected {other:?}")),
+                }
+                0
+            }
+            "nobody_squats" => {
+                drop_privileges();
+                let listener = FdListener::bind(name, PeerPolicy::Anyone).unwrap();
+                report("listening");
+                // Accept the parent's connection attempt (it must refuse us), then leave.
+                let _ = listener.accept(T);
+                std::thread::sleep(Duration::from_millis(500));
+                0
+            }
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
+
+/// One exchange: a memfd to a child, which reads it and sends one back.
+fn exchange(listener: &FdListener, raw: &str) {
+    let child = spawn("receive_fd", &[raw]);
+    let s = listener.accept(T).unwrap();
+    assert_eq!(s.peer().pid, child.pid());
+    let file = memfd_with("hello across processes");
+    s.send(b"a file for you", &[file.as_fd()], T).unwrap();
+    drop(file); // the child holds its own copy of the descriptor now
+    let msg = s.recv(T).unwrap();
+    assert_eq!(msg.payload, b"and one for you");
+    let text = read_all(msg.fds.into_iter().next().unwrap());
+    assert_eq!(text, "child read: hello across processes");
+    drop(s);
+    child.expect_success(T);
+}
+
+#[test]
+fn a_descriptor_and_its_contents_cross_both_ways() {
+    let _dog = watchdog("fd_cross", Duration::from_secs(60));
+    let name = abstract_name("fd-cross");
+    let SocketName::Abstract(raw) = &name else {
+        unreachable!()
+    };
+    let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+    exchange(&listener, raw);
+    // No descriptor leaked per exchange (other tests of this binary run in parallel and hold
+    // a few of their own, hence the margin; a leak would grow with the count).
+    let before = fd_count();
+    for _ in 0..20 {
+        exchange(&listener, raw);
+    }
+    let after = fd_count();
+    assert!(
+        after < before + 8,
+        "descriptors leaked: {before} -> {after} over 20 exchanges"
+    );
+}
+
+#[test]
+fn a_peer_that_never_sends_is_a_bounded_timeout_and_a_killed_one_is_peer_closed() {
+    let _dog = watchdog("fd_silent", Duration::from_secs(60));
+    let name = abstract_name("fd-silent");
+    let SocketName::Abstract(raw) = &name else {
+        unreachable!()
+    };
+    let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+    let child = spawn("connect_and_sleep", &[raw]);
+    let s = listener.accept(T).unwrap();
+    let t = Instant::now();
+    assert!(matches!(
+        s.recv(Duration::from_millis(200)),
+        Err(Error::Timeout { .. })
+    ));
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let pid = child.pid();
+    child.signal(libc::SIGKILL);
+    let t = Instant::now();
+    match s.recv(T) {
+        Err(Error::PeerClosed { pid: p }) => assert_eq!(p, pid),
+        other => panic!("expected PeerClosed, got {other:?}"),
+    }
+    eprintln!("fd socket: killed peer seen after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(matches!(
+        s.send(b"anyone?", &[], T),
+        Err(Error::PeerClosed { .. })
+    ));
+    let _ = child.wait(T);
+    // Nobody connects: accept is bounded too.
+    assert!(matches!(
+        listener.accept(Duration::from_millis(100)),
+        Err(Error::Timeout { .. })
+    ));
+}
+
+#[test]
+fn peers_of_another_uid_are_refused_on_both_sides() {
+    if !is_root() {
+        eprintln!("fd socket: not root, cannot start a process of another uid: not run");
+        return;
+    }
+    let _dog = watchdog("fd_other_uid", Duration::from_secs(60));
+    // A connector of another uid: the listener refuses it, and it refuses the listener.
+    let name = abstract_name("fd-uid");
+    let SocketName::Abstract(raw) = &name else {
+        unreachable!()
+    };
+    let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+    let child = spawn("nobody_connects", &[raw]);
+    match listener.accept(T) {
+        Err(Error::PeerRefused { uid, pid, .. }) => {
+            assert_eq!((uid, pid), (NOBODY, child.pid()));
+        }
+        other => panic!("expected PeerRefused, got {other:?}"),
+    }
+    assert_eq!(child.expect_success(T), ["refused uid 0".to_string()]);
+    // The policy can name the uid.
+    let allowed = PeerPolicy::Uids(vec![NOBODY]);
+    assert_ne!(allowed, PeerPolicy::SameUid);
+
+    // A name squatted by another uid: binding it fails clearly, and connecting refuses it.
+    let name = abstract_name("fd-squat");
+    let SocketName::Abstract(raw) = &name else {
+        unreachable!()
+    };
+    let squatter = spawn("nobody_squats", &[raw]);
+    common::wait_for("squatter listening", T, || {
+        FdListener::bind(name.clone(), PeerPolicy::SameUid)
+            .is_err_and(|e| matches!(e, Error::AddressInUse { .. }))
+    });
+    match FdSocket::connect(&name, &PeerPolicy::SameUid, T) {
+        Err(Error::PeerRefused { uid, .. }) => assert_eq!(uid, NOBODY),
+        other => panic!("expected PeerRefused for the squatter, got {other:?}"),
+    }
+    squatter.expect_success(T);
+}
+
+#[test]
+fn path_sockets_are_0600_and_unlinked_and_bad_sends_are_refused() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let path = std::env::temp_dir().join(format!("{}.sock", unique_name("fd-path")));
+    let name = SocketName::Path(path.clone());
+    let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert!(matches!(
+        FdListener::bind(name.clone(), PeerPolicy::SameUid),
+        Err(Error::AddressInUse { .. })
+    ));
+    let client = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+    let server = listener.accept(T).unwrap();
+    assert_eq!(server.peer().pid, std::process::id());
+    assert_eq!(client.peer().pid, std::process::id());
+    // Bad sends: refused before the kernel is asked.
+    assert!(matches!(
+        client.send(b"", &[], T),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        client.send(&vec![0; MAX_PAYLOAD + 1], &[], T),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let f = memfd_with("x");
+    let many: Vec<_> = (0..=MAX_FDS).map(|_| f.as_fd()).collect();
+    assert!(matches!(
+        client.send(b"too many", &many, T),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // The largest message and the most descriptors do cross.
+    client
+        .send(&vec![7; MAX_PAYLOAD], &many[..MAX_FDS], T)
+        .unwrap();
+    let msg = server.recv(T).unwrap();
+    assert_eq!((msg.payload.len(), msg.fds.len()), (MAX_PAYLOAD, MAX_FDS));
+    drop((client, server, msg));
+    drop(listener);
+    assert!(!path.exists(), "the socket file is unlinked on drop");
+    // Nobody listens: connect says so.
+    assert!(matches!(
+        FdSocket::connect(&name, &PeerPolicy::SameUid, T),
+        Err(Error::Os { .. })
+    ));
+}
