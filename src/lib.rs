@@ -14,6 +14,8 @@
 //! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
+//! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`], [`RawExport`], [`RawImport`], [`IpcBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute` |
+//! | Passing file descriptors | [`FdListener`], [`FdSocket`] | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
 //! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
 //! | Barrier across processes | [`ProcessBarrier`], [`BarrierState`] | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
