@@ -90,14 +90,38 @@ pub(crate) fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     rustix::net::accept_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)
 }
 
-/// The peer's pid, uid and gid as the kernel recorded them at `connect`/`listen`.
+/// The peer's pid, uid and gid as the kernel recorded them at `connect`/`listen`. The pid is 0
+/// when the peer's pid namespace is not visible from ours.
+///
+/// Read with `libc::getsockopt`, not rustix's `socket_peercred`: rustix's `UCred` holds its pid
+/// as a non-zero integer, and the kernel writes 0 for a peer outside our pid namespace — a value
+/// that type must never hold.
 pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> Result<(u32, u32, u32), Errno> {
-    let cred = rustix::net::sockopt::socket_peercred(fd)?;
-    Ok((
-        cred.pid.as_raw_nonzero().get().unsigned_abs(),
-        cred.uid.as_raw(),
-        cred.gid.as_raw(),
-    ))
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred of `len` bytes (plain integers: any bytes are valid);
+    // the descriptor is borrowed, so open for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::INVAL));
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(Errno::INVAL);
+    }
+    Ok((cred.pid.unsigned_abs(), cred.uid, cred.gid))
 }
 
 /// Send one message: `payload` (non-empty) and `fds` (at most [`MAX_FDS`]).
