@@ -248,6 +248,18 @@ pub enum Error {
         pid: u32,
     },
 
+    /// `pidfd_getfd` was refused: taking another process's descriptor needs ptrace-attach
+    /// permission over it (same uid and Yama `ptrace_scope` 0, or `CAP_SYS_PTRACE`), which
+    /// default container settings deny.
+    #[error(
+        "pidfd_getfd on pid {pid} was refused (it needs ptrace permission over that process; \
+         send the descriptor over an FdSocket instead)"
+    )]
+    PtraceDenied {
+        /// The process whose descriptor was asked for.
+        pid: u32,
+    },
+
     /// Something already listens at a socket name (or a file exists at the path).
     #[error("socket {name} is already in use")]
     AddressInUse {

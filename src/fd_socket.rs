@@ -382,3 +382,47 @@ impl AsFd for FdSocket {
         self.fd.as_fd()
     }
 }
+
+/// Copy descriptor `fd` of process `pid` into this process without its cooperation
+/// (`pidfd_getfd`, Linux 5.6+): the opt-in alternative to receiving it over an [`FdSocket`],
+/// for processes that may use it.
+///
+/// The kernel allows it only with ptrace-attach permission over `pid` — the same uid *and*
+/// Yama's `ptrace_scope` at 0 (or `CAP_SYS_PTRACE`) — which the default seccomp and Yama
+/// settings of containers deny; an [`FdSocket`] needs none of it. The number `fd` is the
+/// other process's (it must tell you, e.g. through shared memory), and the descriptor it names
+/// may have changed by the time this runs: use it only with a peer that keeps it open and says
+/// so.
+///
+/// # Errors
+///
+/// [`Error::PtraceDenied`] when the kernel refuses (`EPERM`); [`Error::InvalidArgument`] when
+/// `pid` has no descriptor `fd` (`EBADF`); [`Error::Os`] naming `pidfd_getfd` otherwise (no
+/// such process: `ESRCH`; a kernel before 5.6: `ENOSYS`).
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> cuda_ipc::Result<()> {
+/// # let (peer_pid, peer_fd) = (4242, 7);
+/// match cuda_ipc::take_fd_from_process(peer_pid, peer_fd) {
+///     Ok(fd) => println!("got {fd:?}"),
+///     Err(cuda_ipc::Error::PtraceDenied { .. }) => println!("not allowed here: use an FdSocket"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
+pub fn take_fd_from_process(pid: u32, fd: i32) -> Result<OwnedFd> {
+    crate::os::pidfd_getfd(pid, fd).map_err(|e| match e {
+        Errno::PERM | Errno::ACCESS => Error::PtraceDenied { pid },
+        Errno::BADF => Error::InvalidArgument {
+            call: "take_fd_from_process",
+            reason: format!("pid {pid} has no descriptor {fd}"),
+        },
+        e => Error::Os {
+            call: "pidfd_getfd",
+            name: format!("pid {pid} fd {fd}"),
+            source: std::io::Error::from_raw_os_error(e.raw_os_error()),
+        },
+    })
+}

@@ -130,6 +130,7 @@ pub use error::{Error, Result};
 pub use event::IpcEvent;
 pub use fd_socket::{
     FdListener, FdMessage, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerCred, PeerPolicy, SocketName,
+    take_fd_from_process,
 };
 pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};

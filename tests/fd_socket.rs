@@ -58,7 +58,7 @@ const T: Duration = Duration::from_secs(10);
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
-        let name = SocketName::Abstract(args[0].clone());
+        let name = SocketName::Abstract(args.first().cloned().unwrap_or_default());
         match role {
             "receive_fd" => {
                 let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
@@ -95,6 +95,22 @@ fn child_process() {
                 // Accept the parent's connection attempt (it must refuse us), then leave.
                 let _ = listener.accept(T);
                 std::thread::sleep(Duration::from_millis(500));
+                0
+            }
+            "hold_memfd" => {
+                let file = memfd_with("taken, not sent");
+                report(std::os::fd::AsRawFd::as_raw_fd(&file));
+                std::thread::sleep(Duration::from_secs(30));
+                0
+            }
+            "nobody_takes" => {
+                // args[0]: the (root) parent's pid, args[1]: one of its descriptors.
+                let (pid, fd) = (args[0].parse().unwrap(), args[1].parse().unwrap());
+                drop_privileges();
+                match cuda_ipc::take_fd_from_process(pid, fd) {
+                    Err(Error::PtraceDenied { pid: p }) => report(format!("denied {p}")),
+                    other => report(format!("unexpected {other:?}")),
+                }
                 0
             }
             other => panic!("unknown role {other}"),
@@ -269,4 +285,53 @@ fn path_sockets_are_0600_and_unlinked_and_bad_sends_are_refused() {
         FdSocket::connect(&name, &PeerPolicy::SameUid, T),
         Err(Error::Os { .. })
     ));
+}
+
+/// The opt-in `pidfd_getfd` path: with ptrace permission (root here) a child's descriptor is
+/// taken without its help; without it (a child of another uid asking root's) it is a clear
+/// `PtraceDenied`, and a descriptor number the process does not have is `InvalidArgument`.
+#[test]
+fn pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission() {
+    if !is_root() {
+        eprintln!("fd socket: not root, cannot show both sides of pidfd_getfd: not run");
+        return;
+    }
+    let _dog = watchdog("pidfd_getfd", Duration::from_secs(60));
+    let holder = spawn("hold_memfd", &[]);
+    // The child reports its descriptor number once it holds it (a RESULT line, read at exit):
+    // read it from /proc instead, to keep the child alive meanwhile.
+    let fd = {
+        let deadline = Instant::now() + T;
+        loop {
+            let found = std::fs::read_dir(format!("/proc/{}/fd", holder.pid()))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .find(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().contains("memfd:cuda-ipc-test"))
+                });
+            if let Some(e) = found {
+                break e.file_name().to_string_lossy().parse::<i32>().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the child never opened its memfd"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let taken = cuda_ipc::take_fd_from_process(holder.pid(), fd).unwrap();
+    assert_eq!(read_all(taken), "taken, not sent");
+    assert!(matches!(
+        cuda_ipc::take_fd_from_process(holder.pid(), 9999),
+        Err(Error::InvalidArgument { .. })
+    ));
+    holder.signal(libc::SIGKILL);
+    let _ = holder.wait(T);
+    // Another uid asking for one of ours: refused.
+    let mine = memfd_with("not yours");
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&mine).to_string();
+    let out = spawn("nobody_takes", &[&std::process::id().to_string(), &raw]).expect_success(T);
+    assert_eq!(out, [format!("denied {}", std::process::id())]);
 }

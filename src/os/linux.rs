@@ -219,6 +219,13 @@ pub(crate) fn pidfd_open_checked(pid: u32) -> std::result::Result<OwnedFd, Errno
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
 }
 
+/// A copy of descriptor `fd` of process `pid` (`pidfd_open`, then `pidfd_getfd`, close-on-exec
+/// as the kernel makes it). Needs ptrace-attach permission over `pid`.
+pub(crate) fn pidfd_getfd(pid: u32, fd: i32) -> std::result::Result<OwnedFd, Errno> {
+    let pidfd = pidfd_open_checked(pid)?;
+    rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())
+}
+
 /// The pidfs inode number of process `pid`: on Linux 6.9 and later every process has one, unique
 /// until reboot, so unlike a pid it is never handed to another process. `None` where pidfds are
 /// unavailable or share one anonymous inode (older kernels), or `pid` does not exist.
