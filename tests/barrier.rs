@@ -475,15 +475,10 @@ fn a_thousand_random_kills_never_hang_or_complete_falsely() {
     let generations: u64 = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..4)
             .map(|w| {
-                let mut s = seed.wrapping_add(w);
+                let mut rng = common::Rng(seed.wrapping_add(w));
                 scope.spawn(move || {
                     (0..rounds / 4)
-                        .map(|_| {
-                            s ^= s << 13;
-                            s ^= s >> 7;
-                            s ^= s << 17;
-                            random_kill_round(s)
-                        })
+                        .map(|_| random_kill_round(rng.next()))
                         .sum::<u64>()
                 })
             })

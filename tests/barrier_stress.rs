@@ -24,7 +24,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{spawn, unique_name, watchdog};
+use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::{BarrierState, Error, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
 
 const PARTIES: u32 = 3;
@@ -49,36 +49,6 @@ struct Shared {
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|r| !r.trim_start().starts_with(['Z', 'X']))
-        })
-        .unwrap_or(false)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn one_in(&mut self, n: u64) -> bool {
-        self.next().is_multiple_of(n)
-    }
-}
-
-fn die() -> ! {
-    // SAFETY: kill(2) on ourselves; never returns.
-    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-    unreachable!("SIGKILL")
-}
 
 fn violation(s: &Shared, what: std::fmt::Arguments<'_>) {
     eprintln!("violation ({}): {what}", std::process::id());
@@ -132,7 +102,7 @@ fn party(s: &Shared, seed: u64) {
     barrier.set_default_timeout(Duration::from_secs(5));
     let slot = barrier.slot() as usize;
     let before = s.owner[slot].swap(me, Ordering::SeqCst);
-    if before != 0 && alive(before) {
+    if before != 0 && pid_running(before) {
         violation(s, format_args!("slot {slot} also held by live {before}"));
     }
     if rng.one_in(12) {

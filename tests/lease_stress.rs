@@ -17,7 +17,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{spawn, unique_name, watchdog};
+use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__lease_testing::{Export, Held};
 use cuda_ipc::{Error, MAX_IMPORTERS, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
@@ -34,39 +34,6 @@ struct Shadow {
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shadow {}
-
-fn alive(pid: u32) -> bool {
-    // The shadow record has pids only; a killed child is reaped by the parent only after the
-    // run, so until then it is a zombie, which reads as dead.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|r| !r.trim_start().starts_with(['Z', 'X']))
-        })
-        .unwrap_or(false)
-}
-
-/// A cheap per-process random number generator (xorshift), seeded from the pid and a count.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn one_in(&mut self, n: u64) -> bool {
-        self.next().is_multiple_of(n)
-    }
-}
-
-fn die() -> ! {
-    // SAFETY: kill(2) on ourselves; never returns.
-    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-    unreachable!("SIGKILL")
-}
 
 #[test]
 fn child_process() {
@@ -103,7 +70,7 @@ fn child_process() {
             shadow.claims.fetch_add(1, Ordering::Relaxed);
             let slot = lease.slot();
             let before = shadow.owner[slot].swap(me, Ordering::SeqCst);
-            if before != 0 && before != me && alive(before) {
+            if before != 0 && before != me && pid_running(before) {
                 eprintln!("slot {slot} held by {me} and by live {before}");
                 shadow.violations.fetch_add(1, Ordering::SeqCst);
             }
@@ -159,7 +126,7 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) {
     shadow.freed.store(1, Ordering::SeqCst);
     for (slot, o) in shadow.owner.iter().enumerate() {
         let pid = o.load(Ordering::SeqCst);
-        if pid != 0 && alive(pid) {
+        if pid != 0 && pid_running(pid) {
             eprintln!("run {run}: close returned while live {pid} held slot {slot}");
             shadow.violations.fetch_add(1, Ordering::SeqCst);
         }

@@ -249,3 +249,40 @@ pub fn shm_entries(prefix: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Whether `pid` names a running process, read from `/proc` (a killed child that its parent has
+/// not reaped yet is a zombie, which reads as dead): for shadow records that hold bare pids.
+pub fn pid_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| !r.trim_start().starts_with(['Z', 'X']))
+        })
+        .unwrap_or(false)
+}
+
+/// A cheap random number generator (xorshift64) for stress tests; seed it non-zero.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// True about once in `n` calls.
+    pub fn one_in(&mut self, n: u64) -> bool {
+        self.next().is_multiple_of(n)
+    }
+}
+
+/// `SIGKILL` this process (a stress test's death at a chosen step).
+pub fn die() -> ! {
+    // SAFETY: kill(2) on ourselves; never returns.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL")
+}
