@@ -158,16 +158,12 @@ impl OwnedSlot {
     /// [`claim`](Self::claim), calling `pause` between the two steps (while the slot reads
     /// `Claiming`): the stress test stalls or kills itself there. `claim` passes a no-op.
     pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, pause: impl FnOnce()) -> Option<u64> {
-        let claiming = Owner::encode(OwnerState::Claiming, me)?;
-        self.owner
-            .compare_exchange(0, claiming, Ordering::SeqCst, Ordering::Relaxed)
-            .ok()?;
-        pause();
-        self.finish_claim(claiming, me)
+        self.claim_from(0, me, pause) // a free slot is the word 0
     }
 
-    /// Replace a dead owner's exact word with `me` (the reaper's judgement and the claim in
-    /// one compare-exchange), then finish as [`claim_pausing`](Self::claim_pausing).
+    /// Replace the exact word `dead` (a dead owner's, judged by the caller; or 0, free) with
+    /// `Claiming(me)` in one compare-exchange, call `pause`, then record the pidfs inode and
+    /// move to `Held`.
     pub(crate) fn claim_from(
         &self,
         dead: u64,
