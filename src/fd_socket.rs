@@ -130,6 +130,26 @@ fn os_error(call: &'static str, name: &SocketName, e: Errno) -> Error {
     }
 }
 
+/// Wait until `fd` is ready for `flags`, at most until `deadline`: on time out,
+/// [`Error::Timeout`] for `what` after `timeout` (the caller's whole budget).
+fn wait_ready(
+    fd: BorrowedFd<'_>,
+    flags: PollFlags,
+    name: &SocketName,
+    deadline: Instant,
+    what: &'static str,
+    timeout: Duration,
+) -> Result<()> {
+    match sys::wait(fd, flags, deadline) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::Timeout {
+            what,
+            waited: timeout,
+        }),
+        Err(e) => Err(os_error("poll", name, e)),
+    }
+}
+
 fn check_peer(fd: BorrowedFd<'_>, name: &SocketName, policy: &PeerPolicy) -> Result<PeerCred> {
     let (pid, uid, gid) =
         sys::peer_cred(fd).map_err(|e| os_error("getsockopt(SO_PEERCRED)", name, e))?;
@@ -195,14 +215,14 @@ impl FdListener {
     pub fn accept(&self, timeout: Duration) -> Result<FdSocket> {
         let deadline = Instant::now() + timeout;
         loop {
-            let ready = sys::wait(self.fd.as_fd(), PollFlags::IN, deadline)
-                .map_err(|e| os_error("poll", &self.name, e))?;
-            if !ready {
-                return Err(Error::Timeout {
-                    what: "fd socket accept",
-                    waited: timeout,
-                });
-            }
+            wait_ready(
+                self.fd.as_fd(),
+                PollFlags::IN,
+                &self.name,
+                deadline,
+                "fd socket accept",
+                timeout,
+            )?;
             match sys::accept(self.fd.as_fd()) {
                 Ok(fd) => {
                     let peer = check_peer(fd.as_fd(), &self.name, &self.policy)?;
@@ -304,16 +324,14 @@ impl FdSocket {
         loop {
             match sys::send(self.fd.as_fd(), &framed, fds) {
                 Ok(()) => return Ok(()),
-                Err(Errno::AGAIN) => {
-                    let ready = sys::wait(self.fd.as_fd(), PollFlags::OUT, deadline)
-                        .map_err(|e| os_error("poll", &self.name, e))?;
-                    if !ready {
-                        return Err(Error::Timeout {
-                            what: "fd socket send",
-                            waited: timeout,
-                        });
-                    }
-                }
+                Err(Errno::AGAIN) => wait_ready(
+                    self.fd.as_fd(),
+                    PollFlags::OUT,
+                    &self.name,
+                    deadline,
+                    "fd socket send",
+                    timeout,
+                )?,
                 Err(Errno::INTR) => {}
                 Err(Errno::PIPE | Errno::CONNRESET) => {
                     return Err(Error::PeerClosed { pid: self.peer.pid });
@@ -359,16 +377,14 @@ impl FdSocket {
                         fds: r.fds,
                     });
                 }
-                Err(Errno::AGAIN) => {
-                    let ready = sys::wait(self.fd.as_fd(), PollFlags::IN, deadline)
-                        .map_err(|e| os_error("poll", &self.name, e))?;
-                    if !ready {
-                        return Err(Error::Timeout {
-                            what: "fd socket receive",
-                            waited: timeout,
-                        });
-                    }
-                }
+                Err(Errno::AGAIN) => wait_ready(
+                    self.fd.as_fd(),
+                    PollFlags::IN,
+                    &self.name,
+                    deadline,
+                    "fd socket receive",
+                    timeout,
+                )?,
                 Err(Errno::INTR) => {}
                 Err(Errno::CONNRESET) => return Err(Error::PeerClosed { pid: self.peer.pid }),
                 Err(e) => return Err(os_error("recvmsg", &self.name, e)),

@@ -49,8 +49,10 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-fn abstract_name(what: &str) -> SocketName {
-    SocketName::Abstract(unique_name(what))
+/// A fresh abstract socket name, and its text (what a child role is given).
+fn abstract_name(what: &str) -> (SocketName, String) {
+    let raw = unique_name(what);
+    (SocketName::Abstract(raw.clone()), raw)
 }
 
 const T: Duration = Duration::from_secs(10);
@@ -98,8 +100,7 @@ fn child_process() {
                 0
             }
             "hold_memfd" => {
-                let file = memfd_with("taken, not sent");
-                report(std::os::fd::AsRawFd::as_raw_fd(&file));
+                let _file = memfd_with("taken, not sent");
                 std::thread::sleep(Duration::from_secs(30));
                 0
             }
@@ -137,17 +138,14 @@ fn exchange(listener: &FdListener, raw: &str) {
 #[test]
 fn a_descriptor_and_its_contents_cross_both_ways() {
     let _dog = watchdog("fd_cross", Duration::from_secs(60));
-    let name = abstract_name("fd-cross");
-    let SocketName::Abstract(raw) = &name else {
-        unreachable!()
-    };
+    let (name, raw) = abstract_name("fd-cross");
     let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
-    exchange(&listener, raw);
+    exchange(&listener, &raw);
     // No descriptor leaked per exchange (other tests of this binary run in parallel and hold
     // a few of their own, hence the margin; a leak would grow with the count).
     let before = fd_count();
     for _ in 0..20 {
-        exchange(&listener, raw);
+        exchange(&listener, &raw);
     }
     let after = fd_count();
     assert!(
@@ -159,12 +157,9 @@ fn a_descriptor_and_its_contents_cross_both_ways() {
 #[test]
 fn a_peer_that_never_sends_is_a_bounded_timeout_and_a_killed_one_is_peer_closed() {
     let _dog = watchdog("fd_silent", Duration::from_secs(60));
-    let name = abstract_name("fd-silent");
-    let SocketName::Abstract(raw) = &name else {
-        unreachable!()
-    };
+    let (name, raw) = abstract_name("fd-silent");
     let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
-    let child = spawn("connect_and_sleep", &[raw]);
+    let child = spawn("connect_and_sleep", &[&raw]);
     let s = listener.accept(T).unwrap();
     let t = Instant::now();
     assert!(matches!(
@@ -205,12 +200,9 @@ fn peers_of_another_uid_are_refused_on_both_sides() {
     }
     let _dog = watchdog("fd_other_uid", Duration::from_secs(60));
     // A connector of another uid: the listener refuses it, and it refuses the listener.
-    let name = abstract_name("fd-uid");
-    let SocketName::Abstract(raw) = &name else {
-        unreachable!()
-    };
+    let (name, raw) = abstract_name("fd-uid");
     let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
-    let child = spawn("nobody_connects", &[raw]);
+    let child = spawn("nobody_connects", &[&raw]);
     match listener.accept(T) {
         Err(Error::PeerRefused { uid, pid, .. }) => {
             assert_eq!((uid, pid), (NOBODY, child.pid()));
@@ -223,11 +215,8 @@ fn peers_of_another_uid_are_refused_on_both_sides() {
     assert_ne!(allowed, PeerPolicy::SameUid);
 
     // A name squatted by another uid: binding it fails clearly, and connecting refuses it.
-    let name = abstract_name("fd-squat");
-    let SocketName::Abstract(raw) = &name else {
-        unreachable!()
-    };
-    let squatter = spawn("nobody_squats", &[raw]);
+    let (name, raw) = abstract_name("fd-squat");
+    let squatter = spawn("nobody_squats", &[&raw]);
     common::wait_for("squatter listening", T, || {
         FdListener::bind(name.clone(), PeerPolicy::SameUid)
             .is_err_and(|e| matches!(e, Error::AddressInUse { .. }))
@@ -298,8 +287,7 @@ fn pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission() {
     }
     let _dog = watchdog("pidfd_getfd", Duration::from_secs(60));
     let holder = spawn("hold_memfd", &[]);
-    // The child reports its descriptor number once it holds it (a RESULT line, read at exit):
-    // read it from /proc instead, to keep the child alive meanwhile.
+    // The child's descriptor number, from /proc (the child stays alive, holding it).
     let fd = {
         let deadline = Instant::now() + T;
         loop {
