@@ -358,6 +358,24 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// The other side of an [`IpcChannel`](crate::IpcSender) closed it: the producer dropped its
+    /// sender and every item it sent was received, or the consumer dropped its receiver.
+    #[error("the IPC channel's {role} (pid {pid}) closed it")]
+    ChannelClosed {
+        /// The process that closed it.
+        pid: u32,
+        /// Its role: `"producer"` or `"consumer"`.
+        role: &'static str,
+    },
+
+    /// An [`IpcChannel`](crate::IpcSender) already has its consumer (a channel is opened by one
+    /// consumer for its whole life).
+    #[error("the IPC channel already has a consumer (pid {pid})")]
+    ChannelInUse {
+        /// The consumer's pid.
+        pid: u32,
+    },
+
     /// The device cannot do what was asked (a capability the driver reports as missing).
     #[error("device {device} cannot {what}: {reason}")]
     Unsupported {

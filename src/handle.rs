@@ -175,7 +175,7 @@ impl Envelope {
 /// `h = ((h ^ w) * P) ^ (that >> 29)` is a bijection of `h` for a fixed word `w`, so changing any
 /// bits of one word changes the result: every single-bit flip is caught (tested below). It is an
 /// integrity check against corruption and bugs, not a MAC: a handle is a bearer token anyway.
-fn checksum(body: &[u8]) -> u64 {
+pub(crate) fn checksum(body: &[u8]) -> u64 {
     const P: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ body.len() as u64;
     for chunk in body.chunks(8) {

@@ -98,6 +98,7 @@
 
 mod barrier;
 mod buffer;
+mod channel;
 mod context;
 mod device;
 pub mod driver;
@@ -121,6 +122,7 @@ pub use barrier::{
     MAX_PARTIES, ProcessBarrier,
 };
 pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+pub use channel::{IpcChannelHandle, IpcReceiver, IpcSender, Received, SendSlot};
 pub use context::GpuContext;
 pub use device::{
     ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,

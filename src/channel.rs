@@ -1,0 +1,1226 @@
+//! [`IpcSender`] and [`IpcReceiver`]: a bounded, zero-copy queue of GPU buffers between two
+//! processes, ordered on the GPU by stream memory operations (no host synchronisation).
+//!
+//! # How it works
+//!
+//! The producer creates the channel: one device allocation of `slots × capacity` elements of
+//! `T` (each slot 256-byte aligned where `T` allows), two [`IpcSignal`] counters on its device
+//! (`sent`, written by the producer's streams; `released`, written by the consumer's), and a
+//! small shared-memory region for what the hosts need (item lengths, how far each side got,
+//! who the parties are). The consumer opens all of it through one [`IpcChannelHandle<T>`].
+//!
+//! For item `k` (numbered from 1, in slot `(k − 1) mod slots`):
+//!
+//! | producer | consumer |
+//! | -------- | -------- |
+//! | [`acquire`](IpcSender::acquire): wait on the host until the consumer has *enqueued* its release of item `k − slots`; enqueue "wait until `released ≥ k − slots`" on the stream | |
+//! | write the slot with kernels or copies on that stream | |
+//! | [`send`](SendSlot::send)`(len)`: enqueue "`sent = k`", publish `k` and `len` | [`recv`](IpcReceiver::recv): wait on the host until `k` is published; enqueue "wait until `sent ≥ k`" |
+//! | | read the slot on that stream |
+//! | | [`release`](Received::release): enqueue "`released = k`", publish it |
+//!
+//! The hosts only ever wait for each other's *enqueueing*, which runs ahead of the GPUs; the
+//! GPUs wait for each other's work. A full ring is back-pressure: `acquire` waits (or
+//! [`try_acquire`](IpcSender::try_acquire) says so). The protocol, with each point where a
+//! side can be killed and what the other then sees, is in `channel/ring.rs`.
+//!
+//! # When a side dies or closes
+//!
+//! Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
+//! [`Error::ExporterGone`], a dead consumer [`Error::PeerDied`], a dropped one
+//! [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either
+//! side first waits (bounded, 5 s) for the channel's operations on the user's streams to
+//! complete — releasing them with [`IpcSignal::signal_host`] if the other side is dead, so
+//! nothing stays blocked — and only then unmaps or frees the memory; if they do not complete
+//! it leaks the memory rather than free it under pending GPU work. The consumer unlinks the
+//! shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
+//! any [`IpcBuffer`], so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
+//! the consumer has attached (before that, a killed producer leaves one region for
+//! [`reclaim_stale`](crate::reclaim_stale)).
+
+mod inflight;
+pub(crate) mod ring;
+
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::time::Duration;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+use crate::context::GpuContext;
+use crate::driver::sys;
+use crate::error::{Error, Result};
+use crate::handle::{IpcSignalHandle, KIND_MEM, checksum, type_tag_of};
+use crate::process::ProcessIdentity;
+use crate::shm::{ShmOptions, ShmRegion};
+use crate::signal::IpcSignal;
+use crate::stream::{AsStream, RawStream};
+
+use inflight::InFlight;
+use ring::{Geometry, MAX_SLOTS, Ring, RingState};
+
+/// "CICH" little-endian.
+const MAGIC: u32 = u32::from_le_bytes(*b"CICH");
+/// Channel handle layout version.
+const VERSION: u16 = 1;
+/// Consumers a channel serves today (the layout has room for more; see `channel/ring.rs`).
+const CONSUMERS: u32 = 1;
+/// Bytes of a channel's shared-memory name kept in its handle.
+const NAME_BYTES: usize = 64;
+/// Slots start on this many bytes where the element size allows.
+const SLOT_ALIGN: u64 = 256;
+
+/// The handle's bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+struct ChannelEnvelope {
+    magic: u32,
+    version: u16,
+    flags: u16,
+    elem_size: u32,
+    elem_align: u32,
+    type_tag: u64,
+    slots: u32,
+    consumers: u32,
+    capacity: u64,
+    stride: u64,
+    producer_pid: u32,
+    name_len: u32,
+    producer_start: u64,
+    boot_id: [u8; 16],
+    name: [u8; NAME_BYTES],
+    checksum: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<ChannelEnvelope>() == 152);
+
+impl ChannelEnvelope {
+    fn body(&self) -> &[u8] {
+        let bytes = bytemuck::bytes_of(self);
+        &bytes[..bytes.len() - 8]
+    }
+
+    fn seal(mut self) -> Self {
+        self.magic = MAGIC;
+        self.version = VERSION;
+        self.checksum = checksum(self.body());
+        self
+    }
+
+    /// Structural checks on bytes from another process; the region name and geometry.
+    fn validate(&self) -> Result<(Geometry, u64, String)> {
+        let bad = |reason: String| Err(Error::CorruptHandle { reason });
+        if self.magic != MAGIC {
+            return bad(format!("bad magic {:#x} (not a channel handle)", self.magic));
+        }
+        if self.version != VERSION {
+            return bad(format!(
+                "channel handle version {} (this build reads {VERSION})",
+                self.version
+            ));
+        }
+        let sum = checksum(self.body());
+        if sum != self.checksum {
+            return bad(format!(
+                "checksum {:#x} does not match contents ({sum:#x})",
+                self.checksum
+            ));
+        }
+        if self.flags != 0 {
+            return bad(format!("unknown flags {:#x}", self.flags));
+        }
+        if self.consumers != CONSUMERS {
+            return bad(format!(
+                "{} consumers (this build serves {CONSUMERS})",
+                self.consumers
+            ));
+        }
+        if self.slots == 0 || self.slots as usize > MAX_SLOTS {
+            return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slots));
+        }
+        if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align)
+        {
+            return bad(format!(
+                "element size {} / alignment {} is not a valid layout",
+                self.elem_size, self.elem_align
+            ));
+        }
+        let geometry = Geometry {
+            slots: u64::from(self.slots),
+            capacity: self.capacity,
+        };
+        match layout(geometry, u64::from(self.elem_size)) {
+            Some(stride) if stride == self.stride => {}
+            _ => {
+                return bad(format!(
+                    "{} slots of {} elements (stride {}) of {} bytes is not a channel this \
+                     build makes",
+                    self.slots, self.capacity, self.stride, self.elem_size
+                ));
+            }
+        }
+        let name = self
+            .name
+            .get(..self.name_len as usize)
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .filter(|n| n.starts_with(NAME_PREFIX))
+            .ok_or_else(|| Error::CorruptHandle {
+                reason: "the channel's region name is not one this crate makes".into(),
+            })?;
+        Ok((geometry, self.stride, name.to_owned()))
+    }
+}
+
+/// Region names of channels start with this.
+const NAME_PREFIX: &str = "cuda-ipc-chan";
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The slot stride in elements for `geometry` with elements of `size` bytes: the capacity
+/// rounded up so that each slot starts 256-byte aligned where the size allows; `None` if the
+/// allocation would not fit.
+fn layout(geometry: Geometry, size: u64) -> Option<u64> {
+    if geometry.capacity == 0 || size == 0 {
+        return None;
+    }
+    let unit = SLOT_ALIGN / gcd(SLOT_ALIGN, size);
+    let stride = geometry.capacity.checked_next_multiple_of(unit)?;
+    let bytes = stride.checked_mul(geometry.slots)?.checked_mul(size)?;
+    (bytes <= isize::MAX as u64).then_some(stride)
+}
+
+/// What opens a channel: its region, its shape, its element type and its producer, in a
+/// checksummed envelope of 152 bytes of plain data. Pass it like the crate's other handles
+/// (a [`ShmCell`](crate::ShmCell), or [`as_bytes`](Self::as_bytes) /
+/// [`from_bytes`](Self::from_bytes) over any byte channel).
+///
+/// The GPU handles themselves are in the channel's region, which only the producer's uid can
+/// open (mode `0600`).
+#[repr(transparent)]
+pub struct IpcChannelHandle<T> {
+    env: ChannelEnvelope,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for IpcChannelHandle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for IpcChannelHandle<T> {}
+impl<T> PartialEq for IpcChannelHandle<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.env == other.env
+    }
+}
+impl<T> Eq for IpcChannelHandle<T> {}
+
+// SAFETY: repr(transparent) over `ChannelEnvelope` (Zeroable) and a zero-sized PhantomData.
+unsafe impl<T: 'static> Zeroable for IpcChannelHandle<T> {}
+// SAFETY: repr(transparent) over `ChannelEnvelope`, which is Pod (integers and byte arrays, no
+// padding: size asserted); any bit pattern is a value (validated on open).
+unsafe impl<T: 'static> Pod for IpcChannelHandle<T> {}
+
+impl<T> IpcChannelHandle<T> {
+    /// The envelope's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.env)
+    }
+
+    /// Rebuild a handle from bytes received from another process, checking length, magic,
+    /// version, checksum and shape (the element type and the producer are checked on open).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let env: ChannelEnvelope =
+            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
+                reason: format!(
+                    "{} bytes, expected {}",
+                    bytes.len(),
+                    std::mem::size_of::<ChannelEnvelope>()
+                ),
+            })?;
+        env.validate()?;
+        Ok(Self {
+            env,
+            _elem: PhantomData,
+        })
+    }
+
+    /// Slots in the ring.
+    pub fn slots(&self) -> usize {
+        self.env.slots as usize
+    }
+
+    /// Elements of `T` one slot holds.
+    pub fn capacity(&self) -> usize {
+        usize::try_from(self.env.capacity).unwrap_or(usize::MAX)
+    }
+
+    /// The producing process.
+    pub fn producer(&self) -> ProcessIdentity {
+        ProcessIdentity::from_parts(self.env.producer_pid, self.env.producer_start)
+    }
+}
+
+impl<T> std::fmt::Debug for IpcChannelHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcChannelHandle")
+            .field("type", &std::any::type_name::<T>())
+            .field("slots", &self.env.slots)
+            .field("capacity", &self.env.capacity)
+            .field("producer_pid", &self.env.producer_pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Refuse a wait that is meant to be a poll or a timeout that cannot be represented.
+fn wait_limit(timeout: Duration) -> Duration {
+    timeout.min(Duration::from_secs(365 * 24 * 3600))
+}
+
+/// The producing side of a GPU channel: owns the slots' memory, the `sent` and `released`
+/// counters and the channel's region. Created with [`new`](Self::new); the consumer opens
+/// [`handle`](Self::handle) with [`IpcReceiver::open`].
+///
+/// `IpcSender<T>` is `Send` (and `Sync`: every method that changes it takes `&mut self`).
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{GpuContext, IpcChannelHandle, IpcSender};
+/// use cust::stream::{Stream, StreamFlags};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = GpuContext::new(0)?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// // 4 slots of up to 1 Mi floats each.
+/// let mut tx = IpcSender::<f32>::new(&ctx, 4, 1 << 20)?;
+/// let handle: IpcChannelHandle<f32> = tx.handle(); // give it to the consumer
+/// for _ in 0..100 {
+///     let slot = tx.acquire(&stream, Duration::from_secs(5))?;
+///     // ... enqueue kernels on `stream` that write slot.as_raw_ptr() ...
+///     slot.send(1 << 20)?; // ordered after those kernels, on the GPU
+/// }
+/// # let _ = handle;
+/// # Ok(()) }
+/// ```
+#[doc(alias = "IpcChannel")]
+pub struct IpcSender<T: Pod> {
+    ring: ShmRegion<RingState>,
+    geometry: Geometry,
+    stride: u64,
+    held: u64,
+    /// The next item to send (from 1).
+    next: u64,
+    handle: IpcChannelHandle<T>,
+    data: ManuallyDrop<IpcBuffer<T>>,
+    sent: ManuallyDrop<IpcSignal>,
+    released: ManuallyDrop<IpcSignal>,
+    inflight: InFlight,
+    /// Set when an operation may be on a stream untracked: drop then leaks the memory.
+    untracked: bool,
+    drain_timeout: Duration,
+}
+
+/// A slot the producer holds, between [`IpcSender::acquire`] and [`send`](Self::send).
+/// Dropping it without sending keeps the slot: the next `acquire` returns it again.
+pub struct SendSlot<'a, T: Pod> {
+    tx: &'a mut IpcSender<T>,
+    stream: sys::CUstream,
+    /// A GPU wait was enqueued on `stream` and not yet covered by a recorded event.
+    waited: bool,
+    _stream: PhantomData<&'a ()>,
+}
+
+impl<T: Pod> IpcSender<T> {
+    /// Create a channel of `slots` slots (1 to 64) of `capacity` elements of `T` each, in
+    /// `ctx`: the slots' memory (`cuMemAlloc`), the two counters ([`IpcSignal::new`]) and the
+    /// shared-memory region, all exported for [`handle`](Self::handle).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for 0 or more than 64 slots, a zero capacity or a size that
+    /// overflows; [`Error::Unsupported`] when the device cannot use 64-bit stream memory
+    /// operations; [`Error::Cuda`] naming the failing allocation or export; a shared-memory
+    /// error creating the region.
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn new(ctx: &GpuContext, slots: usize, capacity: usize) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidArgument {
+            call: "IpcSender::new",
+            reason,
+        };
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(invalid(format!("{slots} slots (1 to {MAX_SLOTS})")));
+        }
+        let geometry = Geometry {
+            slots: slots as u64,
+            capacity: capacity as u64,
+        };
+        let size = std::mem::size_of::<T>() as u64;
+        let stride = layout(geometry, size).ok_or_else(|| {
+            invalid(format!(
+                "{slots} slots of {capacity} elements of {size} bytes is not a valid allocation"
+            ))
+        })?;
+        let total = usize::try_from(stride * geometry.slots)
+            .map_err(|_| invalid("the allocation does not fit this platform".into()))?;
+        let data = IpcBuffer::<T>::new(ctx, total)?;
+        let sent = IpcSignal::new(ctx)?;
+        let released = IpcSignal::new(ctx)?;
+        let (data_env, sent_env, released_env) = (
+            data.export_envelope(KIND_MEM, "IpcSender::new")?,
+            sent.handle()?.env,
+            released.handle()?.env,
+        );
+        let me = ProcessIdentity::current();
+        let mut held = 0;
+        let ring = ShmOptions::new(NAME_PREFIX)
+            .random_suffix(true)
+            .create_with(|s: &RingState| {
+                use crate::sync::Ordering::Relaxed;
+                s.slots.store(geometry.slots, Relaxed);
+                s.consumers.store(u64::from(CONSUMERS), Relaxed);
+                s.capacity.store(geometry.capacity, Relaxed);
+                s.stride.store(stride, Relaxed);
+                s.elem_size.store(size, Relaxed);
+                s.elem_align.store(std::mem::align_of::<T>() as u64, Relaxed);
+                s.type_tag.store(type_tag_of::<T>(), Relaxed);
+                s.data.store(data_env);
+                s.sent_signal.store(sent_env);
+                s.consumer[0].released_signal.store(released_env);
+                held = s
+                    .producer
+                    .claim_pausing(&me, || {})
+                    .ok_or_else(|| invalid("this process's pid cannot own a slot".into()))?;
+                Ok(())
+            })?;
+        let name = ring.name().as_bytes();
+        if name.len() > NAME_BYTES {
+            return Err(invalid(format!("region name {:?} is too long", ring.name())));
+        }
+        let mut name_bytes = [0u8; NAME_BYTES];
+        name_bytes[..name.len()].copy_from_slice(name);
+        let env = ChannelEnvelope {
+            elem_size: size as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            slots: slots as u32,
+            consumers: CONSUMERS,
+            capacity: geometry.capacity,
+            stride,
+            producer_pid: me.pid(),
+            name_len: name.len() as u32,
+            producer_start: me.start_time(),
+            boot_id: crate::os::boot_id(),
+            name: name_bytes,
+            ..Zeroable::zeroed()
+        }
+        .seal();
+        Ok(Self {
+            geometry,
+            stride,
+            held,
+            next: 1,
+            handle: IpcChannelHandle {
+                env,
+                _elem: PhantomData,
+            },
+            inflight: InFlight::new(ctx),
+            data: ManuallyDrop::new(data),
+            sent: ManuallyDrop::new(sent),
+            released: ManuallyDrop::new(released),
+            ring,
+            untracked: false,
+            drain_timeout: DEFAULT_LEASE_TIMEOUT,
+        })
+    }
+
+    fn ring(&self) -> Ring<'_> {
+        Ring::new(self.ring.get(), self.geometry)
+    }
+
+    /// The handle a consumer opens with [`IpcReceiver::open`].
+    pub fn handle(&self) -> IpcChannelHandle<T> {
+        self.handle
+    }
+
+    /// Wait on the host (at most `timeout`) until the slot for the next item is free on the
+    /// host side — the consumer has *enqueued* its release of the item that used it last —
+    /// then enqueue on `stream` a wait for that release on the GPU, so work enqueued next on
+    /// `stream` starts only after the consumer's GPU work on the slot is done.
+    ///
+    /// Write the slot with work on `stream` (or on streams `stream` waits for), then
+    /// [`send`](SendSlot::send). The stream must belong to the channel's context.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the ring stays full; [`Error::ChannelClosed`] when the consumer
+    /// dropped its receiver; [`Error::PeerDied`] when it died; [`Error::Corrupt`] when the
+    /// shared state is inconsistent; [`Error::Cuda`] naming `cuStreamWaitValue64`.
+    #[doc(alias = "cuStreamWaitValue64")]
+    pub fn acquire<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+        timeout: Duration,
+    ) -> Result<SendSlot<'a, T>> {
+        self.ring().acquire(self.next, wait_limit(timeout))?;
+        self.take_slot(stream)
+    }
+
+    /// As [`acquire`](Self::acquire), without waiting: `Ok(None)` when the ring is full.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), without [`Error::Timeout`].
+    pub fn try_acquire<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+    ) -> Result<Option<SendSlot<'a, T>>> {
+        if !self.ring().try_acquire(self.next)? {
+            return Ok(None);
+        }
+        self.take_slot(stream).map(Some)
+    }
+
+    fn take_slot<'a, S: AsStream + ?Sized>(&'a mut self, stream: &'a S) -> Result<SendSlot<'a, T>> {
+        let k = self.next;
+        let waited = k > self.geometry.slots;
+        if waited {
+            // SAFETY: the counter stays mapped until this wait has completed: a `record` on
+            // this stream follows (at `send`, or when the slot is dropped), and the sender's
+            // drop waits for every recorded event before it frees the counter.
+            unsafe { self.released.wait(stream, k - self.geometry.slots)? };
+        }
+        Ok(SendSlot {
+            stream: stream.as_cu_stream(),
+            tx: self,
+            waited,
+            _stream: PhantomData,
+        })
+    }
+
+    /// Slots in the ring.
+    pub fn slots(&self) -> usize {
+        self.geometry.slots as usize
+    }
+
+    /// Elements of `T` one slot holds.
+    pub fn capacity(&self) -> usize {
+        self.geometry.capacity as usize
+    }
+
+    /// Items sent so far.
+    pub fn sent(&self) -> u64 {
+        self.next - 1
+    }
+
+    /// The context the channel lives in (streams must belong to it).
+    pub fn context(&self) -> &GpuContext {
+        self.data.context()
+    }
+
+    /// The consumer, once one has attached.
+    pub fn consumer(&self) -> Option<ProcessIdentity> {
+        let (owner, id) = self.ring.get().consumer[0].owner.load_identity();
+        (owner.state != crate::owner::OwnerState::Free).then_some(id)
+    }
+
+    /// How long dropping the sender waits for the channel's GPU operations and for the
+    /// consumer to unmap the memory before leaking it (default
+    /// [`DEFAULT_LEASE_TIMEOUT`]).
+    pub fn set_drop_timeout(&mut self, timeout: Duration) {
+        self.drain_timeout = timeout;
+        self.data.set_lease_timeout(timeout);
+        self.sent.set_lease_timeout(timeout);
+        self.released.set_lease_timeout(timeout);
+    }
+
+    /// Record an event after the channel's operations on `stream`; on failure, remember that
+    /// work may be untracked (drop then leaks instead of freeing).
+    fn record(&mut self, stream: sys::CUstream) -> Result<()> {
+        let result = self
+            .data
+            .context()
+            .enter()
+            .and_then(|_g| self.inflight.record(stream));
+        if result.is_err() {
+            self.untracked = true;
+        }
+        result
+    }
+
+    /// Close the channel: the consumer receives what was sent, then [`Error::ChannelClosed`].
+    /// Waits for the channel's GPU operations and the consumer's unmapping as drop does, and
+    /// reports what drop would hide.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
+    /// timeout (the memory was leaked, not freed); [`Error::LeasesOutstanding`] when the
+    /// consumer kept the memory mapped (leaked, not freed); [`Error::Cuda`] from the frees.
+    pub fn close(mut self) -> Result<()> {
+        let result = self.teardown();
+        std::mem::forget(self);
+        result
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        let ring = Ring::new(self.ring.get(), self.geometry);
+        ring.close_producer(self.held);
+        let released = &self.released;
+        let mut unblocked = false;
+        let drained = self.inflight.drain(self.drain_timeout, || {
+            // A consumer that died (or left) will not release what our streams wait for.
+            if !unblocked && ring.consumer_status().is_err() {
+                unblocked = released.signal_host(IpcSignal::MAX_VALUE).is_ok();
+            }
+        });
+        // SAFETY (all three `take`s): called once, from `close` or `drop`, which never use the
+        // fields again.
+        let (data, sent, released) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.data),
+                ManuallyDrop::take(&mut self.sent),
+                ManuallyDrop::take(&mut self.released),
+            )
+        };
+        if !drained || self.untracked {
+            // GPU work may still touch the memory: leak it rather than free it under that work.
+            let waited = self.drain_timeout;
+            std::mem::forget((data, sent, released));
+            return Err(Error::Timeout {
+                what: "IPC channel's GPU operations (memory leaked, not freed)",
+                waited,
+            });
+        }
+        let results = [data.close(), sent.close(), released.close()];
+        results.into_iter().collect::<Result<Vec<()>>>().map(drop)
+    }
+}
+
+impl<T: Pod> Drop for IpcSender<T> {
+    fn drop(&mut self) {
+        // Drop cannot report: `close` returns what went wrong; here a failure leaks at worst.
+        let _ = self.teardown();
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for IpcSender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcSender")
+            .field("type", &std::any::type_name::<T>())
+            .field("slots", &self.geometry.slots)
+            .field("capacity", &self.geometry.capacity)
+            .field("sent", &self.sent())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Pod> SendSlot<'_, T> {
+    /// The slot's device address (`capacity()` elements of `T`, aligned for `T`), for kernels
+    /// and copies enqueued on the acquiring stream.
+    pub fn as_raw_ptr(&self) -> u64 {
+        let index = self.tx.geometry.slot_of(self.tx.next) as u64;
+        let offset = index * self.tx.stride * std::mem::size_of::<T>() as u64;
+        self.tx.data.as_raw_ptr() + offset
+    }
+
+    /// Elements of `T` the slot can hold.
+    pub fn capacity(&self) -> usize {
+        self.tx.geometry.capacity as usize
+    }
+
+    /// The slot's index in the ring.
+    pub fn index(&self) -> usize {
+        self.tx.geometry.slot_of(self.tx.next)
+    }
+
+    /// The number of the item this slot will carry (items count from 1).
+    pub fn seq(&self) -> u64 {
+        self.tx.next
+    }
+
+    /// Send the first `len` elements of the slot: enqueue "`sent` = this item" on the
+    /// acquiring stream (`cuStreamWriteValue64`, after the stream's earlier work and a memory
+    /// fence), then tell the consumer. Returns at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `len` exceeds the capacity (the slot is kept: send
+    /// again); [`Error::Cuda`] naming `cuStreamWriteValue64` or `cuEventRecord`;
+    /// [`Error::Corrupt`] when the shared state is inconsistent.
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn send(mut self, len: usize) -> Result<()> {
+        if len as u64 > self.tx.geometry.capacity {
+            return Err(Error::InvalidArgument {
+                call: "SendSlot::send",
+                reason: format!(
+                    "{len} elements do not fit a slot of {}",
+                    self.tx.geometry.capacity
+                ),
+            });
+        }
+        let k = self.tx.next;
+        // SAFETY: the stream is borrowed for the slot's lifetime, so it is live now.
+        let stream = unsafe { RawStream::from_raw(self.stream) };
+        // SAFETY: the counter stays mapped until the write has run: the `record` below covers
+        // it, and the sender's drop waits for recorded events before freeing the counter.
+        unsafe { self.tx.sent.signal(&stream, k)? };
+        self.waited = false;
+        let recorded = self.tx.record(self.stream);
+        self.tx.ring().publish(k, len as u64)?;
+        self.tx.next += 1;
+        recorded
+    }
+}
+
+impl<T: Pod> Drop for SendSlot<'_, T> {
+    fn drop(&mut self) {
+        if self.waited {
+            // Not sent: the slot stays with the producer; cover the GPU wait we enqueued (a
+            // failure marks the sender untracked, so its drop leaks rather than frees).
+            let stream = self.stream;
+            let _ = self.tx.record(stream);
+        }
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for SendSlot<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendSlot")
+            .field("seq", &self.seq())
+            .field("index", &self.index())
+            .field("capacity", &self.capacity())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The consuming side of a GPU channel, opened from the producer's [`IpcChannelHandle`].
+///
+/// `IpcReceiver<T>` is `Send` (and `Sync`: every method that changes it takes `&mut self`).
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{GpuContext, IpcChannelHandle, IpcReceiver};
+/// use cust::stream::{Stream, StreamFlags};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let handle: IpcChannelHandle<f32> = bytemuck::Zeroable::zeroed();
+/// let ctx = GpuContext::new(1)?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let mut rx = IpcReceiver::<f32>::open(&ctx, &handle)?;
+/// loop {
+///     let item = match rx.recv(&stream, Duration::from_secs(5)) {
+///         Ok(item) => item,
+///         Err(cuda_ipc::Error::ChannelClosed { .. }) => break, // everything received
+///         Err(e) => return Err(e.into()),
+///     };
+///     // ... enqueue kernels on `stream` that read item.len() floats at item.as_raw_ptr() ...
+///     item.release()?; // the producer may reuse the slot once those kernels are done
+/// }
+/// # Ok(()) }
+/// ```
+pub struct IpcReceiver<T: Pod> {
+    ring: ShmRegion<RingState>,
+    geometry: Geometry,
+    stride: u64,
+    held: u64,
+    /// Items received so far (the next is `received + 1`).
+    received: u64,
+    data: ManuallyDrop<IpcBuffer<T>>,
+    sent: ManuallyDrop<IpcSignal>,
+    released: ManuallyDrop<IpcSignal>,
+    inflight: InFlight,
+    untracked: bool,
+    drain_timeout: Duration,
+}
+
+/// An item the consumer holds, between [`IpcReceiver::recv`] and [`release`](Self::release).
+/// Dropping it releases it on the receiving stream, as `release` does.
+pub struct Received<'a, T: Pod> {
+    rx: &'a mut IpcReceiver<T>,
+    stream: sys::CUstream,
+    len: usize,
+    done: bool,
+    _stream: PhantomData<&'a ()>,
+}
+
+impl<T: Pod> IpcReceiver<T> {
+    /// Open a channel created by another process, in `ctx`, and attach as its consumer. The
+    /// handle, the region and every GPU handle in it are validated; then the slots' memory and
+    /// the counters are mapped (as [`IpcBuffer::open`] and [`IpcSignal::open`]: by peer access
+    /// when the producer's device is another), and the region's name is unlinked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] for a malformed handle; [`Error::TypeMismatch`] for another
+    /// element type; [`Error::SameProcess`]; [`Error::ExporterGone`] when the producer is
+    /// gone; [`Error::NotFound`] when the region no longer exists (the producer closed, or a
+    /// consumer attached and unlinked it); [`Error::Corrupt`] when the region does not match
+    /// the handle; [`Error::ChannelInUse`] when another consumer attached first; the errors
+    /// of [`IpcBuffer::open`] and [`IpcSignal::open`].
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
+        let env = &handle.env;
+        let (geometry, stride, name) = env.validate()?;
+        let (size, align, tag) = (
+            std::mem::size_of::<T>() as u32,
+            std::mem::align_of::<T>() as u32,
+            type_tag_of::<T>(),
+        );
+        if (env.elem_size, env.elem_align, env.type_tag) != (size, align, tag) {
+            return Err(Error::TypeMismatch {
+                expected: std::any::type_name::<T>(),
+                expected_size: size,
+                expected_align: align,
+                expected_tag: tag,
+                found_size: env.elem_size,
+                found_align: env.elem_align,
+                found_tag: env.type_tag,
+            });
+        }
+        let producer = handle.producer();
+        if env.boot_id != crate::os::boot_id() {
+            return Err(Error::ExporterGone { pid: producer.pid() });
+        }
+        let me = ProcessIdentity::current();
+        if producer.is_same_process(&me) {
+            return Err(Error::SameProcess { pid: me.pid() });
+        }
+        if !producer.is_alive() {
+            return Err(Error::ExporterGone { pid: producer.pid() });
+        }
+        let ring = ShmOptions::new(name).open::<RingState>()?;
+        let s = ring.get();
+        let mismatch = |what: &str| Error::Corrupt {
+            what: "IPC channel region",
+            reason: format!("its {what} does not match the handle's"),
+        };
+        if !ring.creator().is_same_process(&producer) {
+            return Err(mismatch("creator"));
+        }
+        {
+            use crate::sync::Ordering::Relaxed;
+            let fields = [
+                (s.slots.load(Relaxed), geometry.slots, "slot count"),
+                (s.consumers.load(Relaxed), u64::from(CONSUMERS), "consumer count"),
+                (s.capacity.load(Relaxed), geometry.capacity, "capacity"),
+                (s.stride.load(Relaxed), stride, "stride"),
+                (s.elem_size.load(Relaxed), u64::from(size), "element size"),
+                (s.elem_align.load(Relaxed), u64::from(align), "element alignment"),
+                (s.type_tag.load(Relaxed), tag, "type tag"),
+            ];
+            if let Some((_, _, what)) = fields.iter().find(|(a, b, _)| a != b) {
+                return Err(mismatch(what));
+            }
+        }
+        let by_producer = |pid: u32, what: &str| {
+            if pid == producer.pid() {
+                Ok(())
+            } else {
+                Err(mismatch(what))
+            }
+        };
+        let data_env = s.data.load();
+        by_producer(data_env.exporter_pid, "memory's exporter")?;
+        let data = IpcBuffer::<T>::open_envelope(ctx, &data_env, KIND_MEM)?;
+        if data.len() as u64 != stride * geometry.slots {
+            return Err(Error::LengthMismatch {
+                expected: (stride * geometry.slots) as usize,
+                found: data.len() as u64,
+            });
+        }
+        let sent_env = s.sent_signal.load();
+        by_producer(sent_env.exporter_pid, "send counter's exporter")?;
+        let sent = IpcSignal::open(ctx, &IpcSignalHandle { env: sent_env })?;
+        let released_env = s.consumer[0].released_signal.load();
+        by_producer(released_env.exporter_pid, "release counter's exporter")?;
+        let released = IpcSignal::open(ctx, &IpcSignalHandle { env: released_env })?;
+        let ring_view = Ring::new(s, geometry);
+        let held = ring_view.attach(&me, || {})?;
+        // Attached: nobody else needs the name, and a name left behind would outlive a kill.
+        let _ = ring.unlink_shared();
+        Ok(Self {
+            geometry,
+            stride,
+            held,
+            received: 0,
+            inflight: InFlight::new(ctx),
+            data: ManuallyDrop::new(data),
+            sent: ManuallyDrop::new(sent),
+            released: ManuallyDrop::new(released),
+            ring,
+            untracked: false,
+            drain_timeout: DEFAULT_LEASE_TIMEOUT,
+        })
+    }
+
+    fn ring(&self) -> Ring<'_> {
+        Ring::new(self.ring.get(), self.geometry)
+    }
+
+    /// Wait on the host (at most `timeout`) until the producer has sent the next item, then
+    /// enqueue on `stream` a wait for the producer's GPU writes of it
+    /// (`cuStreamWaitValue64`): work enqueued next on `stream` sees the item. Returns a view
+    /// of the item; [`release`](Received::release) it when its work is enqueued.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`]; [`Error::ChannelClosed`] once the producer dropped its sender and
+    /// every item it sent was received; [`Error::ExporterGone`] when it died;
+    /// [`Error::Corrupt`] when the shared state is inconsistent (e.g. a length above the
+    /// capacity); [`Error::Cuda`] naming `cuStreamWaitValue64`.
+    #[doc(alias = "cuStreamWaitValue64")]
+    pub fn recv<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+        timeout: Duration,
+    ) -> Result<Received<'a, T>> {
+        let len = self.ring().recv(self.received, wait_limit(timeout))?;
+        self.take_item(stream, len)
+    }
+
+    /// As [`recv`](Self::recv), without waiting: `Ok(None)` when no item is there yet.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv), without [`Error::Timeout`].
+    pub fn try_recv<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+    ) -> Result<Option<Received<'a, T>>> {
+        match self.ring().try_recv(self.received)? {
+            Some(len) => self.take_item(stream, len).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn take_item<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+        len: u64,
+    ) -> Result<Received<'a, T>> {
+        let k = self.received + 1;
+        // SAFETY: the counter stays mapped until this wait has completed: the item's release
+        // (explicit or in its drop) records an event on this stream after it, and the
+        // receiver's drop waits for recorded events before unmapping.
+        unsafe { self.sent.wait(stream, k)? };
+        self.received = k;
+        Ok(Received {
+            stream: stream.as_cu_stream(),
+            rx: self,
+            // ≤ capacity (checked by the ring), which fits in usize (the allocation does).
+            len: len as usize,
+            done: false,
+            _stream: PhantomData,
+        })
+    }
+
+    /// Slots in the ring.
+    pub fn slots(&self) -> usize {
+        self.geometry.slots as usize
+    }
+
+    /// Elements of `T` one slot holds.
+    pub fn capacity(&self) -> usize {
+        self.geometry.capacity as usize
+    }
+
+    /// Items received so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// The context the channel is mapped in (streams must belong to it).
+    pub fn context(&self) -> &GpuContext {
+        self.data.context()
+    }
+
+    /// The producing process.
+    pub fn producer(&self) -> Option<ProcessIdentity> {
+        self.data.exporter()
+    }
+
+    /// How long dropping the receiver waits for the channel's GPU operations before leaking
+    /// the mappings (default [`DEFAULT_LEASE_TIMEOUT`]).
+    pub fn set_drop_timeout(&mut self, timeout: Duration) {
+        self.drain_timeout = timeout;
+    }
+
+    fn record(&mut self, stream: sys::CUstream) -> Result<()> {
+        let result = self
+            .data
+            .context()
+            .enter()
+            .and_then(|_g| self.inflight.record(stream));
+        if result.is_err() {
+            self.untracked = true;
+        }
+        result
+    }
+
+    /// Enqueue "`released` = item `k`" on `stream`, record it, publish it.
+    fn release_item(&mut self, stream: sys::CUstream, k: u64) -> Result<()> {
+        // SAFETY: the stream is borrowed by the item being released, so it is live now.
+        let raw = unsafe { RawStream::from_raw(stream) };
+        // SAFETY: the counter stays mapped until the write has run: the `record` below covers
+        // it, and the receiver's drop waits for recorded events before unmapping.
+        let signalled = unsafe { self.released.signal(&raw, k) };
+        let recorded = self.record(stream);
+        signalled?;
+        self.ring().release(k)?;
+        recorded
+    }
+
+    /// Close the receiver: the producer's next acquire reports [`Error::ChannelClosed`].
+    /// Waits for the channel's GPU operations as drop does and reports what drop would hide.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
+    /// timeout (the mappings were leaked, not closed); [`Error::Cuda`] from the unmapping.
+    pub fn close(mut self) -> Result<()> {
+        let result = self.teardown();
+        std::mem::forget(self);
+        result
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        let ring = Ring::new(self.ring.get(), self.geometry);
+        ring.close_consumer(self.held);
+        let sent = &self.sent;
+        let received = self.received;
+        let mut unblocked = false;
+        let drained = self.inflight.drain(self.drain_timeout, || {
+            // A dead producer will not write what our streams wait for.
+            if !unblocked && matches!(ring.producer_status(received), Err(Error::ExporterGone { .. }))
+            {
+                unblocked = sent.signal_host(IpcSignal::MAX_VALUE).is_ok();
+            }
+        });
+        // SAFETY (all three `take`s): called once, from `close` or `drop`, which never use the
+        // fields again.
+        let (data, sent, released) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.data),
+                ManuallyDrop::take(&mut self.sent),
+                ManuallyDrop::take(&mut self.released),
+            )
+        };
+        if !drained || self.untracked {
+            let waited = self.drain_timeout;
+            std::mem::forget((data, sent, released));
+            return Err(Error::Timeout {
+                what: "IPC channel's GPU operations (mappings leaked, not closed)",
+                waited,
+            });
+        }
+        let results = [data.close(), sent.close(), released.close()];
+        results.into_iter().collect::<Result<Vec<()>>>().map(drop)
+    }
+}
+
+impl<T: Pod> Drop for IpcReceiver<T> {
+    fn drop(&mut self) {
+        // Drop cannot report: `close` returns what went wrong; here a failure leaks at worst.
+        let _ = self.teardown();
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for IpcReceiver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcReceiver")
+            .field("type", &std::any::type_name::<T>())
+            .field("slots", &self.geometry.slots)
+            .field("capacity", &self.geometry.capacity)
+            .field("received", &self.received)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Pod> Received<'_, T> {
+    /// The item's device address (`len()` elements of `T`), for kernels and copies enqueued
+    /// on the receiving stream.
+    pub fn as_raw_ptr(&self) -> u64 {
+        let index = self.index() as u64;
+        let offset = index * self.rx.stride * std::mem::size_of::<T>() as u64;
+        self.rx.data.as_raw_ptr() + offset
+    }
+
+    /// Elements of `T` the producer sent in this item.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the item is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The slot's index in the ring.
+    pub fn index(&self) -> usize {
+        self.rx.geometry.slot_of(self.rx.received)
+    }
+
+    /// The item's number (items count from 1).
+    pub fn seq(&self) -> u64 {
+        self.rx.received
+    }
+
+    /// Copy the item to the host: enqueue the copy on the receiving stream and wait for it
+    /// (`cuMemcpyDtoHAsync`, `cuStreamSynchronize`), so it sees the producer's writes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming the failed call.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len];
+        if self.len == 0 {
+            return Ok(out);
+        }
+        let _g = self.rx.data.context().enter()?;
+        // SAFETY: `out` holds `len` elements, the item's range is inside the mapping, and the
+        // stream is live (borrowed by the item); the synchronise below ends the copy before
+        // `out` is returned or dropped.
+        crate::driver::check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                out.as_mut_ptr().cast(),
+                self.as_raw_ptr(),
+                std::mem::size_of_val(out.as_slice()),
+                self.stream,
+            )
+        })?;
+        // SAFETY: a live stream (borrowed by the item).
+        crate::driver::check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.stream)
+        })?;
+        Ok(out)
+    }
+
+    /// Hand the slot back once the work enqueued on the receiving stream so far is done:
+    /// enqueue "`released` = this item" there (`cuStreamWriteValue64`), then tell the
+    /// producer. Returns at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuStreamWriteValue64` or `cuEventRecord`; [`Error::Corrupt`].
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn release(mut self) -> Result<()> {
+        self.done = true;
+        let (stream, k) = (self.stream, self.rx.received);
+        self.rx.release_item(stream, k)
+    }
+}
+
+impl<T: Pod> Drop for Received<'_, T> {
+    fn drop(&mut self) {
+        if !self.done {
+            let (stream, k) = (self.stream, self.rx.received);
+            // Drop cannot report; `release` does.
+            let _ = self.rx.release_item(stream, k);
+        }
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for Received<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("seq", &self.seq())
+            .field("index", &self.index())
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_256_byte_aligned_where_the_size_allows() {
+        let g = |slots, capacity| Geometry { slots, capacity };
+        assert_eq!(layout(g(4, 1), 4), Some(64)); // 64 × 4 B = 256 B
+        assert_eq!(layout(g(4, 65), 4), Some(128));
+        assert_eq!(layout(g(4, 3), 12), Some(64)); // 64 × 12 = 768 = 3 × 256
+        assert_eq!(layout(g(4, 5), 1024), Some(5));
+        assert_eq!(layout(g(1, 0), 4), None);
+        assert_eq!(layout(g(64, u64::MAX / 2), 4), None);
+    }
+
+    fn sealed() -> ChannelEnvelope {
+        let mut name = [0u8; NAME_BYTES];
+        let n = b"cuda-ipc-chan.0123456789abcdef";
+        name[..n.len()].copy_from_slice(n);
+        ChannelEnvelope {
+            elem_size: 4,
+            elem_align: 4,
+            type_tag: type_tag_of::<f32>(),
+            slots: 4,
+            consumers: 1,
+            capacity: 100,
+            stride: 128,
+            producer_pid: 1,
+            name_len: n.len() as u32,
+            name,
+            ..Zeroable::zeroed()
+        }
+        .seal()
+    }
+
+    #[test]
+    fn a_sealed_handle_round_trips_through_bytes() {
+        let h = IpcChannelHandle::<f32> {
+            env: sealed(),
+            _elem: PhantomData,
+        };
+        let back = IpcChannelHandle::<f32>::from_bytes(h.as_bytes()).unwrap();
+        assert_eq!(back, h);
+        assert_eq!((back.slots(), back.capacity()), (4, 100));
+    }
+
+    /// Forged handles: every field that shapes memory is checked before anything is mapped.
+    #[test]
+    fn forged_handles_are_refused() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut ChannelEnvelope)>)> = vec![
+            ("bad magic", Box::new(|e| e.magic = 0)),
+            ("version", Box::new(|e| e.version = 9)),
+            ("slots", Box::new(|e| e.slots = 65)),
+            ("slots", Box::new(|e| e.slots = 0)),
+            ("consumers", Box::new(|e| e.consumers = 2)),
+            ("stride", Box::new(|e| e.stride = 100)),
+            ("not a channel", Box::new(|e| e.capacity = 0)),
+            ("valid layout", Box::new(|e| e.elem_align = 3)),
+            ("region name", Box::new(|e| e.name_len = 200)),
+            ("region name", Box::new(|e| e.name[0] = b'x')),
+            ("flags", Box::new(|e| e.flags = 1)),
+        ];
+        for (want, forge) in cases {
+            let mut env = sealed();
+            forge(&mut env);
+            let resealed = if want == "bad magic" || want == "version" {
+                env
+            } else {
+                env.seal()
+            };
+            let e = IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&resealed))
+                .unwrap_err();
+            assert!(e.to_string().contains(want), "{want}: {e}");
+        }
+        let mut flipped = sealed();
+        flipped.capacity ^= 1;
+        let e = IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&flipped)).unwrap_err();
+        assert!(e.to_string().contains("checksum"), "{e}");
+        let e = IpcChannelHandle::<f32>::from_bytes(&[0u8; 10]).unwrap_err();
+        assert!(e.to_string().contains("10 bytes"), "{e}");
+    }
+}

@@ -1,0 +1,716 @@
+//! The channel's shared-memory protocol: who may write which slot, which item the consumer may
+//! read next, and how each side learns that the other closed or died. The GPU half (stream
+//! waits and writes on the two [`IpcSignal`](crate::IpcSignal) counters) rides on top of it in
+//! [`crate::channel`]; this module is host-only, so the loom model, the replay tests and the
+//! random-kill stress test check it without a GPU.
+//!
+//! # State
+//!
+//! Items are numbered from 1. Item `k` lives in slot `(k − 1) mod slots`.
+//!
+//! - `sent`: the number of items the producer has published. Only the producer writes it, one
+//!   step at a time, *after* the item's length is stored in `lens[slot]` and the item's GPU
+//!   signal is enqueued (release store, then a futex wake if the consumer sleeps).
+//! - `consumer[0].released`: the number of items the consumer has handed back. Only that
+//!   consumer writes it, after its GPU release signal is enqueued.
+//! - Owner words ([`OwnedSlot`]): the producer (claimed at creation) and each consumer entry
+//!   (claimed at attach), each naming its process and its state in **one** atomic word:
+//!   `Held` while working, `Left` once closed for good.
+//!
+//! Item `k` may be written when every attached consumer has released `k − slots`; it may be
+//! read when `sent ≥ k`. So `released ≤ received ≤ sent ≤ released + slots` always holds for
+//! honest peers, and anything else read from the region is reported as
+//! [`Error::Corrupt`] (a peer cannot make this side index out of bounds or read a slot twice).
+//!
+//! # When the other side stops
+//!
+//! Producer, item `k`: (P1) wait until the slot is free; (P2) enqueue the GPU wait for the
+//! consumer's release of `k − slots`; (P3) the user's writes; (P4) enqueue the GPU signal
+//! `sent = k`; (P5) store the length; (P6) publish `sent = k`.
+//! - Killed before P6: the consumer never sees item `k`. Its wait checks the producer every
+//!   10 ms and reports [`Error::ExporterGone`].
+//! - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue
+//!   its GPU wait, which then never passes; its next call reports `ExporterGone`, and dropping
+//!   the receiver releases its streams (work on that item sees undefined contents).
+//! - Closed (dropped): the owner word goes `Held → Left` after the last publish; a consumer
+//!   that finds `Left` re-reads `sent` and receives every item published before reporting
+//!   [`Error::ChannelClosed`].
+//!
+//! Consumer, item `k`: (C1) wait until `sent ≥ k`; (C2) read and check the length; (C3)
+//! enqueue the GPU wait `sent ≥ k`; (C4) the user's reads; (C5) enqueue the GPU signal
+//! `released = k`; (C6) publish `released = k`.
+//! - Killed mid-attach (`Claiming`), or before C6: the producer, waiting for the slot, checks
+//!   the consumer every 10 ms and reports [`Error::PeerDied`].
+//! - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
+//!   passes; its next wait reports `PeerDied`, and dropping the sender releases its streams.
+//! - Closed: `Held → Left`; the producer's next acquire reports `ChannelClosed`.
+//!
+//! Nothing here is ever reaped: a channel has one producer and (for now) one consumer for its
+//! whole life, so a dead or departed party ends the channel, and no slot can be re-claimed by a
+//! process that might be mid-claim.
+//!
+//! # Room for broadcast
+//!
+//! The layout holds [`CONSUMER_ENTRIES`] consumer entries, each with its owner word, its
+//! `released` count and the envelope of its own GPU release counter; the handle says how many
+//! are in use (`consumers`, 1 today). Broadcast to several consumers is this layout with
+//! `consumers > 1`: a slot is free when *every* attached consumer released it (the producer's
+//! GPU waits on each consumer's counter), and each consumer keeps its own `received`. The
+//! handle format and the region layout stay as they are.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::handle::Envelope;
+use crate::owner::{OwnedSlot, OwnerState};
+use crate::process::ProcessIdentity;
+use crate::shared::{ShmCell, ShmSafe};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// The most slots a channel can have.
+pub(crate) const MAX_SLOTS: usize = 64;
+/// Consumer entries in the layout (one used today; the rest keep the format for broadcast).
+pub(crate) const CONSUMER_ENTRIES: usize = 8;
+/// How often a waiting side checks that the other side is alive.
+pub(crate) const LIVENESS_CHECK: Duration = Duration::from_millis(10);
+/// How long a waiter spins before it sleeps on the futex.
+const SPIN: Duration = Duration::from_micros(30);
+
+/// A futex word and a count of sleepers, so that the waking side makes a system call only
+/// when somebody sleeps.
+#[repr(C)]
+pub(crate) struct Doorbell {
+    word: AtomicU32,
+    sleepers: AtomicU32,
+}
+
+impl Doorbell {
+    #[cfg(test)]
+    fn new() -> Self {
+        Self {
+            word: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+        }
+    }
+
+    /// Ring after a store the other side waits for (the Dekker pair with [`sleep`]: both sides
+    /// use SeqCst, so either the sleeper sees the new word or the ringer sees the sleeper).
+    fn ring(&self) {
+        self.word.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) != 0 {
+            crate::sync::futex_wake_all(&self.word);
+        }
+    }
+
+    /// The word to sleep on, read before the caller's last check of its condition.
+    fn ticket(&self) -> u32 {
+        self.word.load(Ordering::SeqCst)
+    }
+
+    /// Sleep while the word still reads `ticket`, at most `timeout`.
+    fn sleep(&self, ticket: u32, timeout: Duration) {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        crate::sync::futex_wait(&self.word, ticket, timeout);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One consumer's entry: who it is, how far it has released, and its GPU release counter.
+#[repr(C)]
+pub(crate) struct ConsumerEntry {
+    pub(crate) owner: OwnedSlot,
+    released: AtomicU64,
+    released_bell: Doorbell,
+    _pad: [AtomicU64; 4],
+    /// The envelope of this consumer's GPU release counter (an `IpcSignal` handle).
+    pub(crate) released_signal: ShmCell<Envelope>,
+}
+
+/// The channel's region. Fields above `producer` are written once, before the region is
+/// published, and are cross-checked against the handle on open.
+#[repr(C)]
+pub(crate) struct RingState {
+    pub(crate) slots: AtomicU64,
+    pub(crate) consumers: AtomicU64,
+    pub(crate) capacity: AtomicU64,
+    pub(crate) stride: AtomicU64,
+    pub(crate) elem_size: AtomicU64,
+    pub(crate) elem_align: AtomicU64,
+    pub(crate) type_tag: AtomicU64,
+    _pad0: AtomicU64,
+    pub(crate) producer: OwnedSlot,
+    _pad1: [AtomicU64; 6],
+    sent: AtomicU64,
+    sent_bell: Doorbell,
+    _pad2: [AtomicU64; 6],
+    pub(crate) consumer: [ConsumerEntry; CONSUMER_ENTRIES],
+    lens: [AtomicU64; MAX_SLOTS],
+    /// The envelope of the slots' memory (an `IpcBuffer<T>` handle).
+    pub(crate) data: ShmCell<Envelope>,
+    /// The envelope of the producer's GPU send counter (an `IpcSignal` handle).
+    pub(crate) sent_signal: ShmCell<Envelope>,
+}
+
+// SAFETY: repr(C); every field is an integer atomic, an `OwnedSlot` (two AtomicU64), a
+// `Doorbell` (two AtomicU32) or a `ShmCell` of plain data, each valid for any bits and
+// accessed only atomically. Under `--cfg loom` (model checks only, never mapped) the atomics
+// are loom's.
+unsafe impl ShmSafe for RingState {
+    fn type_tag() -> u64 {
+        u64::from_le_bytes(*b"chanrg01")
+    }
+}
+
+impl RingState {
+    /// A zeroed state on the heap (the model checks and unit tests; a region starts zeroed).
+    #[cfg(test)]
+    pub(crate) fn boxed() -> Box<Self> {
+        use bytemuck::Zeroable;
+        let u64s = || AtomicU64::new(0);
+        Box::new(Self {
+            slots: u64s(),
+            consumers: u64s(),
+            capacity: u64s(),
+            stride: u64s(),
+            elem_size: u64s(),
+            elem_align: u64s(),
+            type_tag: u64s(),
+            _pad0: u64s(),
+            producer: OwnedSlot::new(),
+            _pad1: std::array::from_fn(|_| u64s()),
+            sent: u64s(),
+            sent_bell: Doorbell::new(),
+            _pad2: std::array::from_fn(|_| u64s()),
+            consumer: std::array::from_fn(|_| ConsumerEntry {
+                owner: OwnedSlot::new(),
+                released: u64s(),
+                released_bell: Doorbell::new(),
+                _pad: std::array::from_fn(|_| u64s()),
+                released_signal: ShmCell::new(Envelope::zeroed()),
+            }),
+            lens: std::array::from_fn(|_| u64s()),
+            data: ShmCell::new(Envelope::zeroed()),
+            sent_signal: ShmCell::new(Envelope::zeroed()),
+        })
+    }
+}
+
+/// The shape of a channel, validated once and then kept locally (never re-read from the
+/// region, which a peer can scribble on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Slots in the ring, `1..=MAX_SLOTS`.
+    pub(crate) slots: u64,
+    /// Elements a slot can hold.
+    pub(crate) capacity: u64,
+}
+
+impl Geometry {
+    /// The slot item `k` (from 1) lives in.
+    pub(crate) fn slot_of(&self, k: u64) -> usize {
+        // `slots` ≤ MAX_SLOTS, so the remainder fits.
+        ((k - 1) % self.slots) as usize
+    }
+}
+
+/// Whether a process is alive, for the protocol (threads stand in for processes under loom).
+#[cfg(not(loom))]
+fn alive(id: &ProcessIdentity) -> bool {
+    crate::process::is_alive_cached(id)
+}
+#[cfg(loom)]
+fn alive(id: &ProcessIdentity) -> bool {
+    id.pid() < crate::barrier::loom_support::DEAD_FROM
+}
+
+fn corrupt(reason: String) -> Error {
+    Error::Corrupt {
+        what: "IPC channel state",
+        reason,
+    }
+}
+
+/// The protocol over one channel state, as seen by one side. `geometry` is the validated local
+/// copy.
+pub(crate) struct Ring<'a> {
+    pub(crate) state: &'a RingState,
+    pub(crate) geometry: Geometry,
+}
+
+/// What a wait ends with when its condition is not met yet.
+enum Step<T> {
+    Ready(T),
+    NotYet,
+}
+
+impl<'a> Ring<'a> {
+    pub(crate) fn new(state: &'a RingState, geometry: Geometry) -> Self {
+        Self { state, geometry }
+    }
+
+    fn entry(&self) -> &'a ConsumerEntry {
+        &self.state.consumer[0]
+    }
+
+    /// Wait for `poll` to be ready: spin, then sleep on `bell` (at most [`LIVENESS_CHECK`] at
+    /// a time), calling `peer` at least every [`LIVENESS_CHECK`] while waiting, at most
+    /// `timeout` in all. `peer` returning an error ends the wait with it; `poll` is called
+    /// once more after `peer` fails, so a failure is only reported on a re-read state.
+    fn wait<T>(
+        &self,
+        bell: &Doorbell,
+        timeout: Duration,
+        what: &'static str,
+        mut poll: impl FnMut() -> Result<Step<T>>,
+        mut peer: impl FnMut() -> Result<()>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        let mut next_check = start + LIVENESS_CHECK;
+        loop {
+            let ticket = bell.ticket();
+            if let Step::Ready(v) = poll()? {
+                return Ok(v);
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                if let Err(e) = peer() {
+                    return match poll()? {
+                        Step::Ready(v) => Ok(v),
+                        Step::NotYet => Err(e),
+                    };
+                }
+                next_check = now + LIVENESS_CHECK;
+            }
+            let waited = now - start;
+            if waited >= timeout {
+                return Err(Error::Timeout { what, waited });
+            }
+            if waited < SPIN {
+                crate::sync::spin_hint();
+            } else {
+                let nap = (timeout - waited).min(next_check.saturating_duration_since(now));
+                bell.sleep(ticket, nap.max(Duration::from_micros(1)));
+            }
+        }
+    }
+
+    // ---- producer side ----
+
+    /// Producer: whether item `k` may be written now.
+    fn slot_free(&self, k: u64) -> Result<bool> {
+        let released = self.entry().released.load(Ordering::Acquire);
+        let sent = self.state.sent.load(Ordering::Relaxed);
+        if released > sent {
+            return Err(corrupt(format!(
+                "the consumer released {released} items of {sent} sent"
+            )));
+        }
+        Ok(released + self.geometry.slots >= k)
+    }
+
+    /// Producer: fail if the consumer closed or died (an unattached consumer is fine).
+    pub(crate) fn consumer_status(&self) -> Result<()> {
+        let (owner, id) = self.entry().owner.load_identity();
+        match owner.state {
+            OwnerState::Free => Ok(()),
+            OwnerState::Left => Err(Error::ChannelClosed {
+                pid: owner.pid,
+                role: "consumer",
+            }),
+            OwnerState::Claiming | OwnerState::Held if alive(&id) => Ok(()),
+            OwnerState::Claiming | OwnerState::Held => Err(Error::PeerDied {
+                pid: owner.pid,
+                what: "IPC channel (as its consumer)",
+            }),
+        }
+    }
+
+    /// Producer: whether item `k` may be written now, without waiting (`Ok(false)`: full).
+    /// A closed consumer is an error even with room left (nobody will read the item).
+    pub(crate) fn try_acquire(&self, k: u64) -> Result<bool> {
+        if self.entry().owner.load().state == OwnerState::Left {
+            return self.consumer_status().map(|()| false);
+        }
+        self.slot_free(k)
+    }
+
+    /// Producer: wait until item `k` may be written, at most `timeout`.
+    pub(crate) fn acquire(&self, k: u64, timeout: Duration) -> Result<()> {
+        self.wait(
+            &self.entry().released_bell,
+            timeout,
+            "IPC channel acquire (waiting for the consumer to release a slot)",
+            || {
+                Ok(if self.try_acquire(k)? {
+                    Step::Ready(())
+                } else {
+                    Step::NotYet
+                })
+            },
+            || self.consumer_status(),
+        )
+    }
+
+    /// Producer: publish item `k` of `len` elements (its GPU signal already enqueued).
+    pub(crate) fn publish(&self, k: u64, len: u64) -> Result<()> {
+        let sent = self.state.sent.load(Ordering::Relaxed);
+        if sent != k - 1 {
+            return Err(corrupt(format!(
+                "publishing item {k}, but the region says {sent} were sent"
+            )));
+        }
+        self.state.lens[self.geometry.slot_of(k)].store(len, Ordering::Relaxed);
+        self.state.sent.store(k, Ordering::Release);
+        self.state.sent_bell.ring();
+        Ok(())
+    }
+
+    /// Producer: no more items (`Held → Left`), then wake a sleeping consumer.
+    pub(crate) fn close_producer(&self, held: u64) {
+        self.state.producer.transition(held, OwnerState::Left);
+        self.state.sent_bell.ring();
+    }
+
+    // ---- consumer side ----
+
+    /// Consumer: fail if the producer is gone and no item after `received` is left.
+    pub(crate) fn producer_status(&self, received: u64) -> Result<()> {
+        let (owner, id) = self.state.producer.load_identity();
+        let err = match owner.state {
+            OwnerState::Left => Error::ChannelClosed {
+                pid: owner.pid,
+                role: "producer",
+            },
+            OwnerState::Free => {
+                return Err(corrupt("the producer's owner word is free".into()));
+            }
+            OwnerState::Claiming | OwnerState::Held if alive(&id) => return Ok(()),
+            OwnerState::Claiming | OwnerState::Held => return Err(Error::ExporterGone { pid: owner.pid }),
+        };
+        // Closed: items published before the close are still delivered.
+        if self.state.sent.load(Ordering::Acquire) > received {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+
+    /// Consumer: the length of item `received + 1` if it was published, checked.
+    pub(crate) fn try_recv(&self, received: u64) -> Result<Option<u64>> {
+        let sent = self.state.sent.load(Ordering::Acquire);
+        if sent <= received {
+            if self.state.producer.load().state == OwnerState::Left {
+                // Re-read inside: an item published just before the close is still received.
+                return self.producer_status(received).map(|()| None);
+            }
+            return Ok(None);
+        }
+        let k = received + 1;
+        let released = self.entry().released.load(Ordering::Relaxed);
+        if sent - released > self.geometry.slots {
+            return Err(corrupt(format!(
+                "{sent} items sent with {released} released: more than the {} slots",
+                self.geometry.slots
+            )));
+        }
+        let len = self.state.lens[self.geometry.slot_of(k)].load(Ordering::Relaxed);
+        if len > self.geometry.capacity {
+            return Err(corrupt(format!(
+                "item {k} holds {len} elements, above the slot capacity {}",
+                self.geometry.capacity
+            )));
+        }
+        Ok(Some(len))
+    }
+
+    /// Consumer: wait for item `received + 1`, at most `timeout`; its length.
+    pub(crate) fn recv(&self, received: u64, timeout: Duration) -> Result<u64> {
+        self.wait(
+            &self.state.sent_bell,
+            timeout,
+            "IPC channel receive (waiting for the producer to send)",
+            || {
+                Ok(match self.try_recv(received)? {
+                    Some(len) => Step::Ready(len),
+                    None => Step::NotYet,
+                })
+            },
+            || self.producer_status(received),
+        )
+    }
+
+    /// Consumer: hand item `k` back (its GPU release signal already enqueued).
+    pub(crate) fn release(&self, k: u64) -> Result<()> {
+        let e = self.entry();
+        let released = e.released.load(Ordering::Relaxed);
+        if released != k - 1 {
+            return Err(corrupt(format!(
+                "releasing item {k}, but the region says {released} were released"
+            )));
+        }
+        e.released.store(k, Ordering::Release);
+        e.released_bell.ring();
+        Ok(())
+    }
+
+    /// Consumer: attach as consumer 0 (`Free → Claiming → Held` in the owner word), calling
+    /// `pause` while the word reads `Claiming` (the stress test stalls or dies there).
+    pub(crate) fn attach(&self, me: &ProcessIdentity, pause: impl FnOnce()) -> Result<u64> {
+        let entry = self.entry();
+        if let Some(held) = entry.owner.claim_pausing(me, pause) {
+            return Ok(held);
+        }
+        let owner = entry.owner.load();
+        Err(Error::ChannelInUse { pid: owner.pid })
+    }
+
+    /// Consumer: no more receives (`Held → Left`), then wake a sleeping producer.
+    pub(crate) fn close_consumer(&self, held: u64) {
+        self.entry().owner.transition(held, OwnerState::Left);
+        self.entry().released_bell.ring();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    //! Replays of the protocol's dangerous interleavings, one step at a time on one thread.
+    use super::*;
+
+    fn ring(state: &RingState, slots: u64) -> Ring<'_> {
+        Ring::new(
+            state,
+            Geometry {
+                slots,
+                capacity: 100,
+            },
+        )
+    }
+
+    fn producer(state: &RingState) -> u64 {
+        state.producer.claim_pausing(&ProcessIdentity::current(), || {}).unwrap()
+    }
+
+    /// A dead process's identity (pid 0 is never alive; use a pid that cannot exist).
+    fn dead() -> ProcessIdentity {
+        ProcessIdentity::from_parts(4_194_000, 1)
+    }
+
+    #[test]
+    fn items_flow_in_order_and_the_ring_bounds_the_producer() {
+        let s = RingState::boxed();
+        let r = ring(&s, 2);
+        producer(&s);
+        assert!(r.try_acquire(1).unwrap() && r.try_acquire(2).unwrap());
+        r.publish(1, 10).unwrap();
+        r.publish(2, 20).unwrap();
+        assert!(!r.try_acquire(3).unwrap(), "full: item 1 not released");
+        assert_eq!(r.try_recv(0).unwrap(), Some(10));
+        r.release(1).unwrap();
+        assert!(r.try_acquire(3).unwrap());
+        assert_eq!(r.try_recv(1).unwrap(), Some(20));
+        assert_eq!(r.try_recv(2).unwrap(), None);
+    }
+
+    /// The consumer found nothing to receive; the producer publishes its last item and
+    /// closes; the consumer's status check must see the item, not report "closed".
+    #[test]
+    fn a_close_right_after_the_last_publish_still_delivers_it() {
+        let s = RingState::boxed();
+        let r = ring(&s, 2);
+        let held = producer(&s);
+        assert_eq!(r.try_recv(0).unwrap(), None);
+        r.publish(1, 5).unwrap();
+        r.close_producer(held);
+        r.producer_status(0).unwrap();
+        assert_eq!(r.recv(0, Duration::from_millis(50)).unwrap(), 5);
+        r.release(1).unwrap();
+        let e = r.recv(1, Duration::from_millis(50)).unwrap_err();
+        assert!(
+            matches!(e, Error::ChannelClosed { role: "producer", .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_dead_producer_ends_a_wait_with_exporter_gone() {
+        let s = RingState::boxed();
+        let r = ring(&s, 2);
+        s.producer.claim_pausing(&dead(), || {}).unwrap();
+        let t = Instant::now();
+        let e = r.recv(0, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, Error::ExporterGone { pid: 4_194_000 }), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    /// A consumer killed between its claim and `Held` leaves a `Claiming` word naming it: the
+    /// producer reports its death, and nobody else can attach in its place.
+    #[test]
+    fn a_consumer_killed_mid_attach_is_reported_dead() {
+        let s = RingState::boxed();
+        let r = ring(&s, 1);
+        producer(&s);
+        let _stalled = s.consumer[0].owner.claim_and_stall(&dead()).unwrap();
+        r.publish(1, 1).unwrap();
+        let e = r.acquire(2, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, Error::PeerDied { pid: 4_194_000, .. }), "{e}");
+        let e = r.attach(&ProcessIdentity::current(), || {}).unwrap_err();
+        assert!(matches!(e, Error::ChannelInUse { pid: 4_194_000 }), "{e}");
+    }
+
+    #[test]
+    fn a_closed_consumer_ends_the_producer_even_with_room() {
+        let s = RingState::boxed();
+        let r = ring(&s, 4);
+        producer(&s);
+        let held = r.attach(&ProcessIdentity::current(), || {}).unwrap();
+        r.close_consumer(held);
+        let e = r.try_acquire(1).unwrap_err();
+        assert!(
+            matches!(e, Error::ChannelClosed { role: "consumer", .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn waits_time_out_with_what_they_waited_for() {
+        let s = RingState::boxed();
+        let r = ring(&s, 1);
+        producer(&s);
+        let e = r.recv(0, Duration::from_millis(30)).unwrap_err();
+        assert!(e.to_string().contains("waiting for the producer"), "{e}");
+        r.publish(1, 1).unwrap();
+        let e = r.acquire(2, Duration::from_millis(30)).unwrap_err();
+        assert!(e.to_string().contains("release a slot"), "{e}");
+    }
+
+    /// Forged state from a peer: counts beyond the ring, a length beyond the slot, releases
+    /// beyond the sends. Each is refused, never used as an index or a length.
+    #[test]
+    fn forged_counts_and_lengths_are_refused() {
+        let s = RingState::boxed();
+        let r = ring(&s, 2);
+        producer(&s);
+        s.sent.store(3, Ordering::Relaxed); // 3 sent, 0 released, 2 slots
+        assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
+        s.sent.store(1, Ordering::Relaxed);
+        s.lens[0].store(101, Ordering::Relaxed);
+        let e = r.try_recv(0).unwrap_err();
+        assert!(e.to_string().contains("above the slot capacity 100"), "{e}");
+        s.consumer[0].released.store(5, Ordering::Relaxed);
+        assert!(matches!(r.try_acquire(2), Err(Error::Corrupt { .. })));
+        s.consumer[0].released.store(0, Ordering::Relaxed);
+        assert!(matches!(r.publish(5, 1), Err(Error::Corrupt { .. })));
+        assert!(matches!(r.release(3), Err(Error::Corrupt { .. })));
+    }
+
+    /// The doorbell wakes a consumer asleep on the futex (past the spin) promptly.
+    #[test]
+    fn a_sleeping_consumer_is_woken_by_the_publish() {
+        let s = RingState::boxed();
+        producer(&s);
+        std::thread::scope(|scope| {
+            let t = scope.spawn(|| {
+                let r = ring(&s, 1);
+                r.recv(0, Duration::from_secs(10))
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            ring(&s, 1).publish(1, 7).unwrap();
+            assert_eq!(t.join().unwrap().unwrap(), 7);
+        });
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Model check of the ring: a producer and a consumer thread over the shared counters,
+    //! with the slots' contents as relaxed atomics standing in for GPU memory.
+    use super::*;
+    use crate::barrier::loom_support;
+    use loom::sync::Arc;
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.max_branches = 100_000;
+        if builder.preemption_bound.is_none() {
+            builder.preemption_bound = Some(2);
+        }
+        builder.check(f);
+    }
+
+    const GEOMETRY: Geometry = Geometry {
+        slots: 1,
+        capacity: 8,
+    };
+
+    /// Three items through one slot: the consumer sees each item's contents (never a later
+    /// item's, never an earlier one's), then "closed" — never before the last item.
+    #[test]
+    fn items_arrive_whole_in_order_then_closed() {
+        model(|| {
+            let s: Arc<RingState> = Arc::from(RingState::boxed());
+            let data = Arc::new(AtomicU64::new(0));
+            let held = s
+                .producer
+                .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+                .unwrap();
+            let consumer = {
+                let (s, data) = (s.clone(), data.clone());
+                loom::thread::spawn(move || {
+                    loom_support::set_pid(2);
+                    let r = Ring::new(&s, GEOMETRY);
+                    let mut got = Vec::new();
+                    let mut received = 0;
+                    loop {
+                        match r.recv(received, Duration::from_secs(3600)) {
+                            Ok(len) => {
+                                received += 1;
+                                assert_eq!(data.load(Ordering::Relaxed), received);
+                                got.push(len);
+                                r.release(received).unwrap();
+                            }
+                            Err(Error::ChannelClosed { .. }) => break,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    got
+                })
+            };
+            let r = Ring::new(&s, GEOMETRY);
+            for k in 1..=3 {
+                r.acquire(k, Duration::from_secs(3600)).unwrap();
+                data.store(k, Ordering::Relaxed);
+                r.publish(k, k + 4).unwrap();
+            }
+            r.close_producer(held);
+            assert_eq!(consumer.join().unwrap(), vec![5, 6, 7]);
+        });
+    }
+
+    /// A consumer that attaches, receives one item and closes: the producer's acquire of a
+    /// slot that will never come back ends with `ChannelClosed`, never hangs.
+    #[test]
+    fn a_closing_consumer_ends_the_producers_wait() {
+        model(|| {
+            let s: Arc<RingState> = Arc::from(RingState::boxed());
+            s.producer
+                .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+                .unwrap();
+            let consumer = {
+                let s = s.clone();
+                loom::thread::spawn(move || {
+                    loom_support::set_pid(2);
+                    let r = Ring::new(&s, GEOMETRY);
+                    let held = r.attach(&ProcessIdentity::from_parts(2, 1), || {}).unwrap();
+                    r.recv(0, Duration::from_secs(3600)).unwrap();
+                    r.close_consumer(held);
+                })
+            };
+            let r = Ring::new(&s, GEOMETRY);
+            r.acquire(1, Duration::from_secs(3600)).unwrap();
+            r.publish(1, 1).unwrap();
+            let e = r.acquire(2, Duration::from_secs(3600)).unwrap_err();
+            assert!(matches!(e, Error::ChannelClosed { .. }), "{e}");
+            consumer.join().unwrap();
+        });
+    }
+}
