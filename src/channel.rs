@@ -1224,3 +1224,124 @@ mod tests {
         assert!(e.to_string().contains("10 bytes"), "{e}");
     }
 }
+
+/// Host-only ends of the channel protocol (no GPU): the random-kill stress test drives the
+/// shared-memory ring through them, with the slots' contents in its own shared memory.
+#[doc(hidden)]
+pub mod __testing {
+    use super::*;
+
+    /// The producer's end: creates the region.
+    pub struct HostProducer {
+        region: ShmRegion<RingState>,
+        geometry: Geometry,
+        held: u64,
+        next: u64,
+    }
+
+    impl HostProducer {
+        /// Create a channel region of `slots` slots of `capacity` elements.
+        pub fn create(slots: usize, capacity: u64) -> Result<Self> {
+            let geometry = Geometry {
+                slots: slots as u64,
+                capacity,
+            };
+            let me = ProcessIdentity::current();
+            let mut held = 0;
+            let region = ShmOptions::new(NAME_PREFIX)
+                .random_suffix(true)
+                .create_with(|s: &RingState| {
+                    s.slots.store(geometry.slots, crate::sync::Ordering::Relaxed);
+                    held = s.producer.claim_pausing(&me, || {}).unwrap_or(0);
+                    Ok(())
+                })?;
+            Ok(Self {
+                region,
+                geometry,
+                held,
+                next: 1,
+            })
+        }
+
+        /// The region's name.
+        pub fn name(&self) -> &str {
+            self.region.name()
+        }
+
+        /// Wait for the next item's slot; its index.
+        pub fn acquire(&mut self, timeout: Duration) -> Result<usize> {
+            Ring::new(self.region.get(), self.geometry).acquire(self.next, timeout)?;
+            Ok(self.geometry.slot_of(self.next))
+        }
+
+        /// Publish the next item.
+        pub fn send(&mut self, len: u64) -> Result<()> {
+            Ring::new(self.region.get(), self.geometry).publish(self.next, len)?;
+            self.next += 1;
+            Ok(())
+        }
+
+        /// Whether a consumer has attached.
+        pub fn has_consumer(&self) -> bool {
+            self.region.get().consumer[0].owner.load().state != crate::owner::OwnerState::Free
+        }
+    }
+
+    impl Drop for HostProducer {
+        fn drop(&mut self) {
+            Ring::new(self.region.get(), self.geometry).close_producer(self.held);
+        }
+    }
+
+    /// The consumer's end.
+    pub struct HostConsumer {
+        region: ShmRegion<RingState>,
+        geometry: Geometry,
+        held: u64,
+        received: u64,
+    }
+
+    impl HostConsumer {
+        /// Open the region called `name` and attach, calling `pause` inside the claim (while
+        /// the owner word reads `Claiming`); then unlink the name, as the real receiver does.
+        pub fn open_pausing(
+            name: &str,
+            slots: usize,
+            capacity: u64,
+            pause: impl FnOnce(),
+        ) -> Result<Self> {
+            let geometry = Geometry {
+                slots: slots as u64,
+                capacity,
+            };
+            let region = ShmOptions::new(name).open::<RingState>()?;
+            let held = Ring::new(region.get(), geometry)
+                .attach(&ProcessIdentity::current(), pause)?;
+            let _ = region.unlink_shared();
+            Ok(Self {
+                region,
+                geometry,
+                held,
+                received: 0,
+            })
+        }
+
+        /// Wait for the next item: its slot index and length.
+        pub fn recv(&mut self, timeout: Duration) -> Result<(usize, u64)> {
+            let len = Ring::new(self.region.get(), self.geometry).recv(self.received, timeout)?;
+            self.received += 1;
+            Ok((self.geometry.slot_of(self.received), len))
+        }
+
+        /// Release the last item received.
+        pub fn release(&mut self) -> Result<()> {
+            Ring::new(self.region.get(), self.geometry).release(self.received)
+        }
+    }
+
+    impl Drop for HostConsumer {
+        fn drop(&mut self) {
+            Ring::new(self.region.get(), self.geometry).close_consumer(self.held);
+        }
+    }
+}

@@ -122,7 +122,9 @@ pub use barrier::{
     MAX_PARTIES, ProcessBarrier,
 };
 pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
-pub use channel::{IpcChannelHandle, IpcReceiver, IpcSender, Received, SendSlot};
+pub use channel::{
+    IpcChannelHandle, IpcReceiver, IpcSender, Received, SendSlot, __testing as __channel_testing,
+};
 pub use context::GpuContext;
 pub use device::{
     ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,

@@ -647,7 +647,7 @@ mod loom_tests {
     #[test]
     fn items_arrive_whole_in_order_then_closed() {
         model(|| {
-            let s: Arc<RingState> = Arc::from(RingState::boxed());
+            let s = Arc::new(*RingState::boxed());
             let data = Arc::new(AtomicU64::new(0));
             let held = s
                 .producer
@@ -691,7 +691,7 @@ mod loom_tests {
     #[test]
     fn a_closing_consumer_ends_the_producers_wait() {
         model(|| {
-            let s: Arc<RingState> = Arc::from(RingState::boxed());
+            let s = Arc::new(*RingState::boxed());
             s.producer
                 .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
                 .unwrap();
