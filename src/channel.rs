@@ -112,7 +112,10 @@ impl ChannelEnvelope {
     fn validate(&self) -> Result<(Geometry, u64, String)> {
         let bad = |reason: String| Err(Error::CorruptHandle { reason });
         if self.magic != MAGIC {
-            return bad(format!("bad magic {:#x} (not a channel handle)", self.magic));
+            return bad(format!(
+                "bad magic {:#x} (not a channel handle)",
+                self.magic
+            ));
         }
         if self.version != VERSION {
             return bad(format!(
@@ -139,8 +142,7 @@ impl ChannelEnvelope {
         if self.slots == 0 || self.slots as usize > MAX_SLOTS {
             return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slots));
         }
-        if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align)
-        {
+        if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align) {
             return bad(format!(
                 "element size {} / alignment {} is not a valid layout",
                 self.elem_size, self.elem_align
@@ -390,7 +392,8 @@ impl<T: Pod> IpcSender<T> {
                 s.capacity.store(geometry.capacity, Relaxed);
                 s.stride.store(stride, Relaxed);
                 s.elem_size.store(size, Relaxed);
-                s.elem_align.store(std::mem::align_of::<T>() as u64, Relaxed);
+                s.elem_align
+                    .store(std::mem::align_of::<T>() as u64, Relaxed);
                 s.type_tag.store(type_tag_of::<T>(), Relaxed);
                 s.data.store(data_env);
                 s.sent_signal.store(sent_env);
@@ -403,7 +406,10 @@ impl<T: Pod> IpcSender<T> {
             })?;
         let name = ring.name().as_bytes();
         if name.len() > NAME_BYTES {
-            return Err(invalid(format!("region name {:?} is too long", ring.name())));
+            return Err(invalid(format!(
+                "region name {:?} is too long",
+                ring.name()
+            )));
         }
         let mut name_bytes = [0u8; NAME_BYTES];
         name_bytes[..name.len()].copy_from_slice(name);
@@ -790,14 +796,18 @@ impl<T: Pod> IpcReceiver<T> {
         }
         let producer = handle.producer();
         if env.boot_id != crate::os::boot_id() {
-            return Err(Error::ExporterGone { pid: producer.pid() });
+            return Err(Error::ExporterGone {
+                pid: producer.pid(),
+            });
         }
         let me = ProcessIdentity::current();
         if producer.is_same_process(&me) {
             return Err(Error::SameProcess { pid: me.pid() });
         }
         if !producer.is_alive() {
-            return Err(Error::ExporterGone { pid: producer.pid() });
+            return Err(Error::ExporterGone {
+                pid: producer.pid(),
+            });
         }
         let ring = ShmOptions::new(name).open::<RingState>()?;
         let s = ring.get();
@@ -812,11 +822,19 @@ impl<T: Pod> IpcReceiver<T> {
             use crate::sync::Ordering::Relaxed;
             let fields = [
                 (s.slots.load(Relaxed), geometry.slots, "slot count"),
-                (s.consumers.load(Relaxed), u64::from(CONSUMERS), "consumer count"),
+                (
+                    s.consumers.load(Relaxed),
+                    u64::from(CONSUMERS),
+                    "consumer count",
+                ),
                 (s.capacity.load(Relaxed), geometry.capacity, "capacity"),
                 (s.stride.load(Relaxed), stride, "stride"),
                 (s.elem_size.load(Relaxed), u64::from(size), "element size"),
-                (s.elem_align.load(Relaxed), u64::from(align), "element alignment"),
+                (
+                    s.elem_align.load(Relaxed),
+                    u64::from(align),
+                    "element alignment",
+                ),
                 (s.type_tag.load(Relaxed), tag, "type tag"),
             ];
             if let Some((_, _, what)) = fields.iter().find(|(a, b, _)| a != b) {
@@ -1002,7 +1020,11 @@ impl<T: Pod> IpcReceiver<T> {
         let mut unblocked = false;
         let drained = self.inflight.drain(self.drain_timeout, || {
             // A dead producer will not write what our streams wait for.
-            if !unblocked && matches!(ring.producer_status(received), Err(Error::ExporterGone { .. }))
+            if !unblocked
+                && matches!(
+                    ring.producer_status(received),
+                    Err(Error::ExporterGone { .. })
+                )
             {
                 unblocked = sent.signal_host(IpcSignal::MAX_VALUE).is_ok();
             }
@@ -1212,8 +1234,7 @@ mod tests {
             } else {
                 env.seal()
             };
-            let e = IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&resealed))
-                .unwrap_err();
+            let e = IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&resealed)).unwrap_err();
             assert!(e.to_string().contains(want), "{want}: {e}");
         }
         let mut flipped = sealed();
@@ -1251,7 +1272,8 @@ pub mod __testing {
             let region = ShmOptions::new(NAME_PREFIX)
                 .random_suffix(true)
                 .create_with(|s: &RingState| {
-                    s.slots.store(geometry.slots, crate::sync::Ordering::Relaxed);
+                    s.slots
+                        .store(geometry.slots, crate::sync::Ordering::Relaxed);
                     held = s.producer.claim_pausing(&me, || {}).unwrap_or(0);
                     Ok(())
                 })?;
@@ -1315,8 +1337,8 @@ pub mod __testing {
                 capacity,
             };
             let region = ShmOptions::new(name).open::<RingState>()?;
-            let held = Ring::new(region.get(), geometry)
-                .attach(&ProcessIdentity::current(), pause)?;
+            let held =
+                Ring::new(region.get(), geometry).attach(&ProcessIdentity::current(), pause)?;
             let _ = region.unlink_shared();
             Ok(Self {
                 region,

@@ -123,7 +123,7 @@ pub use barrier::{
 };
 pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
 pub use channel::{
-    IpcChannelHandle, IpcReceiver, IpcSender, Received, SendSlot, __testing as __channel_testing,
+    __testing as __channel_testing, IpcChannelHandle, IpcReceiver, IpcSender, Received, SendSlot,
 };
 pub use context::GpuContext;
 pub use device::{

@@ -177,12 +177,18 @@ fn consumer(s: &Shadow, rng: &mut Rng, producer_pid: u32) -> u32 {
         }
         let seen = s.slot[slot].load(Ordering::SeqCst);
         if seen != k {
-            violation(s, format_args!("item {k} received with slot {slot} holding {seen}"));
+            violation(
+                s,
+                format_args!("item {k} received with slot {slot} holding {seen}"),
+            );
         }
         nap(rng);
         let seen = s.slot[slot].load(Ordering::SeqCst);
         if seen != k {
-            violation(s, format_args!("slot {slot} overwritten with {seen} while item {k} was held"));
+            violation(
+                s,
+                format_args!("slot {slot} overwritten with {seen} while item {k} was held"),
+            );
         }
         if let Err(e) = rx.release() {
             return outcome(&e);
@@ -231,7 +237,11 @@ fn random_kills_keep_the_channel_protocol_sound() {
         assert_eq!(s.violations.load(Ordering::SeqCst), 0, "{ctx}");
         let n = s.log_len.load(Ordering::SeqCst);
         for i in 0..n {
-            assert_eq!(s.log[i as usize].load(Ordering::SeqCst), i + 1, "{ctx}: log");
+            assert_eq!(
+                s.log[i as usize].load(Ordering::SeqCst),
+                i + 1,
+                "{ctx}: log"
+            );
         }
         let attached = s.attached.load(Ordering::SeqCst) == 1;
         match victim {
@@ -241,8 +251,7 @@ fn random_kills_keep_the_channel_protocol_sound() {
             1 => {
                 // A producer killed after it finished closed the channel first.
                 assert!(
-                    [EXPORTER_GONE, NO_CHANNEL].contains(&c)
-                        || (c == CLOSED && n == ITEMS),
+                    [EXPORTER_GONE, NO_CHANNEL].contains(&c) || (c == CLOSED && n == ITEMS),
                     "{ctx}"
                 );
             }
@@ -255,7 +264,10 @@ fn random_kills_keep_the_channel_protocol_sound() {
                 );
             }
         }
-        assert!(p != TIMEOUT && c != TIMEOUT && p != OTHER && c != OTHER, "{ctx}");
+        assert!(
+            p != TIMEOUT && c != TIMEOUT && p != OTHER && c != OTHER,
+            "{ctx}"
+        );
         let chan = s.name.load();
         let chan = std::str::from_utf8(&chan[..s.name_len.load(Ordering::SeqCst) as usize])
             .unwrap()

@@ -72,7 +72,9 @@ impl InFlight {
         };
         // SAFETY: a live event of this context; `stream` is a live stream of the caller's
         // (borrowed by the caller for the duration of this call).
-        if let Err(e) = check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream) }) {
+        if let Err(e) = check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event, stream)
+        }) {
             self.spare.push(event);
             return Err(e);
         }

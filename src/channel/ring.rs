@@ -385,7 +385,9 @@ impl<'a> Ring<'a> {
                 return Err(corrupt("the producer's owner word is free".into()));
             }
             OwnerState::Claiming | OwnerState::Held if alive(&id) => return Ok(()),
-            OwnerState::Claiming | OwnerState::Held => return Err(Error::ExporterGone { pid: owner.pid }),
+            OwnerState::Claiming | OwnerState::Held => {
+                return Err(Error::ExporterGone { pid: owner.pid });
+            }
         };
         // Closed: items published before the close are still delivered.
         if self.state.sent.load(Ordering::Acquire) > received {
@@ -487,7 +489,10 @@ mod tests {
     }
 
     fn producer(state: &RingState) -> u64 {
-        state.producer.claim_pausing(&ProcessIdentity::current(), || {}).unwrap()
+        state
+            .producer
+            .claim_pausing(&ProcessIdentity::current(), || {})
+            .unwrap()
     }
 
     /// A dead process's identity (pid 0 is never alive; use a pid that cannot exist).
@@ -526,7 +531,13 @@ mod tests {
         r.release(1).unwrap();
         let e = r.recv(1, Duration::from_millis(50)).unwrap_err();
         assert!(
-            matches!(e, Error::ChannelClosed { role: "producer", .. }),
+            matches!(
+                e,
+                Error::ChannelClosed {
+                    role: "producer",
+                    ..
+                }
+            ),
             "{e}"
         );
     }
@@ -566,7 +577,13 @@ mod tests {
         r.close_consumer(held);
         let e = r.try_acquire(1).unwrap_err();
         assert!(
-            matches!(e, Error::ChannelClosed { role: "consumer", .. }),
+            matches!(
+                e,
+                Error::ChannelClosed {
+                    role: "consumer",
+                    ..
+                }
+            ),
             "{e}"
         );
     }

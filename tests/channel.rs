@@ -1,0 +1,427 @@
+//! IpcSender / IpcReceiver across processes on the GPU: a slow producer kernel is never
+//! overtaken (every byte of every item checked, across two GPUs when there are two),
+//! back-pressure and capacity, the death of either side at each step (a clear error within a
+//! bound, every stream released, nothing left in `/dev/shm`), and forged or misused handles.
+//!
+//! GPU tests are `#[ignore = "requires a CUDA device"]`: run them with `--include-ignored`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{die, gpu, gpu_count, shm_entries, spawn, unique_name, wait_for, watchdog};
+use cuda_ipc::{
+    Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, ShmCell, ShmOptions, ShmRegion,
+    ShmSafe,
+};
+use cust::module::Module;
+use cust::prelude::*;
+
+const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
+const ITEM: usize = 4 << 20;
+const SLOTS: usize = 3;
+const ITEMS: u64 = 12;
+const WAIT: Duration = Duration::from_secs(20);
+
+#[repr(C)]
+struct Shared {
+    handle: ShmCell<IpcChannelHandle<u8>>,
+    up: AtomicU32,
+    /// Items the child has sent / received.
+    progress: AtomicU64,
+    /// Set by the parent to let the child go on.
+    go: AtomicU64,
+}
+// SAFETY: repr(C), every field is ShmSafe.
+unsafe impl ShmSafe for Shared {}
+
+fn region() -> ShmRegion<Shared> {
+    ShmOptions::new(unique_name("gpu-chan")).create().unwrap()
+}
+
+/// The other GPU when there are two, else the same one.
+fn other_device() -> u32 {
+    gpu_count().min(2) - 1
+}
+
+/// The channel regions and lease tables in `/dev/shm`.
+fn entries() -> HashSet<String> {
+    let mut all: HashSet<String> = shm_entries("cuda-ipc-chan").into_iter().collect();
+    all.extend(shm_entries("cuda-ipc-lease."));
+    all
+}
+
+/// Fail if a channel region or lease table appeared since `before`.
+fn assert_nothing_left(before: &HashSet<String>, what: &str) {
+    let left: Vec<_> = entries().difference(before).cloned().collect();
+    assert!(left.is_empty(), "{what}: left in /dev/shm: {left:?}");
+}
+
+/// The GPU tests of this binary run one at a time (lease and /dev/shm counts are per test).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn wait_go(s: &Shared, at_least: u64) {
+    wait_for("the parent's go", WAIT, || {
+        s.go.load(Ordering::SeqCst) >= at_least
+    });
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        let s = ShmOptions::new(&args[0]).open::<Shared>().unwrap();
+        let device: u32 = args[1].parse().unwrap();
+        let ctx = GpuContext::new(device).unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        match role {
+            // Items 1..=ITEMS, each filled by a kernel that first spins 20 ms: every byte = k.
+            // With `die_at` = "before_send", dies holding a slot after 2 items; with
+            // "after_send", dies right after sending item 3 while its 1 s kernel still runs.
+            "slow_producer" => {
+                let die_at = args.get(2).map(String::as_str).unwrap_or("");
+                let module = Module::from_ptx(KERNELS, &[]).unwrap();
+                let delay = module.get_function("delay_fill").unwrap();
+                let mut tx = IpcSender::<u8>::new(&ctx, SLOTS, ITEM).unwrap();
+                s.handle.store(tx.handle());
+                s.up.store(1, Ordering::SeqCst);
+                wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
+                for k in 1..=ITEMS {
+                    let slot = tx.acquire(&stream, WAIT).unwrap();
+                    if die_at == "before_send" && k == 3 {
+                        die();
+                    }
+                    let spin: u64 = if die_at == "after_send" && k == 3 {
+                        1_000_000_000
+                    } else {
+                        20_000_000
+                    };
+                    let ptr = slot.as_raw_ptr();
+                    // SAFETY: delay_fill(ptr, n, value, delay_ns) writes ITEM bytes of the slot;
+                    // the channel tracks the stream until the send after it has run.
+                    unsafe {
+                        launch!(delay<<<64, 256, 0, stream>>>(ptr, ITEM as u64, k as u32, spin))
+                            .unwrap();
+                    }
+                    slot.send(ITEM - k as usize).unwrap();
+                    s.progress.store(k, Ordering::SeqCst);
+                    if die_at == "after_send" && k == 3 {
+                        die();
+                    }
+                }
+                wait_go(&s, 1);
+                0
+            }
+            // Receive `hold` items (releasing all but the last), then: "hold" dies holding it;
+            // "after_release" releases it behind a 1 s kernel and dies; "close" drops the
+            // receiver; "wait" waits for the parent's go first (back-pressure), then receives all.
+            "consumer" => {
+                let how = args[2].as_str();
+                let hold: u64 = args[3].parse().unwrap();
+                let module = Module::from_ptx(KERNELS, &[]).unwrap();
+                let delay = module.get_function("delay_fill").unwrap();
+                let scratch = cuda_ipc::IpcBuffer::<u8>::zeroed(&ctx, 16).unwrap();
+                let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+                s.up.store(1, Ordering::SeqCst);
+                if how == "wait" {
+                    wait_go(&s, 1);
+                }
+                for k in 1..=hold {
+                    let item = rx.recv(&stream, WAIT).unwrap();
+                    assert_eq!(item.seq(), k);
+                    s.progress.store(k, Ordering::SeqCst);
+                    if k < hold {
+                        item.release().unwrap();
+                        continue;
+                    }
+                    match how {
+                        "hold" => die(),
+                        "after_release" => {
+                            let p = scratch.as_raw_ptr();
+                            // SAFETY: writes 16 bytes of a live scratch buffer after 1 s.
+                            unsafe {
+                                launch!(delay<<<1, 32, 0, stream>>>(p, 16u64, 1u32, 1_000_000_000u64))
+                                    .unwrap();
+                            }
+                            item.release().unwrap();
+                            die();
+                        }
+                        _ => item.release().unwrap(),
+                    }
+                }
+                drop(rx);
+                0
+            }
+            // A consumer arriving after another attached: refused, never a second attach.
+            "second_consumer" => match IpcReceiver::<u8>::open(&ctx, &s.handle.load()) {
+                Err(Error::NotFound { .. } | Error::ChannelInUse { .. }) => 0,
+                other => {
+                    eprintln!("second consumer: {other:?}");
+                    1
+                }
+            },
+            _ => unreachable!("{role}"),
+        }
+    });
+}
+
+/// A producer whose kernels spin 20 ms before writing: the consumer's GPU work (a copy to the
+/// host on the receiving stream) never sees an item before its kernel is done, and every byte
+/// of every item is the item's number; lengths travel with items. Across two GPUs when there
+/// are two. Then the producer's close ends the stream of items with `ChannelClosed`.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_slow_producer_is_never_overtaken() {
+    let _g = serial();
+    let _dog = watchdog("slow producer", Duration::from_secs(120));
+    let s = region();
+    let before = entries();
+    let child = spawn("slow_producer", &[s.name(), "0"]);
+    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    let ctx = GpuContext::new(other_device()).unwrap();
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    assert_eq!((rx.slots(), rx.capacity()), (SLOTS, ITEM));
+    assert_nothing_left(&before, "the consumer unlinks the channel's name on attach");
+    let mut early = 0;
+    for k in 1..=ITEMS {
+        let item = rx.recv(&stream, WAIT).unwrap();
+        assert_eq!((item.seq(), item.len()), (k, ITEM - k as usize));
+        let t = Instant::now();
+        let host = item.to_vec().unwrap();
+        // recv itself did not wait for the kernel: the copy did, on the GPU.
+        if t.elapsed() > Duration::from_millis(5) {
+            early += 1;
+        }
+        let bad = host.iter().filter(|&&b| b != k as u8).count();
+        assert_eq!(bad, 0, "item {k}: {bad} bytes not yet written");
+        item.release().unwrap();
+    }
+    println!("{early} of {ITEMS} items were received before their kernel finished");
+    assert!(
+        early > 0,
+        "recv never returned ahead of the producer's GPU work"
+    );
+    s.go.store(1, Ordering::SeqCst);
+    let e = rx.recv(&stream, WAIT).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ChannelClosed {
+                role: "producer",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    rx.close().unwrap();
+    child.expect_success(WAIT);
+    assert_nothing_left(&before, "after both closed");
+}
+
+/// A full ring holds the producer back (try_acquire says so, acquire times out), a release
+/// frees exactly one slot, a length above the capacity is refused, and the consumer's close
+/// ends the producer with `ChannelClosed`.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn back_pressure_and_capacity() {
+    let _g = serial();
+    let _dog = watchdog("back-pressure", Duration::from_secs(120));
+    let s = region();
+    let ctx = gpu();
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut tx = IpcSender::<u8>::new(&ctx, 2, 4096).unwrap();
+    s.handle.store(tx.handle());
+    let child = spawn(
+        "consumer",
+        &[s.name(), &other_device().to_string(), "wait", "3"],
+    );
+    wait_for("consumer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    assert!(tx.consumer().is_some());
+    let slot = tx.acquire(&stream, WAIT).unwrap();
+    let e = slot.send(4097).unwrap_err();
+    assert!(e.to_string().contains("do not fit a slot of 4096"), "{e}");
+    tx.acquire(&stream, WAIT).unwrap().send(4096).unwrap();
+    tx.acquire(&stream, WAIT).unwrap().send(0).unwrap();
+    assert!(
+        tx.try_acquire(&stream).unwrap().is_none(),
+        "2 slots, 2 sent"
+    );
+    let e = tx.acquire(&stream, Duration::from_millis(50)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    s.go.store(1, Ordering::SeqCst);
+    // The consumer receives item 1 and releases it: one slot comes back.
+    tx.acquire(&stream, WAIT).unwrap().send(1).unwrap();
+    wait_for("consumer done", WAIT, || {
+        s.progress.load(Ordering::SeqCst) == 3
+    });
+    child.expect_success(WAIT);
+    let e = tx.acquire(&stream, WAIT).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ChannelClosed {
+                role: "consumer",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(tx.sent(), 3);
+    tx.close().unwrap();
+}
+
+/// The producer dies holding a slot (before its send) or right after a send whose kernel is
+/// still running: the consumer gets what was sent and completed, then `ExporterGone` within a
+/// bound; dropping the receiver releases its stream (blocked on the dead producer's counter)
+/// instead of hanging, and leaves nothing in `/dev/shm`.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_dead_producer_is_reported_and_nothing_hangs() {
+    let _g = serial();
+    let _dog = watchdog("dead producer", Duration::from_secs(120));
+    for die_at in ["before_send", "after_send"] {
+        let s = region();
+        let before = entries();
+        let child = spawn("slow_producer", &[s.name(), "0", die_at]);
+        wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+        let ctx = GpuContext::new(other_device()).unwrap();
+        ctx.make_current().unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+        let mut got = 0;
+        let err = loop {
+            match rx.recv(&stream, WAIT) {
+                Ok(item) => {
+                    got += 1;
+                    if item.seq() <= 2 {
+                        let host = item.to_vec().unwrap();
+                        assert!(host.iter().all(|&b| b == item.seq() as u8));
+                    }
+                    // Item 3 of "after_send" was published, but its kernel died with the
+                    // producer: do not wait for it on the host.
+                    item.release().unwrap();
+                }
+                Err(e) => break e,
+            }
+        };
+        let (status, _) = child.wait(WAIT);
+        assert!(!status.success());
+        assert!(matches!(err, Error::ExporterGone { .. }), "{die_at}: {err}");
+        let want = if die_at == "before_send" { 2 } else { 3 };
+        assert_eq!(got, want, "{die_at}");
+        let t = Instant::now();
+        drop(rx); // must not hang on the stream parked on item 3's counter
+        println!(
+            "{die_at}: ExporterGone after {got} items; receiver dropped in {:?}",
+            t.elapsed()
+        );
+        stream.synchronize().unwrap();
+        assert_nothing_left(&before, die_at);
+    }
+}
+
+/// The consumer dies holding an item, or right after releasing one behind a 1 s kernel: the
+/// producer gets `PeerDied` when it needs that slot, within a bound; dropping the sender
+/// releases its stream and frees the memory without waiting out the lease timeout.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_dead_consumer_is_reported_and_nothing_hangs() {
+    let _g = serial();
+    let _dog = watchdog("dead consumer", Duration::from_secs(120));
+    for how in ["hold", "after_release"] {
+        let s = region();
+        let before = entries();
+        let ctx = gpu();
+        ctx.make_current().unwrap();
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+        let mut tx = IpcSender::<u8>::new(&ctx, 2, 1 << 20).unwrap();
+        s.handle.store(tx.handle());
+        let child = spawn(
+            "consumer",
+            &[s.name(), &other_device().to_string(), how, "2"],
+        );
+        wait_for("consumer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+        let mut sent = 0;
+        let t = Instant::now();
+        let err = loop {
+            match tx.acquire(&stream, WAIT) {
+                Ok(slot) => {
+                    slot.send(16).unwrap();
+                    sent += 1;
+                }
+                Err(e) => break e,
+            }
+        };
+        let (status, _) = child.wait(WAIT);
+        assert!(!status.success());
+        assert!(matches!(err, Error::PeerDied { .. }), "{how}: {err}");
+        assert!(sent >= 2, "{how}: {sent}");
+        println!("{how}: PeerDied after {sent} sends, {:?}", t.elapsed());
+        let t = Instant::now();
+        tx.close().unwrap();
+        let closed = t.elapsed();
+        println!("{how}: sender closed in {closed:?}");
+        assert!(
+            closed < cuda_ipc::DEFAULT_LEASE_TIMEOUT,
+            "{how}: close waited out the leases"
+        );
+        stream.synchronize().unwrap();
+        assert_nothing_left(&before, how);
+    }
+}
+
+/// Handles that must not open: the wrong element type, flipped bytes, the producer's own
+/// process, a second consumer, and a producer that is gone.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn forged_and_misused_handles_are_refused() {
+    let _g = serial();
+    let _dog = watchdog("forged handles", Duration::from_secs(120));
+    let s = region();
+    let ctx = gpu();
+    let tx = IpcSender::<u8>::new(&ctx, 2, 64).unwrap();
+    let handle = tx.handle();
+    let e = IpcReceiver::<u8>::open(&ctx, &handle).unwrap_err();
+    assert!(matches!(e, Error::SameProcess { .. }), "{e}");
+    // SAFETY: the same 152 bytes viewed as a handle for another element type.
+    let as_u32: IpcChannelHandle<u32> = bytemuck::cast(handle);
+    let e = IpcReceiver::<u32>::open(&ctx, &as_u32).unwrap_err();
+    assert!(matches!(e, Error::TypeMismatch { .. }), "{e}");
+    let mut bytes = handle.as_bytes().to_vec();
+    bytes[40] ^= 1;
+    let e = IpcChannelHandle::<u8>::from_bytes(&bytes).unwrap_err();
+    assert!(matches!(e, Error::CorruptHandle { .. }), "{e}");
+    // A second consumer while the first is attached (it unlinked the name).
+    s.handle.store(handle);
+    let first = spawn("consumer", &[s.name(), "0", "wait", "0"]);
+    wait_for("consumer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    spawn("second_consumer", &[s.name(), "0"]).expect_success(WAIT);
+    s.go.store(1, Ordering::SeqCst);
+    first.expect_success(WAIT);
+    drop(tx);
+    // The producer's handle after it is gone (a child's channel, after the child exited).
+    let s2 = region();
+    let producer = spawn("slow_producer", &[s2.name(), "0", "before_send"]);
+    wait_for("producer", WAIT, || s2.up.load(Ordering::SeqCst) == 1);
+    let dead_handle = s2.handle.load();
+    let _ = producer.wait(WAIT);
+    let e = IpcReceiver::<u8>::open(&ctx, &dead_handle).unwrap_err();
+    assert!(matches!(e, Error::ExporterGone { .. }), "{e}");
+    // Its region was never attached and its lease tables never imported: reclaimable.
+    for n in shm_entries("cuda-ipc-chan") {
+        let _ = cuda_ipc::reclaim_stale(&n);
+    }
+    cuda_ipc::reclaim_stale_lease_tables();
+}
