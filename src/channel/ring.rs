@@ -271,6 +271,18 @@ impl<'a> Ring<'a> {
             if let Step::Ready(v) = poll()? {
                 return Ok(v);
             }
+            // Under the model checker every step must be deterministic: check the peer at
+            // every turn and yield, with no clock in any decision.
+            if cfg!(loom) {
+                if let Err(e) = peer() {
+                    return match poll()? {
+                        Step::Ready(v) => Ok(v),
+                        Step::NotYet => Err(e),
+                    };
+                }
+                crate::sync::yield_now();
+                continue;
+            }
             let now = Instant::now();
             if now >= next_check {
                 if let Err(e) = peer() {
