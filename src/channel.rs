@@ -582,12 +582,16 @@ impl<T: Pod> IpcSender<T> {
         ring.close_producer(self.held);
         let released = &self.released;
         let mut unblocked = false;
-        let drained = self.inflight.drain(self.drain_timeout, || {
-            // A consumer that died (or left) will not release what our streams wait for.
-            if !unblocked && ring.consumer_status().is_err() {
-                unblocked = released.signal_host(IpcSignal::MAX_VALUE).is_ok();
-            }
-        });
+        let drained = self.inflight.drain(
+            self.drain_timeout,
+            || {
+                // A consumer that died (or left) will not release what our streams wait for.
+                if !unblocked && ring.consumer_status().is_err() {
+                    unblocked = released.signal_host(IpcSignal::MAX_VALUE).is_ok();
+                }
+            },
+            || false,
+        );
         // SAFETY (all three `take`s): called once, from `close` or `drop`, which never use the
         // fields again.
         let (data, sent, released) = unsafe {
@@ -1018,17 +1022,21 @@ impl<T: Pod> IpcReceiver<T> {
         let sent = &self.sent;
         let received = self.received;
         let mut unblocked = false;
-        let drained = self.inflight.drain(self.drain_timeout, || {
-            // A dead producer will not write what our streams wait for.
-            if !unblocked
-                && matches!(
-                    ring.producer_status(received),
-                    Err(Error::ExporterGone { .. })
-                )
-            {
-                unblocked = sent.signal_host(IpcSignal::MAX_VALUE).is_ok();
-            }
-        });
+        let drained = self.inflight.drain(
+            self.drain_timeout,
+            || {
+                // A dead producer will not write what our streams wait for.
+                if !unblocked
+                    && matches!(
+                        ring.producer_status(received),
+                        Err(Error::ExporterGone { .. })
+                    )
+                {
+                    unblocked = sent.signal_host(IpcSignal::MAX_VALUE).is_ok();
+                }
+            },
+            || false,
+        );
         // SAFETY (all three `take`s): called once, from `close` or `drop`, which never use the
         // fields again.
         let (data, sent, released) = unsafe {
@@ -1098,22 +1106,26 @@ impl<T: Pod> Received<'_, T> {
         self.rx.received
     }
 
-    /// Copy the item to the host: enqueue the copy on the receiving stream and wait for it
-    /// (`cuMemcpyDtoHAsync`, `cuStreamSynchronize`), so it sees the producer's writes.
+    /// Copy the item to the host: enqueue the copy on the receiving stream
+    /// (`cuMemcpyDtoHAsync`, so it comes after the producer's writes) and wait for it, at most
+    /// `timeout`, checking every 10 ms that the producer is alive (a producer killed before
+    /// its GPU wrote the item leaves the stream blocked).
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming the failed call.
+    /// [`Error::Timeout`]; [`Error::ExporterGone`] when the producer died with the item
+    /// unwritten; [`Error::Cuda`] naming the failed call. On these errors the copy may still
+    /// be pending, so its host buffer is leaked rather than freed under it.
     #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub fn to_vec(&self) -> Result<Vec<T>> {
+    pub fn to_vec(&self, timeout: Duration) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         if self.len == 0 {
             return Ok(out);
         }
         let _g = self.rx.data.context().enter()?;
         // SAFETY: `out` holds `len` elements, the item's range is inside the mapping, and the
-        // stream is live (borrowed by the item); the synchronise below ends the copy before
-        // `out` is returned or dropped.
+        // stream is live (borrowed by the item); `out` is returned only once the copy is done
+        // and leaked otherwise (below).
         crate::driver::check("cuMemcpyDtoHAsync", unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 out.as_mut_ptr().cast(),
@@ -1122,11 +1134,31 @@ impl<T: Pod> Received<'_, T> {
                 self.stream,
             )
         })?;
-        // SAFETY: a live stream (borrowed by the item).
-        crate::driver::check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.stream)
-        })?;
-        Ok(out)
+        let mut done = InFlight::new(self.rx.data.context());
+        let producer = self.rx.data.exporter();
+        let gone = std::cell::Cell::new(None);
+        let finished = done.record(self.stream).is_ok()
+            && done.drain(
+                wait_limit(timeout),
+                || {
+                    if let Some(p) = producer.filter(|p| !p.is_alive()) {
+                        gone.set(Some(p.pid()));
+                    }
+                },
+                || gone.get().is_some(),
+            );
+        if finished {
+            return Ok(out);
+        }
+        // The copy may still be queued: its destination must outlive it.
+        std::mem::forget(out);
+        Err(match gone.get() {
+            Some(pid) => Error::ExporterGone { pid },
+            None => Error::Timeout {
+                what: "copy of a received IPC channel item to the host",
+                waited: timeout,
+            },
+        })
     }
 
     /// Hand the slot back once the work enqueued on the receiving stream so far is done:

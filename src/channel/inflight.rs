@@ -92,9 +92,14 @@ impl InFlight {
     }
 
     /// Wait until every recorded operation has completed, at most `timeout`, calling
-    /// `check` every 10 ms (it may unblock the streams, e.g. after finding a peer dead).
-    /// Returns whether everything completed.
-    pub(crate) fn drain(&mut self, timeout: Duration, mut check: impl FnMut()) -> bool {
+    /// `check` every 10 ms (it may unblock the streams, e.g. after finding a peer dead) and
+    /// giving up early once `stop` says so. Returns whether everything completed.
+    pub(crate) fn drain(
+        &mut self,
+        timeout: Duration,
+        mut check: impl FnMut(),
+        mut stop: impl FnMut() -> bool,
+    ) -> bool {
         let start = Instant::now();
         let mut pause = Duration::from_micros(5);
         let mut next_check = start;
@@ -107,7 +112,7 @@ impl InFlight {
                 check();
                 next_check = now + super::ring::LIVENESS_CHECK;
             }
-            if now - start >= timeout {
+            if now - start >= timeout || stop() {
                 return false;
             }
             std::thread::sleep(pause);
