@@ -339,9 +339,12 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
         assert_eq!(got, want, "{die_at}");
         let t = Instant::now();
         drop(rx); // must not hang on the stream parked on item 3's counter
-        println!(
-            "{die_at}: ExporterGone after {got} items; receiver dropped in {:?}",
-            t.elapsed()
+        let dropped = t.elapsed();
+        println!("{die_at}: ExporterGone after {got} items; receiver dropped in {dropped:?}");
+        // A drop that had to give up (and leak) would leave the stream blocked for good.
+        assert!(
+            dropped < cuda_ipc::DEFAULT_LEASE_TIMEOUT,
+            "{die_at}: the stream was not released"
         );
         stream.synchronize().unwrap();
         assert_nothing_left(&before, die_at);
