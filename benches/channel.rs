@@ -333,11 +333,21 @@ impl Bench<'_> {
     }
 
     fn raw_start(&self) {
-        // SAFETY: zero the two counters before a raw phase (synchronous, nothing queued).
+        // Zero the two counters on our stream and wait: a synchronous cuMemsetD8 runs on the
+        // legacy stream, which a non-blocking stream does not wait for, so it could land after
+        // the first write.
+        // SAFETY: our own counters, nothing else queued on them (the stream is synchronised).
         unsafe {
-            ok("cuMemsetD8", sys::cuMemsetD8_v2(self.raw_sent, 0, 8));
-            ok("cuMemsetD8", sys::cuMemsetD8_v2(self.raw_released, 0, 8));
+            ok(
+                "cuMemsetD8Async",
+                sys::cuMemsetD8Async(self.raw_sent, 0, 8, self.stream),
+            );
+            ok(
+                "cuMemsetD8Async",
+                sys::cuMemsetD8Async(self.raw_released, 0, 8, self.stream),
+            );
         }
+        sync(self.stream);
         self.s.raw_published.store(0, Ordering::Release);
         self.s.raw_released_host.store(0, Ordering::Release);
         self.command(CMD_RAW, 0, 0);
