@@ -169,7 +169,7 @@ fn consumer(device: u32, region: &str) {
                     }
                     item.release().unwrap();
                     n += 1;
-                    if cmd == CMD_STREAM && n % batch == 0 {
+                    if cmd == CMD_STREAM && n.is_multiple_of(batch) {
                         sync(stream);
                         s.batches_done.fetch_add(1, Ordering::AcqRel);
                     }

@@ -592,7 +592,7 @@ impl<T: Pod> IpcSender<T> {
             },
             || false,
         );
-        // SAFETY (all three `take`s): called once, from `close` or `drop`, which never use the
+        // SAFETY: (all three `take`s) called once, from `close` or `drop`, which never use the
         // fields again.
         let (data, sent, released) = unsafe {
             (
@@ -1037,7 +1037,7 @@ impl<T: Pod> IpcReceiver<T> {
             },
             || false,
         );
-        // SAFETY (all three `take`s): called once, from `close` or `drop`, which never use the
+        // SAFETY: (all three `take`s) called once, from `close` or `drop`, which never use the
         // fields again.
         let (data, sent, released) = unsafe {
             (
@@ -1245,7 +1245,8 @@ mod tests {
     /// Forged handles: every field that shapes memory is checked before anything is mapped.
     #[test]
     fn forged_handles_are_refused() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut ChannelEnvelope)>)> = vec![
+        type Forge = Box<dyn Fn(&mut ChannelEnvelope)>;
+        let cases: Vec<(&str, Forge)> = vec![
             ("bad magic", Box::new(|e| e.magic = 0)),
             ("version", Box::new(|e| e.version = 9)),
             ("slots", Box::new(|e| e.slots = 65)),

@@ -11,6 +11,7 @@
 //! | Shared GPU memory | [`IpcBuffer`], [`IpcMemHandle`] | `cuMemAlloc`, `cuIpcGetMemHandle`, `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`, `cuIpcCloseMemHandle`, `cuMemFree` |
 //! | Shared GPU events | [`IpcEvent`], [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
 //! | GPU-side signalling (counters) | [`IpcSignal`], [`IpcSignalHandle`] | `cuMemAlloc` + IPC as for buffers, `cuStreamWriteValue64`, `cuStreamWaitValue64(GEQ)`, `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` |
+//! | A GPU queue between two processes | [`IpcSender`], [`IpcReceiver`], [`IpcChannelHandle`] | an [`IpcBuffer`] of slots, two [`IpcSignal`]s (`cuStreamWaitValue64`/`cuStreamWriteValue64`), a shared-memory ring, `cuEventRecord` |
 //! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
@@ -38,8 +39,8 @@
 //!
 //! # Threading
 //!
-//! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`] and
-//! [`IpcSignal`] are `Send` and `Sync`. Shared memory is reached only through atomics
+//! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
+//! [`IpcSignal`], [`IpcSender`] and [`IpcReceiver`] are `Send` and `Sync`. Shared memory is reached only through atomics
 //! ([`ShmSafe`]), so it can be read and written from any thread of any process.
 //!
 //! # Platform

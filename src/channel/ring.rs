@@ -500,6 +500,7 @@ mod tests {
         )
     }
 
+    #[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
     fn producer(state: &RingState) -> u64 {
         state
             .producer
