@@ -1,42 +1,8 @@
 //! [`IpcSender`] and [`IpcReceiver`]: a bounded, zero-copy queue of GPU buffers between two
 //! processes, ordered on the GPU by stream memory operations (no host synchronisation).
 //!
-//! # How it works
-//!
-//! The producer creates the channel: one device allocation of `slots × capacity` elements of
-//! `T` (each slot 256-byte aligned where `T` allows), two [`IpcSignal`] counters on its device
-//! (`sent`, written by the producer's streams; `released`, written by the consumer's), and a
-//! small shared-memory region for what the hosts need (item lengths, how far each side got,
-//! who the parties are). The consumer opens all of it through one [`IpcChannelHandle<T>`].
-//!
-//! For item `k` (numbered from 1, in slot `(k − 1) mod slots`):
-//!
-//! | producer | consumer |
-//! | -------- | -------- |
-//! | [`acquire`](IpcSender::acquire): wait on the host until the consumer has *enqueued* its release of item `k − slots`; enqueue "wait until `released ≥ k − slots`" on the stream | |
-//! | write the slot with kernels or copies on that stream | |
-//! | [`send`](SendSlot::send)`(len)`: enqueue "`sent = k`", publish `k` and `len` | [`recv`](IpcReceiver::recv): wait on the host until `k` is published; enqueue "wait until `sent ≥ k`" |
-//! | | read the slot on that stream |
-//! | | [`release`](Received::release): enqueue "`released = k`", publish it |
-//!
-//! The hosts only ever wait for each other's *enqueueing*, which runs ahead of the GPUs; the
-//! GPUs wait for each other's work. A full ring is back-pressure: `acquire` waits (or
-//! [`try_acquire`](IpcSender::try_acquire) says so). The protocol, with each point where a
-//! side can be killed and what the other then sees, is in `channel/ring.rs`.
-//!
-//! # When a side dies or closes
-//!
-//! Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
-//! [`Error::ExporterGone`], a dead consumer [`Error::PeerDied`], a dropped one
-//! [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either
-//! side first waits (bounded, 5 s) for the channel's operations on the user's streams to
-//! complete — releasing them with [`IpcSignal::signal_host`] if the other side is dead, so
-//! nothing stays blocked — and only then unmaps or frees the memory; if they do not complete
-//! it leaks the memory rather than free it under pending GPU work. The consumer unlinks the
-//! shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
-//! any [`IpcBuffer`], so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
-//! the consumer has attached (before that, a killed producer leaves one region for
-//! [`reclaim_stale`](crate::reclaim_stale)).
+//! The protocol and what each side sees when the other dies are documented on [`IpcSender`];
+//! the shared-memory half, with every kill point, in `channel/ring.rs`.
 
 mod inflight;
 pub(crate) mod ring;
@@ -55,7 +21,7 @@ use crate::handle::{IpcSignalHandle, KIND_MEM, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::signal::IpcSignal;
-use crate::stream::{AsStream, RawStream};
+use crate::stream::AsStream;
 
 use inflight::InFlight;
 use ring::{Geometry, MAX_SLOTS, Ring, RingState};
@@ -281,6 +247,33 @@ impl<T> std::fmt::Debug for IpcChannelHandle<T> {
     }
 }
 
+/// Enqueue "`counter` = `value`" on `stream` (`cuStreamWriteValue64`, after a fence that makes
+/// the stream's earlier work visible to every process) and record `inflight`'s event after it,
+/// in one entry of `ctx`. Returns the write's result and the record's: a write that was
+/// enqueued but not recorded leaves work untracked (the caller then leaks on drop).
+fn signal_and_record(
+    ctx: &GpuContext,
+    inflight: &mut InFlight,
+    counter: u64,
+    stream: sys::CUstream,
+    value: u64,
+) -> (Result<()>, Result<()>) {
+    let _g = match ctx.enter() {
+        Ok(g) => g,
+        Err(e) => return (Err(e), Ok(())),
+    };
+    // SAFETY: `counter` is an 8-byte aligned word of a signal the channel holds mapped, and
+    // `stream` is live (borrowed by the caller's slot or item); the event recorded right after
+    // the write lets the channel's drop wait for it before the counter is unmapped or freed.
+    let written = crate::driver::check("cuStreamWriteValue64", unsafe {
+        sys::cuStreamWriteValue64_v2(stream, counter, value, sys::CU_STREAM_WRITE_VALUE_DEFAULT)
+    });
+    if written.is_err() {
+        return (written, Ok(()));
+    }
+    (written, inflight.record(stream))
+}
+
 /// Refuse a wait that is meant to be a poll or a timeout that cannot be represented.
 fn wait_limit(timeout: Duration) -> Duration {
     timeout.min(Duration::from_secs(365 * 24 * 3600))
@@ -289,6 +282,68 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// The producing side of a GPU channel: owns the slots' memory, the `sent` and `released`
 /// counters and the channel's region. Created with [`new`](Self::new); the consumer opens
 /// [`handle`](Self::handle) with [`IpcReceiver::open`].
+///
+/// # How it works
+///
+/// The producer creates the channel: one device allocation of `slots × capacity` elements of
+/// `T` (each slot 256-byte aligned where `T` allows), two [`IpcSignal`] counters on its device
+/// (`sent`, written by the producer's streams; `released`, written by the consumer's), and a
+/// small shared-memory region for what the hosts need (item lengths, how far each side got,
+/// who the parties are). The consumer opens all of it through one [`IpcChannelHandle<T>`].
+///
+/// For item `k` (numbered from 1, in slot `(k − 1) mod slots`):
+///
+/// | producer | consumer |
+/// | -------- | -------- |
+/// | [`acquire`](IpcSender::acquire): wait on the host until the consumer has *enqueued* its release of item `k − slots`; enqueue "wait until `released ≥ k − slots`" on the stream | |
+/// | write the slot with kernels or copies on that stream | |
+/// | [`send`](SendSlot::send)`(len)`: enqueue "`sent = k`", publish `k` and `len` | [`recv`](IpcReceiver::recv): wait on the host until `k` is published; enqueue "wait until `sent ≥ k`" |
+/// | | read the slot on that stream |
+/// | | [`release`](Received::release): enqueue "`released = k`", publish it |
+///
+/// The hosts only ever wait for each other's *enqueueing*, which runs ahead of the GPUs; the
+/// GPUs wait for each other's work. A full ring is back-pressure: `acquire` waits (or
+/// [`try_acquire`](IpcSender::try_acquire) says so). The protocol, with each point where a
+/// side can be killed and what the other then sees, is written down in the source, in
+/// `src/channel/ring.rs`.
+///
+/// # When a side dies or closes
+///
+/// Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
+/// [`Error::ExporterGone`], a dead consumer [`Error::PeerDied`], a dropped one
+/// [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either
+/// side first waits (bounded, 5 s) for the channel's operations on the user's streams to
+/// complete — releasing them with [`IpcSignal::signal_host`] if the other side is dead, so
+/// nothing stays blocked — and only then unmaps or frees the memory; if they do not complete
+/// it leaks the memory rather than free it under pending GPU work. The consumer unlinks the
+/// shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
+/// any [`IpcBuffer`], so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
+/// the consumer has attached (before that, a killed producer leaves one region for
+/// [`reclaim_stale`](crate::reclaim_stale)).
+///
+/// # Kill points
+///
+/// Producer, item `k`: (P1) wait until the slot is free; (P2) enqueue the GPU wait for the
+/// consumer's release of `k − slots`; (P3) the user's writes; (P4) enqueue the GPU signal
+/// `sent = k`; (P5) store the length; (P6) publish `sent = k`.
+/// - Killed before P6: the consumer never sees item `k`. Its wait checks the producer every
+///   10 ms and reports [`Error::ExporterGone`].
+/// - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue
+///   its GPU wait, which then never passes; its next call reports `ExporterGone`, and dropping
+///   the receiver releases its streams (work on that item sees undefined contents).
+/// - Closed (dropped): the owner word goes `Held → Left` after the last publish; a consumer
+///   that finds `Left` re-reads `sent` and receives every item published before reporting
+///   [`Error::ChannelClosed`].
+///
+/// Consumer, item `k`: (C1) wait until `sent ≥ k`; (C2) read and check the length; (C3)
+/// enqueue the GPU wait `sent ≥ k`; (C4) the user's reads; (C5) enqueue the GPU signal
+/// `released = k`; (C6) publish `released = k`.
+/// - Killed mid-attach (`Claiming`), or before C6: the producer, waiting for the slot, checks
+///   the consumer every 10 ms and reports [`Error::PeerDied`].
+/// - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
+///   passes; its next wait reports `PeerDied`, and dropping the sender releases its streams.
+/// - Closed: `Held → Left`; the producer's next acquire reports `ChannelClosed`.
+///
 ///
 /// `IpcSender<T>` is `Send` (and `Sync`: every method that changes it takes `&mut self`).
 ///
@@ -678,13 +733,19 @@ impl<T: Pod> SendSlot<'_, T> {
             });
         }
         let k = self.tx.next;
-        // SAFETY: the stream is borrowed for the slot's lifetime, so it is live now.
-        let stream = unsafe { RawStream::from_raw(self.stream) };
-        // SAFETY: the counter stays mapped until the write has run: the `record` below covers
-        // it, and the sender's drop waits for recorded events before freeing the counter.
-        unsafe { self.tx.sent.signal(&stream, k)? };
+        let tx = &mut *self.tx;
+        let (written, recorded) = signal_and_record(
+            tx.data.context(),
+            &mut tx.inflight,
+            tx.sent.as_raw_ptr(),
+            self.stream,
+            k,
+        );
+        written?;
         self.waited = false;
-        let recorded = self.tx.record(self.stream);
+        if recorded.is_err() {
+            self.tx.untracked = true;
+        }
         self.tx.ring().publish(k, len as u64)?;
         self.tx.next += 1;
         recorded
@@ -978,27 +1039,19 @@ impl<T: Pod> IpcReceiver<T> {
         self.drain_timeout = timeout;
     }
 
-    fn record(&mut self, stream: sys::CUstream) -> Result<()> {
-        let result = self
-            .data
-            .context()
-            .enter()
-            .and_then(|_g| self.inflight.record(stream));
-        if result.is_err() {
-            self.untracked = true;
-        }
-        result
-    }
-
     /// Enqueue "`released` = item `k`" on `stream`, record it, publish it.
     fn release_item(&mut self, stream: sys::CUstream, k: u64) -> Result<()> {
-        // SAFETY: the stream is borrowed by the item being released, so it is live now.
-        let raw = unsafe { RawStream::from_raw(stream) };
-        // SAFETY: the counter stays mapped until the write has run: the `record` below covers
-        // it, and the receiver's drop waits for recorded events before unmapping.
-        let signalled = unsafe { self.released.signal(&raw, k) };
-        let recorded = self.record(stream);
-        signalled?;
+        let (written, recorded) = signal_and_record(
+            self.data.context(),
+            &mut self.inflight,
+            self.released.as_raw_ptr(),
+            stream,
+            k,
+        );
+        if recorded.is_err() {
+            self.untracked = true;
+        }
+        written?;
         self.ring().release(k)?;
         recorded
     }

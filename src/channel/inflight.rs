@@ -55,9 +55,12 @@ impl InFlight {
     }
 
     /// Record an event on `stream` after what was enqueued there so far (`cuEventRecord`).
-    /// The caller has entered the context.
+    /// The caller has entered the context. Completed events are recycled only when no spare
+    /// one is left (one `cuEventQuery` per recycling, not per record).
     pub(crate) fn record(&mut self, stream: sys::CUstream) -> Result<()> {
-        self.reap();
+        if self.spare.is_empty() {
+            self.reap();
+        }
         let event = match self.spare.pop() {
             Some(e) => e,
             None => {
@@ -84,6 +87,9 @@ impl InFlight {
 
     /// Whether every recorded operation has completed.
     pub(crate) fn is_idle(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
         let Ok(_g) = self.ctx.enter() else {
             return true;
         };
