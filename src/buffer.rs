@@ -14,7 +14,7 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, check, sys};
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, type_tag_of};
+use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
@@ -317,22 +317,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// [`open`](Self::open) for an envelope of kind `kind` (memory, or a signal's counter).
     pub(crate) fn open_envelope(ctx: &GpuContext, env: &Envelope, kind: u16) -> Result<Self> {
         env.validate(kind)?;
-        let (size, align, tag) = (
-            std::mem::size_of::<T>() as u32,
-            std::mem::align_of::<T>() as u32,
-            type_tag_of::<T>(),
-        );
-        if (env.elem_size, env.elem_align, env.type_tag) != (size, align, tag) {
-            return Err(Error::TypeMismatch {
-                expected: std::any::type_name::<T>(),
-                expected_size: size,
-                expected_align: align,
-                expected_tag: tag,
-                found_size: env.elem_size,
-                found_align: env.elem_align,
-                found_tag: env.type_tag,
-            });
-        }
+        check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let exporter = env.foreign_exporter()?;
         let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
             reason: format!("length {} does not fit this platform", env.len),

@@ -4,25 +4,26 @@
 //! The protocol and what each side sees when the other dies are documented on [`IpcSender`];
 //! the shared-memory half, with every kill point, in `channel/ring.rs`.
 
+mod endpoint;
 mod inflight;
 pub(crate) mod ring;
 
 use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::{Error, Result};
-use crate::handle::{IpcSignalHandle, KIND_MEM, checksum, type_tag_of};
+use crate::handle::{IpcSignalHandle, KIND_MEM, check_element, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::signal::IpcSignal;
 use crate::stream::AsStream;
 
+use endpoint::{Endpoint, Role};
 use inflight::InFlight;
 use ring::{Geometry, MAX_SLOTS, Ring, RingState};
 
@@ -247,33 +248,6 @@ impl<T> std::fmt::Debug for IpcChannelHandle<T> {
     }
 }
 
-/// Enqueue "`counter` = `value`" on `stream` (`cuStreamWriteValue64`, after a fence that makes
-/// the stream's earlier work visible to every process) and record `inflight`'s event after it,
-/// in one entry of `ctx`. Returns the write's result and the record's: a write that was
-/// enqueued but not recorded leaves work untracked (the caller then leaks on drop).
-fn signal_and_record(
-    ctx: &GpuContext,
-    inflight: &mut InFlight,
-    counter: u64,
-    stream: sys::CUstream,
-    value: u64,
-) -> (Result<()>, Result<()>) {
-    let _g = match ctx.enter() {
-        Ok(g) => g,
-        Err(e) => return (Err(e), Ok(())),
-    };
-    // SAFETY: `counter` is an 8-byte aligned word of a signal the channel holds mapped, and
-    // `stream` is live (borrowed by the caller's slot or item); the event recorded right after
-    // the write lets the channel's drop wait for it before the counter is unmapped or freed.
-    let written = crate::driver::check("cuStreamWriteValue64", unsafe {
-        sys::cuStreamWriteValue64_v2(stream, counter, value, sys::CU_STREAM_WRITE_VALUE_DEFAULT)
-    });
-    if written.is_err() {
-        return (written, Ok(()));
-    }
-    (written, inflight.record(stream))
-}
-
 /// Refuse a wait that is meant to be a poll or a timeout that cannot be represented.
 fn wait_limit(timeout: Duration) -> Duration {
     timeout.min(Duration::from_secs(365 * 24 * 3600))
@@ -370,20 +344,10 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// ```
 #[doc(alias = "IpcChannel")]
 pub struct IpcSender<T: Pod> {
-    ring: ShmRegion<RingState>,
-    geometry: Geometry,
-    stride: u64,
-    held: u64,
+    end: Endpoint<T>,
     /// The next item to send (from 1).
     next: u64,
     handle: IpcChannelHandle<T>,
-    data: ManuallyDrop<IpcBuffer<T>>,
-    sent: ManuallyDrop<IpcSignal>,
-    released: ManuallyDrop<IpcSignal>,
-    inflight: InFlight,
-    /// Set when an operation may be on a stream untracked: drop then leaks the memory.
-    untracked: bool,
-    drain_timeout: Duration,
 }
 
 /// A slot the producer holds, between [`IpcSender::acquire`] and [`send`](Self::send).
@@ -485,26 +449,24 @@ impl<T: Pod> IpcSender<T> {
         }
         .seal();
         Ok(Self {
-            geometry,
-            stride,
-            held,
+            end: Endpoint::new(
+                Role::Producer,
+                ring,
+                geometry,
+                stride,
+                held,
+                (data, sent, released),
+            ),
             next: 1,
             handle: IpcChannelHandle {
                 env,
                 _elem: PhantomData,
             },
-            inflight: InFlight::new(ctx),
-            data: ManuallyDrop::new(data),
-            sent: ManuallyDrop::new(sent),
-            released: ManuallyDrop::new(released),
-            ring,
-            untracked: false,
-            drain_timeout: DEFAULT_LEASE_TIMEOUT,
         })
     }
 
     fn ring(&self) -> Ring<'_> {
-        Ring::new(self.ring.get(), self.geometry)
+        self.end.ring()
     }
 
     /// The handle a consumer opens with [`IpcReceiver::open`].
@@ -552,12 +514,13 @@ impl<T: Pod> IpcSender<T> {
 
     fn take_slot<'a, S: AsStream + ?Sized>(&'a mut self, stream: &'a S) -> Result<SendSlot<'a, T>> {
         let k = self.next;
-        let waited = k > self.geometry.slots;
+        let slots = self.end.geometry.slots;
+        let waited = k > slots;
         if waited {
             // SAFETY: the counter stays mapped until this wait has completed: a `record` on
             // this stream follows (at `send`, or when the slot is dropped), and the sender's
             // drop waits for every recorded event before it frees the counter.
-            unsafe { self.released.wait(stream, k - self.geometry.slots)? };
+            unsafe { self.end.released.wait(stream, k - slots)? };
         }
         Ok(SendSlot {
             stream: stream.as_cu_stream(),
@@ -569,12 +532,12 @@ impl<T: Pod> IpcSender<T> {
 
     /// Slots in the ring.
     pub fn slots(&self) -> usize {
-        self.geometry.slots as usize
+        self.end.geometry.slots as usize
     }
 
     /// Elements of `T` one slot holds.
     pub fn capacity(&self) -> usize {
-        self.geometry.capacity as usize
+        self.end.geometry.capacity as usize
     }
 
     /// Items sent so far.
@@ -584,37 +547,24 @@ impl<T: Pod> IpcSender<T> {
 
     /// The context the channel lives in (streams must belong to it).
     pub fn context(&self) -> &GpuContext {
-        self.data.context()
+        self.end.data.context()
     }
 
     /// The consumer, once one has attached.
     pub fn consumer(&self) -> Option<ProcessIdentity> {
-        let (owner, id) = self.ring.get().consumer[0].owner.load_identity();
+        let (owner, id) = self.end.region.get().consumer[0].owner.load_identity();
         (owner.state != crate::owner::OwnerState::Free).then_some(id)
     }
 
     /// How long dropping the sender waits for the channel's GPU operations and for the
     /// consumer to unmap the memory before leaking it (default
-    /// [`DEFAULT_LEASE_TIMEOUT`]).
+    /// [`DEFAULT_LEASE_TIMEOUT`](crate::DEFAULT_LEASE_TIMEOUT)).
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
-        self.drain_timeout = timeout;
-        self.data.set_lease_timeout(timeout);
-        self.sent.set_lease_timeout(timeout);
-        self.released.set_lease_timeout(timeout);
-    }
-
-    /// Record an event after the channel's operations on `stream`; on failure, remember that
-    /// work may be untracked (drop then leaks instead of freeing).
-    fn record(&mut self, stream: sys::CUstream) -> Result<()> {
-        let result = self
-            .data
-            .context()
-            .enter()
-            .and_then(|_g| self.inflight.record(stream));
-        if result.is_err() {
-            self.untracked = true;
-        }
-        result
+        let end = &mut self.end;
+        end.drain_timeout = timeout;
+        end.data.set_lease_timeout(timeout);
+        end.sent.set_lease_timeout(timeout);
+        end.released.set_lease_timeout(timeout);
     }
 
     /// Close the channel: the consumer receives what was sent, then [`Error::ChannelClosed`].
@@ -627,53 +577,7 @@ impl<T: Pod> IpcSender<T> {
     /// timeout (the memory was leaked, not freed); [`Error::LeasesOutstanding`] when the
     /// consumer kept the memory mapped (leaked, not freed); [`Error::Cuda`] from the frees.
     pub fn close(mut self) -> Result<()> {
-        let result = self.teardown();
-        std::mem::forget(self);
-        result
-    }
-
-    fn teardown(&mut self) -> Result<()> {
-        let ring = Ring::new(self.ring.get(), self.geometry);
-        ring.close_producer(self.held);
-        let released = &self.released;
-        let mut unblocked = false;
-        let drained = self.inflight.drain(
-            self.drain_timeout,
-            || {
-                // A consumer that died (or left) will not release what our streams wait for.
-                if !unblocked && ring.consumer_status().is_err() {
-                    unblocked = released.signal_host(IpcSignal::MAX_VALUE).is_ok();
-                }
-            },
-            || false,
-        );
-        // SAFETY: (all three `take`s) called once, from `close` or `drop`, which never use the
-        // fields again.
-        let (data, sent, released) = unsafe {
-            (
-                ManuallyDrop::take(&mut self.data),
-                ManuallyDrop::take(&mut self.sent),
-                ManuallyDrop::take(&mut self.released),
-            )
-        };
-        if !drained || self.untracked {
-            // GPU work may still touch the memory: leak it rather than free it under that work.
-            let waited = self.drain_timeout;
-            std::mem::forget((data, sent, released));
-            return Err(Error::Timeout {
-                what: "IPC channel's GPU operations (memory leaked, not freed)",
-                waited,
-            });
-        }
-        let results = [data.close(), sent.close(), released.close()];
-        results.into_iter().collect::<Result<Vec<()>>>().map(drop)
-    }
-}
-
-impl<T: Pod> Drop for IpcSender<T> {
-    fn drop(&mut self) {
-        // Drop cannot report: `close` returns what went wrong; here a failure leaks at worst.
-        let _ = self.teardown();
+        self.end.teardown()
     }
 }
 
@@ -681,8 +585,8 @@ impl<T: Pod> std::fmt::Debug for IpcSender<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcSender")
             .field("type", &std::any::type_name::<T>())
-            .field("slots", &self.geometry.slots)
-            .field("capacity", &self.geometry.capacity)
+            .field("slots", &self.end.geometry.slots)
+            .field("capacity", &self.end.geometry.capacity)
             .field("sent", &self.sent())
             .finish_non_exhaustive()
     }
@@ -692,19 +596,17 @@ impl<T: Pod> SendSlot<'_, T> {
     /// The slot's device address (`capacity()` elements of `T`, aligned for `T`), for kernels
     /// and copies enqueued on the acquiring stream.
     pub fn as_raw_ptr(&self) -> u64 {
-        let index = self.tx.geometry.slot_of(self.tx.next) as u64;
-        let offset = index * self.tx.stride * std::mem::size_of::<T>() as u64;
-        self.tx.data.as_raw_ptr() + offset
+        self.tx.end.slot_ptr(self.tx.next)
     }
 
     /// Elements of `T` the slot can hold.
     pub fn capacity(&self) -> usize {
-        self.tx.geometry.capacity as usize
+        self.tx.end.geometry.capacity as usize
     }
 
     /// The slot's index in the ring.
     pub fn index(&self) -> usize {
-        self.tx.geometry.slot_of(self.tx.next)
+        self.tx.end.geometry.slot_of(self.tx.next)
     }
 
     /// The number of the item this slot will carry (items count from 1).
@@ -723,29 +625,16 @@ impl<T: Pod> SendSlot<'_, T> {
     /// [`Error::Corrupt`] when the shared state is inconsistent.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn send(mut self, len: usize) -> Result<()> {
-        if len as u64 > self.tx.geometry.capacity {
+        let capacity = self.tx.end.geometry.capacity;
+        if len as u64 > capacity {
             return Err(Error::InvalidArgument {
                 call: "SendSlot::send",
-                reason: format!(
-                    "{len} elements do not fit a slot of {}",
-                    self.tx.geometry.capacity
-                ),
+                reason: format!("{len} elements do not fit a slot of {capacity}"),
             });
         }
         let k = self.tx.next;
-        let tx = &mut *self.tx;
-        let (written, recorded) = signal_and_record(
-            tx.data.context(),
-            &mut tx.inflight,
-            tx.sent.as_raw_ptr(),
-            self.stream,
-            k,
-        );
-        written?;
+        let recorded = self.tx.end.signal(self.stream, k)?;
         self.waited = false;
-        if recorded.is_err() {
-            self.tx.untracked = true;
-        }
         self.tx.ring().publish(k, len as u64)?;
         self.tx.next += 1;
         recorded
@@ -758,7 +647,7 @@ impl<T: Pod> Drop for SendSlot<'_, T> {
             // Not sent: the slot stays with the producer; cover the GPU wait we enqueued (a
             // failure marks the sender untracked, so its drop leaks rather than frees).
             let stream = self.stream;
-            let _ = self.tx.record(stream);
+            let _ = self.tx.end.record(stream);
         }
     }
 }
@@ -801,18 +690,9 @@ impl<T: Pod> std::fmt::Debug for SendSlot<'_, T> {
 /// # Ok(()) }
 /// ```
 pub struct IpcReceiver<T: Pod> {
-    ring: ShmRegion<RingState>,
-    geometry: Geometry,
-    stride: u64,
-    held: u64,
+    end: Endpoint<T>,
     /// Items received so far (the next is `received + 1`).
     received: u64,
-    data: ManuallyDrop<IpcBuffer<T>>,
-    sent: ManuallyDrop<IpcSignal>,
-    released: ManuallyDrop<IpcSignal>,
-    inflight: InFlight,
-    untracked: bool,
-    drain_timeout: Duration,
 }
 
 /// An item the consumer holds, between [`IpcReceiver::recv`] and [`release`](Self::release).
@@ -843,22 +723,8 @@ impl<T: Pod> IpcReceiver<T> {
     pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
         let env = &handle.env;
         let (geometry, stride, name) = env.validate()?;
-        let (size, align, tag) = (
-            std::mem::size_of::<T>() as u32,
-            std::mem::align_of::<T>() as u32,
-            type_tag_of::<T>(),
-        );
-        if (env.elem_size, env.elem_align, env.type_tag) != (size, align, tag) {
-            return Err(Error::TypeMismatch {
-                expected: std::any::type_name::<T>(),
-                expected_size: size,
-                expected_align: align,
-                expected_tag: tag,
-                found_size: env.elem_size,
-                found_align: env.elem_align,
-                found_tag: env.type_tag,
-            });
-        }
+        check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
+        let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
         let producer = handle.producer();
         if env.boot_id != crate::os::boot_id() {
             return Err(Error::ExporterGone {
@@ -928,27 +794,24 @@ impl<T: Pod> IpcReceiver<T> {
         let released_env = s.consumer[0].released_signal.load();
         by_producer(released_env.exporter_pid, "release counter's exporter")?;
         let released = IpcSignal::open(ctx, &IpcSignalHandle { env: released_env })?;
-        let ring_view = Ring::new(s, geometry);
-        let held = ring_view.attach(&me, || {})?;
+        let held = Ring::new(s, geometry).attach(&me, || {})?;
         // Attached: nobody else needs the name, and a name left behind would outlive a kill.
         let _ = ring.unlink_shared();
         Ok(Self {
-            geometry,
-            stride,
-            held,
+            end: Endpoint::new(
+                Role::Consumer,
+                ring,
+                geometry,
+                stride,
+                held,
+                (data, sent, released),
+            ),
             received: 0,
-            inflight: InFlight::new(ctx),
-            data: ManuallyDrop::new(data),
-            sent: ManuallyDrop::new(sent),
-            released: ManuallyDrop::new(released),
-            ring,
-            untracked: false,
-            drain_timeout: DEFAULT_LEASE_TIMEOUT,
         })
     }
 
     fn ring(&self) -> Ring<'_> {
-        Ring::new(self.ring.get(), self.geometry)
+        self.end.ring()
     }
 
     /// Wait on the host (at most `timeout`) until the producer has sent the next item, then
@@ -996,7 +859,7 @@ impl<T: Pod> IpcReceiver<T> {
         // SAFETY: the counter stays mapped until this wait has completed: the item's release
         // (explicit or in its drop) records an event on this stream after it, and the
         // receiver's drop waits for recorded events before unmapping.
-        unsafe { self.sent.wait(stream, k)? };
+        unsafe { self.end.sent.wait(stream, k)? };
         self.received = k;
         Ok(Received {
             stream: stream.as_cu_stream(),
@@ -1010,12 +873,12 @@ impl<T: Pod> IpcReceiver<T> {
 
     /// Slots in the ring.
     pub fn slots(&self) -> usize {
-        self.geometry.slots as usize
+        self.end.geometry.slots as usize
     }
 
     /// Elements of `T` one slot holds.
     pub fn capacity(&self) -> usize {
-        self.geometry.capacity as usize
+        self.end.geometry.capacity as usize
     }
 
     /// Items received so far.
@@ -1025,33 +888,23 @@ impl<T: Pod> IpcReceiver<T> {
 
     /// The context the channel is mapped in (streams must belong to it).
     pub fn context(&self) -> &GpuContext {
-        self.data.context()
+        self.end.data.context()
     }
 
     /// The producing process.
     pub fn producer(&self) -> Option<ProcessIdentity> {
-        self.data.exporter()
+        self.end.data.exporter()
     }
 
     /// How long dropping the receiver waits for the channel's GPU operations before leaking
-    /// the mappings (default [`DEFAULT_LEASE_TIMEOUT`]).
+    /// the mappings (default [`DEFAULT_LEASE_TIMEOUT`](crate::DEFAULT_LEASE_TIMEOUT)).
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
-        self.drain_timeout = timeout;
+        self.end.drain_timeout = timeout;
     }
 
     /// Enqueue "`released` = item `k`" on `stream`, record it, publish it.
     fn release_item(&mut self, stream: sys::CUstream, k: u64) -> Result<()> {
-        let (written, recorded) = signal_and_record(
-            self.data.context(),
-            &mut self.inflight,
-            self.released.as_raw_ptr(),
-            stream,
-            k,
-        );
-        if recorded.is_err() {
-            self.untracked = true;
-        }
-        written?;
+        let recorded = self.end.signal(stream, k)?;
         self.ring().release(k)?;
         recorded
     }
@@ -1064,58 +917,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
     /// timeout (the mappings were leaked, not closed); [`Error::Cuda`] from the unmapping.
     pub fn close(mut self) -> Result<()> {
-        let result = self.teardown();
-        std::mem::forget(self);
-        result
-    }
-
-    fn teardown(&mut self) -> Result<()> {
-        let ring = Ring::new(self.ring.get(), self.geometry);
-        ring.close_consumer(self.held);
-        let sent = &self.sent;
-        let received = self.received;
-        let mut unblocked = false;
-        let drained = self.inflight.drain(
-            self.drain_timeout,
-            || {
-                // A dead producer will not write what our streams wait for.
-                if !unblocked
-                    && matches!(
-                        ring.producer_status(received),
-                        Err(Error::ExporterGone { .. })
-                    )
-                {
-                    unblocked = sent.signal_host(IpcSignal::MAX_VALUE).is_ok();
-                }
-            },
-            || false,
-        );
-        // SAFETY: (all three `take`s) called once, from `close` or `drop`, which never use the
-        // fields again.
-        let (data, sent, released) = unsafe {
-            (
-                ManuallyDrop::take(&mut self.data),
-                ManuallyDrop::take(&mut self.sent),
-                ManuallyDrop::take(&mut self.released),
-            )
-        };
-        if !drained || self.untracked {
-            let waited = self.drain_timeout;
-            std::mem::forget((data, sent, released));
-            return Err(Error::Timeout {
-                what: "IPC channel's GPU operations (mappings leaked, not closed)",
-                waited,
-            });
-        }
-        let results = [data.close(), sent.close(), released.close()];
-        results.into_iter().collect::<Result<Vec<()>>>().map(drop)
-    }
-}
-
-impl<T: Pod> Drop for IpcReceiver<T> {
-    fn drop(&mut self) {
-        // Drop cannot report: `close` returns what went wrong; here a failure leaks at worst.
-        let _ = self.teardown();
+        self.end.teardown()
     }
 }
 
@@ -1123,8 +925,8 @@ impl<T: Pod> std::fmt::Debug for IpcReceiver<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcReceiver")
             .field("type", &std::any::type_name::<T>())
-            .field("slots", &self.geometry.slots)
-            .field("capacity", &self.geometry.capacity)
+            .field("slots", &self.end.geometry.slots)
+            .field("capacity", &self.end.geometry.capacity)
             .field("received", &self.received)
             .finish_non_exhaustive()
     }
@@ -1134,9 +936,7 @@ impl<T: Pod> Received<'_, T> {
     /// The item's device address (`len()` elements of `T`), for kernels and copies enqueued
     /// on the receiving stream.
     pub fn as_raw_ptr(&self) -> u64 {
-        let index = self.index() as u64;
-        let offset = index * self.rx.stride * std::mem::size_of::<T>() as u64;
-        self.rx.data.as_raw_ptr() + offset
+        self.rx.end.slot_ptr(self.rx.received)
     }
 
     /// Elements of `T` the producer sent in this item.
@@ -1151,7 +951,7 @@ impl<T: Pod> Received<'_, T> {
 
     /// The slot's index in the ring.
     pub fn index(&self) -> usize {
-        self.rx.geometry.slot_of(self.rx.received)
+        self.rx.end.geometry.slot_of(self.rx.received)
     }
 
     /// The item's number (items count from 1).
@@ -1175,7 +975,8 @@ impl<T: Pod> Received<'_, T> {
         if self.len == 0 {
             return Ok(out);
         }
-        let _g = self.rx.data.context().enter()?;
+        let data = &self.rx.end.data;
+        let _g = data.context().enter()?;
         // SAFETY: `out` holds `len` elements, the item's range is inside the mapping, and the
         // stream is live (borrowed by the item); `out` is returned only once the copy is done
         // and leaked otherwise (below).
@@ -1187,8 +988,8 @@ impl<T: Pod> Received<'_, T> {
                 self.stream,
             )
         })?;
-        let mut done = InFlight::new(self.rx.data.context());
-        let producer = self.rx.data.exporter();
+        let mut done = InFlight::new(data.context());
+        let producer = data.exporter();
         let gone = std::cell::Cell::new(None);
         let finished = done.record(self.stream).is_ok()
             && done.drain(

@@ -187,6 +187,28 @@ pub(crate) fn checksum(body: &[u8]) -> u64 {
     h
 }
 
+/// Refuse an element layout read from another process (size, alignment, type tag) that is
+/// not `T`'s, naming both.
+pub(crate) fn check_element<T>(size: u32, align: u32, tag: u64) -> Result<()> {
+    let expected = (
+        std::mem::size_of::<T>() as u32,
+        std::mem::align_of::<T>() as u32,
+        type_tag_of::<T>(),
+    );
+    if (size, align, tag) == expected {
+        return Ok(());
+    }
+    Err(Error::TypeMismatch {
+        expected: std::any::type_name::<T>(),
+        expected_size: expected.0,
+        expected_align: expected.1,
+        expected_tag: expected.2,
+        found_size: size,
+        found_align: align,
+        found_tag: tag,
+    })
+}
+
 /// The type tag of `T` in envelopes: FNV-1a of its type name.
 pub(crate) fn type_tag_of<T>() -> u64 {
     fnv1a64(std::any::type_name::<T>().as_bytes())

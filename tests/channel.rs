@@ -439,3 +439,21 @@ fn forged_and_misused_handles_are_refused() {
     let e = IpcReceiver::<u8>::open(&ctx, &dead_handle).unwrap_err();
     assert!(matches!(e, Error::ExporterGone { .. }), "{e}");
 }
+
+/// `close` on a sender nobody opened removes its region and lease tables (before, `close`
+/// skipped the region's drop: its name stayed in `/dev/shm`).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn closing_an_unopened_sender_leaves_nothing() {
+    let _g = serial();
+    let before = entries();
+    let ctx = gpu();
+    let tx = IpcSender::<u8>::new(&ctx, 2, 64).unwrap();
+    let mine: Vec<String> = entries().difference(&before).cloned().collect();
+    assert!(
+        mine.iter().any(|n| n.starts_with("cuda-ipc-chan")),
+        "the channel's region: {mine:?}"
+    );
+    tx.close().unwrap();
+    assert_nothing_left(&before, "after close");
+}

@@ -271,20 +271,10 @@ impl<'a> Ring<'a> {
             if let Step::Ready(v) = poll()? {
                 return Ok(v);
             }
-            // Under the model checker every step must be deterministic: check the peer at
-            // every turn and yield, with no clock in any decision.
-            if cfg!(loom) {
-                if let Err(e) = peer() {
-                    return match poll()? {
-                        Step::Ready(v) => Ok(v),
-                        Step::NotYet => Err(e),
-                    };
-                }
-                crate::sync::yield_now();
-                continue;
-            }
+            // Under the model checker every step must be deterministic: the peer is checked at
+            // every turn and the waiter yields, with no clock in any decision.
             let now = Instant::now();
-            if now >= next_check {
+            if cfg!(loom) || now >= next_check {
                 if let Err(e) = peer() {
                     return match poll()? {
                         Step::Ready(v) => Ok(v),
@@ -292,6 +282,10 @@ impl<'a> Ring<'a> {
                     };
                 }
                 next_check = now + LIVENESS_CHECK;
+            }
+            if cfg!(loom) {
+                crate::sync::yield_now();
+                continue;
             }
             let waited = now - start;
             if waited >= timeout {
@@ -384,6 +378,12 @@ impl<'a> Ring<'a> {
     }
 
     // ---- consumer side ----
+
+    /// Consumer: whether the producer died (as opposed to running or closed).
+    pub(crate) fn producer_dead(&self) -> bool {
+        let (owner, id) = self.state.producer.load_identity();
+        matches!(owner.state, OwnerState::Claiming | OwnerState::Held) && !alive(&id)
+    }
 
     /// Consumer: fail if the producer is gone and no item after `received` is left.
     pub(crate) fn producer_status(&self, received: u64) -> Result<()> {
