@@ -281,6 +281,16 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// side can be killed and what the other then sees, is written down in the source, in
 /// `src/channel/ring.rs`.
 ///
+/// # Streams
+///
+/// Each item may go through a different stream, on either side. The counters still only grow
+/// on the GPU in item order: a signal on a stream other than the previous signal's is
+/// preceded (in the same `cuStreamBatchMemOp`) by a GPU wait for the previous value, so an
+/// item sent on a fast stream never lets the consumer past an earlier item still being
+/// written on a slow one, and a release on a fast stream never frees a slot still being read
+/// on a slow one. Signals on the stream of the previous signal need no wait (streams are
+/// compared by `cuStreamGetId`, which a new stream never shares with a destroyed one).
+///
 /// # When a side dies or closes
 ///
 /// Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
@@ -316,8 +326,8 @@ fn wait_limit(timeout: Duration) -> Duration {
 ///   the consumer every 10 ms and reports [`Error::PeerDied`].
 /// - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
 ///   passes; its next wait reports `PeerDied`, and dropping the sender releases its streams.
-/// - Closed: `Held → Left`; the producer's next acquire reports `ChannelClosed`.
-///
+/// - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
+///   Left`; the producer's next acquire reports `ChannelClosed`.
 ///
 /// `IpcSender<T>` is `Send` (and `Sync`: every method that changes it takes `&mut self`).
 ///

@@ -26,6 +26,8 @@ const ITEM: usize = 4 << 20;
 const SLOTS: usize = 3;
 const ITEMS: u64 = 12;
 const WAIT: Duration = Duration::from_secs(20);
+/// Items of the several-streams tests.
+const STREAM_ITEMS: u64 = 6;
 
 #[repr(C)]
 struct Shared {
@@ -173,6 +175,57 @@ fn child_process() {
                 drop(rx);
                 0
             }
+            // Items 1..=STREAM_ITEMS: odd ones on stream A behind a 150 ms spin, even ones on
+            // stream B at once; every byte of item k = k.
+            "two_stream_producer" => {
+                let module = Module::from_ptx(KERNELS, &[]).unwrap();
+                let delay = module.get_function("delay_fill").unwrap();
+                let other = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+                let mut tx = IpcSender::<u8>::new(&ctx, SLOTS, ITEM).unwrap();
+                s.handle.store(tx.handle());
+                s.up.store(1, Ordering::SeqCst);
+                wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
+                for k in 1..=STREAM_ITEMS {
+                    let (on, spin) = if k % 2 == 1 {
+                        (&stream, 150_000_000u64)
+                    } else {
+                        (&other, 0)
+                    };
+                    let slot = tx.acquire(on, WAIT).unwrap();
+                    let ptr = slot.as_raw_ptr();
+                    // SAFETY: delay_fill writes ITEM bytes of the slot; the channel tracks the
+                    // stream until the send after it has run.
+                    unsafe {
+                        launch!(delay<<<64, 256, 0, on>>>(ptr, ITEM as u64, k as u32, spin))
+                            .unwrap();
+                    }
+                    slot.send(ITEM).unwrap();
+                }
+                wait_go(&s, 1);
+                0
+            }
+            // Items 1..=STREAM_ITEMS on one stream, every byte of item k = k, as fast as the
+            // ring allows.
+            "fast_producer" => {
+                let module = Module::from_ptx(KERNELS, &[]).unwrap();
+                let delay = module.get_function("delay_fill").unwrap();
+                let mut tx = IpcSender::<u8>::new(&ctx, 2, ITEM).unwrap();
+                s.handle.store(tx.handle());
+                s.up.store(1, Ordering::SeqCst);
+                wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
+                for k in 1..=STREAM_ITEMS {
+                    let slot = tx.acquire(&stream, WAIT).unwrap();
+                    let ptr = slot.as_raw_ptr();
+                    // SAFETY: as above.
+                    unsafe {
+                        launch!(delay<<<64, 256, 0, stream>>>(ptr, ITEM as u64, k as u32, 0u64))
+                            .unwrap();
+                    }
+                    slot.send(ITEM).unwrap();
+                }
+                wait_go(&s, 1);
+                0
+            }
             // A consumer arriving after another attached: refused, never a second attach.
             "second_consumer" => match IpcReceiver::<u8>::open(&ctx, &s.handle.load()) {
                 Err(Error::NotFound { .. } | Error::ChannelInUse { .. }) => 0,
@@ -240,6 +293,101 @@ fn a_slow_producer_is_never_overtaken() {
         ),
         "{e}"
     );
+    rx.close().unwrap();
+    child.expect_success(WAIT);
+    assert_nothing_left(&before, "after both closed");
+}
+
+/// The producer sends odd items on a stream that spins 150 ms before writing and even items
+/// on another stream at once: the consumer's GPU never reads an item before its writes are
+/// done, though the later item's signal was ready first (the counter must not jump ahead, nor
+/// go back).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn items_sent_on_several_streams_arrive_in_order() {
+    let _g = serial();
+    let _dog = watchdog("several producer streams", Duration::from_secs(120));
+    let s = region();
+    let before = entries();
+    let child = spawn("two_stream_producer", &[s.name(), "0"]);
+    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    let ctx = GpuContext::new(other_device()).unwrap();
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    for k in 1..=STREAM_ITEMS {
+        let item = rx.recv(&stream, WAIT).unwrap();
+        let host = item.to_vec(WAIT).unwrap();
+        let bad = host.iter().filter(|&&b| b != k as u8).count();
+        assert_eq!(
+            bad, 0,
+            "item {k}: {bad} bytes read before they were written"
+        );
+        item.release().unwrap();
+    }
+    s.go.store(1, Ordering::SeqCst);
+    rx.close().unwrap();
+    child.expect_success(WAIT);
+    assert_nothing_left(&before, "after both closed");
+}
+
+/// The consumer reads item 1 on a stream that first spins 150 ms, and releases item 2 on
+/// another stream at once: the producer (2 slots) must not refill item 1's slot with item 3
+/// before that read, though release 2 reached the GPU first.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn items_released_on_several_streams_free_slots_in_order() {
+    use cuda_ipc::driver::sys;
+    let _g = serial();
+    let _dog = watchdog("several consumer streams", Duration::from_secs(120));
+    let s = region();
+    let before = entries();
+    let child = spawn("fast_producer", &[s.name(), "0"]);
+    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    let ctx = GpuContext::new(other_device()).unwrap();
+    ctx.make_current().unwrap();
+    let module = Module::from_ptx(KERNELS, &[]).unwrap();
+    let delay = module.get_function("delay_fill").unwrap();
+    let slow = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let fast = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let copy = DeviceBuffer::<u8>::zeroed(ITEM).unwrap();
+    let scratch = DeviceBuffer::<u8>::zeroed(16).unwrap();
+    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    // Item 1: spin 150 ms on `slow`, then copy the slot out, then release — all on `slow`.
+    let item = rx.recv(&slow, WAIT).unwrap();
+    let p = scratch.as_device_ptr().as_raw();
+    // SAFETY: delay_fill writes 16 bytes of a live scratch buffer after spinning.
+    unsafe {
+        launch!(delay<<<1, 32, 0, slow>>>(p, 16u64, 0u32, 150_000_000u64)).unwrap();
+    }
+    // SAFETY: both ranges are ITEM bytes inside live allocations; the slot stays mapped until
+    // the release after the copy has run (the receiver tracks its stream).
+    let rc = unsafe {
+        sys::cuMemcpyDtoDAsync_v2(
+            copy.as_device_ptr().as_raw(),
+            item.as_raw_ptr(),
+            ITEM,
+            slow.as_inner().cast(),
+        )
+    };
+    assert_eq!(rc, 0);
+    item.release().unwrap();
+    // Items 2..: on `fast`; item 3 reuses item 1's slot.
+    for k in 2..=STREAM_ITEMS {
+        let item = rx.recv(&fast, WAIT).unwrap();
+        let host = item.to_vec(WAIT).unwrap();
+        assert!(host.iter().all(|&b| b == k as u8), "item {k} wrong");
+        item.release().unwrap();
+    }
+    slow.synchronize().unwrap();
+    let mut host = vec![0u8; ITEM];
+    copy.copy_to(&mut host[..]).unwrap();
+    let bad = host.iter().filter(|&&b| b != 1).count();
+    assert_eq!(
+        bad, 0,
+        "item 1's slot was refilled while the consumer was still reading it ({bad} bytes)"
+    );
+    s.go.store(1, Ordering::SeqCst);
     rx.close().unwrap();
     child.expect_success(WAIT);
     assert_nothing_left(&before, "after both closed");

@@ -38,6 +38,8 @@ pub(crate) struct Endpoint<T: Pod> {
     /// Written by the consumer's streams, waited on by the producer's.
     pub(crate) released: ManuallyDrop<IpcSignal>,
     inflight: InFlight,
+    /// The stream (its `cuStreamGetId`, if known) and value of our last counter write.
+    last_signal: Option<(Option<u64>, u64)>,
     /// Set when an operation may be on a stream untracked: teardown then leaks the memory.
     untracked: bool,
     /// Set once `teardown` has run (the three `ManuallyDrop`s are then gone).
@@ -57,6 +59,7 @@ impl<T: Pod> Endpoint<T> {
         Self {
             role,
             inflight: InFlight::new(data.context()),
+            last_signal: None,
             region,
             geometry,
             stride,
@@ -99,6 +102,16 @@ impl<T: Pod> Endpoint<T> {
     /// after it, in one entry of the context. The counter is `sent` for the producer,
     /// `released` for the consumer.
     ///
+    /// The counter must only grow on the GPU, whatever streams the user passes: the peer reads
+    /// "counter ≥ k" as "items up to k are done", so a write of `k + 1` on a fast stream must
+    /// not land before the write of `k` on a slow one (the peer would read item `k` before it
+    /// was written, or overwrite a slot still being read). A write on the stream that carried
+    /// the previous write is ordered after it by the stream; on any other stream the write is
+    /// preceded, in the same batch (`cuStreamBatchMemOp`), by a GPU wait for the counter to
+    /// reach the previous value. Streams are compared by `cuStreamGetId`, which a new stream
+    /// never shares with a destroyed one (a handle's address may be reused); without it, every
+    /// write waits.
+    ///
     /// `Err`: the write failed, nothing was enqueued. `Ok(recorded)`: the write is enqueued;
     /// `recorded` is the record's result (a failure marks the end untracked).
     pub(crate) fn signal(&mut self, stream: sys::CUstream, value: u64) -> Result<Result<()>> {
@@ -107,12 +120,43 @@ impl<T: Pod> Endpoint<T> {
             Role::Consumer => self.released.as_raw_ptr(),
         };
         let _g = self.data.context().enter()?;
-        // SAFETY: `counter` is an 8-byte aligned word of a signal this end holds mapped, and
-        // `stream` is live (borrowed by the caller's slot or item); the event recorded right
-        // after the write lets teardown wait for it before the counter is unmapped or freed.
-        check("cuStreamWriteValue64", unsafe {
-            sys::cuStreamWriteValue64_v2(stream, counter, value, sys::CU_STREAM_WRITE_VALUE_DEFAULT)
-        })?;
+        let id = crate::driver::stream_id(stream);
+        let write = sys::CUstreamMemOpValue64 {
+            operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
+            address: counter,
+            value,
+            flags: sys::CU_STREAM_WRITE_VALUE_DEFAULT,
+            alias: 0,
+            pad: 0,
+        };
+        match self.last_signal {
+            Some((last_id, last)) if id.is_none() || id != last_id => {
+                let mut ops = [
+                    sys::CUstreamMemOpValue64 {
+                        operation: sys::CU_STREAM_MEM_OP_WAIT_VALUE_64,
+                        value: last,
+                        flags: sys::CU_STREAM_WAIT_VALUE_GEQ,
+                        ..write
+                    },
+                    write,
+                ];
+                // SAFETY: two operations on an 8-byte aligned word of a signal this end holds
+                // mapped; `stream` is live (borrowed by the caller's slot or item); the event
+                // recorded right after lets teardown wait for both before the counter is
+                // unmapped or freed.
+                check("cuStreamBatchMemOp", unsafe {
+                    sys::cuStreamBatchMemOp_v2(stream, 2, ops.as_mut_ptr(), 0)
+                })?;
+            }
+            _ => {
+                // SAFETY: as above, one write; on the stream of the previous write (or the
+                // first write), which orders it after that one.
+                check("cuStreamWriteValue64", unsafe {
+                    sys::cuStreamWriteValue64_v2(stream, counter, value, write.flags)
+                })?;
+            }
+        }
+        self.last_signal = Some((id, value));
         let recorded = self.inflight.record(stream);
         if recorded.is_err() {
             self.untracked = true;
@@ -131,10 +175,16 @@ impl<T: Pod> Endpoint<T> {
         }
     }
 
-    /// Close our end in the region, wait (at most the drop timeout) for our GPU operations —
+    /// Close our end in the region and wait (at most the drop timeout) for our GPU operations —
     /// forcing the counter our streams wait on once the other end is gone — then close the
     /// memory and counters, or leak them if GPU work may still touch them. Runs once; later
     /// calls return `Ok`.
+    ///
+    /// The producer closes first and then drains: a consumer keeps receiving what was
+    /// published, and its GPU waits are met by the producer's pending writes. The consumer
+    /// drains first and then closes: a producer that finds the consumer closed may force the
+    /// release counter (its own streams' waits pass at once), which is only harmless once the
+    /// consumer's GPU reads of released slots are done.
     pub(crate) fn teardown(&mut self) -> Result<()> {
         if self.torn_down {
             return Ok(());
@@ -146,10 +196,7 @@ impl<T: Pod> Endpoint<T> {
                 ring.close_producer(self.held);
                 &self.released
             }
-            Role::Consumer => {
-                ring.close_consumer(self.held);
-                &self.sent
-            }
+            Role::Consumer => &self.sent,
         };
         let (role, mut forced) = (self.role, false);
         let drained = self.inflight.drain(
@@ -161,6 +208,9 @@ impl<T: Pod> Endpoint<T> {
             },
             || false,
         );
+        if role == Role::Consumer {
+            ring.close_consumer(self.held);
+        }
         // SAFETY: (all three `take`s) guarded by `torn_down`, set above: taken once, and no
         // method uses the fields after teardown (the owning end is being closed or dropped).
         let parts = unsafe {

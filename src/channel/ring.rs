@@ -43,7 +43,10 @@
 //!   the consumer every 10 ms and reports [`Error::PeerDied`].
 //! - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
 //!   passes; its next wait reports `PeerDied`, and dropping the sender releases its streams.
-//! - Closed: `Held → Left`; the producer's next acquire reports `ChannelClosed`.
+//! - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
+//!   Left`; the producer's next acquire reports `ChannelClosed`. Closing only after the GPU
+//!   work matters: a producer that finds the consumer gone forces the release counter at its
+//!   own teardown, which must not free slots the consumer's GPU is still reading.
 //!
 //! Nothing here is ever reaped: a channel has one producer and (for now) one consumer for its
 //! whole life, so a dead or departed party ends the channel, and no slot can be re-claimed by a

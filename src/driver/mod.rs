@@ -123,6 +123,17 @@ pub(crate) fn create_non_blocking_stream() -> Result<sys::CUstream> {
     Ok(stream)
 }
 
+/// The stream's process-unique id (`cuStreamGetId`), or `None` where the driver cannot say
+/// (older than CUDA 12.0, or the call failed): callers then assume a different stream. Unlike
+/// the handle, the id of a destroyed stream is never given to a new one.
+pub(crate) fn stream_id(stream: sys::CUstream) -> Option<u64> {
+    let mut id = 0u64;
+    // SAFETY: writes one integer; `stream` is a live stream of the current context (or one of
+    // the default-stream handles), as every caller's borrow guarantees.
+    let rc = unsafe { sys::cuStreamGetId(stream, &mut id) };
+    (rc == sys::CUDA_SUCCESS).then_some(id)
+}
+
 /// `cuInit(0)`, once per process (the result is remembered).
 ///
 /// # Errors

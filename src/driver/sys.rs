@@ -58,6 +58,26 @@ pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
 /// `cuStreamWriteValue*`: the write is preceded by a memory fence for the stream's prior work.
 pub const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
+/// `CUstreamBatchMemOpType`: a 64-bit wait (`cuStreamWaitValue64` in a batch).
+pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: c_uint = 4;
+/// `CUstreamBatchMemOpType`: a 64-bit write (`cuStreamWriteValue64` in a batch).
+pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: c_uint = 5;
+
+/// One operation of `cuStreamBatchMemOp`: the `waitValue` / `writeValue` members of
+/// `CUstreamBatchMemOpParams` (they share this layout: operation, address, 64-bit value, flags,
+/// an address the driver may use), padded to the union's 48 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUstreamMemOpValue64 {
+    pub operation: c_uint,
+    pub address: CUdeviceptr,
+    pub value: u64,
+    pub flags: c_uint,
+    pub alias: CUdeviceptr,
+    pub pad: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<CUstreamMemOpValue64>() == 48);
 
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_EVENT_INTERPROCESS: c_uint = 0x4;
@@ -146,6 +166,9 @@ super::loader::driver_api! {
     fn cuStreamSynchronize(stream: CUstream) -> CUresult;
     fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
     fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
+    /// CUDA 12.0+: an id unique to the stream for the process's life (never reused, unlike
+    /// the handle's address).
+    fn cuStreamGetId(stream: CUstream, id: *mut u64) -> CUresult;
 
     /// The stream memory operations of CUDA 11.7+ (`cuda.h` maps `cuStreamWriteValue64` here
     /// from CUDA 12.0 on); the v1 entry points needed a driver module option on Linux.
@@ -159,6 +182,13 @@ super::loader::driver_api! {
         stream: CUstream,
         addr: CUdeviceptr,
         value: u64,
+        flags: c_uint,
+    ) -> CUresult;
+    /// Several stream memory operations in one call, executed in order on `stream`.
+    fn cuStreamBatchMemOp_v2(
+        stream: CUstream,
+        count: c_uint,
+        ops: *mut CUstreamMemOpValue64,
         flags: c_uint,
     ) -> CUresult;
 
