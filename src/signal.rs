@@ -362,6 +362,13 @@ impl IpcSignal {
     /// `stream` must belong to this signal's context. A value is used up only when the
     /// driver accepted the write: after an error, the same value can be signalled again.
     ///
+    /// Increasing values are checked in the order they are *enqueued*; the GPU runs writes on
+    /// different streams in any order, so signalling `k` on one stream and `k + 1` on another
+    /// can leave the counter at `k + 1` before the first stream's work is done, and then step it
+    /// back to `k`. Signal a sequence on one stream, or make the next stream wait for the
+    /// previous value first ([`wait`](Self::wait)) — what [`IpcSender`](crate::IpcSender) and
+    /// [`IpcReceiver`](crate::IpcReceiver) do for their counters.
+    ///
     /// # Safety
     ///
     /// The write runs later, on the device: the signal must stay alive until it has executed
