@@ -6,11 +6,15 @@
 //! ```
 //!
 //! The parent picks every device that supports unified addressing, is in the default compute
-//! mode and reaches every device already picked; allocates one buffer and one interprocess
-//! event per device and publishes their handles in a shared region; then re-executes itself
-//! once per device. In step `i` child `id` waits for the event of buffer `(i + id) % n`, writes
-//! `id` into every byte of it, records the event, and meets the others at the barrier. At the
-//! end every buffer `id` must hold `(id + 1) % n`, which each child verifies byte by byte.
+//! mode and reaches every device already picked, and re-executes itself once per device. While
+//! the children bring up their CUDA contexts (a few hundred milliseconds each), the parent
+//! allocates one buffer and one interprocess event per device and publishes their handles in a
+//! shared region; parent and children then meet at a start barrier, and the children open the
+//! handles. (NVIDIA's sample allocates first and then starts its children, so their context
+//! creation follows the parent's set-up instead of overlapping it.) In step `i` child `id` waits
+//! for the event of buffer `(i + id) % n`, writes `id` into every byte of it, records the
+//! event, and meets the others at the barrier. At the end every buffer `id` must hold
+//! `(id + 1) % n`, which each child verifies byte by byte.
 //!
 //! `--sync signal` runs the same ring with one [`IpcSignal`] per buffer instead of its event:
 //! in step `i` the writer of buffer `b` waits (on the GPU) for `b`'s counter to reach `i`, and
@@ -19,8 +23,8 @@
 //! Exit status: 0 on success, 2 ("waived") when no device can do IPC, 1 on any failure.
 
 use std::process::{Child, Command, ExitCode};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cuda_ipc::{
     BarrierState, Error, GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcSignal,
@@ -37,8 +41,14 @@ const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 /// simpleIPC's `shmStruct`.
 #[repr(C)]
 struct Shared {
+    /// The children and the parent, twice: the handles below are published; every child has
+    /// verified its buffer (the parent may then free while the children exit).
+    start: BarrierState,
+    /// The children, at every step.
     barrier: BarrierState,
     nprocesses: AtomicU32,
+    /// Bytes per buffer.
+    size: AtomicU64,
     devices: ShmCell<[u32; MAX_DEVICES]>,
     mem: [ShmCell<IpcMemHandle<u8>>; MAX_DEVICES],
     events: [ShmCell<IpcEventHandle>; MAX_DEVICES],
@@ -90,17 +100,39 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     Ok(opts)
 }
 
-/// Where a child's time goes, printed with `--timings`.
+/// Where the time goes, printed with `--timings`: milliseconds since the parent started (the
+/// parent passes its start time to the children in `SIMPLE_IPC_TIMINGS`).
 struct Phases {
-    start: Instant,
+    origin_ns: u128,
     marks: Vec<(&'static str, f64)>,
 }
 
+fn epoch_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
 impl Phases {
+    fn new(origin_ns: u128) -> Self {
+        Self {
+            origin_ns,
+            marks: Vec::new(),
+        }
+    }
+
     fn mark(&mut self, what: &'static str) {
-        self.marks
-            .push((what, self.start.elapsed().as_secs_f64() * 1e3));
-        self.start = Instant::now();
+        let ms = epoch_ns().saturating_sub(self.origin_ns) as f64 / 1e6;
+        self.marks.push((what, ms));
+    }
+
+    fn line(&self) -> String {
+        let marks: Vec<String> = self
+            .marks
+            .iter()
+            .map(|(what, ms)| format!("{what} {ms:.0}"))
+            .collect();
+        marks.join(", ")
     }
 }
 
@@ -130,15 +162,21 @@ enum Sync {
 }
 
 fn child(region_name: &str, id: usize) -> Result<(), Failure> {
-    let mut phases = Phases {
-        start: Instant::now(),
-        marks: Vec::new(),
-    };
+    let origin = std::env::var("SIMPLE_IPC_TIMINGS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(epoch_ns);
+    let mut phases = Phases::new(origin);
     let shared = ShmOptions::new(region_name).open::<Shared>()?;
     let n = shared.nprocesses.load(Ordering::Acquire) as usize;
     if n == 0 || n > MAX_DEVICES || id >= n {
         return Err(format!("bad process count {n} for child {id}").into());
     }
+    // The verification buffer, allocated and touched on another thread while this one brings
+    // up the context (page faults on 64 MiB would otherwise slow the copy down).
+    let size = usize::try_from(shared.size.load(Ordering::Acquire))?;
+    let host = std::thread::spawn(move || vec![0xFFu8; size]);
+    let start = ProcessBarrier::join(&shared.start)?;
     let barrier = ProcessBarrier::join(&shared.barrier)?;
     let device = shared.devices.load()[id];
     println!("Process {id}: Starting on device {device}...");
@@ -150,6 +188,9 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
     let per_sm = kernel.max_active_blocks_per_multiprocessor(BlockSize::x(THREADS), 0)?;
     let blocks = per_sm * cuda_ipc::device_info(device)?.multiprocessors;
     phases.mark("module");
+    start.wait()?; // the parent has published every handle
+    phases.mark("start");
+    let mut host = host.join().map_err(|_| "the allocating thread panicked")?;
 
     let buffers = (0..n)
         .map(|i| IpcBuffer::open(&ctx, &shared.mem[i].load()))
@@ -212,7 +253,11 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
         }
         phases.mark("steps");
         println!("Process {id}: verifying...");
-        let mut host = vec![0u8; buffers[id].len()];
+        if buffers[id].len() != host.len() {
+            return Err(
+                format!("buffer {id} holds {} bytes, not {size}", buffers[id].len()).into(),
+            );
+        }
         buffers[id].copy_to_host(&mut host)?;
         let expect = ((id + 1) % n) as u8;
         if let Some(pos) = host.iter().position(|&b| b != expect) {
@@ -231,20 +276,20 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
         std::process::exit(1);
     }
     barrier.wait()?; // no buffer is unmapped while another child may still read it
+    start.wait()?; // every child verified: the parent frees while we exit
     println!("Process {id} complete!");
     if std::env::var_os("SIMPLE_IPC_TIMINGS").is_some() {
-        let marks: Vec<String> = phases
-            .marks
-            .iter()
-            .map(|(what, ms)| format!("{what} {ms:.1} ms"))
-            .collect();
-        println!("Process {id} timings: {}", marks.join(", "));
+        println!(
+            "Process {id} timings (ms since the parent started): {}",
+            phases.line()
+        );
     }
     Ok(())
 }
 
 /// Ok(None): waived, with the reason printed.
-fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
+fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Failure> {
+    let mut phases = Phases::new(origin_ns);
     println!("Checking for multiple GPUs...");
     let group = match PeerGroup::select(opts.max_devices) {
         Err(Error::NoDevice { name, code }) => {
@@ -272,15 +317,14 @@ fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
         );
         return Ok(None);
     }
-    let contexts = group.enable_peer_access()?;
-    println!("Peer access enabled among {n} device(s)");
-    let setup = Instant::now();
-
+    phases.mark("select");
     let region = ShmOptions::new("simple_ipc")
         .random_suffix(true)
         .create_with(|s: &Shared| {
+            s.start.init(n as u32 + 1)?;
             s.barrier.init(n as u32)?;
             s.nprocesses.store(n as u32, Ordering::Release);
+            s.size.store(opts.size as u64, Ordering::Release);
             let mut devices = [u32::MAX; MAX_DEVICES];
             for (slot, d) in devices.iter_mut().zip(&group.devices) {
                 *slot = d.ordinal;
@@ -290,30 +334,9 @@ fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
                 .store(u32::from(opts.signals), Ordering::Release);
             Ok(())
         })?;
-    let mut buffers = Vec::new();
-    let mut events = Vec::new();
-    let mut signals = Vec::new();
-    for (i, ctx) in contexts.iter().enumerate() {
-        let buf = IpcBuffer::<u8>::new(ctx, opts.size)?;
-        region.mem[i].store(buf.handle()?);
-        buffers.push(buf);
-        if opts.signals {
-            let signal = IpcSignal::new(ctx)?;
-            region.signals[i].store(signal.handle()?);
-            signals.push(signal);
-        } else {
-            let event = IpcEvent::new(ctx)?;
-            region.events[i].store(event.handle()?);
-            events.push(event);
-        }
-    }
+    let start = ProcessBarrier::join(&region.start)?;
 
-    if opts.timings {
-        println!(
-            "Parent: allocations and handles {:.1} ms",
-            setup.elapsed().as_secs_f64() * 1e3
-        );
-    }
+    // The children first: their contexts come up while this process sets up its own.
     println!("Spawning processes and assigning GPUs...");
     let exe = std::env::current_exe()?;
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -321,37 +344,120 @@ fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
         let mut cmd = Command::new(&exe);
         cmd.args(["--child", region.name(), &id.to_string()]);
         if opts.timings {
-            cmd.env("SIMPLE_IPC_TIMINGS", "1");
+            cmd.env("SIMPLE_IPC_TIMINGS", origin_ns.to_string());
         }
-        let c = cmd.spawn()?;
-        children.push((id, c));
+        match cmd.spawn() {
+            Ok(c) => children.push((id, c)),
+            Err(e) => {
+                region.start.poison();
+                wait_children(children, &region);
+                return Err(e.into());
+            }
+        }
     }
+
+    phases.mark("spawned");
+    let published = publish(&group, &region, opts);
+    phases.mark("set-up");
+    // Twice at the start barrier: the handles are published; every child has verified.
+    let started = match &published {
+        Ok(_) => start.wait().and_then(|_| {
+            phases.mark("start");
+            start.wait_timeout(Duration::from_secs(600)).map(drop)
+        }),
+        Err(_) => {
+            // Stop the children at the start barrier instead of letting them wait for us.
+            region.start.poison();
+            Ok(())
+        }
+    };
+    drop(start);
+    if started.is_err() {
+        region.barrier.poison();
+    }
+    phases.mark("verified");
+    // Free while the children exit: each buffer's drop waits until no child maps it.
+    let freed = published.map(drop);
+    phases.mark("freed");
+    let failed = wait_children(children, &region);
+    phases.mark("children");
+    // A set-up failure first: the children then failing at the start barrier is its result.
+    freed?;
+    if !failed.is_empty() {
+        return Err(format!("failed: {}", failed.join(", ")).into());
+    }
+    started?;
+    if opts.timings {
+        println!("Parent timings (ms since it started): {}", phases.line());
+    }
+    Ok(Some((n, n * opts.size)))
+}
+
+/// What the parent allocates and exports for one device; kept alive until the children are
+/// done with it.
+struct Published {
+    _buffer: IpcBuffer<u8>,
+    _event: Option<IpcEvent>,
+    _signal: Option<IpcSignal>,
+    _context: GpuContext,
+}
+
+/// Peer access, then one buffer and one event (or signal) per device, their handles stored in
+/// the region.
+fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Published>, Failure> {
+    let contexts = group.enable_peer_access()?;
+    println!("Peer access enabled among {} device(s)", contexts.len());
+    let mut published = Vec::new();
+    for (i, context) in contexts.into_iter().enumerate() {
+        let buffer = IpcBuffer::<u8>::new(&context, opts.size)?;
+        region.mem[i].store(buffer.handle()?);
+        let (mut event, mut signal) = (None, None);
+        if opts.signals {
+            let s = IpcSignal::new(&context)?;
+            region.signals[i].store(s.handle()?);
+            signal = Some(s);
+        } else {
+            let e = IpcEvent::new(&context)?;
+            region.events[i].store(e.handle()?);
+            event = Some(e);
+        }
+        published.push(Published {
+            _buffer: buffer,
+            _event: event,
+            _signal: signal,
+            _context: context,
+        });
+    }
+    Ok(published)
+}
+
+/// Wait for every child; a failed child poisons the step barrier so the others stop at their
+/// next wait instead of waiting for a peer that will never come. Returns the failures.
+fn wait_children(mut children: Vec<(usize, Child)>, region: &Shared) -> Vec<String> {
     let mut failed = Vec::new();
     while !children.is_empty() {
         let mut still = Vec::new();
         for (id, mut c) in children {
-            match c.try_wait()? {
-                Some(status) if status.success() => {}
-                Some(status) => {
-                    // Stop the others at their next barrier wait instead of letting them wait
-                    // for a peer that will never come.
+            match c.try_wait() {
+                Ok(Some(status)) if status.success() => {}
+                Ok(Some(status)) => {
                     region.barrier.poison();
+                    region.start.poison();
                     failed.push(format!("child {id} (pid {}) {status}", c.id()));
                 }
-                None => still.push((id, c)),
+                Ok(None) => still.push((id, c)),
+                Err(e) => failed.push(format!("child {id} (pid {}): {e}", c.id())),
             }
         }
         children = still;
         std::thread::sleep(Duration::from_millis(5));
     }
-    if !failed.is_empty() {
-        return Err(format!("failed: {}", failed.join(", ")).into());
-    }
-    Ok(Some((n, n * opts.size)))
+    failed
 }
 
 fn main() -> ExitCode {
     let start = Instant::now();
+    let origin_ns = epoch_ns();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
         let (Some(name), Some(id)) = (args.get(1), args.get(2).and_then(|s| s.parse().ok())) else {
@@ -386,7 +492,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match parent(&opts) {
+    match parent(&opts, origin_ns) {
         Ok(Some((devices, bytes))) => {
             println!(
                 "simple_ipc: {devices} device(s), {} sync, {bytes} bytes verified, {:.3} s",
