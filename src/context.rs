@@ -205,8 +205,8 @@ impl GpuContext {
         let _g = self.enter()?;
         // SAFETY: both contexts are retained; flags must be 0.
         let rc = unsafe { sys::cuCtxEnablePeerAccess(peer.inner.raw, 0) };
-        if rc == 704 {
-            return Ok(()); // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        if rc == sys::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
         }
         check("cuCtxEnablePeerAccess", rc)
     }

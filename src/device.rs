@@ -185,7 +185,10 @@ pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
 pub(crate) fn stream_mem_ops_64(dev: sys::CUdevice) -> Result<bool> {
     match attribute(dev, sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) {
         Ok(v) => Ok(v != 0),
-        Err(Error::Cuda { code: 1, .. }) => Ok(attribute(
+        Err(Error::Cuda {
+            code: sys::CUDA_ERROR_INVALID_VALUE,
+            ..
+        }) => Ok(attribute(
             dev,
             sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1,
         )? != 0),
