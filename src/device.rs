@@ -86,7 +86,7 @@ fn handle(ordinal: u32) -> Result<sys::CUdevice> {
     Ok(dev)
 }
 
-fn attribute(dev: sys::CUdevice, attr: c_int) -> Result<i32> {
+pub(crate) fn attribute(dev: sys::CUdevice, attr: c_int) -> Result<i32> {
     let mut v = 0;
     // SAFETY: writes one int for a valid device and attribute.
     check("cuDeviceGetAttribute", unsafe {

@@ -110,6 +110,7 @@ mod handle;
 mod lease;
 mod os;
 mod owner;
+pub mod probe;
 mod process;
 mod raw;
 mod shared;
@@ -139,6 +140,7 @@ pub use fd_socket::{
 };
 pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
+pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};
 pub use shared::{ShmCell, ShmSafe};

@@ -63,6 +63,7 @@ pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 pub const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
 pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
@@ -72,6 +73,71 @@ pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: c_int = 41;
 pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: c_int = 93;
 /// CUDA 12+: 64-bit `cuStreamWriteValue64`/`cuStreamWaitValue64` (the `_v2` entry points).
 pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: c_int = 122;
+
+/// Virtual memory management (`cuMemCreate`, `cuMemMap`, ...).
+pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 102;
+/// `cuMemCreate` can request a POSIX file descriptor handle.
+pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: c_int = 103;
+/// Stream-ordered memory pools (`cuMemAllocAsync`, `cuMemPoolCreate`).
+pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: c_int = 115;
+/// A bit mask of `CUmemAllocationHandleType`s a memory pool can export.
+pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: c_int = 119;
+/// Interprocess events (`cuIpcGetEventHandle`).
+pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: c_int = 125;
+/// `cuMemCreate` can request a fabric handle (multi-node NVLink, needs IMEX).
+pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: c_int = 128;
+
+/// `CUmemAllocationType`: memory pinned to a location.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
+/// `CUmemLocationType`: a device, by ordinal.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+/// `CUmemAllocationHandleType`: a POSIX file descriptor (`int`).
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
+/// `CUmemAllocationHandleType`: a 64-byte fabric handle (`CUmemFabricHandle`).
+pub const CU_MEM_HANDLE_TYPE_FABRIC: c_uint = 8;
+/// `CUmemAllocationGranularity_flags`: the minimum granularity.
+pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+
+pub type CUmemGenericAllocationHandle = u64;
+pub type CUmemoryPool = *mut c_void;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub kind: c_uint,
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (32 bytes: type, requested handle types, location, a Windows pointer,
+/// 8 bytes of flags).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAllocationProp {
+    pub kind: c_uint,
+    pub requested_handle_types: c_uint,
+    pub location: CUmemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<CUmemAllocationProp>() == 32);
+
+/// `CUmemPoolProps` (88 bytes; CUDA 12.6 named two of the reserved bytes `usage`, older
+/// drivers read them as reserved, zero either way).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemPoolProps {
+    pub alloc_type: c_uint,
+    pub handle_types: c_uint,
+    pub location: CUmemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+const _: () = assert!(std::mem::size_of::<CUmemPoolProps>() == 88);
 
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `cuStreamWaitValue*`: wait until `(int64_t)(*addr - value) >= 0`.
@@ -211,6 +277,27 @@ super::loader::driver_api! {
         ops: *mut CUstreamMemOpValue64,
         flags: c_uint,
     ) -> CUresult;
+
+    fn cuMemGetAllocationGranularity(
+        granularity: *mut usize,
+        prop: *const CUmemAllocationProp,
+        option: c_uint,
+    ) -> CUresult;
+    fn cuMemCreate(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64,
+    ) -> CUresult;
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    fn cuMemExportToShareableHandle(
+        shareable: *mut c_void,
+        handle: CUmemGenericAllocationHandle,
+        handle_type: c_uint,
+        flags: u64,
+    ) -> CUresult;
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult;
 
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult;
     fn cuMemFreeHost(p: *mut c_void) -> CUresult;

@@ -322,9 +322,97 @@ fn read_boot_id() -> [u8; 16] {
     id
 }
 
+/// The parent process's pid (`getppid`).
+pub(crate) fn parent_pid() -> u32 {
+    rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get().unsigned_abs())
+}
+
+/// What [`crate::probe`] asks of the host: facts read from `/proc`, `/sys` and the file
+/// system, each `None` where it could not be read.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HostFacts {
+    /// `/dev/shm`: total and available bytes (`statvfs`).
+    pub(crate) shm_space: Option<(u64, u64)>,
+    /// `/proc/sys/kernel/yama/ptrace_scope`.
+    pub(crate) ptrace_scope: Option<u32>,
+    /// The `NSpid` line of `/proc/self/status`: this process's pid in each pid namespace, the
+    /// outermost first.
+    pub(crate) ns_pids: Option<Vec<u32>>,
+    /// Signs of a container: marker files, the `container` variable, cgroup paths.
+    pub(crate) container: Vec<String>,
+    /// `/proc/driver/nvidia/version`'s first line.
+    pub(crate) nvidia_driver: Option<String>,
+}
+
+pub(crate) fn host_facts() -> HostFacts {
+    let shm_space = fs::statvfs("/dev/shm").ok().map(|v| {
+        let unit = v.f_frsize.max(1);
+        (
+            v.f_blocks.saturating_mul(unit),
+            v.f_bavail.saturating_mul(unit),
+        )
+    });
+    let ptrace_scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    let ns_pids = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| parse_ns_pids(&t));
+    let mut container = Vec::new();
+    for (path, what) in [
+        ("/.dockerenv", "/.dockerenv exists (Docker)"),
+        ("/run/.containerenv", "/run/.containerenv exists (Podman)"),
+    ] {
+        if std::path::Path::new(path).exists() {
+            container.push(what.to_owned());
+        }
+    }
+    if let Some(v) = std::env::var_os("container") {
+        container.push(format!("container={}", v.to_string_lossy()));
+    }
+    if let Ok(cgroup) = std::fs::read_to_string("/proc/self/cgroup") {
+        for hint in ["docker", "kubepods", "containerd", "libpod", "lxc"] {
+            if cgroup.contains(hint) {
+                container.push(format!("cgroup path mentions {hint}"));
+            }
+        }
+    }
+    let nvidia_driver = std::fs::read_to_string("/proc/driver/nvidia/version")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .next()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        });
+    HostFacts {
+        shm_space,
+        ptrace_scope,
+        ns_pids,
+        container,
+        nvidia_driver,
+    }
+}
+
+/// The pids of the `NSpid:` line of a `/proc/PID/status` text.
+pub(crate) fn parse_ns_pids(status: &str) -> Option<Vec<u32>> {
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line["NSpid:".len()..]
+        .split_whitespace()
+        .map(|p| p.parse().ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_pids_of_each_namespace() {
+        let status = "Name:\tx\nNSpid:\t4242\t17\t1\nPPid:\t1\n";
+        assert_eq!(parse_ns_pids(status), Some(vec![4242, 17, 1]));
+        assert_eq!(parse_ns_pids("Name: x\n"), None);
+        assert_eq!(parse_ns_pids("NSpid:\tx\n"), None);
+    }
 
     #[test]
     fn parses_stat_with_awkward_command_names() {
