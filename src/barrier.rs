@@ -356,6 +356,7 @@ impl BarrierWaitResult {
 /// })
 /// # }
 /// ```
+#[doc(alias = "pthread_barrier_t")]
 pub struct ProcessBarrier<'a> {
     state: &'a BarrierState,
     parties: u32,
@@ -452,6 +453,7 @@ impl<'a> ProcessBarrier<'a> {
     /// # Errors
     ///
     /// As [`wait_timeout`](Self::wait_timeout).
+    #[doc(alias = "pthread_barrier_wait")]
     pub fn wait(&self) -> Result<BarrierWaitResult> {
         self.wait_timeout(self.timeout)
     }

@@ -231,6 +231,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// As [`new`](Self::new), and [`Error::Cuda`] naming `cuStreamCreate`, `cuMemsetD8Async`
     /// or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemsetD8")]
     pub fn zeroed(ctx: &GpuContext, len: usize) -> Result<Self> {
         let buf = Self::new(ctx, len)?;
         buf.fill_fresh(0)?;
@@ -733,6 +734,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyHtoD`
     /// or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemcpyHtoD")]
     pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
         self.check_len("IpcBuffer::copy_from_host", src.len())?;
         let _g = self.ctx.enter()?;
@@ -749,6 +751,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyDtoH`.
+    #[doc(alias = "cuMemcpyDtoH")]
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         self.check_len("IpcBuffer::copy_to_host", dst.len())?;
         let _g = self.ctx.enter()?;
@@ -770,6 +773,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
     /// `cuMemcpyHtoDAsync`.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
     pub unsafe fn copy_from_host_async(
         &self,
         src: &[T],
@@ -799,6 +803,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
     /// `cuMemcpyDtoHAsync`.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
     pub unsafe fn copy_to_host_async(
         &self,
         dst: &mut [T],
@@ -832,6 +837,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
+    #[doc(alias = "cuMemcpyDtoDAsync")]
     pub unsafe fn copy_from_device_async(
         &self,
         src: &IpcBuffer<T>,
@@ -854,6 +860,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuMemsetD8` or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemsetD8")]
     pub fn memset_bytes(&self, value: u8) -> Result<()> {
         let _g = self.ctx.enter()?;
         // SAFETY: the device range is this buffer's `byte_len` bytes.
@@ -873,6 +880,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuMemsetD8Async`.
+    #[doc(alias = "cuMemsetD8Async")]
     pub unsafe fn memset_bytes_async(
         &self,
         value: u8,
@@ -893,6 +901,8 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// [`Error::LeasesOutstanding`] when importers remained (the memory was leaked, not
     /// freed), [`Error::Cuda`] naming `cuMemFree`.
+    #[doc(alias = "cuMemFree")]
+    #[doc(alias = "cuIpcCloseMemHandle")]
     pub fn close(mut self) -> Result<()> {
         self.release()
     }

@@ -150,6 +150,7 @@ impl GpuContext {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuCtxSetCurrent`.
+    #[doc(alias = "cuCtxSetCurrent")]
     pub fn make_current(&self) -> Result<()> {
         // SAFETY: the context is retained by `self`.
         check("cuCtxSetCurrent", unsafe {
@@ -186,6 +187,7 @@ impl GpuContext {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuMemGetInfo`.
+    #[doc(alias = "cuMemGetInfo")]
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         let _g = self.enter()?;
         driver::mem_info()

@@ -213,6 +213,8 @@ impl IpcEvent {
     /// # Errors
     ///
     /// [`Error::Timeout`], [`Error::ExporterGone`], or [`Error::Cuda`] naming `cuEventQuery`.
+    #[doc(alias = "cuEventQuery")]
+    #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(1);

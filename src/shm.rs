@@ -166,6 +166,8 @@ impl ShmOptions {
     /// [`Error::InvalidName`], [`Error::AlreadyExists`], [`Error::NoSpace`],
     /// [`Error::PermissionDenied`], [`Error::InvalidArgument`] (alignment over a page), or
     /// [`Error::Os`] naming the failed call.
+    #[doc(alias = "shm_open")]
+    #[doc(alias = "mmap")]
     pub fn create<T: ShmSafe>(&self) -> Result<ShmRegion<T>> {
         self.create_with(|_: &T| Ok(()))
     }
@@ -188,6 +190,8 @@ impl ShmOptions {
     ///     .create_with(|b: &BarrierState| b.init(4))?;
     /// # Ok(()) }
     /// ```
+    #[doc(alias = "shm_open")]
+    #[doc(alias = "mmap")]
     pub fn create_with<T: ShmSafe>(
         &self,
         init: impl FnOnce(&T) -> Result<()>,
@@ -257,6 +261,8 @@ impl ShmOptions {
     /// [`Error::NotRegularFile`], [`Error::WrongOwner`], [`Error::InsecurePermissions`],
     /// [`Error::SizeMismatch`], [`Error::NotReady`] (header not published within the open
     /// timeout, or its creator died first), [`Error::HeaderMismatch`] naming the field.
+    #[doc(alias = "shm_open")]
+    #[doc(alias = "mmap")]
     pub fn open<T: ShmSafe>(&self) -> Result<ShmRegion<T>> {
         let name = validate_name(&self.name)?.to_owned();
         let start = Instant::now();
@@ -435,7 +441,7 @@ fn reclaim(name: &str) -> Result<bool> {
 ///
 /// `ShmRegion<T>` is `Send` and `Sync`.
 ///
-/// # Safety
+/// # Soundness
 ///
 /// The safe API cannot stop another process of the **same uid** from shrinking the file
 /// (`ftruncate`); touching a page past the new end raises `SIGBUS`. Processes of other uids
@@ -488,6 +494,8 @@ impl<T: ShmSafe> ShmRegion<T> {
     /// # Errors
     ///
     /// See [`ShmOptions::open`].
+    #[doc(alias = "shm_open")]
+    #[doc(alias = "mmap")]
     pub fn open(name: &str) -> Result<Self> {
         ShmOptions::new(name).open()
     }
@@ -542,6 +550,7 @@ impl<T: ShmSafe> ShmRegion<T> {
     /// # Errors
     ///
     /// [`Error::Os`] or [`Error::PermissionDenied`] from `lstat`/`unlink`.
+    #[doc(alias = "shm_unlink")]
     pub fn unlink(&mut self) -> Result<()> {
         self.owner = false;
         os::shm_unlink_if_same(&self.name, self.dev, self.ino).map(drop)
@@ -614,6 +623,7 @@ pub fn reclaim_stale(name: &str) -> Result<bool> {
 /// # Errors
 ///
 /// [`Error::InvalidName`], [`Error::NotFound`], [`Error::PermissionDenied`].
+#[doc(alias = "shm_unlink")]
 pub fn unlink(name: &str) -> Result<()> {
     os::shm_unlink(validate_name(name)?)
 }

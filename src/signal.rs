@@ -441,6 +441,7 @@ impl IpcSignal {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuMemcpyDtoHAsync` or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
     pub fn value(&self) -> Result<u64> {
         self.host.lock().read(self.counter.as_raw_ptr())
     }
@@ -453,6 +454,7 @@ impl IpcSignal {
     ///
     /// As [`signal`](Self::signal), with [`Error::Cuda`] naming `cuMemcpyHtoDAsync` or
     /// `cuStreamSynchronize`.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
     pub fn signal_host(&self, value: u64) -> Result<()> {
         advance(
             &self.last_signalled,
