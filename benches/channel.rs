@@ -14,6 +14,9 @@
 //!   (`cuMemcpyDtoDAsync`: a peer copy across GPUs), releases it, and synchronises at the end
 //!   of a batch. Baseline (`native_copy`): the consumer copies the same bytes, the same number
 //!   of times, from an IPC mapping of a producer buffer, with no channel.
+//! - `stream_1MiB_grouped`: as `stream_1MiB` with 16 slots, the producer sending and the
+//!   consumer receiving in groups of 8 (`acquire_batch` / `recv_batch`: one GPU wait and one
+//!   write per group on each side), against the same native copy.
 //! - `torch.multiprocessing`: a CUDA tensor of the ping item's size put on a queue and rebuilt
 //!   by another Python process (`examples/interop/cuda_ipc_peer.py torch-mp-bench`), against
 //!   the one-GPU ping round trip.
@@ -46,6 +49,10 @@ const CMD_CHANNEL: u32 = 1;
 const CMD_RAW: u32 = 2;
 const CMD_STREAM: u32 = 3;
 const CMD_NATIVE: u32 = 4;
+const CMD_STREAM_BATCH: u32 = 5;
+/// Batched streaming: slots in the ring, items per batch on each side.
+const BATCH_SLOTS: usize = 16;
+const BATCH: usize = 8;
 const CMD_EXIT: u32 = 9;
 
 #[repr(C)]
@@ -180,6 +187,38 @@ fn consumer(device: u32, region: &str) {
                     // SAFETY: allocated above, nothing queued on it (synchronised).
                     unsafe { ok("cuMemFree", sys::cuMemFree_v2(dst)) };
                 }
+            }
+            CMD_STREAM_BATCH => {
+                let mut rx = IpcReceiver::<u32>::open(&ctx, &s.chan.load()).unwrap();
+                let dst = alloc(bytes);
+                let mut n = 0u64;
+                loop {
+                    let items = match rx.recv_batch(&rs, BATCH, WAIT) {
+                        Ok(items) => items,
+                        Err(Error::ChannelClosed { .. }) => break,
+                        Err(e) => panic!("consumer recv_batch: {e}"),
+                    };
+                    for item in items.items() {
+                        // SAFETY: copies the item (inside the mapping until the batch's release
+                        // has run) into our own allocation.
+                        unsafe {
+                            ok(
+                                "cuMemcpyDtoDAsync",
+                                sys::cuMemcpyDtoDAsync_v2(dst, item.ptr, bytes, stream),
+                            )
+                        };
+                        n += 1;
+                    }
+                    items.release().unwrap();
+                    if n.is_multiple_of(batch) {
+                        sync(stream);
+                        s.batches_done.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                sync(stream);
+                drop(rx);
+                // SAFETY: allocated above, nothing queued on it (synchronised).
+                unsafe { ok("cuMemFree", sys::cuMemFree_v2(dst)) };
             }
             CMD_RAW => {
                 let (sent, released) =
@@ -370,6 +409,25 @@ impl Bench<'_> {
         t.elapsed()
     }
 
+    /// One batch of `batch` items through the channel in groups of [`BATCH`] on both sides.
+    fn stream_grouped(&self, tx: &mut IpcSender<u32>, batch: u64) -> Duration {
+        // SAFETY: our stream, live for the bench.
+        let rs = unsafe { RawStream::from_raw(self.stream) };
+        let done = self.s.batches_done.load(Ordering::Acquire);
+        let t = Instant::now();
+        let lens = vec![tx.capacity(); BATCH];
+        for _ in 0..batch / BATCH as u64 {
+            tx.acquire_batch(&rs, BATCH, WAIT)
+                .unwrap()
+                .send(&lens)
+                .unwrap();
+        }
+        spin("the consumer's batch", || {
+            self.s.batches_done.load(Ordering::Acquire) > done
+        });
+        t.elapsed()
+    }
+
     /// One native batch, timed by the consumer.
     fn native_batch(&self, bytes: usize, batch: u64) -> Duration {
         let done = self.s.batches_done.load(Ordering::Acquire);
@@ -514,6 +572,48 @@ fn main() {
                     "summary: channel stream {name} {label}, {batch} items per batch, 7 \
                      alternating batches: channel {:.1} GB/s (median), native copy {:.1} GB/s; \
                      ratio {:.3}",
+                    gbs(ours[3]),
+                    gbs(native[3]),
+                    native[3] / ours[3]
+                );
+            }
+        }
+        // Streaming 1 MiB items in groups (one GPU wait and one write per group on each side).
+        {
+            let (elems, batch) = (256 << 10, 64u64);
+            let bytes = elems * 4;
+            let mut g = c.benchmark_group(format!("channel_stream_1MiB_grouped_{label}"));
+            g.throughput(Throughput::Bytes(bytes as u64 * batch))
+                .sample_size(10)
+                .measurement_time(Duration::from_secs(3))
+                .warm_up_time(Duration::from_millis(300));
+            let mut tx = b.channel(BATCH_SLOTS, elems, CMD_STREAM_BATCH, batch);
+            g.bench_function("cuda_ipc_channel_batches", |bch| {
+                bch.iter_custom(|n| (0..n).map(|_| b.stream_grouped(&mut tx, batch)).sum())
+            });
+            drop(tx);
+            b.command(CMD_IDLE, 0, 0);
+            g.bench_function("native_copy", |bch| {
+                bch.iter_custom(|n| (0..n).map(|_| b.native_batch(bytes, batch)).sum())
+            });
+            g.finish();
+            if common::is_bench_run() {
+                let (mut ours, mut native) = (Vec::new(), Vec::new());
+                for _ in 0..7 {
+                    let mut tx = b.channel(BATCH_SLOTS, elems, CMD_STREAM_BATCH, batch);
+                    b.stream_grouped(&mut tx, batch); // warm
+                    ours.push(b.stream_grouped(&mut tx, batch).as_secs_f64());
+                    drop(tx);
+                    b.command(CMD_IDLE, 0, 0);
+                    native.push(b.native_batch(bytes, batch).as_secs_f64());
+                }
+                ours.sort_by(f64::total_cmp);
+                native.sort_by(f64::total_cmp);
+                let gbs = |t: f64| (bytes as f64 * batch as f64) / t / 1e9;
+                println!(
+                    "summary: channel stream 1MiB {label} in groups of {BATCH} ({BATCH_SLOTS} \
+                     slots), {batch} items per batch, 7 alternating batches: channel {:.1} GB/s \
+                     (median), native copy {:.1} GB/s; ratio {:.3}",
                     gbs(ours[3]),
                     gbs(native[3]),
                     native[3] / ours[3]

@@ -125,7 +125,8 @@ pub use barrier::{
 };
 pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
 pub use channel::{
-    __testing as __channel_testing, IpcChannelHandle, IpcReceiver, IpcSender, Received, SendSlot,
+    __testing as __channel_testing, BatchItem, BatchSlot, IpcChannelHandle, IpcReceiver, IpcSender,
+    Received, ReceivedBatch, SendBatch, SendSlot,
 };
 pub use context::GpuContext;
 pub use device::{

@@ -226,6 +226,46 @@ fn child_process() {
                 wait_go(&s, 1);
                 0
             }
+            // Items 1..=ITEMS in batches of 1, 2 and 3 slots (every byte of item k = k, k in
+            // 5 ms for odd k), lengths ITEM - k; misuse of a batch refused first.
+            "batch_producer" => {
+                let module = Module::from_ptx(KERNELS, &[]).unwrap();
+                let delay = module.get_function("delay_fill").unwrap();
+                let mut tx = IpcSender::<u8>::new(&ctx, SLOTS, ITEM).unwrap();
+                s.handle.store(tx.handle());
+                s.up.store(1, Ordering::SeqCst);
+                wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
+                for bad in [0, SLOTS + 1] {
+                    let e = tx.acquire_batch(&stream, bad, WAIT).unwrap_err();
+                    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                }
+                let mut k = 1u64;
+                for size in [1usize, 2, 3, 1, 3, 2] {
+                    let mut batch = tx.acquire_batch(&stream, size, WAIT).unwrap();
+                    assert_eq!(batch.len(), size);
+                    for slot in batch.slots().collect::<Vec<_>>() {
+                        assert_eq!((slot.seq, slot.capacity), (k, ITEM));
+                        let (ptr, spin) = (slot.ptr, if k % 2 == 1 { 5_000_000u64 } else { 0 });
+                        // SAFETY: delay_fill writes ITEM bytes of the slot; the channel tracks
+                        // the stream until the send after it has run.
+                        unsafe {
+                            launch!(delay<<<64, 256, 0, stream>>>(ptr, ITEM as u64, k as u32, spin))
+                                .unwrap();
+                        }
+                        k += 1;
+                    }
+                    let lens: Vec<usize> = batch.slots().map(|s| ITEM - s.seq as usize).collect();
+                    // A wrong number of lengths keeps the slots: send again.
+                    let e = batch.send(&lens[1..]).unwrap_err();
+                    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                    batch = tx.acquire_batch(&stream, size, WAIT).unwrap();
+                    batch.send(&lens).unwrap();
+                    s.progress.store(k - 1, Ordering::SeqCst);
+                }
+                assert_eq!(k - 1, ITEMS);
+                wait_go(&s, 1);
+                0
+            }
             // A consumer arriving after another attached: refused, never a second attach.
             "second_consumer" => match IpcReceiver::<u8>::open(&ctx, &s.handle.load()) {
                 Err(Error::NotFound { .. } | Error::ChannelInUse { .. }) => 0,
@@ -388,6 +428,77 @@ fn items_released_on_several_streams_free_slots_in_order() {
         "item 1's slot was refilled while the consumer was still reading it ({bad} bytes)"
     );
     s.go.store(1, Ordering::SeqCst);
+    rx.close().unwrap();
+    child.expect_success(WAIT);
+    assert_nothing_left(&before, "after both closed");
+}
+
+/// Batches on both sides: the producer sends batches of 1, 2 and 3 slots (odd items behind a
+/// 5 ms kernel), the consumer alternates batches of up to 3 with single items; every byte of
+/// every item arrives, in order, with its length, and misuse is refused.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn batches_carry_items_in_order_and_mix_with_single_items() {
+    use cuda_ipc::driver::sys;
+    let _g = serial();
+    let _dog = watchdog("batches", Duration::from_secs(120));
+    let s = region();
+    let before = entries();
+    let child = spawn("batch_producer", &[s.name(), "0"]);
+    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    let ctx = GpuContext::new(other_device()).unwrap();
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    for bad in [0, SLOTS + 1] {
+        let e = rx.recv_batch(&stream, bad, WAIT).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    }
+    let check = |seq: u64, ptr: u64, len: usize| {
+        assert_eq!(len, ITEM - seq as usize, "item {seq}'s length");
+        let mut host = vec![0u8; len];
+        // SAFETY: `len` bytes of the item, inside the mapping until its release; `host` lives
+        // until the stream is synchronised below.
+        let rc = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, len, stream.as_inner().cast())
+        };
+        assert_eq!(rc, 0);
+        stream.synchronize().unwrap();
+        let bad = host.iter().filter(|&&b| b != seq as u8).count();
+        assert_eq!(bad, 0, "item {seq}: {bad} bytes not yet written");
+    };
+    let mut next = 1u64;
+    let mut batches = 0;
+    while next <= ITEMS {
+        if batches % 2 == 0 {
+            let batch = rx.recv_batch(&stream, SLOTS, WAIT).unwrap();
+            for item in batch.items().collect::<Vec<_>>() {
+                assert_eq!(item.seq, next);
+                check(item.seq, item.ptr, item.len);
+                next += 1;
+            }
+            batch.release().unwrap();
+        } else {
+            let item = rx.recv(&stream, WAIT).unwrap();
+            assert_eq!(item.seq(), next);
+            check(item.seq(), item.as_raw_ptr(), item.len());
+            next += 1;
+            item.release().unwrap();
+        }
+        batches += 1;
+    }
+    s.go.store(1, Ordering::SeqCst);
+    let e = rx.recv_batch(&stream, 2, WAIT).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ChannelClosed {
+                role: "producer",
+                ..
+            }
+        ),
+        "{e}"
+    );
     rx.close().unwrap();
     child.expect_success(WAIT);
     assert_nothing_left(&before, "after both closed");
