@@ -124,6 +124,8 @@ pub use barrier::{
     MAX_PARTIES, ProcessBarrier,
 };
 pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+#[cfg(fuzzing)]
+pub use channel::__fuzz_reseal_channel;
 pub use channel::{
     __testing as __channel_testing, BatchItem, BatchSlot, IpcChannelHandle, IpcReceiver, IpcSender,
     Received, ReceivedBatch, SendBatch, SendSlot,

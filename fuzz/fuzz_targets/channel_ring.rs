@@ -1,0 +1,69 @@
+//! A channel's shared ring state under a hostile peer: a program of steps that overwrite words
+//! of the state and run either side's operations. Every operation returns a value or an error
+//! within its zero timeout — never a panic, a hang, an index out of the ring or a length above
+//! the capacity.
+#![no_main]
+
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use cuda_ipc::__channel_testing::{HostConsumer, HostProducer, RING_STATE_BYTES};
+use libfuzzer_sys::fuzz_target;
+
+const SLOTS: usize = 4;
+const CAPACITY: u64 = 100;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(mut tx) = HostProducer::create(SLOTS, CAPACITY) else {
+        return;
+    };
+    // Kept open to write through after the consumer unlinks the name on attach.
+    let path = format!("/dev/shm/{}", tx.name());
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    else {
+        return;
+    };
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return;
+    };
+    let Some(offset_base) = len.checked_sub(RING_STATE_BYTES as u64) else {
+        return;
+    };
+    let Ok(mut rx) = HostConsumer::open_pausing(tx.name(), SLOTS, CAPACITY, || {}) else {
+        return;
+    };
+    // The input is a program of 11-byte steps: [op, offset (2 bytes), value (8 bytes)]. A
+    // write step puts `value` into an 8-byte word of the ring state, as a hostile peer could;
+    // the others are the two sides' operations, which must stay within the ring.
+    let words = (RING_STATE_BYTES / 8) as u64;
+    for step in data.chunks_exact(11) {
+        let offset = u64::from(u16::from_le_bytes([step[1], step[2]])) % words * 8;
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&step[3..11]);
+        let value = u64::from_le_bytes(v);
+        match step[0] % 4 {
+            0 => {
+                let _ = file.write_all_at(&value.to_le_bytes(), offset_base + offset);
+            }
+            1 => {
+                if let Ok((slot, len)) = rx.recv(Duration::ZERO) {
+                    assert!(slot < SLOTS, "slot {slot}");
+                    assert!(len <= CAPACITY, "length {len}");
+                    let _ = rx.release();
+                }
+            }
+            2 => {
+                if let Ok(slot) = tx.acquire(Duration::ZERO) {
+                    assert!(slot < SLOTS, "slot {slot}");
+                    let _ = tx.send(value % (CAPACITY + 1));
+                }
+            }
+            _ => {
+                let _ = tx.has_consumer();
+            }
+        }
+    }
+});
