@@ -457,6 +457,14 @@ impl Drop for Lease {
 pub mod __testing {
     use super::*;
 
+    /// Bytes of a lease table's shared state: the last this many bytes of its file.
+    pub const TABLE_BYTES: usize = std::mem::size_of::<LeaseTable>();
+
+    /// The `/dev/shm` name of the lease table of export `token`.
+    pub fn table_name(token: &[u8; 16]) -> String {
+        region_name(token)
+    }
+
     /// An exporter's lease table (no memory behind it).
     pub struct Export(ExportLeases);
 

@@ -1,0 +1,69 @@
+//! A lease table under a hostile peer: a program of steps that overwrite words of the table
+//! and run the exporter's and an importer's operations on it. Every operation returns a value
+//! or an error (the exporter's close within its zero timeout) — never a panic, a hang or a slot
+//! outside the table.
+#![no_main]
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use cuda_ipc::__lease_testing::{Export, Held, TABLE_BYTES, table_name};
+use cuda_ipc::MAX_IMPORTERS;
+use libfuzzer_sys::fuzz_target;
+
+static RUN: AtomicU64 = AtomicU64::new(0);
+
+fuzz_target!(|data: &[u8]| {
+    // A fresh export each run: this process's pid and a counter.
+    let mut token = [0u8; 16];
+    token[..8].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    token[8..].copy_from_slice(&RUN.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let Ok(export) = Export::create(&token) else {
+        return;
+    };
+    let path = format!("/dev/shm/{}", table_name(&token));
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    else {
+        return;
+    };
+    let Some(base) = file
+        .metadata()
+        .ok()
+        .and_then(|m| m.len().checked_sub(TABLE_BYTES as u64))
+    else {
+        return;
+    };
+    let words = (TABLE_BYTES / 8) as u64;
+    let mut held: Vec<Held> = Vec::new();
+    // Steps of 11 bytes: [op, offset (2 bytes), value (8 bytes)].
+    for step in data.chunks_exact(11) {
+        let offset = u64::from(u16::from_le_bytes([step[1], step[2]])) % words * 8;
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&step[3..11]);
+        let value = u64::from_le_bytes(v);
+        match step[0] % 5 {
+            0 => {
+                let _ = file.write_all_at(&value.to_le_bytes(), base + offset);
+            }
+            1 if held.len() < 2 * MAX_IMPORTERS => {
+                if let Ok(h) = Held::acquire(&token) {
+                    assert!(h.slot() < MAX_IMPORTERS, "slot {}", h.slot());
+                    held.push(h);
+                }
+            }
+            2 => {
+                held.pop();
+            }
+            3 => {
+                let _ = export.holders();
+            }
+            _ => {
+                let _ = export.close_and_wait(Duration::ZERO);
+            }
+        }
+    }
+});
