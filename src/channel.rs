@@ -309,14 +309,14 @@ fn wait_limit(timeout: Duration) -> Duration {
 ///
 /// Each item costs one GPU wait and one GPU write on each side; between small copies on a
 /// stream, each of those costs the copy engine a drain and a restart (~5 µs on an H200), so
-/// 1 MiB items stream at under half the native copy rate one at a time. [`acquire_batch`]
-/// (`IpcSender::acquire_batch`) → [`SendBatch`] and [`recv_batch`](IpcReceiver::recv_batch) →
-/// [`ReceivedBatch`] take several consecutive slots on one stream with one wait and hand them
-/// on with one write (the counters mean "items up to k"). The ring still moves one item at a
-/// time, so batches and single items mix freely on either side. The price: a batch's GPU
-/// work starts once *every* item of it is ready.
-///
-/// [`acquire_batch`]: IpcSender::acquire_batch
+/// 1 MiB items stream at under half the native copy rate one at a time.
+/// [`acquire_batch`](IpcSender::acquire_batch) → [`SendBatch`] and
+/// [`recv_batch`](IpcReceiver::recv_batch) → [`ReceivedBatch`] take several consecutive slots
+/// on one stream with one wait and hand them on with one write (the counters mean "items up to
+/// k"): in groups of 8, 1 MiB items stream at 0.86 of a native peer copy across two H200s and
+/// 0.76 of a native copy on one. The ring still moves one item at a time, so batches and
+/// single items mix freely on either side. The price: a batch's GPU work starts once *every*
+/// item of it is ready.
 ///
 /// # When a side dies or closes
 ///
