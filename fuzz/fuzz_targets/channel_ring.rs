@@ -10,6 +10,9 @@ use std::time::Duration;
 use cuda_ipc::__channel_testing::{HostConsumer, HostProducer, RING_STATE_BYTES};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "steps.rs"]
+mod steps;
+
 const SLOTS: usize = 4;
 const CAPACITY: u64 = 100;
 
@@ -38,13 +41,8 @@ fuzz_target!(|data: &[u8]| {
     // The input is a program of 11-byte steps: [op, offset (2 bytes), value (8 bytes)]. A
     // write step puts `value` into an 8-byte word of the ring state, as a hostile peer could;
     // the others are the two sides' operations, which must stay within the ring.
-    let words = (RING_STATE_BYTES / 8) as u64;
-    for step in data.chunks_exact(11) {
-        let offset = u64::from(u16::from_le_bytes([step[1], step[2]])) % words * 8;
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&step[3..11]);
-        let value = u64::from_le_bytes(v);
-        match step[0] % 4 {
+    for steps::Step { op, offset, value } in steps::steps(data, RING_STATE_BYTES) {
+        match op % 4 {
             0 => {
                 let _ = file.write_all_at(&value.to_le_bytes(), offset_base + offset);
             }

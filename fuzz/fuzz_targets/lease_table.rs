@@ -12,6 +12,9 @@ use cuda_ipc::__lease_testing::{Export, Held, TABLE_BYTES, table_name};
 use cuda_ipc::MAX_IMPORTERS;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "steps.rs"]
+mod steps;
+
 static RUN: AtomicU64 = AtomicU64::new(0);
 
 fuzz_target!(|data: &[u8]| {
@@ -37,15 +40,10 @@ fuzz_target!(|data: &[u8]| {
     else {
         return;
     };
-    let words = (TABLE_BYTES / 8) as u64;
     let mut held: Vec<Held> = Vec::new();
     // Steps of 11 bytes: [op, offset (2 bytes), value (8 bytes)].
-    for step in data.chunks_exact(11) {
-        let offset = u64::from(u16::from_le_bytes([step[1], step[2]])) % words * 8;
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&step[3..11]);
-        let value = u64::from_le_bytes(v);
-        match step[0] % 5 {
+    for steps::Step { op, offset, value } in steps::steps(data, TABLE_BYTES) {
+        match op % 5 {
             0 => {
                 let _ = file.write_all_at(&value.to_le_bytes(), base + offset);
             }
