@@ -392,35 +392,27 @@ impl Bench<'_> {
         self.command(CMD_RAW, 0, 0);
     }
 
-    /// One batch of `batch` items through the stream channel; its time.
-    fn stream_batch(&self, tx: &mut IpcSender<u32>, batch: u64) -> Duration {
+    /// One batch of `batch` items through the stream channel, one at a time (`group` 1) or in
+    /// groups of `group` (`acquire_batch`; the consumer receives in groups too); its time.
+    fn stream_batch(&self, tx: &mut IpcSender<u32>, batch: u64, group: usize) -> Duration {
         // SAFETY: our stream, live for the bench.
         let rs = unsafe { RawStream::from_raw(self.stream) };
         let done = self.s.batches_done.load(Ordering::Acquire);
         let t = Instant::now();
-        for _ in 0..batch {
-            let slot = tx.acquire(&rs, WAIT).unwrap();
-            let n = slot.capacity();
-            slot.send(n).unwrap();
-        }
-        spin("the consumer's batch", || {
-            self.s.batches_done.load(Ordering::Acquire) > done
-        });
-        t.elapsed()
-    }
-
-    /// One batch of `batch` items through the channel in groups of [`BATCH`] on both sides.
-    fn stream_grouped(&self, tx: &mut IpcSender<u32>, batch: u64) -> Duration {
-        // SAFETY: our stream, live for the bench.
-        let rs = unsafe { RawStream::from_raw(self.stream) };
-        let done = self.s.batches_done.load(Ordering::Acquire);
-        let t = Instant::now();
-        let lens = vec![tx.capacity(); BATCH];
-        for _ in 0..batch / BATCH as u64 {
-            tx.acquire_batch(&rs, BATCH, WAIT)
-                .unwrap()
-                .send(&lens)
-                .unwrap();
+        if group == 1 {
+            for _ in 0..batch {
+                let slot = tx.acquire(&rs, WAIT).unwrap();
+                let n = slot.capacity();
+                slot.send(n).unwrap();
+            }
+        } else {
+            let lens = vec![tx.capacity(); group];
+            for _ in 0..batch / group as u64 {
+                tx.acquire_batch(&rs, group, WAIT)
+                    .unwrap()
+                    .send(&lens)
+                    .unwrap();
+            }
         }
         spin("the consumer's batch", || {
             self.s.batches_done.load(Ordering::Acquire) > done
@@ -537,17 +529,39 @@ fn main() {
             }
         }
 
-        // Streaming.
-        for (name, elems, batch) in [("1MiB", 256 << 10, 64u64), ("64MiB", 16 << 20, 8u64)] {
+        // Streaming: one item at a time (4 slots), and 1 MiB items in groups of [`BATCH`] on
+        // both sides (one GPU wait and one write per group; [`BATCH_SLOTS`] slots).
+        for (size, elems, batch, group) in [
+            ("1MiB", 256 << 10, 64u64, 1),
+            ("64MiB", 16 << 20, 8u64, 1),
+            ("1MiB", 256 << 10, 64u64, BATCH),
+        ] {
             let bytes = elems * 4;
+            let (slots, cmd, name, function, how) = if group == 1 {
+                (
+                    SLOTS,
+                    CMD_STREAM,
+                    size.to_owned(),
+                    "cuda_ipc_channel",
+                    String::new(),
+                )
+            } else {
+                (
+                    BATCH_SLOTS,
+                    CMD_STREAM_BATCH,
+                    format!("{size}_grouped"),
+                    "cuda_ipc_channel_batches",
+                    format!(" in groups of {group} ({BATCH_SLOTS} slots)"),
+                )
+            };
             let mut g = c.benchmark_group(format!("channel_stream_{name}_{label}"));
             g.throughput(Throughput::Bytes(bytes as u64 * batch))
                 .sample_size(10)
                 .measurement_time(Duration::from_secs(3))
                 .warm_up_time(Duration::from_millis(300));
-            let mut tx = b.channel(SLOTS, elems, CMD_STREAM, batch);
-            g.bench_function("cuda_ipc_channel", |bch| {
-                bch.iter_custom(|n| (0..n).map(|_| b.stream_batch(&mut tx, batch)).sum())
+            let mut tx = b.channel(slots, elems, cmd, batch);
+            g.bench_function(function, |bch| {
+                bch.iter_custom(|n| (0..n).map(|_| b.stream_batch(&mut tx, batch, group)).sum())
             });
             drop(tx);
             b.command(CMD_IDLE, 0, 0);
@@ -558,9 +572,9 @@ fn main() {
             if common::is_bench_run() {
                 let (mut ours, mut native) = (Vec::new(), Vec::new());
                 for _ in 0..7 {
-                    let mut tx = b.channel(SLOTS, elems, CMD_STREAM, batch);
-                    b.stream_batch(&mut tx, batch); // warm
-                    ours.push(b.stream_batch(&mut tx, batch).as_secs_f64());
+                    let mut tx = b.channel(slots, elems, cmd, batch);
+                    b.stream_batch(&mut tx, batch, group); // warm
+                    ours.push(b.stream_batch(&mut tx, batch, group).as_secs_f64());
                     drop(tx);
                     b.command(CMD_IDLE, 0, 0);
                     native.push(b.native_batch(bytes, batch).as_secs_f64());
@@ -569,51 +583,9 @@ fn main() {
                 native.sort_by(f64::total_cmp);
                 let gbs = |t: f64| (bytes as f64 * batch as f64) / t / 1e9;
                 println!(
-                    "summary: channel stream {name} {label}, {batch} items per batch, 7 \
+                    "summary: channel stream {size} {label}{how}, {batch} items per batch, 7 \
                      alternating batches: channel {:.1} GB/s (median), native copy {:.1} GB/s; \
                      ratio {:.3}",
-                    gbs(ours[3]),
-                    gbs(native[3]),
-                    native[3] / ours[3]
-                );
-            }
-        }
-        // Streaming 1 MiB items in groups (one GPU wait and one write per group on each side).
-        {
-            let (elems, batch) = (256 << 10, 64u64);
-            let bytes = elems * 4;
-            let mut g = c.benchmark_group(format!("channel_stream_1MiB_grouped_{label}"));
-            g.throughput(Throughput::Bytes(bytes as u64 * batch))
-                .sample_size(10)
-                .measurement_time(Duration::from_secs(3))
-                .warm_up_time(Duration::from_millis(300));
-            let mut tx = b.channel(BATCH_SLOTS, elems, CMD_STREAM_BATCH, batch);
-            g.bench_function("cuda_ipc_channel_batches", |bch| {
-                bch.iter_custom(|n| (0..n).map(|_| b.stream_grouped(&mut tx, batch)).sum())
-            });
-            drop(tx);
-            b.command(CMD_IDLE, 0, 0);
-            g.bench_function("native_copy", |bch| {
-                bch.iter_custom(|n| (0..n).map(|_| b.native_batch(bytes, batch)).sum())
-            });
-            g.finish();
-            if common::is_bench_run() {
-                let (mut ours, mut native) = (Vec::new(), Vec::new());
-                for _ in 0..7 {
-                    let mut tx = b.channel(BATCH_SLOTS, elems, CMD_STREAM_BATCH, batch);
-                    b.stream_grouped(&mut tx, batch); // warm
-                    ours.push(b.stream_grouped(&mut tx, batch).as_secs_f64());
-                    drop(tx);
-                    b.command(CMD_IDLE, 0, 0);
-                    native.push(b.native_batch(bytes, batch).as_secs_f64());
-                }
-                ours.sort_by(f64::total_cmp);
-                native.sort_by(f64::total_cmp);
-                let gbs = |t: f64| (bytes as f64 * batch as f64) / t / 1e9;
-                println!(
-                    "summary: channel stream 1MiB {label} in groups of {BATCH} ({BATCH_SLOTS} \
-                     slots), {batch} items per batch, 7 alternating batches: channel {:.1} GB/s \
-                     (median), native copy {:.1} GB/s; ratio {:.3}",
                     gbs(ours[3]),
                     gbs(native[3]),
                     native[3] / ours[3]
