@@ -78,6 +78,40 @@ fn wait_go(s: &Shared, at_least: u64) {
     });
 }
 
+/// What a GPU test holds while it consumes from a producer child.
+struct Attached {
+    s: ShmRegion<Shared>,
+    before: HashSet<String>,
+    child: common::Child,
+    ctx: GpuContext,
+    stream: Stream,
+    rx: IpcReceiver<u8>,
+}
+
+/// Start a producer child in `role` (given the region's name, device 0, then `args`) and
+/// attach to its channel as the consumer, on the other GPU when there are two (on the same
+/// GPU otherwise), with a stream of our own there.
+fn attach(role: &str, args: &[&str]) -> Attached {
+    let s = region();
+    let before = entries();
+    let mut all = vec![s.name(), "0"];
+    all.extend_from_slice(args);
+    let child = spawn(role, &all);
+    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    let ctx = GpuContext::new(other_device()).unwrap();
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    Attached {
+        s,
+        before,
+        child,
+        ctx,
+        stream,
+        rx,
+    }
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
@@ -175,21 +209,24 @@ fn child_process() {
                 drop(rx);
                 0
             }
-            // Items 1..=STREAM_ITEMS: odd ones on stream A behind a 150 ms spin, even ones on
-            // stream B at once; every byte of item k = k.
-            "two_stream_producer" => {
+            // Items 1..=STREAM_ITEMS in a ring of `args[2]` slots, every byte of item k = k.
+            // "alternate": odd items on one stream behind a 150 ms spin, even ones on another
+            // stream at once; "one": every item on one stream at once.
+            "stream_producer" => {
+                let slots: usize = args[2].parse().unwrap();
+                let alternate = args[3] == "alternate";
                 let module = Module::from_ptx(KERNELS, &[]).unwrap();
                 let delay = module.get_function("delay_fill").unwrap();
                 let other = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-                let mut tx = IpcSender::<u8>::new(&ctx, SLOTS, ITEM).unwrap();
+                let mut tx = IpcSender::<u8>::new(&ctx, slots, ITEM).unwrap();
                 s.handle.store(tx.handle());
                 s.up.store(1, Ordering::SeqCst);
                 wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
                 for k in 1..=STREAM_ITEMS {
-                    let (on, spin) = if k % 2 == 1 {
-                        (&stream, 150_000_000u64)
-                    } else {
-                        (&other, 0)
+                    let (on, spin) = match (alternate, k % 2) {
+                        (true, 1) => (&stream, 150_000_000u64),
+                        (true, _) => (&other, 0),
+                        (false, _) => (&stream, 0),
                     };
                     let slot = tx.acquire(on, WAIT).unwrap();
                     let ptr = slot.as_raw_ptr();
@@ -197,28 +234,6 @@ fn child_process() {
                     // stream until the send after it has run.
                     unsafe {
                         launch!(delay<<<64, 256, 0, on>>>(ptr, ITEM as u64, k as u32, spin))
-                            .unwrap();
-                    }
-                    slot.send(ITEM).unwrap();
-                }
-                wait_go(&s, 1);
-                0
-            }
-            // Items 1..=STREAM_ITEMS on one stream, every byte of item k = k, as fast as the
-            // ring allows.
-            "fast_producer" => {
-                let module = Module::from_ptx(KERNELS, &[]).unwrap();
-                let delay = module.get_function("delay_fill").unwrap();
-                let mut tx = IpcSender::<u8>::new(&ctx, 2, ITEM).unwrap();
-                s.handle.store(tx.handle());
-                s.up.store(1, Ordering::SeqCst);
-                wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
-                for k in 1..=STREAM_ITEMS {
-                    let slot = tx.acquire(&stream, WAIT).unwrap();
-                    let ptr = slot.as_raw_ptr();
-                    // SAFETY: as above.
-                    unsafe {
-                        launch!(delay<<<64, 256, 0, stream>>>(ptr, ITEM as u64, k as u32, 0u64))
                             .unwrap();
                     }
                     slot.send(ITEM).unwrap();
@@ -288,14 +303,14 @@ fn child_process() {
 fn a_slow_producer_is_never_overtaken() {
     let _g = serial();
     let _dog = watchdog("slow producer", Duration::from_secs(120));
-    let s = region();
-    let before = entries();
-    let child = spawn("slow_producer", &[s.name(), "0"]);
-    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
-    let ctx = GpuContext::new(other_device()).unwrap();
-    ctx.make_current().unwrap();
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    let Attached {
+        s,
+        before,
+        child,
+        ctx: _ctx,
+        stream,
+        mut rx,
+    } = attach("slow_producer", &[]);
     assert_eq!((rx.slots(), rx.capacity()), (SLOTS, ITEM));
     let chans: HashSet<String> = shm_entries("cuda-ipc-chan").into_iter().collect();
     assert!(
@@ -347,14 +362,14 @@ fn a_slow_producer_is_never_overtaken() {
 fn items_sent_on_several_streams_arrive_in_order() {
     let _g = serial();
     let _dog = watchdog("several producer streams", Duration::from_secs(120));
-    let s = region();
-    let before = entries();
-    let child = spawn("two_stream_producer", &[s.name(), "0"]);
-    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
-    let ctx = GpuContext::new(other_device()).unwrap();
-    ctx.make_current().unwrap();
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    let Attached {
+        s,
+        before,
+        child,
+        ctx: _ctx,
+        stream,
+        mut rx,
+    } = attach("stream_producer", &["3", "alternate"]);
     for k in 1..=STREAM_ITEMS {
         let item = rx.recv(&stream, WAIT).unwrap();
         let host = item.to_vec(WAIT).unwrap();
@@ -380,19 +395,20 @@ fn items_released_on_several_streams_free_slots_in_order() {
     use cuda_ipc::driver::sys;
     let _g = serial();
     let _dog = watchdog("several consumer streams", Duration::from_secs(120));
-    let s = region();
-    let before = entries();
-    let child = spawn("fast_producer", &[s.name(), "0"]);
-    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
-    let ctx = GpuContext::new(other_device()).unwrap();
-    ctx.make_current().unwrap();
+    let Attached {
+        s,
+        before,
+        child,
+        ctx: _ctx,
+        stream: _,
+        mut rx,
+    } = attach("stream_producer", &["2", "one"]);
     let module = Module::from_ptx(KERNELS, &[]).unwrap();
     let delay = module.get_function("delay_fill").unwrap();
     let slow = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     let fast = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     let copy = DeviceBuffer::<u8>::zeroed(ITEM).unwrap();
     let scratch = DeviceBuffer::<u8>::zeroed(16).unwrap();
-    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
     // Item 1: spin 150 ms on `slow`, then copy the slot out, then release — all on `slow`.
     let item = rx.recv(&slow, WAIT).unwrap();
     let p = scratch.as_device_ptr().as_raw();
@@ -442,14 +458,14 @@ fn batches_carry_items_in_order_and_mix_with_single_items() {
     use cuda_ipc::driver::sys;
     let _g = serial();
     let _dog = watchdog("batches", Duration::from_secs(120));
-    let s = region();
-    let before = entries();
-    let child = spawn("batch_producer", &[s.name(), "0"]);
-    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
-    let ctx = GpuContext::new(other_device()).unwrap();
-    ctx.make_current().unwrap();
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-    let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+    let Attached {
+        s,
+        before,
+        child,
+        ctx: _ctx,
+        stream,
+        mut rx,
+    } = attach("batch_producer", &[]);
     for bad in [0, SLOTS + 1] {
         let e = rx.recv_batch(&stream, bad, WAIT).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
@@ -567,14 +583,14 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
     let _g = serial();
     let _dog = watchdog("dead producer", Duration::from_secs(120));
     for die_at in ["before_send", "after_send"] {
-        let s = region();
-        let before = entries();
-        let child = spawn("slow_producer", &[s.name(), "0", die_at]);
-        wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
-        let ctx = GpuContext::new(other_device()).unwrap();
-        ctx.make_current().unwrap();
-        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
-        let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+        let Attached {
+            s: _s,
+            before,
+            child,
+            ctx: _ctx,
+            stream,
+            mut rx,
+        } = attach("slow_producer", &[die_at]);
         let mut got = 0;
         let err = loop {
             match rx.recv(&stream, WAIT) {
