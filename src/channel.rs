@@ -314,7 +314,7 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// [`recv_batch`](IpcReceiver::recv_batch) → [`ReceivedBatch`] take several consecutive slots
 /// on one stream with one wait and hand them on with one write (the counters mean "items up to
 /// k"): in groups of 8, 1 MiB items stream at 0.86 of a native peer copy across two H200s and
-/// 0.76 of a native copy on one. The ring still moves one item at a time, so batches and
+/// 0.76–0.84 of a native copy on one. The ring still moves one item at a time, so batches and
 /// single items mix freely on either side. The price: a batch's GPU work starts once *every*
 /// item of it is ready.
 ///
