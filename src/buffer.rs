@@ -2,6 +2,7 @@
 //! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -14,12 +15,13 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, check, sys};
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
+use crate::handle::{Envelope, HandleType, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
 use crate::stream::AsStream;
+use crate::vmm::VmmMemory;
 
 /// Default for [`IpcBuffer::set_lease_timeout`]: how long dropping an exported buffer waits for
 /// importers to unmap it before leaking it instead of freeing it.
@@ -67,6 +69,9 @@ struct Mapping {
     /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
     /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
     exporter_seen_alive: AtomicU64,
+    /// For a POSIX-fd import: the imported allocation and its mapping (taken and torn down in
+    /// `drop`); `None` for legacy handles, closed with `cuIpcCloseMemHandle`.
+    vmm: Option<VmmMemory>,
     // Dropped after `drop` has unmapped: the exporter may free once the lease is gone. Raw
     // handles have no lease (a foreign exporter keeps no table).
     lease: Option<Lease>,
@@ -78,7 +83,9 @@ impl Drop for Mapping {
         if cache.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
             cache.remove(&self.key);
         }
-        if let Ok(_g) = self.ctx.enter() {
+        if let Some(vmm) = self.vmm.take() {
+            drop(vmm); // unmap, free the range, release the imported handle
+        } else if let Ok(_g) = self.ctx.enter() {
             // SAFETY: `ptr` came from cuIpcOpenMemHandle in this context and is closed exactly
             // once, here, when the last view is gone. Drop cannot report a failure.
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
@@ -94,6 +101,8 @@ struct Export {
     leases: ExportLeases,
     lease_timeout: Duration,
     released: bool,
+    /// For a POSIX-fd buffer: the allocation (released in `release`); `None`: `cuMemAlloc`.
+    vmm: Option<VmmMemory>,
 }
 
 enum Origin {
@@ -195,16 +204,75 @@ impl<T: Pod> IpcBuffer<T> {
     /// lease table.
     #[doc(alias = "cuMemAlloc")]
     pub fn new(ctx: &GpuContext, len: usize) -> Result<Self> {
+        Self::new_with(ctx, len, HandleType::Legacy)
+    }
+
+    /// Allocate `len` elements in `ctx`, shared through handles of type `handle_type`
+    /// (contents unspecified): [`HandleType::Legacy`] as [`new`](Self::new);
+    /// [`HandleType::PosixFd`] a virtual-memory allocation (`cuMemCreate`, its size rounded up
+    /// to the allocation granularity, mapped read-write for `ctx`'s device) that other
+    /// processes map only through a file descriptor sent to them
+    /// ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer)); [`HandleType::Auto`] the
+    /// latter where the device supports it. [`handle_type`](Self::handle_type) says which.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); for POSIX-fd buffers [`Error::Unsupported`] when the device
+    /// cannot export virtual memory as file descriptors, and [`Error::Cuda`] naming
+    /// `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap` or
+    /// `cuMemSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdListener, GpuContext, HandleType, IpcBuffer, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<f32>::zeroed_with(&ctx, 1 << 20, HandleType::PosixFd)?;
+    /// let listener = FdListener::bind(SocketName::Abstract("my-app".into()), PeerPolicy::SameUid)?;
+    /// let peer = listener.accept(Duration::from_secs(5))?;
+    /// peer.send_buffer(&buf, Duration::from_secs(5))?;
+    /// // The peer: let buf = socket.recv_buffer::<f32>(&ctx, Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemCreate")]
+    #[doc(alias = "cuMemMap")]
+    pub fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
         let bytes = byte_len_of::<T>(len)?;
+        let vmm = match handle_type {
+            HandleType::Legacy => false,
+            HandleType::Auto => crate::vmm::supports_posix_fd(ctx.device())?,
+            HandleType::PosixFd => {
+                if !crate::vmm::supports_posix_fd(ctx.device())? {
+                    return Err(Error::Unsupported {
+                        device: ctx.ordinal(),
+                        what: "export virtual memory as POSIX file descriptors",
+                        reason: "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED or \
+                                 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED \
+                                 is 0 (use HandleType::Legacy)"
+                            .into(),
+                    });
+                }
+                true
+            }
+        };
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
         let leases = ExportLeases::create(&token)?;
         let uuid = device::uuid_of(ctx.device())?;
-        let _g = ctx.enter()?;
-        let mut ptr = 0;
-        // SAFETY: writes one device pointer; `bytes` is non-zero.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        let (ptr, vmm) = if vmm {
+            let memory = VmmMemory::create(ctx, bytes)?;
+            (memory.ptr(), Some(memory))
+        } else {
+            let _g = ctx.enter()?;
+            let mut ptr = 0;
+            // SAFETY: writes one device pointer; `bytes` is non-zero.
+            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+            (ptr, None)
+        };
         Ok(Self {
             ctx: ctx.clone(),
             ptr,
@@ -216,6 +284,7 @@ impl<T: Pod> IpcBuffer<T> {
                 leases,
                 lease_timeout: DEFAULT_LEASE_TIMEOUT,
                 released: false,
+                vmm,
             }),
             _elem: PhantomData,
         })
@@ -233,7 +302,18 @@ impl<T: Pod> IpcBuffer<T> {
     /// or `cuStreamSynchronize`.
     #[doc(alias = "cuMemsetD8")]
     pub fn zeroed(ctx: &GpuContext, len: usize) -> Result<Self> {
-        let buf = Self::new(ctx, len)?;
+        Self::zeroed_with(ctx, len, HandleType::Legacy)
+    }
+
+    /// [`new_with`](Self::new_with), then fill with zero bytes as [`zeroed`](Self::zeroed)
+    /// does (for a POSIX-fd buffer, the whole granularity-rounded allocation: a peer maps all
+    /// of it).
+    ///
+    /// # Errors
+    ///
+    /// As [`new_with`](Self::new_with) and [`zeroed`](Self::zeroed).
+    pub fn zeroed_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
+        let buf = Self::new_with(ctx, len, handle_type)?;
         buf.fill_fresh(0)?;
         Ok(buf)
     }
@@ -241,11 +321,16 @@ impl<T: Pod> IpcBuffer<T> {
     /// Set every byte of a buffer nothing else uses yet, on a private non-blocking stream, and
     /// wait until it is done.
     fn fill_fresh(&self, value: u8) -> Result<()> {
+        let bytes = match &self.origin {
+            Origin::Exported(Export { vmm: Some(m), .. }) => m.size(),
+            _ => self.byte_len(),
+        };
         let _g = self.ctx.enter()?;
         let stream = driver::create_non_blocking_stream()?;
-        // SAFETY: the device range is this buffer's `byte_len` bytes; the stream is live.
+        // SAFETY: the device range is this buffer's `bytes` bytes (its mapping, for a POSIX-fd
+        // buffer); the stream is live.
         let mut rc = check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream)
+            sys::cuMemsetD8Async(self.ptr, value, bytes, stream)
         });
         if rc.is_ok() {
             // SAFETY: a live stream.
@@ -260,6 +345,10 @@ impl<T: Pod> IpcBuffer<T> {
 
     /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
     ///
+    /// For a [`HandleType::PosixFd`] buffer the handle describes the memory but cannot map it:
+    /// use [`export_fd`](Self::export_fd) or
+    /// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer), which send a descriptor with it.
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on an imported buffer (CUDA cannot re-export a mapping);
@@ -268,6 +357,75 @@ impl<T: Pod> IpcBuffer<T> {
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
         let env = self.export_envelope(KIND_MEM, "IpcBuffer::handle")?;
         Ok(IpcMemHandle::from_envelope(env))
+    }
+
+    /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the
+    /// memory (`cuMemExportToShareableHandle`), to send together over a Unix socket
+    /// (`SCM_RIGHTS`; [`FdSocket::send`](crate::FdSocket::send) or any other). The receiver
+    /// opens them with [`open_fd`](Self::open_fd). Each call makes a new descriptor; dropping
+    /// it after sending is right (the receiver has its own).
+    ///
+    /// The descriptor is the capability: whoever holds it can map the memory, whatever uid or
+    /// namespace it runs in; the handle alone cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::InvalidArgument`] on an
+    /// imported buffer; [`Error::Cuda`] naming `cuMemExportToShareableHandle`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::os::fd::AsFd;
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, HandleType, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let socket: FdSocket = unimplemented!();
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<u32>::zeroed_with(&ctx, 4096, HandleType::PosixFd)?;
+    /// let (handle, fd) = buf.export_fd()?;
+    /// socket.send(handle.as_bytes(), &[fd.as_fd()], Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemExportToShareableHandle")]
+    pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
+        let call = "IpcBuffer::export_fd";
+        let memory = match &self.origin {
+            Origin::Exported(Export { vmm: Some(m), .. }) => m,
+            Origin::Exported(_) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle: HandleType::Legacy,
+                    reason: "a cuMemAlloc buffer has no file descriptor; allocate with \
+                             HandleType::PosixFd, or send its handle() bytes"
+                        .into(),
+                });
+            }
+            Origin::Imported(_) => {
+                return Err(Error::InvalidArgument {
+                    call,
+                    reason: "an imported buffer cannot be exported again; share the original"
+                        .into(),
+                });
+            }
+        };
+        let env = self.export_envelope(KIND_MEM, call)?;
+        let fd = memory.export_fd()?;
+        Ok((IpcMemHandle::from_envelope(env), fd))
+    }
+
+    /// How this buffer's memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`]
+    /// (an `Auto` request resolved), for exported and imported buffers alike.
+    pub fn handle_type(&self) -> HandleType {
+        let vmm = match &self.origin {
+            Origin::Exported(e) => e.vmm.is_some(),
+            Origin::Imported(m) => m.vmm.is_some(),
+        };
+        if vmm {
+            HandleType::PosixFd
+        } else {
+            HandleType::Legacy
+        }
     }
 
     /// The sealed envelope of kind `kind` that exports this buffer (`call` names the public
@@ -280,15 +438,26 @@ impl<T: Pod> IpcBuffer<T> {
                     .into(),
             });
         };
-        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
-        {
-            let _g = self.ctx.enter()?;
-            // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc.
-            check("cuIpcGetMemHandle", unsafe {
-                sys::cuIpcGetMemHandle(&mut raw, self.ptr)
-            })?;
-        }
-        crate::raw::remember_own(RawMemHandle(raw.reserved));
+        let (cuda, handle_type) = match &export.vmm {
+            Some(memory) => {
+                let mut cuda = [0u8; 64];
+                cuda[..8].copy_from_slice(&(memory.size() as u64).to_le_bytes());
+                (cuda, HandleType::PosixFd)
+            }
+            None => {
+                let mut raw = sys::CUipcHandle { reserved: [0; 64] };
+                {
+                    let _g = self.ctx.enter()?;
+                    // SAFETY: writes 64 bytes for a pointer this buffer allocated with
+                    // cuMemAlloc.
+                    check("cuIpcGetMemHandle", unsafe {
+                        sys::cuIpcGetMemHandle(&mut raw, self.ptr)
+                    })?;
+                }
+                crate::raw::remember_own(RawMemHandle(raw.reserved));
+                (raw.reserved, HandleType::Legacy)
+            }
+        };
         let env = Envelope {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
@@ -296,7 +465,8 @@ impl<T: Pod> IpcBuffer<T> {
             len: self.len as u64,
             device_uuid: export.uuid,
             token: export.token,
-            ..Envelope::exported(kind, export.generation, self.ctx.ordinal(), raw.reserved)
+            handle_type: handle_type.code(),
+            ..Envelope::exported(kind, export.generation, self.ctx.ordinal(), cuda)
         };
         Ok(env.seal())
     }
@@ -306,20 +476,88 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
-    /// [`Error::TypeMismatch`], [`Error::SameProcess`], [`Error::ExporterGone`],
-    /// [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the buffer was freed, even if a
-    /// new one now sits at its address), [`Error::TooManyImporters`]. Then [`Error::Cuda`]
-    /// naming `cuIpcOpenMemHandle`.
+    /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens
+    /// only with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
+    /// [`Error::ExporterGone`], [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
+    /// buffer was freed, even if a new one now sits at its address),
+    /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
         Self::open_envelope(ctx, &handle.env, KIND_MEM)
     }
 
+    /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its
+    /// exporter sent with it ([`export_fd`](Self::export_fd); received over a Unix socket):
+    /// `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
+    /// for `ctx`'s device. `fd` is consumed (closed once imported, or on any error). Opening the
+    /// same export again in the same context shares the mapping, as for legacy handles; unlike
+    /// them, the exporting process may open its own handle.
+    ///
+    /// The mapping keeps the memory alive: an exporter that drops its buffer (or exits) after
+    /// this returns does not free it under this view; the driver frees it when the last
+    /// process unmaps it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open) for the handle (a freed buffer is [`Error::StaleHandle`], a dead
+    /// exporter [`Error::ExporterGone`], before the descriptor is used);
+    /// [`Error::HandleTypeMismatch`] for a legacy handle; [`Error::Cuda`] naming
+    /// `cuMemImportFromShareableHandle` for a descriptor that is not CUDA memory;
+    /// [`Error::CorruptHandle`] when the descriptor's memory is not on the device the handle
+    /// names or the handle's size does not fit it; [`Error::Cuda`] naming `cuMemMap` (the
+    /// handle claims more than the allocation holds) or `cuMemSetAccess`.
+    #[doc(alias = "cuMemImportFromShareableHandle")]
+    pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
+        Self::open_checked(ctx, &handle.env, KIND_MEM, Some(fd))
+    }
+
     /// [`open`](Self::open) for an envelope of kind `kind` (memory, or a signal's counter).
     pub(crate) fn open_envelope(ctx: &GpuContext, env: &Envelope, kind: u16) -> Result<Self> {
+        Self::open_checked(ctx, env, kind, None)
+    }
+
+    /// Validate → lease → map, for either handle type: `fd` is the descriptor that came with
+    /// a POSIX-fd envelope (and must be absent for a legacy one).
+    fn open_checked(
+        ctx: &GpuContext,
+        env: &Envelope,
+        kind: u16,
+        fd: Option<OwnedFd>,
+    ) -> Result<Self> {
         env.validate(kind)?;
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
-        let exporter = env.foreign_exporter()?;
+        let handle_type = env.handle_type();
+        match (handle_type, &fd) {
+            (HandleType::PosixFd, None) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle: handle_type,
+                    reason: "the handle arrived without its file descriptor: only a process \
+                             the exporter sent the descriptor to can map the memory \
+                             (FdSocket::recv_buffer, IpcBuffer::open_fd)"
+                        .into(),
+                });
+            }
+            (HandleType::Legacy, Some(_)) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle: handle_type,
+                    reason: "a file descriptor arrived with a legacy handle; refusing both"
+                        .into(),
+                });
+            }
+            _ => {}
+        }
+        let exporter = if fd.is_some() {
+            // A POSIX-fd handle may be opened by its own exporter; the boot check still holds.
+            let exporter = env.exporter();
+            if env.boot_id != os::boot_id() {
+                return Err(Error::ExporterGone {
+                    pid: exporter.pid(),
+                });
+            }
+            exporter
+        } else {
+            env.foreign_exporter()?
+        };
         let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
             reason: format!("length {} does not fit this platform", env.len),
         })?;
@@ -348,13 +586,33 @@ impl<T: Pod> IpcBuffer<T> {
                 None => break cache,
             }
         };
-        if !crate::process::is_alive_cached(&exporter) {
+        if !exporter.is_same_process(&ProcessIdentity::current())
+            && !crate::process::is_alive_cached(&exporter)
+        {
             return Err(Error::ExporterGone {
                 pid: exporter.pid(),
             });
         }
-        check_reachable(ctx, &env.device_uuid)?;
+        let memory_device = check_reachable(ctx, &env.device_uuid)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
+        if let Some(fd) = fd {
+            let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+            let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
+            let mapping = Arc::new(Mapping {
+                ctx: ctx.clone(),
+                ptr: memory.ptr(),
+                mapped: memory.size(),
+                described,
+                key,
+                exporter: Some(exporter),
+                exporter_seen_alive: AtomicU64::new(0),
+                vmm: Some(memory),
+                lease: Some(lease),
+            });
+            cache.insert(key, Arc::downgrade(&mapping));
+            drop(cache);
+            return Ok(Self::view(mapping, len));
+        }
         let _g = ctx.enter()?;
         let mut ptr = 0;
         let raw = sys::CUipcHandle { reserved: env.cuda };
@@ -393,6 +651,7 @@ impl<T: Pod> IpcBuffer<T> {
             key,
             exporter: Some(exporter),
             exporter_seen_alive: AtomicU64::new(0),
+            vmm: None,
             lease: Some(lease),
         });
         cache.insert(key, Arc::downgrade(&mapping));
@@ -468,6 +727,14 @@ impl<T: Pod> IpcBuffer<T> {
                     .into(),
             });
         };
+        if export.vmm.is_some() {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::PosixFd,
+                reason: "raw legacy handles exist only for cuMemAlloc memory; allocate with \
+                         HandleType::Legacy to share with PyTorch, CuPy or C/C++ peers"
+                    .into(),
+            });
+        }
         let mut raw = sys::CUipcHandle { reserved: [0; 64] };
         {
             let _g = self.ctx.enter()?;
@@ -642,6 +909,7 @@ impl<T: Pod> IpcBuffer<T> {
             key,
             exporter,
             exporter_seen_alive: AtomicU64::new(0),
+            vmm: None,
             lease: None,
         });
         cache.insert(key, Arc::downgrade(&mapping));
@@ -915,6 +1183,13 @@ impl<T: Pod> IpcBuffer<T> {
             return Ok(());
         }
         export.released = true;
+        if let Some(memory) = export.vmm.take() {
+            // New opens fail from here on (StaleHandle); existing importers keep their
+            // mappings, which hold the memory: the driver frees it when the last one unmaps.
+            export.leases.begin_close();
+            drop(memory);
+            return Ok(());
+        }
         let (holders, waited) = export.leases.close_and_wait(export.lease_timeout);
         if !holders.is_empty() {
             return Err(Error::LeasesOutstanding {
@@ -1054,7 +1329,9 @@ fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
     }
 }
 
-fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<()> {
+/// The ordinal of the device with `uuid`, if `ctx` can map its memory: it is `ctx`'s device or
+/// one it reaches as a peer.
+fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
     let unreachable = |reason: String| Error::DeviceNotReachable {
         uuid: device::uuid_string(uuid),
         from: ctx.ordinal(),
@@ -1064,10 +1341,10 @@ fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<()> {
         None => Err(unreachable(
             "the device is not visible to this process".into(),
         )),
-        Some(o) if o == ctx.ordinal() => Ok(()),
+        Some(o) if o == ctx.ordinal() => Ok(o),
         Some(o) => {
             if device::can_access_peer(ctx.ordinal(), o)? {
-                Ok(())
+                Ok(o)
             } else {
                 Err(unreachable(format!(
                     "no peer access from device {} to device {o}",

@@ -75,7 +75,7 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
     )
 }
 
-fn handle(ordinal: u32) -> Result<sys::CUdevice> {
+pub(crate) fn handle(ordinal: u32) -> Result<sys::CUdevice> {
     let ord = c_int::try_from(ordinal).map_err(|_| Error::InvalidArgument {
         call: "cuDeviceGet",
         reason: format!("ordinal {ordinal} out of range"),

@@ -387,6 +387,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// A handle arrived without what its [`HandleType`](crate::HandleType) needs, or with
+    /// what it does not: a POSIX-fd handle without its descriptor (only a process the exporter
+    /// sent the descriptor to can map the memory), a legacy handle with descriptors attached,
+    /// or a request only the other type supports.
+    #[error("{handle} handle: {reason}")]
+    HandleTypeMismatch {
+        /// The handle type of the handle (or buffer) concerned.
+        handle: crate::HandleType,
+        /// What does not match.
+        reason: String,
+    },
+
     /// An exported buffer still had importers when its owner closed it: the memory was leaked
     /// rather than freed under their feet.
     #[error("exported buffer still mapped by pid(s) {pids:?} after {waited:?}; leaked, not freed")]

@@ -41,7 +41,12 @@ use std::time::{Duration, Instant};
 use rustix::event::PollFlags;
 use rustix::io::Errno;
 
+use bytemuck::Pod;
+
+use crate::buffer::IpcBuffer;
+use crate::context::GpuContext;
 use crate::error::{Error, Result};
+use crate::handle::{HandleType, IpcMemHandle};
 use crate::os::socket as sys;
 
 /// The largest payload of one message, in bytes.
@@ -389,6 +394,98 @@ impl FdSocket {
                 Err(Errno::CONNRESET) => return Err(Error::PeerClosed { pid: self.peer.pid }),
                 Err(e) => return Err(os_error("recvmsg", &self.name, e)),
             }
+        }
+    }
+}
+
+impl FdSocket {
+    /// Send an exported [`IpcBuffer`] to the peer as one message: its handle, and for a
+    /// [`HandleType::PosixFd`] buffer a new descriptor of its memory (the capability to map
+    /// it), which this side closes once sent. The peer opens it with
+    /// [`recv_buffer`](Self::recv_buffer). Legacy buffers travel the same way (the handle
+    /// alone), so one code path serves both types.
+    ///
+    /// # Errors
+    ///
+    /// As [`IpcBuffer::handle`] / [`IpcBuffer::export_fd`], then as [`send`](Self::send).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdListener, GpuContext, HandleType, IpcBuffer, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<f32>::zeroed_with(&ctx, 1 << 20, HandleType::Auto)?;
+    /// let listener = FdListener::bind(SocketName::Abstract("my-app".into()), PeerPolicy::SameUid)?;
+    /// let peer = listener.accept(Duration::from_secs(5))?;
+    /// peer.send_buffer(&buf, Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn send_buffer<T: Pod>(&self, buffer: &IpcBuffer<T>, timeout: Duration) -> Result<()> {
+        match buffer.handle_type() {
+            HandleType::PosixFd => {
+                let (handle, fd) = buffer.export_fd()?;
+                self.send(handle.as_bytes(), &[fd.as_fd()], timeout)
+            }
+            _ => {
+                let handle = buffer.handle()?;
+                self.send(handle.as_bytes(), &[], timeout)
+            }
+        }
+    }
+
+    /// Receive a buffer sent with [`send_buffer`](Self::send_buffer) and map it into `ctx`
+    /// ([`IpcBuffer::open_fd`] with the descriptor that came with it, or [`IpcBuffer::open`]
+    /// for a legacy handle), waiting at most `timeout` for the message.
+    ///
+    /// Everything that arrives is checked before use: the payload must be exactly one handle
+    /// envelope; a POSIX-fd handle must come with exactly one descriptor and a legacy handle
+    /// with none (any that came are closed).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv) (a peer that never sends is [`Error::Timeout`]);
+    /// [`Error::CorruptHandle`] for a payload that is not a handle; [`Error::HandleTypeMismatch`]
+    /// when the descriptors do not match the handle's type; then as [`IpcBuffer::open_fd`] or
+    /// [`IpcBuffer::open`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let name = SocketName::Abstract("my-app".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+    /// let buf = socket.recv_buffer::<f32>(&ctx, Duration::from_secs(5))?;
+    /// println!("{} elements, shared as {}", buf.len(), buf.handle_type());
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn recv_buffer<T: Pod>(&self, ctx: &GpuContext, timeout: Duration) -> Result<IpcBuffer<T>> {
+        let FdMessage { payload, mut fds } = self.recv(timeout)?;
+        let handle = IpcMemHandle::<T>::from_bytes(&payload)?;
+        match (handle.handle_type(), fds.len()) {
+            (HandleType::PosixFd, 1) => {
+                let fd = fds.pop().ok_or_else(|| Error::Corrupt {
+                    what: "fd socket message",
+                    reason: "a descriptor counted but missing".into(),
+                })?;
+                IpcBuffer::open_fd(ctx, &handle, fd)
+            }
+            (HandleType::Legacy, 0) => IpcBuffer::open(ctx, &handle),
+            (handle_type, n) => Err(Error::HandleTypeMismatch {
+                handle: handle_type,
+                reason: format!(
+                    "{n} file descriptor(s) arrived with it (a POSIX-fd handle needs exactly \
+                     one, a legacy handle none); all closed"
+                ),
+            }),
         }
     }
 }

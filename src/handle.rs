@@ -27,6 +27,69 @@ pub(crate) const KIND_SIGNAL: u16 = 3;
 /// Size of an envelope in bytes.
 pub const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 
+/// How an [`IpcBuffer`](crate::IpcBuffer)'s memory is shared with other processes: chosen when
+/// the buffer is allocated ([`IpcBuffer::new_with`](crate::IpcBuffer::new_with)).
+///
+/// | | [`Legacy`](Self::Legacy) | [`PosixFd`](Self::PosixFd) |
+/// |-|-|-|
+/// | Allocation | `cuMemAlloc` | `cuMemCreate` + `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess` |
+/// | What a peer needs | the 184-byte [`IpcMemHandle`] (any channel) | the handle **and** a file descriptor, sent over an [`FdSocket`](crate::FdSocket) |
+/// | Who can map it | anyone who reads the handle bytes (a bearer token; any uid, any pid namespace) | only a process the descriptor was sent to (a capability) |
+/// | Dropping the exporter while mapped elsewhere | waits for importers (leases), leaks if they stay | never waits: the driver keeps the memory while any process maps it |
+/// | Opening in the exporting process | refused (CUDA cannot) | allowed |
+/// | Foreign peers ([`IpcBuffer::raw_export`](crate::IpcBuffer::raw_export)) | yes (PyTorch, CuPy, C/C++) | no |
+///
+/// [`Auto`](Self::Auto) picks [`PosixFd`](Self::PosixFd) where the device supports it
+/// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED` and virtual memory
+/// management), else [`Legacy`](Self::Legacy); [`IpcBuffer::handle_type`](crate::IpcBuffer::handle_type)
+/// says which. [`FdSocket::send_buffer`](crate::FdSocket::send_buffer) and
+/// [`recv_buffer`](crate::FdSocket::recv_buffer) carry either kind, so code that passes buffers
+/// over a socket works with both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum HandleType {
+    /// CUDA's legacy IPC handles (`cuIpcGetMemHandle`): 64 bytes that map the memory anywhere.
+    #[default]
+    Legacy,
+    /// Virtual-memory allocations exported as POSIX file descriptors
+    /// (`cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`).
+    PosixFd,
+    /// [`PosixFd`](Self::PosixFd) where the device allows it, else [`Legacy`](Self::Legacy).
+    Auto,
+}
+
+impl HandleType {
+    /// The envelope's code for a concrete type (`Auto` is resolved before export).
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Self::Legacy | Self::Auto => HANDLE_LEGACY,
+            Self::PosixFd => HANDLE_POSIX_FD,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<Self> {
+        match code {
+            HANDLE_LEGACY => Some(Self::Legacy),
+            HANDLE_POSIX_FD => Some(Self::PosixFd),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for HandleType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Legacy => "legacy IPC",
+            Self::PosixFd => "POSIX file descriptor",
+            Self::Auto => "automatic",
+        })
+    }
+}
+
+/// Envelope codes of [`HandleType`]s.
+const HANDLE_LEGACY: u32 = 0;
+const HANDLE_POSIX_FD: u32 = 1;
+
 /// The envelope common to memory and event handles.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
@@ -48,8 +111,12 @@ pub(crate) struct Envelope {
     pub device_uuid: [u8; 16],
     /// Random id of this export: names the lease table and keys the import cache.
     pub token: [u8; 16],
+    /// Legacy: the driver's 64-byte handle. POSIX fd: the bytes mapped (granularity-rounded,
+    /// little-endian) in the first 8, then zeroes; the memory itself comes as a descriptor.
     pub cuda: [u8; 64],
-    pub reserved: [u8; 8],
+    /// A [`HandleType`] code (memory only; 0 for events and signals).
+    pub handle_type: u32,
+    pub reserved: [u8; 4],
     pub checksum: u64,
 }
 
@@ -66,6 +133,18 @@ impl Envelope {
         self.version = VERSION;
         self.checksum = checksum(self.body());
         self
+    }
+
+    /// The handle type (after [`validate`](Self::validate): a known one).
+    pub(crate) fn handle_type(&self) -> HandleType {
+        HandleType::from_code(self.handle_type).unwrap_or(HandleType::Legacy)
+    }
+
+    /// For a POSIX-fd envelope: the bytes the exporter mapped.
+    pub(crate) fn vmm_bytes(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.cuda[..8]);
+        u64::from_le_bytes(b)
     }
 
     pub(crate) fn exporter(&self) -> ProcessIdentity {
@@ -142,8 +221,26 @@ impl Envelope {
                 self.checksum
             ));
         }
-        if self.reserved != [0; 8] {
+        if self.reserved != [0; 4] {
             return bad("reserved bytes are not zero".into());
+        }
+        match (kind, HandleType::from_code(self.handle_type)) {
+            (_, None) => return bad(format!("unknown handle type {}", self.handle_type)),
+            (KIND_MEM, Some(HandleType::PosixFd)) => {
+                let bytes = self.vmm_bytes();
+                let wanted = self.len.saturating_mul(u64::from(self.elem_size));
+                if self.cuda[8..] != [0; 56] || bytes < wanted || bytes > isize::MAX as u64 {
+                    return bad(format!(
+                        "a file-descriptor handle mapping {bytes} bytes for {} × {} bytes",
+                        self.len, self.elem_size
+                    ));
+                }
+            }
+            (KIND_MEM, Some(_)) => {}
+            (_, Some(t)) if t != HandleType::Legacy => {
+                return bad(format!("{t} handle type on a non-memory handle"));
+            }
+            _ => {}
         }
         if kind == KIND_SIGNAL
             && (self.len, self.elem_size, self.elem_align, self.type_tag)
@@ -223,6 +320,12 @@ pub(crate) fn type_tag_of<T>() -> u64 {
 /// or as bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)), and open it
 /// there with [`IpcBuffer::open`](crate::IpcBuffer::open).
 ///
+/// A handle of a [`HandleType::PosixFd`] buffer says what the memory is but cannot map it: the
+/// memory comes as a file descriptor, sent with the handle over an
+/// [`FdSocket`](crate::FdSocket) ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer)) or
+/// any other `SCM_RIGHTS` channel ([`IpcBuffer::export_fd`](crate::IpcBuffer::export_fd),
+/// [`IpcBuffer::open_fd`](crate::IpcBuffer::open_fd)).
+///
 /// `Debug` never prints the CUDA handle bytes: a legacy CUDA IPC handle is a bearer token that
 /// any local process can open.
 #[repr(transparent)]
@@ -299,12 +402,19 @@ impl<T> IpcMemHandle<T> {
     pub fn generation(&self) -> u64 {
         self.env.generation
     }
+
+    /// How the memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`] (never
+    /// `Auto`).
+    pub fn handle_type(&self) -> HandleType {
+        self.env.handle_type()
+    }
 }
 
 impl<T> std::fmt::Debug for IpcMemHandle<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcMemHandle")
             .field("type", &std::any::type_name::<T>())
+            .field("handle_type", &self.env.handle_type())
             .field("len", &self.env.len)
             .field("exporter_pid", &self.env.exporter_pid)
             .field("generation", &self.env.generation)
@@ -488,6 +598,67 @@ mod tests {
         assert!(IpcEventHandle::from_bytes(h.as_bytes()).is_err());
         assert!(IpcMemHandle::<f32>::from_bytes(&h.as_bytes()[1..]).is_err());
         assert!(IpcMemHandle::<f32>::from_bytes(&[0u8; HANDLE_SIZE]).is_err());
+    }
+
+    fn fd_sample(bytes: u64) -> Envelope {
+        let mut cuda = [0u8; 64];
+        cuda[..8].copy_from_slice(&bytes.to_le_bytes());
+        Envelope {
+            cuda,
+            handle_type: HANDLE_POSIX_FD,
+            ..sample()
+        }
+        .seal()
+    }
+
+    #[test]
+    fn fd_handles_carry_their_size_and_type() {
+        let h = IpcMemHandle::<f32>::from_bytes(
+            IpcMemHandle::<f32>::from_envelope(fd_sample(2 << 20)).as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(h.handle_type(), HandleType::PosixFd);
+        assert_eq!(h.env.vmm_bytes(), 2 << 20);
+        assert_eq!(
+            IpcMemHandle::<f32>::from_envelope(sample()).handle_type(),
+            HandleType::Legacy
+        );
+        assert!(format!("{h:?}").contains("PosixFd"), "{h:?}");
+    }
+
+    #[test]
+    fn fd_handles_that_cannot_hold_their_length_are_rejected() {
+        // 1024 × 4 bytes do not fit in 4095 mapped bytes; 0 bytes; a size past isize::MAX.
+        for bytes in [4095, 0, u64::MAX] {
+            let err = fd_sample(bytes).validate(KIND_MEM).unwrap_err();
+            assert!(err.to_string().contains("file-descriptor handle"), "{err}");
+        }
+        assert!(fd_sample(4096).validate(KIND_MEM).is_ok());
+        // Bytes after the size must be zero.
+        let mut env = fd_sample(4096);
+        env.cuda[9] = 1;
+        assert!(env.seal().validate(KIND_MEM).is_err());
+    }
+
+    #[test]
+    fn unknown_handle_types_and_fd_events_or_signals_are_rejected() {
+        let unknown = Envelope {
+            handle_type: 7,
+            ..sample()
+        }
+        .seal();
+        let err = unknown.validate(KIND_MEM).unwrap_err();
+        assert!(err.to_string().contains("unknown handle type 7"), "{err}");
+        for kind in [KIND_EVENT, KIND_SIGNAL] {
+            let env = Envelope {
+                kind,
+                handle_type: HANDLE_POSIX_FD,
+                ..signal_sample()
+            }
+            .seal();
+            let err = env.validate(kind).unwrap_err();
+            assert!(err.to_string().contains("non-memory handle"), "{err}");
+        }
     }
 
     fn signal_sample() -> Envelope {

@@ -118,6 +118,7 @@ mod shm;
 mod signal;
 mod stream;
 mod sync;
+mod vmm;
 
 pub use barrier::{
     BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
@@ -141,7 +142,9 @@ pub use fd_socket::{
     FdListener, FdMessage, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerCred, PeerPolicy, SocketName,
     take_fd_from_process,
 };
-pub use handle::{__fuzz_reseal, HANDLE_SIZE, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
+pub use handle::{
+    __fuzz_reseal, HANDLE_SIZE, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle,
+};
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;

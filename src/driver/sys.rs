@@ -97,6 +97,8 @@ pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
 pub const CU_MEM_HANDLE_TYPE_FABRIC: c_uint = 8;
 /// `CUmemAllocationGranularity_flags`: the minimum granularity.
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+/// `CUmemAccess_flags`: read and write access to a mapped range.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
 
 pub type CUmemGenericAllocationHandle = u64;
 pub type CUmemoryPool = *mut c_void;
@@ -122,6 +124,16 @@ pub struct CUmemAllocationProp {
 }
 
 const _: () = assert!(std::mem::size_of::<CUmemAllocationProp>() == 32);
+
+/// `CUmemAccessDesc`: who may access a mapped range, and how (12 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<CUmemAccessDesc>() == 12);
 
 /// `CUmemPoolProps` (88 bytes; CUDA 12.6 named two of the reserved bytes `usage`, older
 /// drivers read them as reserved, zero either way).
@@ -290,6 +302,38 @@ super::loader::driver_api! {
         flags: u64,
     ) -> CUresult;
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    fn cuMemAddressReserve(
+        ptr: *mut CUdeviceptr,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: u64,
+    ) -> CUresult;
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
+    fn cuMemMap(
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: CUmemGenericAllocationHandle,
+        flags: u64,
+    ) -> CUresult;
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult;
+    fn cuMemSetAccess(
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: *const CUmemAccessDesc,
+        count: usize,
+    ) -> CUresult;
+    /// For a POSIX file descriptor, `shareable` is the `int` itself cast to a pointer.
+    fn cuMemImportFromShareableHandle(
+        handle: *mut CUmemGenericAllocationHandle,
+        shareable: *mut c_void,
+        handle_type: c_uint,
+    ) -> CUresult;
+    fn cuMemGetAllocationPropertiesFromHandle(
+        prop: *mut CUmemAllocationProp,
+        handle: CUmemGenericAllocationHandle,
+    ) -> CUresult;
     fn cuMemExportToShareableHandle(
         shareable: *mut c_void,
         handle: CUmemGenericAllocationHandle,

@@ -1,0 +1,283 @@
+//! Virtual-memory allocations shared as POSIX file descriptors: the memory behind
+//! [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffers.
+//!
+//! One [`VmmMemory`] is one physical allocation mapped at a virtual range of one context, in
+//! either role:
+//!
+//! - **Created** ([`VmmMemory::create`]): `cuMemCreate` (pinned to the context's device,
+//!   requesting the POSIX-fd handle type; size rounded up to the minimum granularity), then
+//!   `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess` (read-write for the context's
+//!   device). [`VmmMemory::export_fd`] hands out a new descriptor per call
+//!   (`cuMemExportToShareableHandle`).
+//! - **Imported** ([`VmmMemory::import`]): `cuMemImportFromShareableHandle` on a received
+//!   descriptor (closed right after: the driver holds its own reference), the allocation's
+//!   properties checked (`cuMemGetAllocationPropertiesFromHandle`: pinned device memory on the
+//!   device the envelope names), then reserve + map + access as above, for the importing
+//!   context's device.
+//!
+//! Either role tears down in the same order: `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease`.
+//! The physical memory is freed by the driver only when every process has released its handle
+//! and unmapped it, which is what makes an exporter's drop safe without waiting for importers:
+//! their mappings keep the memory alive.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::context::GpuContext;
+use crate::device;
+use crate::driver::{check, sys};
+use crate::error::{Error, Result};
+
+/// One physical allocation mapped in one context (see the module docs).
+pub(crate) struct VmmMemory {
+    ctx: GpuContext,
+    handle: sys::CUmemGenericAllocationHandle,
+    ptr: sys::CUdeviceptr,
+    size: usize,
+}
+
+// SAFETY: the fields are a context (Send + Sync), a driver handle and an address: plain values
+// the driver accepts from any thread; teardown happens once, in Drop.
+unsafe impl Send for VmmMemory {}
+// SAFETY: as above; no method mutates through `&self`.
+unsafe impl Sync for VmmMemory {}
+
+fn on_device(dev: sys::CUdevice) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    }
+}
+
+fn pinned_fd_prop(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        kind: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requested_handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: on_device(dev),
+        win32_handle_meta_data: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    }
+}
+
+/// The minimum granularity of allocations described by `prop` (a context is current).
+fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
+    let mut g = 0;
+    // SAFETY: reads `prop`, writes one size.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(&mut g, prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+    })?;
+    if g == 0 || !g.is_power_of_two() {
+        return Err(Error::Corrupt {
+            what: "allocation granularity",
+            reason: format!("the driver reports {g} bytes"),
+        });
+    }
+    Ok(g)
+}
+
+/// Whether `ordinal`'s device can create virtual-memory allocations exportable as POSIX file
+/// descriptors (the two device attributes; [`probe`](crate::probe) also tries one).
+pub(crate) fn supports_posix_fd(dev: sys::CUdevice) -> Result<bool> {
+    Ok(
+        device::attribute(
+            dev,
+            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        )? != 0
+            && device::attribute(
+                dev,
+                sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            )? != 0,
+    )
+}
+
+/// Reserve `size` bytes of address space, map `handle` there and give `ctx`'s device
+/// read-write access; on failure nothing stays reserved or mapped (the handle is the caller's).
+/// A context is current.
+fn map(
+    ctx: &GpuContext,
+    handle: sys::CUmemGenericAllocationHandle,
+    size: usize,
+    alignment: usize,
+) -> Result<sys::CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: writes one address; any size and alignment are accepted or refused by code.
+    check("cuMemAddressReserve", unsafe {
+        sys::cuMemAddressReserve(&mut ptr, size, alignment, 0, 0)
+    })?;
+    // SAFETY: `ptr..ptr+size` was just reserved; `handle` is a live allocation handle whose
+    // size the driver checks against `size` (too large is an error code).
+    let mapped = check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) });
+    let accessible = mapped.and_then(|()| {
+        let desc = sys::CUmemAccessDesc {
+            location: on_device(ctx.device()),
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range is mapped just above; reads one access descriptor.
+        let rc = check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(ptr, size, &desc, 1)
+        });
+        if rc.is_err() {
+            // SAFETY: mapped above, unmapped once, never handed out.
+            let _ = unsafe { sys::cuMemUnmap(ptr, size) };
+        }
+        rc
+    });
+    if let Err(e) = accessible {
+        // SAFETY: reserved above, freed once, nothing mapped in it any more.
+        let _ = unsafe { sys::cuMemAddressFree(ptr, size) };
+        return Err(e);
+    }
+    Ok(ptr)
+}
+
+impl VmmMemory {
+    /// Allocate at least `bytes` on `ctx`'s device, exportable as a file descriptor, and map
+    /// it read-write for that device.
+    pub(crate) fn create(ctx: &GpuContext, bytes: usize) -> Result<Self> {
+        let _g = ctx.enter()?;
+        let prop = pinned_fd_prop(ctx.device());
+        let gran = granularity(&prop)?;
+        let size = bytes
+            .checked_next_multiple_of(gran)
+            .filter(|&s| s <= isize::MAX as usize)
+            .ok_or_else(|| Error::InvalidArgument {
+                call: "IpcBuffer::new_with",
+                reason: format!("{bytes} bytes rounded up to the granularity {gran} overflow"),
+            })?;
+        let mut handle = 0;
+        // SAFETY: reads `prop`, writes one allocation handle; `size` is a non-zero multiple of
+        // the granularity.
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size, &prop, 0)
+        })?;
+        match map(ctx, handle, size, gran) {
+            Ok(ptr) => Ok(Self {
+                ctx: ctx.clone(),
+                handle,
+                ptr,
+                size,
+            }),
+            Err(e) => {
+                // SAFETY: created above, never mapped (map undid itself), released once.
+                let _ = unsafe { sys::cuMemRelease(handle) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Import the allocation behind `fd` (received from its exporter), check that it is
+    /// pinned memory on device `expected` (this process's ordinal of the device the envelope
+    /// names), and map its first `size` bytes read-write for `ctx`'s device. `fd` is closed
+    /// before this returns, whatever happens.
+    pub(crate) fn import(
+        ctx: &GpuContext,
+        fd: OwnedFd,
+        size: usize,
+        expected: sys::CUdevice,
+    ) -> Result<Self> {
+        let _g = ctx.enter()?;
+        let mut handle = 0;
+        // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the "shareable handle" is the
+        // descriptor's number itself, passed as a pointer-sized value and never dereferenced;
+        // `fd` is open for the whole call. A descriptor that is not a CUDA allocation is an
+        // error code.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        // The driver holds its own reference now.
+        drop(fd);
+        let release = |e: Error| {
+            // SAFETY: imported above, not mapped, released once.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+            e
+        };
+        let mut prop = pinned_fd_prop(0);
+        // SAFETY: writes one property struct for a live handle.
+        check("cuMemGetAllocationPropertiesFromHandle", unsafe {
+            sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)
+        })
+        .map_err(release)?;
+        if prop.kind != sys::CU_MEM_ALLOCATION_TYPE_PINNED
+            || prop.location.kind != sys::CU_MEM_LOCATION_TYPE_DEVICE
+            || prop.location.id != expected
+        {
+            return Err(release(Error::CorruptHandle {
+                reason: format!(
+                    "the descriptor's memory (allocation type {}, location type {} id {}) is not \
+                     pinned memory on device {expected}, where the handle says it is",
+                    prop.kind, prop.location.kind, prop.location.id
+                ),
+            }));
+        }
+        let gran = granularity(&prop).map_err(release)?;
+        if size == 0 || !size.is_multiple_of(gran) {
+            return Err(release(Error::CorruptHandle {
+                reason: format!(
+                    "the handle maps {size} bytes, not a multiple of the allocation \
+                     granularity {gran}"
+                ),
+            }));
+        }
+        let ptr = map(ctx, handle, size, gran).map_err(release)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            handle,
+            ptr,
+            size,
+        })
+    }
+
+    /// A new descriptor for this allocation (`cuMemExportToShareableHandle`); the receiver
+    /// imports it with [`import`](Self::import).
+    pub(crate) fn export_fd(&self) -> Result<OwnedFd> {
+        let _g = self.ctx.enter()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: writes one int (the POSIX-fd shareable type) for a live allocation created
+        // with that handle type requested.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&raw mut fd).cast(),
+                self.handle,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::Corrupt {
+                what: "exported descriptor",
+                reason: format!("cuMemExportToShareableHandle returned fd {fd}"),
+            });
+        }
+        // SAFETY: the driver opened this descriptor for us; nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The mapped address.
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Bytes mapped (a multiple of the granularity).
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for VmmMemory {
+    fn drop(&mut self) {
+        // Drop cannot report failures; each step runs even if an earlier one failed, so a
+        // failing unmap leaks at most the address range, never touches memory of others.
+        if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: mapped by create/import in this context, unmapped once, here.
+            let _ = unsafe { sys::cuMemUnmap(self.ptr, self.size) };
+            // SAFETY: reserved by create/import, freed once, after its mapping is gone.
+            let _ = unsafe { sys::cuMemAddressFree(self.ptr, self.size) };
+            // SAFETY: created or imported once, released once; the driver frees the memory
+            // when no process maps or holds it any more.
+            let _ = unsafe { sys::cuMemRelease(self.handle) };
+        }
+    }
+}
