@@ -3,23 +3,30 @@
 //! - cold open + close through `IpcBuffer` vs raw `cuIpcOpenMemHandle` + `cuIpcCloseMemHandle`;
 //! - cached re-open (the import cache hit) vs the same raw open + close;
 //! - event open (+ destroy) through `IpcEvent` vs raw `cuIpcOpenEventHandle` + `cuEventDestroy`;
-//! - export: typed handle (envelope, checksum) vs raw `cuIpcGetMemHandle`.
+//! - export: typed handle (envelope, checksum) vs raw `cuIpcGetMemHandle`;
+//! - POSIX-fd open + close through `IpcBuffer::open_fd` vs the raw sequence
+//!   `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`,
+//!   `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` (both duplicate the received descriptor
+//!   first, since each open consumes one; the raw side reuses a granularity asked once).
 //!
 //! A helper process, started once outside the measurement, exports a 64 MiB buffer and an
-//! event. Run: `cargo bench --bench handle_open`.
+//! event, and sends a 64 MiB POSIX-fd buffer over a socket. Run:
+//! `cargo bench --bench handle_open`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
 
 #[path = "common/mod.rs"]
 mod common;
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
 use cuda_ipc::{
-    GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, ShmCell, ShmOptions, ShmSafe,
+    FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcEvent, IpcEventHandle,
+    IpcMemHandle, PeerPolicy, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 
 #[repr(C)]
@@ -64,8 +71,42 @@ fn exporter(region: &str) {
         raw("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev));
     }
     shared.raw_event.store(h.reserved);
+    let fd_buf = IpcBuffer::<u8>::zeroed_with(&ctx, 64 << 20, HandleType::PosixFd).unwrap();
+    let socket = FdSocket::connect(
+        &fd_socket_name(region),
+        &PeerPolicy::SameUid,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    socket
+        .send_buffer(&fd_buf, Duration::from_secs(60))
+        .unwrap();
     shared.ready.store(1, Ordering::Release);
     std::thread::sleep(Duration::from_secs(3600));
+}
+
+/// The minimum granularity of pinned device-0 memory exportable as a descriptor.
+fn device0_granularity() -> usize {
+    let prop = sys::CUmemAllocationProp {
+        kind: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requested_handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: sys::CUmemLocation {
+            kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+        win32_handle_meta_data: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    };
+    let mut g = 0;
+    // SAFETY: reads `prop`, writes one size; a context is current.
+    raw("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(&mut g, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+    });
+    g
+}
+
+fn fd_socket_name(region: &str) -> SocketName {
+    SocketName::Abstract(format!("{region}-fd"))
 }
 
 struct Fixture {
@@ -75,6 +116,11 @@ struct Fixture {
     raw_mem: sys::CUipcHandle,
     raw_event: sys::CUipcHandle,
     own: IpcBuffer<u8>,
+    fd_mem: IpcMemHandle<u8>,
+    fd: OwnedFd,
+    /// Bytes the helper's POSIX-fd allocation maps, and the granularity (asked once).
+    fd_bytes: usize,
+    granularity: usize,
 }
 
 impl Fixture {
@@ -124,6 +170,43 @@ impl Fixture {
     fn ours_export(&self) -> IpcMemHandle<u8> {
         self.own.handle().unwrap()
     }
+    fn ours_fd_open_close(&self) {
+        let fd = self.fd.try_clone().unwrap();
+        drop(IpcBuffer::open_fd(&self.ctx, &self.fd_mem, fd).unwrap());
+    }
+    fn raw_fd_open_close(&self) {
+        let fd = self.fd.try_clone().unwrap();
+        let (size, mut handle, mut p) = (self.fd_bytes, 0, 0);
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: 0,
+            },
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the helper's live allocation, imported from a descriptor we own, mapped into
+        // a range reserved here, and torn down in order on the current context.
+        unsafe {
+            raw(
+                "cuMemImportFromShareableHandle",
+                sys::cuMemImportFromShareableHandle(
+                    &mut handle,
+                    fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                    sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                ),
+            );
+            drop(fd);
+            raw(
+                "cuMemAddressReserve",
+                sys::cuMemAddressReserve(&mut p, size, self.granularity, 0, 0),
+            );
+            raw("cuMemMap", sys::cuMemMap(p, size, 0, handle, 0));
+            raw("cuMemSetAccess", sys::cuMemSetAccess(p, size, &access, 1));
+            raw("cuMemUnmap", sys::cuMemUnmap(p, size));
+            raw("cuMemAddressFree", sys::cuMemAddressFree(p, size));
+            raw("cuMemRelease", sys::cuMemRelease(handle));
+        }
+    }
 }
 
 fn benches(c: &mut Criterion, f: &Fixture) {
@@ -146,6 +229,10 @@ fn benches(c: &mut Criterion, f: &Fixture) {
     g.bench_function("export/raw", |b| {
         b.iter(|| std::hint::black_box(f.raw_export()))
     });
+    g.bench_function("fd_open_close/cuda_ipc", |b| {
+        b.iter(|| f.ours_fd_open_close())
+    });
+    g.bench_function("fd_open_close/raw", |b| b.iter(|| f.raw_fd_open_close()));
     g.finish();
 }
 
@@ -177,6 +264,9 @@ fn summary(f: &Fixture) {
         },
     );
     common::row("export", &ours, &base);
+    let (ours, base) =
+        common::sample_pair(31, 100, || f.ours_fd_open_close(), || f.raw_fd_open_close());
+    common::row("POSIX-fd open + close", &ours, &base);
 }
 
 fn main() {
@@ -192,10 +282,19 @@ fn main() {
         .random_suffix(true)
         .create::<Shared>()
         .unwrap();
+    let listener = FdListener::bind(fd_socket_name(shared.name()), PeerPolicy::SameUid).unwrap();
     let _helper = common::spawn("exporter", shared.name());
+    let socket = listener.accept(Duration::from_secs(60)).unwrap();
+    let mut msg = socket.recv(Duration::from_secs(60)).unwrap();
+    let fd_mem = IpcMemHandle::<u8>::from_bytes(&msg.payload).unwrap();
+    let fd = msg.fds.pop().expect("a descriptor with the fd handle");
     common::wait_for("exporter", Duration::from_secs(60), || {
         shared.ready.load(Ordering::Acquire) == 1
     });
+    // The granularity and the helper's mapped size, as a raw user would learn them once.
+    ctx.make_current().unwrap();
+    let granularity = device0_granularity();
+    let fd_bytes = fd_mem.len().next_multiple_of(granularity);
     let f = Fixture {
         own: IpcBuffer::<u8>::new(&ctx, 64 << 20).unwrap(),
         ctx,
@@ -207,6 +306,10 @@ fn main() {
         raw_event: sys::CUipcHandle {
             reserved: shared.raw_event.load(),
         },
+        fd_mem,
+        fd,
+        fd_bytes,
+        granularity,
     };
     f.ctx.make_current().unwrap(); // for the raw calls
     let mut c = Criterion::default().configure_from_args();

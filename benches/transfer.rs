@@ -1,9 +1,10 @@
 //! Bandwidth through an IPC mapping, against a native allocation in the same run:
 //!
 //! - `copy`: a device-to-device copy (copy engine, `cuMemcpyDtoDAsync`) from a local buffer into
-//!   another process's buffer mapped with `IpcBuffer::open`, vs into this process's own
+//!   another process's buffer — a legacy mapping (`ipc_mapping`) and a POSIX-fd one
+//!   (`fd_mapping`, `cuMemMap` of an imported descriptor) — vs into this process's own
 //!   allocation on the same device (the `cuMemcpyPeer` path when that device is another GPU);
-//! - `kernel`: simpleIPC's kernel writing every byte of the mapped buffer vs of the own one;
+//! - `kernel`: simpleIPC's kernel writing every byte of the mapped buffers vs of the own one;
 //!
 //! on one GPU (exporter and importer share device 0) and across two (the exporter's buffer on
 //! device 1, written from device 0 over NVLink), for 4 KiB to 256 MiB.
@@ -14,12 +15,11 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use cuda_ipc::driver::sys;
-use cuda_ipc::{GpuContext, IpcBuffer, IpcMemHandle, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::{FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, PeerPolicy, SocketName};
 use cust::function::BlockSize;
 use cust::module::Module;
 use cust::prelude::*;
@@ -28,39 +28,42 @@ const MAX: usize = 256 << 20;
 const SIZES: [usize; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 
-#[repr(C)]
-struct Shared {
-    mem: ShmCell<IpcMemHandle<u8>>,
-    ready: AtomicU32,
-}
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
+const T: Duration = Duration::from_secs(60);
 
+/// The helper: allocate on a device with a handle type, send it over the socket, wait.
 fn exporter(arg: &str) {
-    let (region, device) = arg.split_once(':').unwrap();
-    let shared = ShmOptions::new(region).open::<Shared>().unwrap();
+    let mut parts = arg.split(':');
+    let (socket, device, kind) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let ctx = GpuContext::new(device.parse().unwrap()).unwrap();
-    let buf = IpcBuffer::<u8>::zeroed(&ctx, MAX).unwrap();
-    shared.mem.store(buf.handle().unwrap());
-    shared.ready.store(1, Ordering::Release);
+    let handle_type = if kind == "fd" {
+        HandleType::PosixFd
+    } else {
+        HandleType::Legacy
+    };
+    let buf = IpcBuffer::<u8>::zeroed_with(&ctx, MAX, handle_type).unwrap();
+    let name = SocketName::Abstract(socket.to_owned());
+    let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+    s.send_buffer(&buf, T).unwrap();
     std::thread::sleep(Duration::from_secs(3600));
 }
 
-/// An exported buffer on `device`, mapped here; the helper lives as long as the guard.
-fn peer_buffer(
-    ctx: &GpuContext,
-    device: u32,
-) -> (IpcBuffer<u8>, common::Helper, ShmRegion<Shared>) {
-    let shared = ShmOptions::new("cuda-ipc-bench-transfer")
-        .random_suffix(true)
-        .create::<Shared>()
-        .unwrap();
-    let helper = common::spawn("exporter", &format!("{}:{device}", shared.name()));
-    common::wait_for("exporter", Duration::from_secs(60), || {
-        shared.ready.load(Ordering::Acquire) == 1
-    });
-    let buf = IpcBuffer::open(ctx, &shared.mem.load()).unwrap();
-    (buf, helper, shared)
+/// A buffer exported on `device` with `kind` ("legacy" or "fd") by a helper, mapped here; the
+/// helper lives as long as its guard.
+fn peer_buffer(ctx: &GpuContext, device: u32, kind: &str) -> (IpcBuffer<u8>, common::Helper) {
+    let socket = format!(
+        "cuda-ipc-bench-transfer-{}-{device}-{kind}",
+        std::process::id()
+    );
+    let listener =
+        FdListener::bind(SocketName::Abstract(socket.clone()), PeerPolicy::SameUid).unwrap();
+    let helper = common::spawn("exporter", &format!("{socket}:{device}:{kind}"));
+    let s = listener.accept(T).unwrap();
+    let buf = s.recv_buffer::<u8>(ctx, T).unwrap();
+    (buf, helper)
 }
 
 struct Engine<'m> {
@@ -109,24 +112,30 @@ fn main() {
     };
     let gpus = cuda_ipc::device_count().unwrap();
     let src = IpcBuffer::<u8>::zeroed(&ctx, MAX).unwrap();
-    // (label, IPC-mapped target, native target on the same device)
+    // (label, legacy-mapped target, fd-mapped target, native target on the same device)
     let mut cases = Vec::new();
     let mut keep = Vec::new();
-    let (peer0, h0, r0) = peer_buffer(&ctx, 0);
-    let own0 = IpcBuffer::<u8>::zeroed(&ctx, MAX).unwrap();
-    cases.push(("1gpu", peer0.as_raw_ptr(), own0.as_raw_ptr()));
-    keep.push((peer0, own0));
-    let mut guards = vec![(h0, r0)];
+    let mut guards = Vec::new();
     let ctx1 = (gpus >= 2).then(|| GpuContext::new(1).unwrap());
     if let Some(ctx1) = &ctx1 {
         ctx.enable_peer_access(ctx1).unwrap();
-        let (peer1, h1, r1) = peer_buffer(&ctx, 1);
-        let own1 = IpcBuffer::<u8>::zeroed(ctx1, MAX).unwrap();
-        cases.push(("2gpu", peer1.as_raw_ptr(), own1.as_raw_ptr()));
-        keep.push((peer1, own1));
-        guards.push((h1, r1));
     } else {
         println!("bench transfer: one GPU visible; the two-GPU cases need two");
+    }
+    for (label, device, own_ctx) in [("1gpu", 0, Some(&ctx)), ("2gpu", 1, ctx1.as_ref())] {
+        let Some(own_ctx) = own_ctx else { continue };
+        let (legacy, h_legacy) = peer_buffer(&ctx, device, "legacy");
+        let (fd, h_fd) = peer_buffer(&ctx, device, "fd");
+        assert_eq!(fd.handle_type(), HandleType::PosixFd);
+        let own = IpcBuffer::<u8>::zeroed(own_ctx, MAX).unwrap();
+        cases.push((
+            label,
+            legacy.as_raw_ptr(),
+            fd.as_raw_ptr(),
+            own.as_raw_ptr(),
+        ));
+        keep.push((legacy, fd, own));
+        guards.push((h_legacy, h_fd));
     }
     ctx.make_current().unwrap();
     let module = Module::from_ptx(KERNELS, &[]).unwrap();
@@ -143,7 +152,7 @@ fn main() {
     let s = src.as_raw_ptr();
 
     let mut c = Criterion::default().configure_from_args();
-    for &(label, mapped, native) in &cases {
+    for &(label, mapped, fd_mapped, native) in &cases {
         for op in ["copy", "kernel"] {
             let mut g = c.benchmark_group(format!("transfer_{label}_{op}"));
             g.sample_size(20)
@@ -151,7 +160,11 @@ fn main() {
                 .warm_up_time(Duration::from_millis(200));
             for n in SIZES {
                 g.throughput(Throughput::Bytes(n as u64));
-                for (target, dst) in [("ipc_mapping", mapped), ("native", native)] {
+                for (target, dst) in [
+                    ("ipc_mapping", mapped),
+                    ("fd_mapping", fd_mapped),
+                    ("native", native),
+                ] {
                     g.bench_with_input(BenchmarkId::new(target, n), &n, |b, &n| {
                         b.iter_custom(|iters| {
                             if op == "copy" {
@@ -170,13 +183,13 @@ fn main() {
     if common::is_bench_run() {
         println!();
         println!(
-            "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 alternating batches), ratio of p50s"
+            "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 alternating batches), ratios of p50s to native"
         );
         println!(
-            "{:<6} {:<6} {:>10} {:>24} {:>24} {:>7}",
-            "case", "op", "bytes", "ipc_mapping", "native", "ratio"
+            "{:<6} {:<6} {:>10} {:>24} {:>24} {:>24} {:>7} {:>7}",
+            "case", "op", "bytes", "ipc_mapping", "fd_mapping", "native", "ipc", "fd"
         );
-        for &(label, mapped, native) in &cases {
+        for &(label, mapped, fd_mapped, native) in &cases {
             for op in ["copy", "kernel"] {
                 for n in SIZES {
                     let reps = ((1u64 << 30) / n as u64).clamp(4, 2000);
@@ -189,13 +202,15 @@ fn main() {
                         };
                         (n as f64 * reps as f64) / t.as_secs_f64() / 1e9
                     };
-                    // Alternate mapped and native batches so drift lands on both.
-                    let (mut m, mut nat) = (Vec::new(), Vec::new());
+                    // Alternate mapped and native batches so drift lands on all.
+                    let (mut m, mut f, mut nat) = (Vec::new(), Vec::new(), Vec::new());
                     for _ in 0..31 {
                         m.push(batch(mapped));
+                        f.push(batch(fd_mapped));
                         nat.push(batch(native));
                     }
                     m.sort_by(f64::total_cmp);
+                    f.sort_by(f64::total_cmp);
                     nat.sort_by(f64::total_cmp);
                     let cell = |v: &[f64]| {
                         format!(
@@ -206,10 +221,12 @@ fn main() {
                         )
                     };
                     println!(
-                        "{label:<6} {op:<6} {n:>10} {:>24} {:>24} {:>7.3}",
+                        "{label:<6} {op:<6} {n:>10} {:>24} {:>24} {:>24} {:>7.3} {:>7.3}",
                         cell(&m),
+                        cell(&f),
                         cell(&nat),
-                        common::pct(&m, 0.5) / common::pct(&nat, 0.5)
+                        common::pct(&m, 0.5) / common::pct(&nat, 0.5),
+                        common::pct(&f, 0.5) / common::pct(&nat, 0.5)
                     );
                 }
             }

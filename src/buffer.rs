@@ -2,8 +2,8 @@
 //! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -540,8 +540,7 @@ impl<T: Pod> IpcBuffer<T> {
             (HandleType::Legacy, Some(_)) => {
                 return Err(Error::HandleTypeMismatch {
                     handle: handle_type,
-                    reason: "a file descriptor arrived with a legacy handle; refusing both"
-                        .into(),
+                    reason: "a file descriptor arrived with a legacy handle; refusing both".into(),
                 });
             }
             _ => {}

@@ -77,16 +77,14 @@ fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
 /// Whether `ordinal`'s device can create virtual-memory allocations exportable as POSIX file
 /// descriptors (the two device attributes; [`probe`](crate::probe) also tries one).
 pub(crate) fn supports_posix_fd(dev: sys::CUdevice) -> Result<bool> {
-    Ok(
-        device::attribute(
+    Ok(device::attribute(
+        dev,
+        sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+    )? != 0
+        && device::attribute(
             dev,
-            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-        )? != 0
-            && device::attribute(
-                dev,
-                sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-            )? != 0,
-    )
+            sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        )? != 0)
 }
 
 /// Reserve `size` bytes of address space, map `handle` there and give `ctx`'s device
@@ -105,7 +103,9 @@ fn map(
     })?;
     // SAFETY: `ptr..ptr+size` was just reserved; `handle` is a live allocation handle whose
     // size the driver checks against `size` (too large is an error code).
-    let mapped = check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) });
+    let mapped = check("cuMemMap", unsafe {
+        sys::cuMemMap(ptr, size, 0, handle, 0)
+    });
     let accessible = mapped.and_then(|()| {
         let desc = sys::CUmemAccessDesc {
             location: on_device(ctx.device()),

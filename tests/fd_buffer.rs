@@ -161,7 +161,12 @@ fn both_ways(exporter_device: u32, importer_device: u32) {
     let len = (3 << 20) / 4 + 7; // not a multiple of the granularity
     let child = spawn(
         "exporter",
-        &[&raw, &exporter_device.to_string(), &len.to_string(), "verify_reply"],
+        &[
+            &raw,
+            &exporter_device.to_string(),
+            &len.to_string(),
+            "verify_reply",
+        ],
     );
     let s = l.accept(T).unwrap();
     let buf = s.recv_buffer::<u32>(&ctx, T).unwrap();
@@ -412,7 +417,11 @@ fn opening_in_the_exporting_process_shares_one_mapping_and_soaks_clean() {
     let _dog = watchdog("fd_same_process", Duration::from_secs(120));
     let ctx = gpu();
     let auto = IpcBuffer::<u8>::new_with(&ctx, 1, HandleType::Auto).unwrap();
-    assert_eq!(auto.handle_type(), HandleType::PosixFd, "an H200 supports fds");
+    assert_eq!(
+        auto.handle_type(),
+        HandleType::PosixFd,
+        "an H200 supports fds"
+    );
     drop(auto);
     let fds = fd_count();
     let shm_before = shm_entries("cuda-ipc-lease.").len();
@@ -438,7 +447,11 @@ fn opening_in_the_exporting_process_shares_one_mapping_and_soaks_clean() {
         drop((a, b));
     }
     assert_eq!(fd_count(), fds, "descriptors");
-    assert_eq!(shm_entries("cuda-ipc-lease.").len(), shm_before, "lease tables");
+    assert_eq!(
+        shm_entries("cuda-ipc-lease.").len(),
+        shm_before,
+        "lease tables"
+    );
     let (free_after, _) = ctx.mem_info().unwrap();
     assert!(
         free_after + (4 << 20) >= free_before,
