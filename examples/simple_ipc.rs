@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N] [--sync events|signal]
+//!                                              [--handles legacy|fd]
 //! ```
 //!
 //! The parent picks every device that supports unified addressing, is in the default compute
@@ -20,6 +21,12 @@
 //! in step `i` the writer of buffer `b` waits (on the GPU) for `b`'s counter to reach `i`, and
 //! signals `i + 1` after its kernel; the check at the end waits for `n`.
 //!
+//! `--handles fd` allocates the buffers as virtual-memory allocations shared as POSIX file
+//! descriptors ([`HandleType::PosixFd`]) instead of legacy IPC handles: after the start barrier
+//! each child connects to the parent's Unix socket ([`FdListener`]) and receives every buffer
+//! with its descriptor ([`FdSocket::recv_buffer`]); a process that only read the shared region
+//! could not map them.
+//!
 //! Exit status: 0 on success, 2 ("waived") when no device can do IPC, 1 on any failure.
 
 use std::process::{Child, Command, ExitCode};
@@ -27,8 +34,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cuda_ipc::{
-    BarrierState, Error, GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcSignal,
-    IpcSignalHandle, PeerGroup, ProcessBarrier, ShmCell, ShmOptions, ShmSafe,
+    BarrierState, Error, FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcEvent,
+    IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, PeerGroup, PeerPolicy,
+    ProcessBarrier, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 use cust::function::BlockSize;
 use cust::module::Module;
@@ -55,6 +63,8 @@ struct Shared {
     /// `--sync signal`: 1, and `signals` holds one signal per buffer.
     use_signals: AtomicU32,
     signals: [ShmCell<IpcSignalHandle>; MAX_DEVICES],
+    /// `--handles fd`: 1, and the buffers come over the parent's socket, not from `mem`.
+    fd_handles: AtomicU32,
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
@@ -66,7 +76,15 @@ struct Options {
     max_devices: usize,
     timings: bool,
     signals: bool,
+    handles: HandleType,
 }
+
+/// The parent's socket for `--handles fd`, named after the region.
+fn socket_name(region: &str) -> SocketName {
+    SocketName::Abstract(format!("{region}.fd"))
+}
+
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn parse_options(args: &[String]) -> Result<Options, String> {
     let mut opts = Options {
@@ -74,6 +92,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         max_devices: MAX_DEVICES,
         timings: false,
         signals: false,
+        handles: HandleType::Legacy,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -90,6 +109,11 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
                 Some("events") => opts.signals = false,
                 Some("signal") => opts.signals = true,
                 _ => return Err("--sync takes events or signal".into()),
+            },
+            "--handles" => match it.next().map(String::as_str) {
+                Some("legacy") => opts.handles = HandleType::Legacy,
+                Some("fd") => opts.handles = HandleType::PosixFd,
+                _ => return Err("--handles takes legacy or fd".into()),
             },
             other => return Err(format!("unknown option {other:?} (try --help)")),
         }
@@ -192,9 +216,20 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
     phases.mark("start");
     let mut host = host.join().map_err(|_| "the allocating thread panicked")?;
 
-    let buffers = (0..n)
-        .map(|i| IpcBuffer::open(&ctx, &shared.mem[i].load()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let buffers = if shared.fd_handles.load(Ordering::Acquire) == 1 {
+        let socket = FdSocket::connect(
+            &socket_name(region_name),
+            &PeerPolicy::SameUid,
+            SOCKET_TIMEOUT,
+        )?;
+        (0..n)
+            .map(|_| socket.recv_buffer::<u8>(&ctx, SOCKET_TIMEOUT))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        (0..n)
+            .map(|i| IpcBuffer::open(&ctx, &shared.mem[i].load()))
+            .collect::<Result<Vec<_>, _>>()?
+    };
     let sync = if shared.use_signals.load(Ordering::Acquire) == 1 {
         Sync::Signals(
             (0..n)
@@ -332,9 +367,16 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
             s.devices.store(devices);
             s.use_signals
                 .store(u32::from(opts.signals), Ordering::Release);
+            s.fd_handles.store(
+                u32::from(opts.handles == HandleType::PosixFd),
+                Ordering::Release,
+            );
             Ok(())
         })?;
     let start = ProcessBarrier::join(&region.start)?;
+    let listener = (opts.handles == HandleType::PosixFd)
+        .then(|| FdListener::bind(socket_name(region.name()), PeerPolicy::SameUid))
+        .transpose()?;
 
     // The children first: their contexts come up while this process sets up its own.
     println!("Spawning processes and assigning GPUs...");
@@ -361,9 +403,13 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
     phases.mark("set-up");
     // Twice at the start barrier: the handles are published; every child has verified.
     let started = match &published {
-        Ok(_) => start.wait().and_then(|_| {
+        Ok(published) => start.wait().map_err(Failure::from).and_then(|_| {
             phases.mark("start");
-            start.wait_timeout(Duration::from_secs(600)).map(drop)
+            if let Some(listener) = &listener {
+                send_buffers(listener, published)?;
+                phases.mark("sent");
+            }
+            Ok(start.wait_timeout(Duration::from_secs(600)).map(drop)?)
         }),
         Err(_) => {
             // Stop the children at the start barrier instead of letting them wait for us.
@@ -393,10 +439,22 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
     Ok(Some((n, n * opts.size)))
 }
 
+/// `--handles fd`: accept every child's connection and send it every buffer, with its
+/// descriptor.
+fn send_buffers(listener: &FdListener, published: &[Published]) -> Result<(), Failure> {
+    for _ in 0..published.len() {
+        let socket = listener.accept(SOCKET_TIMEOUT)?;
+        for p in published {
+            socket.send_buffer(&p.buffer, SOCKET_TIMEOUT)?;
+        }
+    }
+    Ok(())
+}
+
 /// What the parent allocates and exports for one device; kept alive until the children are
 /// done with it.
 struct Published {
-    _buffer: IpcBuffer<u8>,
+    buffer: IpcBuffer<u8>,
     _event: Option<IpcEvent>,
     _signal: Option<IpcSignal>,
     _context: GpuContext,
@@ -409,7 +467,7 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
     println!("Peer access enabled among {} device(s)", contexts.len());
     let mut published = Vec::new();
     for (i, context) in contexts.into_iter().enumerate() {
-        let buffer = IpcBuffer::<u8>::new(&context, opts.size)?;
+        let buffer = IpcBuffer::<u8>::new_with(&context, opts.size, opts.handles)?;
         region.mem[i].store(buffer.handle()?);
         let (mut event, mut signal) = (None, None);
         if opts.signals {
@@ -422,7 +480,7 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
             event = Some(e);
         }
         published.push(Published {
-            _buffer: buffer,
+            buffer,
             _event: event,
             _signal: signal,
             _context: context,
@@ -475,11 +533,14 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "simple_ipc: NVIDIA's simpleIPC sample on cuda-ipc\n\n\
-             usage: simple_ipc [--size BYTES] [--devices N] [--sync events|signal] [--timings]\n\
+             usage: simple_ipc [--size BYTES] [--devices N] [--sync events|signal]\n\
+             \x20                 [--handles legacy|fd] [--timings]\n\
              \x20 --size BYTES   bytes per device buffer (default 67108864 = 64 MiB)\n\
              \x20 --devices N    use at most N devices (default and maximum {MAX_DEVICES})\n\
              \x20 --sync events  order the writes with interprocess events (simpleIPC; default)\n\
              \x20 --sync signal  order them with IpcSignal counters (GPU-side stream memory ops)\n\
+             \x20 --handles legacy  share the buffers as legacy IPC handles (default)\n\
+             \x20 --handles fd   share them as POSIX file descriptors over a Unix socket\n\
              \x20 --timings      print where each child's time goes\n\n\
              exit status: 0 success, 2 waived (no device can do IPC), 1 failure"
         );
@@ -495,8 +556,9 @@ fn main() -> ExitCode {
     match parent(&opts, origin_ns) {
         Ok(Some((devices, bytes))) => {
             println!(
-                "simple_ipc: {devices} device(s), {} sync, {bytes} bytes verified, {:.3} s",
+                "simple_ipc: {devices} device(s), {} sync, {} handles, {bytes} bytes verified, {:.3} s",
                 if opts.signals { "signal" } else { "event" },
+                opts.handles,
                 start.elapsed().as_secs_f64()
             );
             ExitCode::SUCCESS
