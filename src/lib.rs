@@ -16,7 +16,8 @@
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
 //! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`], [`RawExport`], [`RawImport`], [`IpcBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute` |
-//! | Passing file descriptors | [`FdListener`], [`FdSocket`] | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
+//! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`IpcBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
+//! | Passing file descriptors (and buffers) | [`FdListener`], [`FdSocket`], [`FdSocket::send_buffer`], [`FdSocket::recv_buffer`] | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
 //! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
 //! | Barrier across processes | [`ProcessBarrier`], [`BarrierState`] | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
@@ -35,7 +36,9 @@
 //!   [`IpcBuffer`] is freed only when no live process maps it (leases); an imported one is one
 //!   view of a per-process mapping that is closed when the last view drops. A handle names one
 //!   export: once that buffer is freed, opening the handle fails with [`Error::StaleHandle`],
-//!   even if a new buffer sits at the same address.
+//!   even if a new buffer sits at the same address. A [`HandleType::PosixFd`] buffer's memory is
+//!   reference-counted by the driver across processes: the exporter's drop returns at once, and
+//!   each importer's mapping keeps the memory until it is dropped.
 //!
 //! # Threading
 //!

@@ -65,7 +65,11 @@ fn fd_links() -> Vec<String> {
         .filter_map(|e| e.ok())
         .map(|e| {
             let target = std::fs::read_link(e.path()).map(|p| p.display().to_string());
-            format!("{} -> {}", e.file_name().to_string_lossy(), target.unwrap_or_default())
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                target.unwrap_or_default()
+            )
         })
         .collect();
     v.sort();

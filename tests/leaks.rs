@@ -1,6 +1,7 @@
 //! Leak checks on the GPU: 10,000 export / open / drop cycles between two processes (file
-//! descriptors, `/dev/shm` entries and free GPU memory unchanged), and a killed importer's lease
-//! reaped with the memory back to baseline.
+//! descriptors, `/dev/shm` entries and free GPU memory unchanged), the same for 2,000 POSIX-fd
+//! buffers sent over a socket (the exporter dropping each while the importer still maps it),
+//! and a killed importer's lease reaped with the memory back to baseline.
 //!
 //! GPU tests, `#[ignore = "requires a CUDA device"]`, in their own binary and serialised by a
 //! lock: free device memory is device-wide, so no other test may run beside them.
@@ -13,7 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{fd_count, gpu, report, shm_entries, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{IpcBuffer, IpcMemHandle, ShmCell, ShmOptions, ShmSafe};
+use cuda_ipc::{
+    FdListener, FdSocket, HandleType, IpcBuffer, IpcMemHandle, PeerPolicy, ShmCell, ShmOptions,
+    ShmSafe, SocketName,
+};
 
 /// Serialises this binary's tests: they measure device-wide free memory.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -55,9 +59,41 @@ fn spin_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+const FD_CYCLES: u64 = 2_000;
+const T: Duration = Duration::from_secs(30);
+
+/// The POSIX-fd soak's exporter: per cycle a new buffer, sent; dropped once the importer says
+/// it mapped it (so the importer reads after the drop).
+fn fd_exporter(socket: &str) -> i32 {
+    let ctx = gpu();
+    let name = SocketName::Abstract(socket.to_owned());
+    let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+    let mut baseline = (0, 0);
+    for i in 0..FD_CYCLES {
+        if i == WARMUP {
+            baseline = (fd_count(), ctx.mem_info().unwrap().0);
+        }
+        let buf = IpcBuffer::<u8>::new_with(&ctx, LEN, HandleType::PosixFd).unwrap();
+        buf.memset_bytes((i % 251) as u8).unwrap();
+        s.send_buffer(&buf, T).unwrap();
+        assert_eq!(s.recv(T).unwrap().payload, b"mapped");
+        drop(buf);
+        s.send(b"dropped", &[], T).unwrap();
+    }
+    let end = (fd_count(), ctx.mem_info().unwrap().0);
+    report(format!(
+        "fds {} {} free {} {}",
+        baseline.0, end.0, baseline.1, end.1
+    ));
+    0
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
+        if role == "fd_exporter" {
+            return fd_exporter(&args[0]);
+        }
         let shared = ShmOptions::new(&args[0])
             .open::<Shared>()
             .expect("open region");
@@ -152,6 +188,74 @@ fn ten_thousand_export_open_drop_cycles_leak_nothing() {
         "exporter file descriptors leaked"
     );
     assert_eq!(v[4], v[5], "exporter-side free GPU memory changed");
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _dog = watchdog("fd soak", Duration::from_secs(300));
+    let ctx = gpu();
+    let socket = unique_name("fd-soak");
+    let listener =
+        FdListener::bind(SocketName::Abstract(socket.clone()), PeerPolicy::SameUid).unwrap();
+    let (free_start, _) = ctx.mem_info().unwrap();
+    let exporter = spawn("fd_exporter", &[&socket]);
+    let s = listener.accept(T).unwrap();
+    let mut host = vec![0u8; LEN];
+    let mut baseline = None;
+    let start = Instant::now();
+    for i in 0..FD_CYCLES {
+        if i == WARMUP {
+            baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
+        }
+        let buf = s.recv_buffer::<u8>(&ctx, T).unwrap();
+        s.send(b"mapped", &[], T).unwrap();
+        assert_eq!(s.recv(T).unwrap().payload, b"dropped");
+        // The exporter has dropped its buffer: this mapping holds the memory.
+        buf.copy_to_host(&mut host).unwrap();
+        assert!(
+            host.iter().all(|&b| u64::from(b) == i % 251),
+            "cycle {i}: wrong data after the exporter's drop"
+        );
+        drop(buf);
+    }
+    let elapsed = start.elapsed();
+    let results = exporter.expect_success(Duration::from_secs(60));
+    drop((s, listener));
+    let (fds0, shm0) = baseline.unwrap();
+    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
+    eprintln!(
+        "soak: {FD_CYCLES} POSIX-fd cycles in {:.2} s ({:.0} µs/cycle); importer fds \
+         {fds0}->{fds1}, lease tables {shm0}->{shm1}, device free memory {free_start}->{free1}; \
+         exporter: {}",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e6 / FD_CYCLES as f64,
+        results[0]
+    );
+    assert!(
+        fds1 <= fds0,
+        "importer file descriptors leaked: {fds0} -> {fds1}"
+    );
+    assert_eq!(shm1, 0, "lease tables left in /dev/shm");
+    assert!(
+        free1 + (4 << 20) >= free_start,
+        "device free memory {free1} did not return to {free_start}"
+    );
+    let v: Vec<&str> = results[0].split(' ').collect();
+    assert!(
+        v[2].parse::<usize>().unwrap() <= v[1].parse().unwrap(),
+        "exporter file descriptors leaked"
+    );
+    assert!(
+        v[5].parse::<usize>().unwrap() + (2 << 20) >= v[4].parse().unwrap(),
+        "exporter-side free GPU memory fell: {} -> {}",
+        v[4],
+        v[5]
+    );
 }
 
 #[test]
