@@ -516,8 +516,8 @@ fn try_vmm_fd(dev: sys::CUdevice, ordinal: u32) -> Finding {
         )),
         Err(e) => Finding::No(
             format!("{} ({attrs})", failed(&e)),
-            "virtual-memory buffers shared as file descriptors (what NCCL, UCX and cuda.core \
-             use; capabilities rather than bearer tokens)",
+            "HandleType::PosixFd buffers: virtual memory shared as file descriptors (what \
+             NCCL, UCX and cuda.core use; capabilities rather than bearer tokens)",
             "a driver with VMM support (CUDA 10.2+) on Linux; legacy handles still work",
         ),
     }
