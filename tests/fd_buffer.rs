@@ -18,6 +18,16 @@ use cuda_ipc::{
 };
 
 const T: Duration = Duration::from_secs(20);
+
+/// Serialises this binary's GPU tests: several count this process's descriptors, which any
+/// test running beside them would change (`.gpu/run` runs tests on parallel threads).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 const NOBODY: u32 = 65534;
 
 fn pattern(len: usize, seed: u32) -> Vec<u32> {
@@ -228,6 +238,7 @@ fn both_ways(exporter_device: u32, importer_device: u32) {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn fd_buffers_cross_processes_both_ways_on_every_device_pair() {
+    let _serial = serial();
     let _dog = watchdog("fd_both_ways", Duration::from_secs(120));
     let n = gpu_count();
     both_ways(0, 0);
@@ -247,6 +258,7 @@ fn fd_buffers_cross_processes_both_ways_on_every_device_pair() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn the_memory_outlives_its_exporter() {
+    let _serial = serial();
     let _dog = watchdog("fd_outlives", Duration::from_secs(120));
     let ctx = gpu();
     let len = 1 << 20;
@@ -281,6 +293,7 @@ fn the_memory_outlives_its_exporter() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
+    let _serial = serial();
     let _dog = watchdog("fd_refused", Duration::from_secs(60));
     let ctx = gpu();
     let before = fd_count();
@@ -327,6 +340,7 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn another_uid_with_the_handle_bytes_cannot_map_fd_memory() {
+    let _serial = serial();
     if !is_root() {
         eprintln!("fd buffers: not root, cannot start a process of another uid: not run");
         return;
@@ -362,6 +376,7 @@ fn another_uid_with_the_handle_bytes_cannot_map_fd_memory() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
+    let _serial = serial();
     let _dog = watchdog("fd_forged", Duration::from_secs(120));
     let ctx = gpu();
     warm_up(&ctx);
@@ -462,6 +477,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn opening_in_the_exporting_process_shares_one_mapping_and_soaks_clean() {
+    let _serial = serial();
     let _dog = watchdog("fd_same_process", Duration::from_secs(120));
     let ctx = gpu();
     let auto = IpcBuffer::<u8>::new_with(&ctx, 1, HandleType::Auto).unwrap();
