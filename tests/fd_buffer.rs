@@ -11,7 +11,10 @@ mod common;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use common::{fd_count, gpu, gpu_count, report, shm_entries, spawn, unique_name, watchdog};
+use common::{
+    drop_privileges, fd_count, gpu, gpu_count, is_root, report, shm_entries, spawn, unique_name,
+    watchdog,
+};
 use cuda_ipc::{
     Error, FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcMemHandle, PeerPolicy,
     RawImport, RawMemHandle, SocketName,
@@ -28,7 +31,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
-const NOBODY: u32 = 65534;
 
 fn pattern(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32)
@@ -107,20 +109,6 @@ fn warm_up(ctx: &GpuContext) {
     let buf = IpcBuffer::<u8>::new_with(ctx, 1, HandleType::PosixFd).unwrap();
     let (handle, fd) = buf.export_fd().unwrap();
     drop(IpcBuffer::open_fd(ctx, &handle, fd).unwrap());
-}
-
-fn drop_privileges() {
-    // SAFETY: plain libc calls in a child process before any other work.
-    unsafe {
-        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
-        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
-        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// The exporter child's tail after sending, by mode: what it does once the parent says

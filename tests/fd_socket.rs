@@ -11,10 +11,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use common::{fd_count, report, spawn, unique_name, watchdog};
+use common::{NOBODY, drop_privileges, fd_count, is_root, report, spawn, unique_name, watchdog};
 use cuda_ipc::{Error, FdListener, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerPolicy, SocketName};
-
-const NOBODY: u32 = 65534;
 
 fn memfd_with(text: &str) -> std::fs::File {
     let name = std::ffi::CString::new("cuda-ipc-test").unwrap();
@@ -33,20 +31,6 @@ fn read_all(fd: OwnedFd) -> String {
     let mut s = String::new();
     file.read_to_string(&mut s).unwrap();
     s
-}
-
-fn drop_privileges() {
-    // SAFETY: plain libc calls in a single-threaded child process before any other work.
-    unsafe {
-        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
-        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
-        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// A fresh abstract socket name, and its text (what a child role is given).

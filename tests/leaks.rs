@@ -48,6 +48,34 @@ struct Shared {
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
 
+/// The checks both soaks end with: the importer's descriptors (after the warm-up → at the end),
+/// no lease table left, device free memory back (before the exporter started → after it
+/// exited), and the exporter's descriptors from its report ("fds A B free C D"). Returns the
+/// exporter's free-memory pair (C, D) for the caller's own bound.
+fn assert_soak_leaked_nothing(
+    (fds0, fds1): (usize, usize),
+    lease_tables_left: usize,
+    (free_start, free1): (usize, usize),
+    exporter_report: &str,
+) -> (usize, usize) {
+    assert!(
+        fds1 <= fds0,
+        "importer file descriptors leaked: {fds0} -> {fds1}"
+    );
+    assert_eq!(lease_tables_left, 0, "lease tables left in /dev/shm");
+    assert!(
+        free1 + (4 << 20) >= free_start,
+        "device free memory {free1} did not return to {free_start}"
+    );
+    let v: Vec<usize> = exporter_report
+        .split(' ')
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(v.len(), 4, "exporter report {exporter_report:?}");
+    assert!(v[1] <= v[0], "exporter file descriptors leaked");
+    (v[2], v[3])
+}
+
 fn spin_until(what: &str, cond: impl Fn() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -170,24 +198,15 @@ fn ten_thousand_export_open_drop_cycles_leak_nothing() {
         results[0]
     );
     assert!(
-        fds1 <= fds0,
-        "importer file descriptors leaked: {fds0} -> {fds1}"
-    );
-    assert!(
         shm0 <= 2,
         "at most the current cycle's tables exist mid-run, found {shm0}"
     );
-    assert_eq!(shm1, 0, "lease tables left in /dev/shm");
-    assert!(
-        free1 + (4 << 20) >= free_start,
-        "device free memory {free1} did not return to {free_start}"
+    let (exporter_free0, exporter_free1) =
+        assert_soak_leaked_nothing((fds0, fds1), shm1, (free_start, free1), &results[0]);
+    assert_eq!(
+        exporter_free0, exporter_free1,
+        "exporter-side free GPU memory changed"
     );
-    let v: Vec<&str> = results[0].split(' ').collect();
-    assert!(
-        v[2].parse::<usize>().unwrap() <= v[1].parse().unwrap(),
-        "exporter file descriptors leaked"
-    );
-    assert_eq!(v[4], v[5], "exporter-side free GPU memory changed");
 }
 
 #[test]
@@ -236,25 +255,11 @@ fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
         elapsed.as_secs_f64() * 1e6 / FD_CYCLES as f64,
         results[0]
     );
+    let (exporter_free0, exporter_free1) =
+        assert_soak_leaked_nothing((fds0, fds1), shm1, (free_start, free1), &results[0]);
     assert!(
-        fds1 <= fds0,
-        "importer file descriptors leaked: {fds0} -> {fds1}"
-    );
-    assert_eq!(shm1, 0, "lease tables left in /dev/shm");
-    assert!(
-        free1 + (4 << 20) >= free_start,
-        "device free memory {free1} did not return to {free_start}"
-    );
-    let v: Vec<&str> = results[0].split(' ').collect();
-    assert!(
-        v[2].parse::<usize>().unwrap() <= v[1].parse().unwrap(),
-        "exporter file descriptors leaked"
-    );
-    assert!(
-        v[5].parse::<usize>().unwrap() + (2 << 20) >= v[4].parse().unwrap(),
-        "exporter-side free GPU memory fell: {} -> {}",
-        v[4],
-        v[5]
+        exporter_free1 + (2 << 20) >= exporter_free0,
+        "exporter-side free GPU memory fell: {exporter_free0} -> {exporter_free1}"
     );
 }
 

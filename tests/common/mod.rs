@@ -286,3 +286,23 @@ pub fn die() -> ! {
     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     unreachable!("SIGKILL")
 }
+
+/// The uid (and gid) of `nobody`, which [`drop_privileges`] switches to.
+pub const NOBODY: u32 = 65534;
+
+/// In a child process, before any other work: become `nobody` (groups, gid, uid), to test what
+/// another user sees. Needs root ([`is_root`]).
+pub fn drop_privileges() {
+    // SAFETY: plain libc calls in a child process before any other work.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
+        assert_eq!(libc::setgid(NOBODY), 0, "setgid");
+        assert_eq!(libc::setuid(NOBODY), 0, "setuid");
+    }
+}
+
+/// Whether this process runs as root (and so may start a process of another uid).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
