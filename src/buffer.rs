@@ -444,19 +444,7 @@ impl<T: Pod> IpcBuffer<T> {
                 cuda[..8].copy_from_slice(&(memory.size() as u64).to_le_bytes());
                 (cuda, HandleType::PosixFd)
             }
-            None => {
-                let mut raw = sys::CUipcHandle { reserved: [0; 64] };
-                {
-                    let _g = self.ctx.enter()?;
-                    // SAFETY: writes 64 bytes for a pointer this buffer allocated with
-                    // cuMemAlloc.
-                    check("cuIpcGetMemHandle", unsafe {
-                        sys::cuIpcGetMemHandle(&mut raw, self.ptr)
-                    })?;
-                }
-                crate::raw::remember_own(RawMemHandle(raw.reserved));
-                (raw.reserved, HandleType::Legacy)
-            }
+            None => (self.legacy_ipc_handle()?.0, HandleType::Legacy),
         };
         let env = Envelope {
             elem_size: std::mem::size_of::<T>() as u32,
@@ -469,6 +457,23 @@ impl<T: Pod> IpcBuffer<T> {
             ..Envelope::exported(kind, export.generation, self.ctx.ordinal(), cuda)
         };
         Ok(env.seal())
+    }
+
+    /// The driver's legacy handle of this exported `cuMemAlloc` buffer (`cuIpcGetMemHandle`),
+    /// remembered as this process's own (so that opening it here is refused before CUDA).
+    fn legacy_ipc_handle(&self) -> Result<RawMemHandle> {
+        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
+        {
+            let _g = self.ctx.enter()?;
+            // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc (the
+            // callers refuse imported and POSIX-fd buffers first).
+            check("cuIpcGetMemHandle", unsafe {
+                sys::cuIpcGetMemHandle(&mut raw, self.ptr)
+            })?;
+        }
+        let handle = RawMemHandle(raw.reserved);
+        crate::raw::remember_own(handle);
+        Ok(handle)
     }
 
     /// Map a buffer exported by another process into `ctx`.
@@ -546,14 +551,8 @@ impl<T: Pod> IpcBuffer<T> {
             _ => {}
         }
         let exporter = if fd.is_some() {
-            // A POSIX-fd handle may be opened by its own exporter; the boot check still holds.
-            let exporter = env.exporter();
-            if env.boot_id != os::boot_id() {
-                return Err(Error::ExporterGone {
-                    pid: exporter.pid(),
-                });
-            }
-            exporter
+            // A POSIX-fd handle may be opened by its own exporter.
+            env.exporter_this_boot()?
         } else {
             env.foreign_exporter()?
         };
@@ -594,52 +593,17 @@ impl<T: Pod> IpcBuffer<T> {
         }
         let memory_device = check_reachable(ctx, &env.device_uuid)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
-        if let Some(fd) = fd {
-            let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-            let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
-            let mapping = Arc::new(Mapping {
-                ctx: ctx.clone(),
-                ptr: memory.ptr(),
-                mapped: memory.size(),
-                described,
-                key,
-                exporter: Some(exporter),
-                exporter_seen_alive: AtomicU64::new(0),
-                vmm: Some(memory),
-                lease: Some(lease),
-            });
-            cache.insert(key, Arc::downgrade(&mapping));
-            drop(cache);
-            return Ok(Self::view(mapping, len));
-        }
-        let _g = ctx.enter()?;
-        let mut ptr = 0;
-        let raw = sys::CUipcHandle { reserved: env.cuda };
-        // SAFETY: writes one device pointer; the handle bytes are passed by value and the
-        // driver validates them (a forged handle is an error code, not UB).
-        check("cuIpcOpenMemHandle", unsafe {
-            sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-        })?;
-        // The envelope's length is the peer's word: hold it to what the driver mapped.
-        let wanted = len.saturating_mul(std::mem::size_of::<T>());
-        let mapped = mapped_bytes(ptr).and_then(|mapped| {
-            if wanted <= mapped {
-                Ok(mapped)
-            } else {
-                Err(Error::CorruptHandle {
-                    reason: format!(
-                        "the handle describes {wanted} bytes, but the memory it maps is \
-                         {mapped} bytes (cuMemGetAddressRange)"
-                    ),
-                })
+        // On an error below the lease drops after the memory was unmapped again.
+        let (ptr, mapped, vmm) = match fd {
+            Some(fd) => {
+                let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+                let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
+                (memory.ptr(), memory.size(), Some(memory))
             }
-        });
-        let mapped = match mapped {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: opened just above in this context, closed once, never handed out.
-                let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
-                return Err(e); // the lease drops after the close
+            None => {
+                let wanted = len.saturating_mul(std::mem::size_of::<T>());
+                let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)?;
+                (ptr, mapped, None)
             }
         };
         let mapping = Arc::new(Mapping {
@@ -650,7 +614,7 @@ impl<T: Pod> IpcBuffer<T> {
             key,
             exporter: Some(exporter),
             exporter_seen_alive: AtomicU64::new(0),
-            vmm: None,
+            vmm,
             lease: Some(lease),
         });
         cache.insert(key, Arc::downgrade(&mapping));
@@ -734,18 +698,8 @@ impl<T: Pod> IpcBuffer<T> {
                     .into(),
             });
         }
-        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
-        {
-            let _g = self.ctx.enter()?;
-            // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc.
-            check("cuIpcGetMemHandle", unsafe {
-                sys::cuIpcGetMemHandle(&mut raw, self.ptr)
-            })?;
-        }
-        let handle = RawMemHandle(raw.reserved);
-        crate::raw::remember_own(handle);
         Ok(RawExport {
-            handle,
+            handle: self.legacy_ipc_handle()?,
             offset: 0,
             bytes: self.byte_len() as u64,
             device_uuid: export.uuid,
@@ -1264,6 +1218,37 @@ fn liveness_clock() -> u64 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
     u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold the envelope's
+/// `wanted` bytes — the peer's word — to what the driver mapped; returns the address and the
+/// bytes mapped from it. On an error nothing stays mapped.
+fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64, usize)> {
+    let _g = ctx.enter()?;
+    let mut ptr = 0;
+    let raw = sys::CUipcHandle { reserved: handle };
+    // SAFETY: writes one device pointer; the handle bytes are passed by value and the driver
+    // validates them (a forged handle is an error code, not UB).
+    check("cuIpcOpenMemHandle", unsafe {
+        sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    })?;
+    let mapped = mapped_bytes(ptr).and_then(|mapped| {
+        if wanted <= mapped {
+            Ok(mapped)
+        } else {
+            Err(Error::CorruptHandle {
+                reason: format!(
+                    "the handle describes {wanted} bytes, but the memory it maps is {mapped} \
+                     bytes (cuMemGetAddressRange)"
+                ),
+            })
+        }
+    });
+    if mapped.is_err() {
+        // SAFETY: opened just above in this context, closed once, never handed out.
+        let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+    }
+    Ok((ptr, mapped?))
 }
 
 /// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuMemGetAddressRange`), in the

@@ -172,15 +172,21 @@ impl Envelope {
         }
     }
 
-    /// The checks on an exporter that need no system call: it ran since this boot (else it
-    /// is gone), and it is not this process (CUDA refuses a self-open). Returns the exporter.
-    pub(crate) fn foreign_exporter(&self) -> Result<ProcessIdentity> {
+    /// The exporter, if it ran since this boot (else it is gone: [`Error::ExporterGone`]).
+    pub(crate) fn exporter_this_boot(&self) -> Result<ProcessIdentity> {
         let exporter = self.exporter();
         if self.boot_id != crate::os::boot_id() {
             return Err(Error::ExporterGone {
                 pid: exporter.pid(),
             });
         }
+        Ok(exporter)
+    }
+
+    /// The checks on an exporter that need no system call: it ran since this boot (else it
+    /// is gone), and it is not this process (CUDA refuses a self-open). Returns the exporter.
+    pub(crate) fn foreign_exporter(&self) -> Result<ProcessIdentity> {
+        let exporter = self.exporter_this_boot()?;
         let me = ProcessIdentity::current();
         if exporter.is_same_process(&me) {
             return Err(Error::SameProcess { pid: me.pid() });

@@ -382,9 +382,9 @@ fn device_checks(p: &mut Probe, ordinal: u32) {
     let dev = ctx.device();
     let tried = ctx.enter().map(|_g| {
         p.push(&subject, "legacy_ipc", try_legacy_ipc(dev));
-        p.push(&subject, "vmm_posix_fd", try_vmm_fd(dev, ordinal));
-        p.push(&subject, "pool_ipc", try_pool(dev, ordinal));
-        p.push(&subject, "fabric", try_fabric(dev, ordinal));
+        p.push(&subject, "vmm_posix_fd", try_vmm_fd(dev));
+        p.push(&subject, "pool_ipc", try_pool(dev));
+        p.push(&subject, "fabric", try_fabric(dev));
     });
     if let Err(e) = tried {
         p.push(&subject, "context", Finding::Unknown(failed(&e)));
@@ -443,37 +443,19 @@ fn try_legacy_ipc(dev: sys::CUdevice) -> Finding {
     }
 }
 
-/// A location on device `ordinal`, for VMM and pool properties.
-fn on_device(ordinal: u32) -> sys::CUmemLocation {
-    sys::CUmemLocation {
-        kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: i32::try_from(ordinal).unwrap_or(i32::MAX),
-    }
-}
-
 /// Create one granule of VMM memory asking for `handle_type`, export it into `shareable`
 /// (`cuMemExportToShareableHandle`), release it. The caller closes what was exported.
-fn try_vmm_export(ordinal: u32, handle_type: u32, shareable: *mut std::ffi::c_void) -> Result<()> {
-    let prop = sys::CUmemAllocationProp {
-        kind: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requested_handle_types: handle_type,
-        location: on_device(ordinal),
-        win32_handle_meta_data: std::ptr::null_mut(),
-        alloc_flags: [0; 8],
-    };
-    let mut granularity = 0usize;
-    // SAFETY: reads `prop`, writes one size_t.
-    check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut granularity,
-            &prop,
-            sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        )
-    })?;
+fn try_vmm_export(
+    dev: sys::CUdevice,
+    handle_type: u32,
+    shareable: *mut std::ffi::c_void,
+) -> Result<()> {
+    let prop = crate::vmm::pinned_prop(dev, handle_type);
+    let granularity = crate::vmm::granularity(&prop)?;
     let mut handle = 0;
     // SAFETY: reads `prop`, writes one allocation handle; the size is the granularity.
     check("cuMemCreate", unsafe {
-        sys::cuMemCreate(&mut handle, granularity.max(1), &prop, 0)
+        sys::cuMemCreate(&mut handle, granularity, &prop, 0)
     })?;
     // SAFETY: `handle` was created above with `handle_type` requested; `shareable` points to
     // storage of that type's size (the caller's int or 64-byte fabric handle).
@@ -486,7 +468,7 @@ fn try_vmm_export(ordinal: u32, handle_type: u32, shareable: *mut std::ffi::c_vo
     exported.and(released)
 }
 
-fn try_vmm_fd(dev: sys::CUdevice, ordinal: u32) -> Finding {
+fn try_vmm_fd(dev: sys::CUdevice) -> Finding {
     let vmm = attr(
         dev,
         sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -502,7 +484,7 @@ fn try_vmm_fd(dev: sys::CUdevice, ordinal: u32) -> Finding {
     );
     let mut fd: i32 = -1;
     let tried = try_vmm_export(
-        ordinal,
+        dev,
         sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         (&raw mut fd).cast(),
     );
@@ -523,7 +505,7 @@ fn try_vmm_fd(dev: sys::CUdevice, ordinal: u32) -> Finding {
     }
 }
 
-fn try_pool(dev: sys::CUdevice, ordinal: u32) -> Finding {
+fn try_pool(dev: sys::CUdevice) -> Finding {
     let pools = attr(dev, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED);
     let types = attr(dev, sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES);
     let attrs = format!(
@@ -534,7 +516,7 @@ fn try_pool(dev: sys::CUdevice, ordinal: u32) -> Finding {
     let props = sys::CUmemPoolProps {
         alloc_type: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
         handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        location: on_device(ordinal),
+        location: crate::vmm::on_device(dev),
         win32_security_attributes: std::ptr::null_mut(),
         max_size: 0,
         usage: 0,
@@ -562,7 +544,7 @@ fn try_pool(dev: sys::CUdevice, ordinal: u32) -> Finding {
     }
 }
 
-fn try_fabric(dev: sys::CUdevice, ordinal: u32) -> Finding {
+fn try_fabric(dev: sys::CUdevice) -> Finding {
     let attribute = attr(dev, sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
     let said = format!(
         "attribute says {}",
@@ -574,7 +556,7 @@ fn try_fabric(dev: sys::CUdevice, ordinal: u32) -> Finding {
     );
     let mut fabric = [0u8; 64];
     match try_vmm_export(
-        ordinal,
+        dev,
         sys::CU_MEM_HANDLE_TYPE_FABRIC,
         fabric.as_mut_ptr().cast(),
     ) {

@@ -20,6 +20,7 @@
 //! and unmapped it, which is what makes an exporter's drop safe without waiting for importers:
 //! their mappings keep the memory alive.
 
+use std::ffi::c_uint;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::context::GpuContext;
@@ -41,17 +42,20 @@ unsafe impl Send for VmmMemory {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for VmmMemory {}
 
-fn on_device(dev: sys::CUdevice) -> sys::CUmemLocation {
+/// A location on device `dev`, for allocation, pool and access properties.
+pub(crate) fn on_device(dev: sys::CUdevice) -> sys::CUmemLocation {
     sys::CUmemLocation {
         kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
         id: dev,
     }
 }
 
-fn pinned_fd_prop(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
+/// Properties of pinned memory on device `dev` exportable as `handle_type`
+/// (`CU_MEM_HANDLE_TYPE_*`).
+pub(crate) fn pinned_prop(dev: sys::CUdevice, handle_type: c_uint) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         kind: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requested_handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        requested_handle_types: handle_type,
         location: on_device(dev),
         win32_handle_meta_data: std::ptr::null_mut(),
         alloc_flags: [0; 8],
@@ -59,7 +63,7 @@ fn pinned_fd_prop(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
 }
 
 /// The minimum granularity of allocations described by `prop` (a context is current).
-fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
+pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
     let mut g = 0;
     // SAFETY: reads `prop`, writes one size.
     check("cuMemGetAllocationGranularity", unsafe {
@@ -134,7 +138,7 @@ impl VmmMemory {
     /// it read-write for that device.
     pub(crate) fn create(ctx: &GpuContext, bytes: usize) -> Result<Self> {
         let _g = ctx.enter()?;
-        let prop = pinned_fd_prop(ctx.device());
+        let prop = pinned_prop(ctx.device(), sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         let gran = granularity(&prop)?;
         let size = bytes
             .checked_next_multiple_of(gran)
@@ -194,7 +198,7 @@ impl VmmMemory {
             let _ = unsafe { sys::cuMemRelease(handle) };
             e
         };
-        let mut prop = pinned_fd_prop(0);
+        let mut prop = pinned_prop(0, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         // SAFETY: writes one property struct for a live handle.
         check("cuMemGetAllocationPropertiesFromHandle", unsafe {
             sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)
