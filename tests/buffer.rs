@@ -11,7 +11,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{gpu, gpu_count, report, spawn, unique_name, wait_for, watchdog};
+use common::{gpu, gpu_count, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
     Error, GpuContext, IpcBuffer, IpcMemHandle, ShmCell, ShmOptions, ShmRegion, ShmSafe,
 };
@@ -32,12 +32,6 @@ unsafe impl ShmSafe for Shared {}
 
 fn region() -> ShmRegion<Shared> {
     ShmOptions::new(unique_name("gpu-buf")).create().unwrap()
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ seed)
-        .collect()
 }
 
 #[test]

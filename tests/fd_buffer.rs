@@ -12,8 +12,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::{
-    drop_privileges, fd_count, gpu, gpu_count, is_root, report, shm_entries, spawn, unique_name,
-    watchdog,
+    drop_privileges, fd_count, from_hex, gpu, gpu_count, is_root, pattern, report, shm_entries,
+    spawn, to_hex, unique_name, watchdog,
 };
 use cuda_ipc::{
     Error, FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcMemHandle, PeerPolicy,
@@ -30,12 +30,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ seed)
-        .collect()
 }
 
 fn contents(buf: &IpcBuffer<u32>) -> Vec<u32> {
@@ -57,17 +51,6 @@ fn connect(raw: &str) -> FdSocket {
         T,
     )
     .unwrap()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 /// This process's descriptors and what they point to.
@@ -167,7 +150,7 @@ fn child_process() {
             "nobody_tries" => {
                 drop_privileges();
                 let ctx = GpuContext::new(0).unwrap();
-                let handle = IpcMemHandle::<u32>::from_bytes(&unhex(&args[0])).unwrap();
+                let handle = IpcMemHandle::<u32>::from_bytes(&from_hex(&args[0])).unwrap();
                 match IpcBuffer::open(&ctx, &handle) {
                     Err(Error::HandleTypeMismatch { .. }) => report("fd handle: no descriptor"),
                     other => report(format!("fd handle: unexpected {other:?}")),
@@ -178,7 +161,7 @@ fn child_process() {
                     other => report(format!("pidfd_getfd: unexpected {other:?}")),
                 }
                 // The contrast: a legacy handle is a bearer token; its bytes map from here.
-                let raw = RawMemHandle(unhex(&args[1]).try_into().unwrap());
+                let raw = RawMemHandle(from_hex(&args[1]).try_into().unwrap());
                 let import = RawImport::new(raw, 0, 1024).exporter_pid(pid);
                 // SAFETY: the parent keeps the buffer alive until this child exits.
                 match unsafe { IpcBuffer::<u32>::open_raw(&ctx, &import) } {
@@ -343,8 +326,8 @@ fn another_uid_with_the_handle_bytes_cannot_map_fd_memory() {
     let out = spawn(
         "nobody_tries",
         &[
-            &hex(handle.as_bytes()),
-            &hex(&raw.handle.0),
+            &to_hex(handle.as_bytes()),
+            &to_hex(&raw.handle.0),
             &std::process::id().to_string(),
             &fd.as_raw_fd().to_string(),
         ],

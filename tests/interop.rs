@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{gpu, watchdog};
+use common::{from_hex, gpu, watchdog};
 use cuda_ipc::{Error, IpcBuffer, RawImport, RawMemHandle};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
@@ -98,18 +98,11 @@ struct TorchExport {
     storage_bytes: u64,
 }
 
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
 fn parse_export(line: &str) -> TorchExport {
     let f: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(f.first(), Some(&"EXPORT"), "{line}");
     TorchExport {
-        handle: hex(f[1]),
+        handle: from_hex(f[1]),
         offset: f[2].parse().unwrap(),
         bytes: f[3].parse().unwrap(),
         pid: f[5].parse().unwrap(),

@@ -306,3 +306,23 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// A recognisable `u32` pattern of `len` elements, different for each `seed`.
+pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ seed)
+        .collect()
+}
+
+/// Bytes as lowercase hex (how a child role is given binary data).
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of a hex string (panics on bad hex: test input).
+pub fn from_hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
