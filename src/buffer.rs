@@ -2,7 +2,6 @@
 //! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
 
 use std::collections::BTreeMap;
-use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -20,7 +19,7 @@ use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
-use crate::stream::AsStream;
+use crate::slice::GpuSlice;
 use crate::vmm::VmmMemory;
 
 /// Default for [`IpcBuffer::set_lease_timeout`]: how long dropping an exported buffer waits for
@@ -124,9 +123,9 @@ enum Origin {
 ///   for every importer to unmap, reaping dead ones, then frees; if importers remain it
 ///   **leaks** the memory rather than free it under them. [`close`](Self::close) reports that.
 ///
-/// Use it from any CUDA crate: [`as_raw_ptr`](Self::as_raw_ptr) for kernel arguments (or
+/// Use it from any CUDA crate: [`as_raw_ptr`](GpuSlice::as_raw_ptr) for kernel arguments (or
 /// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the
-/// `cudarc` feature), host copies (synchronous, or asynchronous on any [`AsStream`]), memset.
+/// `cudarc` feature), host copies (synchronous, or asynchronous on any [`AsStream`](crate::AsStream)), memset.
 ///
 /// `IpcBuffer<T>` is `Send` and `Sync`. Device memory is not Rust memory: methods take `&self`,
 /// and concurrent writes from several processes are a GPU data race for the caller to order
@@ -134,10 +133,10 @@ enum Origin {
 ///
 /// # Asynchronous work
 ///
-/// The synchronous methods ([`copy_from_host`](Self::copy_from_host),
-/// [`copy_to_host`](Self::copy_to_host), [`memset_bytes`](Self::memset_bytes)) are done with
+/// The synchronous methods ([`copy_from_host`](GpuSlice::copy_from_host),
+/// [`copy_to_host`](GpuSlice::copy_to_host), [`memset_bytes`](GpuSlice::memset_bytes)) are done with
 /// the memory when they return. The `*_async` methods, like kernels launched on
-/// [`as_raw_ptr`](Self::as_raw_ptr), only *enqueue* work that touches the memory later; the
+/// [`as_raw_ptr`](GpuSlice::as_raw_ptr), only *enqueue* work that touches the memory later; the
 /// buffer does not track that work, and dropping the last view of an import unmaps the memory
 /// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for
 /// it. That is why they are `unsafe`: the caller keeps the buffer alive until the work has
@@ -174,11 +173,17 @@ enum Origin {
 /// # Ok(()) }
 /// ```
 pub struct IpcBuffer<T: Pod> {
-    ctx: GpuContext,
-    ptr: sys::CUdeviceptr,
-    len: usize,
+    slice: GpuSlice<T>,
     origin: Origin,
-    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
+    type Target = GpuSlice<T>;
+
+    /// The buffer's memory: length, address, copies and memsets.
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
 }
 
 fn byte_len_of<T>(len: usize) -> Result<usize> {
@@ -274,9 +279,7 @@ impl<T: Pod> IpcBuffer<T> {
             (ptr, None)
         };
         Ok(Self {
-            ctx: ctx.clone(),
-            ptr,
-            len,
+            slice: GpuSlice::new(ctx.clone(), ptr, len),
             origin: Origin::Exported(Export {
                 token,
                 generation: GENERATION.fetch_add(1, Ordering::Relaxed),
@@ -286,7 +289,6 @@ impl<T: Pod> IpcBuffer<T> {
                 released: false,
                 vmm,
             }),
-            _elem: PhantomData,
         })
     }
 
@@ -325,12 +327,12 @@ impl<T: Pod> IpcBuffer<T> {
             Origin::Exported(Export { vmm: Some(m), .. }) => m.size(),
             _ => self.byte_len(),
         };
-        let _g = self.ctx.enter()?;
+        let _g = self.slice.ctx.enter()?;
         let stream = driver::create_non_blocking_stream()?;
         // SAFETY: the device range is this buffer's `bytes` bytes (its mapping, for a POSIX-fd
         // buffer); the stream is live.
         let mut rc = check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.ptr, value, bytes, stream)
+            sys::cuMemsetD8Async(self.slice.ptr, value, bytes, stream)
         });
         if rc.is_ok() {
             // SAFETY: a live stream.
@@ -450,11 +452,11 @@ impl<T: Pod> IpcBuffer<T> {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
-            len: self.len as u64,
+            len: self.slice.len as u64,
             device_uuid: export.uuid,
             token: export.token,
             handle_type: handle_type.code(),
-            ..Envelope::exported(kind, export.generation, self.ctx.ordinal(), cuda)
+            ..Envelope::exported(kind, export.generation, self.slice.ctx.ordinal(), cuda)
         };
         Ok(env.seal())
     }
@@ -464,11 +466,11 @@ impl<T: Pod> IpcBuffer<T> {
     fn legacy_ipc_handle(&self) -> Result<RawMemHandle> {
         let mut raw = sys::CUipcHandle { reserved: [0; 64] };
         {
-            let _g = self.ctx.enter()?;
+            let _g = self.slice.ctx.enter()?;
             // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc (the
             // callers refuse imported and POSIX-fd buffers first).
             check("cuIpcGetMemHandle", unsafe {
-                sys::cuIpcGetMemHandle(&mut raw, self.ptr)
+                sys::cuIpcGetMemHandle(&mut raw, self.slice.ptr)
             })?;
         }
         let handle = RawMemHandle(raw.reserved);
@@ -645,11 +647,8 @@ impl<T: Pod> IpcBuffer<T> {
     /// A view of `len` elements at byte `offset` of the mapping (the caller checked the range).
     fn view_at(mapping: Arc<Mapping>, offset: u64, len: usize) -> Self {
         Self {
-            ctx: mapping.ctx.clone(),
-            ptr: mapping.ptr + offset,
-            len,
+            slice: GpuSlice::new(mapping.ctx.clone(), mapping.ptr + offset, len),
             origin: Origin::Imported(mapping),
-            _elem: PhantomData,
         }
     }
 
@@ -703,7 +702,7 @@ impl<T: Pod> IpcBuffer<T> {
             offset: 0,
             bytes: self.byte_len() as u64,
             device_uuid: export.uuid,
-            device_ordinal: self.ctx.ordinal(),
+            device_ordinal: self.slice.ctx.ordinal(),
             exporter_pid: std::process::id(),
         })
     }
@@ -870,21 +869,6 @@ impl<T: Pod> IpcBuffer<T> {
         Ok(Self::view_at(mapping, import.offset, import.len))
     }
 
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
     /// Whether this buffer was opened from another process's handle.
     pub fn is_imported(&self) -> bool {
         matches!(self.origin, Origin::Imported(_))
@@ -896,16 +880,6 @@ impl<T: Pod> IpcBuffer<T> {
             Origin::Imported(m) => m.exporter,
             Origin::Exported(_) => None,
         }
-    }
-
-    /// The context the memory is mapped in.
-    pub fn context(&self) -> &GpuContext {
-        &self.ctx
-    }
-
-    /// The raw device address.
-    pub fn as_raw_ptr(&self) -> u64 {
-        self.ptr
     }
 
     /// For an exported buffer: the pids of live importers (dead ones are reaped).
@@ -932,187 +906,6 @@ impl<T: Pod> IpcBuffer<T> {
         if let Origin::Exported(e) = &mut self.origin {
             e.lease_timeout = timeout;
         }
-    }
-
-    fn check_len(&self, call: &'static str, n: usize) -> Result<()> {
-        if n == self.len {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument {
-                call,
-                reason: format!("host slice has {n} elements, buffer has {}", self.len),
-            })
-        }
-    }
-
-    /// Copy `src` (exactly [`len`](Self::len) elements) to the device (`cuMemcpyHtoD` on the
-    /// legacy default stream, so after earlier work of this process's blocking streams), and
-    /// wait until the data is on the device (`cuStreamSynchronize` of the legacy stream):
-    /// `cuMemcpyHtoD` alone may return while its DMA is still in flight, before another
-    /// process could see the data.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyHtoD`
-    /// or `cuStreamSynchronize`.
-    #[doc(alias = "cuMemcpyHtoD")]
-    pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
-        self.check_len("IpcBuffer::copy_from_host", src.len())?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: `src` is valid for `byte_len` bytes, the device range is this buffer's.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast(), self.byte_len())
-        })?;
-        sync_legacy_stream()
-    }
-
-    /// Copy the device contents into `dst` (exactly [`len`](Self::len) elements)
-    /// (`cuMemcpyDtoH`).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyDtoH`.
-    #[doc(alias = "cuMemcpyDtoH")]
-    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
-        self.check_len("IpcBuffer::copy_to_host", dst.len())?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: `dst` is valid for writes of `byte_len` bytes, and any bytes are a valid T.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, self.byte_len())
-        })
-    }
-
-    /// Enqueue a host-to-device copy on `stream` (`cuMemcpyHtoDAsync`).
-    ///
-    /// # Safety
-    ///
-    /// `src` must stay alive and unmodified until the copy has completed on `stream` (for
-    /// example, until the stream is synchronised). For a copy that overlaps other work,
-    /// `src` should be page-locked memory.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
-    /// `cuMemcpyHtoDAsync`.
-    #[doc(alias = "cuMemcpyHtoDAsync")]
-    pub unsafe fn copy_from_host_async(
-        &self,
-        src: &[T],
-        stream: &(impl AsStream + ?Sized),
-    ) -> Result<()> {
-        self.check_len("IpcBuffer::copy_from_host_async", src.len())?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: lifetime of `src` until completion is the caller's duty (forwarded).
-        check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                self.ptr,
-                src.as_ptr().cast(),
-                self.byte_len(),
-                stream.as_cu_stream(),
-            )
-        })
-    }
-
-    /// Enqueue a device-to-host copy on `stream` (`cuMemcpyDtoHAsync`).
-    ///
-    /// # Safety
-    ///
-    /// `dst` must stay alive and must not be read or written until the copy has completed on
-    /// `stream`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
-    /// `cuMemcpyDtoHAsync`.
-    #[doc(alias = "cuMemcpyDtoHAsync")]
-    pub unsafe fn copy_to_host_async(
-        &self,
-        dst: &mut [T],
-        stream: &(impl AsStream + ?Sized),
-    ) -> Result<()> {
-        self.check_len("IpcBuffer::copy_to_host_async", dst.len())?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: lifetime and exclusivity of `dst` until completion are the caller's duty.
-        check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                dst.as_mut_ptr().cast(),
-                self.ptr,
-                self.byte_len(),
-                stream.as_cu_stream(),
-            )
-        })
-    }
-
-    /// Copy another buffer's contents (same length) into this one, device to device
-    /// (`cuMemcpyDtoDAsync` on `stream`): through an IPC mapping, this is a peer copy.
-    ///
-    /// # Safety
-    ///
-    /// The copy runs later, on the device, after this call returns: both `self` and `src`
-    /// must stay alive until it has completed on `stream` (for example, until
-    /// `stream.synchronize()` returns). Dropping the last view of an imported buffer unmaps
-    /// it at once (`cuIpcCloseMemHandle`) and dropping an exported one frees it, whatever is
-    /// still queued: a copy still in flight would then read or write memory that is no longer
-    /// this buffer's (a device use-after-free). See [the type's docs](Self#asynchronous-work).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
-    #[doc(alias = "cuMemcpyDtoDAsync")]
-    pub unsafe fn copy_from_device_async(
-        &self,
-        src: &IpcBuffer<T>,
-        stream: &(impl AsStream + ?Sized),
-    ) -> Result<()> {
-        self.check_len("IpcBuffer::copy_from_device_async", src.len)?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: both ranges are live device allocations of `byte_len` bytes now; that they
-        // stay so until the copy completes is the caller's duty (forwarded).
-        check("cuMemcpyDtoDAsync", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream.as_cu_stream())
-        })
-    }
-
-    /// Set every byte to `value` (`cuMemsetD8` on the legacy default stream, so after earlier
-    /// work of this process's blocking streams), and wait until it is done
-    /// (`cuStreamSynchronize` of the legacy stream): `cuMemsetD8` alone returns before the
-    /// device has written, and another process could read the old bytes.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Cuda`] naming `cuMemsetD8` or `cuStreamSynchronize`.
-    #[doc(alias = "cuMemsetD8")]
-    pub fn memset_bytes(&self, value: u8) -> Result<()> {
-        let _g = self.ctx.enter()?;
-        // SAFETY: the device range is this buffer's `byte_len` bytes.
-        check("cuMemsetD8", unsafe {
-            sys::cuMemsetD8_v2(self.ptr, value, self.byte_len())
-        })?;
-        sync_legacy_stream()
-    }
-
-    /// Enqueue setting every byte to `value` on `stream` (`cuMemsetD8Async`).
-    ///
-    /// # Safety
-    ///
-    /// The buffer must stay alive until the memset has completed on `stream`, as for
-    /// [`copy_from_device_async`](Self::copy_from_device_async).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Cuda`] naming `cuMemsetD8Async`.
-    #[doc(alias = "cuMemsetD8Async")]
-    pub unsafe fn memset_bytes_async(
-        &self,
-        value: u8,
-        stream: &(impl AsStream + ?Sized),
-    ) -> Result<()> {
-        let _g = self.ctx.enter()?;
-        // SAFETY: the range is this buffer's `byte_len` bytes, live now; that it stays so until
-        // the memset completes is the caller's duty (forwarded).
-        check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream.as_cu_stream())
-        })
     }
 
     /// Release the buffer and report what drop would hide: for an exported buffer, wait for
@@ -1150,10 +943,10 @@ impl<T: Pod> IpcBuffer<T> {
                 waited,
             });
         }
-        let _g = self.ctx.enter()?;
+        let _g = self.slice.ctx.enter()?;
         // SAFETY: allocated by cuMemAlloc in this context, freed once (guarded by `released`),
         // and no importer maps it any more (no live leases, new ones refused: closing).
-        check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) })
+        check("cuMemFree", unsafe { sys::cuMemFree_v2(self.slice.ptr) })
     }
 }
 
@@ -1270,15 +1063,6 @@ fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
     Ok(size - offset)
 }
 
-/// Wait for the current context's legacy default stream (`cuStreamSynchronize(NULL)`).
-fn sync_legacy_stream() -> Result<()> {
-    // SAFETY: the null stream is the current context's legacy default stream, always valid
-    // while a context is current (the callers hold a pushed context).
-    check("cuStreamSynchronize", unsafe {
-        sys::cuStreamSynchronize(std::ptr::null_mut())
-    })
-}
-
 /// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
 /// visible and, if it is not the context's own device, reachable by peer access.
 /// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
@@ -1339,18 +1123,10 @@ fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
     }
 }
 
-#[cfg(feature = "cust")]
-impl<T: Pod + cust::memory::DeviceCopy> IpcBuffer<T> {
-    /// The device pointer, for cust kernel launches (feature `cust`).
-    pub fn device_ptr(&self) -> cust::memory::DevicePointer<T> {
-        cust::memory::DevicePointer::from_raw(self.ptr)
-    }
-}
-
-/// An `IpcBuffer` is a kernel argument of cudarc launches (feature `cudarc`): it passes the
-/// buffer's device address, as a `CudaSlice` does. cudarc's launch is `unsafe`; its caller
-/// keeps the buffer alive until the kernel has completed (see
-/// [asynchronous work](IpcBuffer#asynchronous-work)).
+/// An `IpcBuffer` is a kernel argument of cudarc launches (feature `cudarc`), as its
+/// [`GpuSlice`] is: it passes the buffer's device address. cudarc's launch is `unsafe`; its
+/// caller keeps the buffer alive until the kernel has completed (see
+/// [asynchronous work](GpuSlice#asynchronous-work)).
 // SAFETY: pushes a reference to the buffer's `u64` device address, which lives as long as the
 // borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the kernel's pointer
 // parameter reads.
@@ -1360,7 +1136,7 @@ unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b IpcBuffer<T>>
 {
     #[inline(always)]
     fn arg(&mut self, arg: &'b IpcBuffer<T>) -> &mut Self {
-        self.arg(&arg.ptr)
+        self.arg(&arg.slice.ptr)
     }
 }
 
@@ -1376,8 +1152,8 @@ impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcBuffer")
             .field("type", &std::any::type_name::<T>())
-            .field("len", &self.len)
-            .field("device", &self.ctx.ordinal())
+            .field("len", &self.slice.len)
+            .field("device", &self.slice.ctx.ordinal())
             .field("imported", &self.is_imported())
             .finish_non_exhaustive()
     }

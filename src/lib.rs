@@ -119,6 +119,7 @@ mod raw;
 mod shared;
 mod shm;
 mod signal;
+mod slice;
 mod stream;
 mod sync;
 mod vmm;
@@ -157,6 +158,7 @@ pub use shm::{
     DEFAULT_OPEN_TIMEOUT, HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name,
 };
 pub use signal::IpcSignal;
+pub use slice::GpuSlice;
 pub use stream::{AsStream, RawStream};
 
 /// The README's Rust examples, compiled as doc tests (so the README cannot drift from the API).

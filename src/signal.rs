@@ -87,8 +87,8 @@ const LOST_PEER: u64 = 2 << 32;
 ///
 /// cust's `Stream::new` drops `StreamFlags::NON_BLOCKING`, so cust streams synchronise with
 /// the legacy default stream. While such a stream is parked in [`wait`](Self::wait), every
-/// synchronous call of this process that uses the legacy stream ([`IpcBuffer::copy_to_host`],
-/// [`IpcBuffer::copy_from_host`], [`IpcBuffer::memset_bytes`], ...) blocks until the wait is
+/// synchronous call of this process that uses the legacy stream ([`IpcBuffer::copy_to_host`](crate::GpuSlice::copy_to_host),
+/// [`IpcBuffer::copy_from_host`](crate::GpuSlice::copy_from_host), [`IpcBuffer::memset_bytes`](crate::GpuSlice::memset_bytes), ...) blocks until the wait is
 /// satisfied. [`IpcSignal::new`] and [`IpcBuffer::zeroed`] use private non-blocking streams
 /// and are not affected, nor are the signal's own host calls ([`value`](Self::value),
 /// [`wait_host`](Self::wait_host), [`signal_host`](Self::signal_host)).

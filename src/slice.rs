@@ -1,0 +1,309 @@
+//! [`GpuSlice<T>`]: typed device memory in one context — the view every buffer type of this
+//! crate reaches (owned or imported, whole allocation or arena block), with its length,
+//! address, host copies, device copies and memsets.
+//!
+//! A `GpuSlice` is never owned on its own: [`IpcBuffer`](crate::IpcBuffer),
+//! [`ArenaBuffer`](crate::ArenaBuffer) and [`ArenaView`](crate::ArenaView) hold one and
+//! dereference to it, so that these methods are written (and documented) once and every role
+//! offers the same data operations.
+
+use std::marker::PhantomData;
+
+use bytemuck::Pod;
+
+use crate::context::GpuContext;
+use crate::driver::{check, sys};
+use crate::error::{Error, Result};
+use crate::stream::AsStream;
+
+/// `len` values of `T` at a device address, in a context: the data half of every buffer type
+/// (they dereference to it). The memory belongs to whoever holds the slice (an exported or
+/// imported [`IpcBuffer`](crate::IpcBuffer), an arena block), which keeps it mapped for as
+/// long as the slice can be reached.
+///
+/// Device memory is not Rust memory: methods take `&self`, and concurrent writes from several
+/// processes are a GPU data race for the caller to order (with [`IpcEvent`](crate::IpcEvent)s
+/// and barriers), not undefined behaviour in this process.
+///
+/// # Asynchronous work
+///
+/// The synchronous methods ([`copy_from_host`](Self::copy_from_host),
+/// [`copy_to_host`](Self::copy_to_host), [`memset_bytes`](Self::memset_bytes)) are done with
+/// the memory when they return. The `*_async` methods, like kernels launched on
+/// [`as_raw_ptr`](Self::as_raw_ptr), only *enqueue* work that touches the memory later; the
+/// slice's owner does not track that work, and dropping it (unmapping an import, freeing an
+/// export, giving an arena block back) does not wait for it. That is why they are `unsafe`:
+/// the caller keeps the owner alive until the work has completed (synchronise the stream, or an
+/// event recorded after the work, before dropping).
+///
+/// `GpuSlice<T>` is `Send` and `Sync` (a device address and a context handle).
+pub struct GpuSlice<T: Pod> {
+    pub(crate) ctx: GpuContext,
+    pub(crate) ptr: sys::CUdeviceptr,
+    pub(crate) len: usize,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T: Pod> GpuSlice<T> {
+    /// The slice of `len` elements at `ptr` in `ctx`; the caller owns the mapping and keeps it
+    /// alive while the slice can be reached.
+    pub(crate) fn new(ctx: GpuContext, ptr: sys::CUdeviceptr, len: usize) -> Self {
+        Self {
+            ctx,
+            ptr,
+            len,
+            _elem: PhantomData,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice holds no elements (never, for buffers this crate hands out).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The context the memory is mapped in.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// The raw device address.
+    pub fn as_raw_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    fn check_len(&self, call: &'static str, n: usize) -> Result<()> {
+        if n == self.len {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument {
+                call,
+                reason: format!("host slice has {n} elements, slice has {}", self.len),
+            })
+        }
+    }
+
+    /// Copy `src` (exactly [`len`](Self::len) elements) to the device (`cuMemcpyHtoD` on the
+    /// legacy default stream, so after earlier work of this process's blocking streams), and
+    /// wait until the data is on the device (`cuStreamSynchronize` of the legacy stream):
+    /// `cuMemcpyHtoD` alone may return while its DMA is still in flight, before another
+    /// process could see the data.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyHtoD`
+    /// or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemcpyHtoD")]
+    pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
+        self.check_len("GpuSlice::copy_from_host", src.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: `src` is valid for `byte_len` bytes, the device range is this buffer's.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast(), self.byte_len())
+        })?;
+        sync_legacy_stream()
+    }
+
+    /// Copy the device contents into `dst` (exactly [`len`](Self::len) elements)
+    /// (`cuMemcpyDtoH`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming `cuMemcpyDtoH`.
+    #[doc(alias = "cuMemcpyDtoH")]
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        self.check_len("GpuSlice::copy_to_host", dst.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: `dst` is valid for writes of `byte_len` bytes, and any bytes are a valid T.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, self.byte_len())
+        })
+    }
+
+    /// Enqueue a host-to-device copy on `stream` (`cuMemcpyHtoDAsync`).
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay alive and unmodified until the copy has completed on `stream` (for
+    /// example, until the stream is synchronised). For a copy that overlaps other work,
+    /// `src` should be page-locked memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
+    /// `cuMemcpyHtoDAsync`.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub unsafe fn copy_from_host_async(
+        &self,
+        src: &[T],
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        self.check_len("GpuSlice::copy_from_host_async", src.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: lifetime of `src` until completion is the caller's duty (forwarded).
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.ptr,
+                src.as_ptr().cast(),
+                self.byte_len(),
+                stream.as_cu_stream(),
+            )
+        })
+    }
+
+    /// Enqueue a device-to-host copy on `stream` (`cuMemcpyDtoHAsync`).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay alive and must not be read or written until the copy has completed on
+    /// `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming
+    /// `cuMemcpyDtoHAsync`.
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub unsafe fn copy_to_host_async(
+        &self,
+        dst: &mut [T],
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        self.check_len("GpuSlice::copy_to_host_async", dst.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: lifetime and exclusivity of `dst` until completion are the caller's duty.
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr().cast(),
+                self.ptr,
+                self.byte_len(),
+                stream.as_cu_stream(),
+            )
+        })
+    }
+
+    /// Copy another buffer's contents (same length) into this one, device to device
+    /// (`cuMemcpyDtoDAsync` on `stream`): through an IPC mapping, this is a peer copy.
+    ///
+    /// # Safety
+    ///
+    /// The copy runs later, on the device, after this call returns: both `self` and `src`
+    /// must stay alive until it has completed on `stream` (for example, until
+    /// `stream.synchronize()` returns). Dropping the last view of an imported buffer unmaps
+    /// it at once (`cuIpcCloseMemHandle`) and dropping an exported one frees it, whatever is
+    /// still queued: a copy still in flight would then read or write memory that is no longer
+    /// this buffer's (a device use-after-free). See [the type's docs](Self#asynchronous-work).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a length mismatch, [`Error::Cuda`] naming the call.
+    #[doc(alias = "cuMemcpyDtoDAsync")]
+    pub unsafe fn copy_from_device_async(
+        &self,
+        src: &GpuSlice<T>,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        self.check_len("GpuSlice::copy_from_device_async", src.len)?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: both ranges are live device allocations of `byte_len` bytes now; that they
+        // stay so until the copy completes is the caller's duty (forwarded).
+        check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream.as_cu_stream())
+        })
+    }
+
+    /// Set every byte to `value` (`cuMemsetD8` on the legacy default stream, so after earlier
+    /// work of this process's blocking streams), and wait until it is done
+    /// (`cuStreamSynchronize` of the legacy stream): `cuMemsetD8` alone returns before the
+    /// device has written, and another process could read the old bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemsetD8` or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemsetD8")]
+    pub fn memset_bytes(&self, value: u8) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: the device range is this buffer's `byte_len` bytes.
+        check("cuMemsetD8", unsafe {
+            sys::cuMemsetD8_v2(self.ptr, value, self.byte_len())
+        })?;
+        sync_legacy_stream()
+    }
+
+    /// Enqueue setting every byte to `value` on `stream` (`cuMemsetD8Async`).
+    ///
+    /// # Safety
+    ///
+    /// The buffer must stay alive until the memset has completed on `stream`, as for
+    /// [`copy_from_device_async`](Self::copy_from_device_async).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemsetD8Async`.
+    #[doc(alias = "cuMemsetD8Async")]
+    pub unsafe fn memset_bytes_async(
+        &self,
+        value: u8,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<()> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: the range is this buffer's `byte_len` bytes, live now; that it stays so until
+        // the memset completes is the caller's duty (forwarded).
+        check("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream.as_cu_stream())
+        })
+    }
+}
+
+/// Wait for the current context's legacy default stream (`cuStreamSynchronize(NULL)`).
+fn sync_legacy_stream() -> Result<()> {
+    // SAFETY: the null stream is the current context's legacy default stream, always valid
+    // while a context is current (the callers hold a pushed context).
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
+    })
+}
+
+#[cfg(feature = "cust")]
+impl<T: Pod + cust::memory::DeviceCopy> GpuSlice<T> {
+    /// The device pointer, for cust kernel launches (feature `cust`).
+    pub fn device_ptr(&self) -> cust::memory::DevicePointer<T> {
+        cust::memory::DevicePointer::from_raw(self.ptr)
+    }
+}
+
+/// A `GpuSlice` is a kernel argument of cudarc launches (feature `cudarc`): it passes the
+/// device address, as a `CudaSlice` does. cudarc's launch is `unsafe`; its caller keeps the
+/// slice's owner alive until the kernel has completed (see
+/// [asynchronous work](GpuSlice#asynchronous-work)).
+// SAFETY: pushes a reference to the slice's `u64` device address, which lives as long as the
+// borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the kernel's pointer
+// parameter reads.
+#[cfg(feature = "cudarc")]
+unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b GpuSlice<T>>
+    for cudarc::driver::LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b GpuSlice<T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for GpuSlice<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuSlice")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.len)
+            .field("device", &self.ctx.ordinal())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .finish()
+    }
+}
