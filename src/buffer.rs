@@ -1099,7 +1099,7 @@ fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
 
 /// The ordinal of the device with `uuid`, if `ctx` can map its memory: it is `ctx`'s device or
 /// one it reaches as a peer.
-fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
+pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
     let unreachable = |reason: String| Error::DeviceNotReachable {
         uuid: device::uuid_string(uuid),
         from: ctx.ordinal(),

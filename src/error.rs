@@ -409,6 +409,27 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// An [`IpcArena`](crate::IpcArena) cannot place an allocation: not enough contiguous free
+    /// bytes, or every block index is in use. Freed buffers that importers still view are
+    /// `quarantined` until their views drop (or their processes die); dropping views, or
+    /// [`IpcArena::collect`](crate::IpcArena::collect), makes room.
+    #[error(
+        "the arena cannot place {requested} bytes: {free} bytes free, {quarantined} bytes \
+         waiting for importers to drop their views, {buffers} of {max_buffers} buffers in use"
+    )]
+    ArenaFull {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes free (not necessarily contiguous).
+        free: u64,
+        /// Bytes of freed buffers that importers still view.
+        quarantined: u64,
+        /// Buffers live or quarantined.
+        buffers: usize,
+        /// The most buffers the arena holds.
+        max_buffers: usize,
+    },
+
     /// An exported buffer already has the most importer processes it can track.
     #[error("exported buffer already has {max} importing processes")]
     TooManyImporters {

@@ -43,6 +43,7 @@ use rustix::io::Errno;
 
 use bytemuck::Pod;
 
+use crate::arena::{ImportedArena, IpcArena, IpcArenaHandle};
 use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::error::{Error, Result};
@@ -487,6 +488,69 @@ impl FdSocket {
                 ),
             }),
         }
+    }
+}
+
+impl FdSocket {
+    /// Send an [`IpcArena`] to the peer: its handle and a new descriptor of its memory, which
+    /// this side closes once sent. The peer maps it with [`recv_arena`](Self::recv_arena);
+    /// buffers allocated from the arena then travel as [`ArenaHandle`](crate::ArenaHandle)
+    /// bytes alone, over this socket or any other channel.
+    ///
+    /// # Errors
+    ///
+    /// As [`IpcArena::export_fd`], then as [`send`](Self::send).
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn send_arena(&self, arena: &IpcArena, timeout: Duration) -> Result<()> {
+        let (handle, fd) = arena.export_fd()?;
+        self.send(handle.as_bytes(), &[fd.as_fd()], timeout)
+    }
+
+    /// Receive an arena sent with [`send_arena`](Self::send_arena) and map it into `ctx`
+    /// ([`ImportedArena::open_fd`]), waiting at most `timeout` for the message. The payload
+    /// must be exactly an arena envelope with exactly one descriptor (any others are closed).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv); [`Error::CorruptHandle`] for a payload that is not an arena
+    /// handle; [`Error::HandleTypeMismatch`] without exactly one descriptor; then as
+    /// [`ImportedArena::open_fd`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{ArenaHandle, FdSocket, GpuContext, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let name = SocketName::Abstract("kv".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+    /// let arena = socket.recv_arena(&ctx, Duration::from_secs(5))?;
+    /// let msg = socket.recv(Duration::from_secs(5))?;
+    /// let block = arena.open(&ArenaHandle::<f32>::from_bytes(&msg.payload)?)?; // no driver call
+    /// println!("{} floats", block.len());
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn recv_arena(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedArena> {
+        let FdMessage { payload, mut fds } = self.recv(timeout)?;
+        let handle = IpcArenaHandle::from_bytes(&payload)?;
+        if fds.len() != 1 {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::PosixFd,
+                reason: format!(
+                    "{} file descriptor(s) arrived with an arena handle (it needs exactly one); \
+                     all closed",
+                    fds.len()
+                ),
+            });
+        }
+        let fd = fds.pop().ok_or_else(|| Error::Corrupt {
+            what: "fd socket message",
+            reason: "a descriptor counted but missing".into(),
+        })?;
+        ImportedArena::open_fd(ctx, &handle, fd)
     }
 }
 

@@ -23,6 +23,7 @@ pub(crate) const VERSION: u16 = 1;
 pub(crate) const KIND_MEM: u16 = 1;
 pub(crate) const KIND_EVENT: u16 = 2;
 pub(crate) const KIND_SIGNAL: u16 = 3;
+pub(crate) const KIND_ARENA: u16 = 4;
 
 /// Size of an envelope in bytes.
 pub const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
@@ -212,6 +213,7 @@ impl Envelope {
                 KIND_MEM => "a memory",
                 KIND_EVENT => "an event",
                 KIND_SIGNAL => "a signal",
+                KIND_ARENA => "an arena",
                 _ => "an unknown",
             };
             return bad(format!(
@@ -232,7 +234,12 @@ impl Envelope {
         }
         match (kind, HandleType::from_code(self.handle_type)) {
             (_, None) => return bad(format!("unknown handle type {}", self.handle_type)),
-            (KIND_MEM, Some(HandleType::PosixFd)) => {
+            (KIND_ARENA, Some(t)) if t != HandleType::PosixFd => {
+                return bad(format!(
+                    "{t} handle type on an arena (arenas are file descriptors)"
+                ));
+            }
+            (KIND_MEM | KIND_ARENA, Some(HandleType::PosixFd)) => {
                 let bytes = self.vmm_bytes();
                 let wanted = self.len.saturating_mul(u64::from(self.elem_size));
                 if self.cuda[8..] != [0; 56] || bytes < wanted || bytes > isize::MAX as u64 {
@@ -257,7 +264,13 @@ impl Envelope {
                 self.len, self.elem_size
             ));
         }
-        if kind == KIND_MEM || kind == KIND_SIGNAL {
+        if kind == KIND_ARENA && (self.elem_size, self.elem_align) != (1, 1) {
+            return bad(format!(
+                "an arena is counted in bytes, not {}-byte elements",
+                self.elem_size
+            ));
+        }
+        if matches!(kind, KIND_MEM | KIND_SIGNAL | KIND_ARENA) {
             if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align)
             {
                 return bad(format!(

@@ -25,7 +25,8 @@
 //!   claimer sees *closing* and backs off before mapping.
 //! - Reaping happens only under *closing* (and only of proven deaths: a process the kernel
 //!   cannot be asked about counts as alive); [`ExportLeases::holders`] outside a close only
-//!   reads.
+//!   reads. The one exception is an arena's owner, which reaps a proven-dead importer's slot
+//!   at any time after clearing its bits ([`ExportLeases::reap_slot`] says why that is safe).
 //!
 //! # What each side sees when the other stops
 //!
@@ -184,6 +185,19 @@ impl Slots<'_> {
         live
     }
 
+    /// The slots held by processes proven dead, with the exact word judged (for
+    /// [`ExportLeases::reap_slot`]). Read-only.
+    pub(crate) fn dead_slots(&self, alive: &dyn Fn(&ProcessIdentity) -> bool) -> Vec<(usize, u64)> {
+        let mut dead = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let (owner, id) = slot.load_identity();
+            if owner.state != OwnerState::Free && !alive(&id) {
+                dead.push((i, owner.word));
+            }
+        }
+        dead
+    }
+
     /// A process other than `me` that holds a slot but is dead. The slot is re-read after the
     /// judgement: a holder that released and exited in between is not reported.
     pub(crate) fn dead_holder(
@@ -301,6 +315,24 @@ impl ExportLeases {
             .holders(&|id: &ProcessIdentity| id.is_alive(), false)
     }
 
+    /// The lease slots held by processes proven dead, with the word judged.
+    pub(crate) fn dead_slots(&self) -> Vec<(usize, u64)> {
+        self.region
+            .slots()
+            .dead_slots(&|id: &ProcessIdentity| id.is_alive())
+    }
+
+    /// Free slot `i` if it still holds `word`, a dead holder's (from
+    /// [`dead_slots`](Self::dead_slots)). The one reap outside a close: an
+    /// [`IpcArena`](crate::IpcArena) lives long, and each importer that dies would otherwise
+    /// keep its slot until the arena is dropped. Safe at any time: a claim starts from a free
+    /// slot, so nobody can be mid-claim on a dead holder's word, and the compare-exchange
+    /// against the exact word fails if the slot changed hands. The arena clears the dead
+    /// importer's bits in its block table first, so a new holder of the slot starts clean.
+    pub(crate) fn reap_slot(&self, i: usize, word: u64) -> bool {
+        self.region.slots.get(i).is_some_and(|s| s.reap(word))
+    }
+
     /// Close and wait up to `timeout` for every live lease to go, reaping dead holders; return
     /// the holders left.
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
@@ -415,6 +447,11 @@ impl Lease {
             }
             Claim::Full => Err(Error::TooManyImporters { max: MAX_IMPORTERS }),
         }
+    }
+
+    /// The slot this lease holds (an arena importer's bit in the block table).
+    pub(crate) fn slot(&self) -> usize {
+        self.slot
     }
 
     /// The export generation named by the handle that took this lease.

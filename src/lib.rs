@@ -100,6 +100,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod arena;
 mod barrier;
 mod buffer;
 mod channel;
@@ -124,6 +125,10 @@ mod stream;
 mod sync;
 mod vmm;
 
+pub use arena::{
+    ARENA_ALIGN, ARENA_HANDLE_SIZE, ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena,
+    IpcArenaHandle, MAX_ARENA_BUFFERS,
+};
 pub use barrier::{
     BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
     MAX_PARTIES, ProcessBarrier,

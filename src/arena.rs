@@ -1,0 +1,918 @@
+//! [`IpcArena`]: one virtual-memory region shared once, many typed buffers inside it, each
+//! with its own handle, generation and holders, opened without a driver call.
+//!
+//! Opening an [`IpcBuffer`](crate::IpcBuffer) costs one driver import and mapping per buffer
+//! (80–140 µs on an H200, whatever the handle type). An arena pays that once: the owner
+//! creates one [`HandleType::PosixFd`] region, sends it to each peer over an
+//! [`FdSocket`](crate::FdSocket), and then sub-allocates [`ArenaBuffer`]s from it. Each buffer
+//! has an [`ArenaHandle<T>`] (arena id, block, generation, offset, length, element type) that a
+//! peer which imported the arena ([`ImportedArena`]) turns into an [`ArenaView<T>`] with a few
+//! atomic operations on a shared block table — no mapping, no system call.
+//!
+//! # Freeing and reuse
+//!
+//! A handle opens only while its buffer is live: freeing moves the block to a new generation,
+//! so the handle is [`Error::StaleHandle`] from then on, even after the range holds another
+//! buffer. A freed buffer's range is reused only once no importer holds a view of it: until
+//! then it is *quarantined*. Dropping an [`ArenaBuffer`] never waits; the range comes back at a
+//! later [`IpcArena::alloc`] or [`IpcArena::collect`] once its views are gone, or once the
+//! processes holding them are proven dead. The protocol, and what each side sees when the other
+//! is killed at each step, is in `src/arena/table.rs`.
+//!
+//! # Lifetime
+//!
+//! The region is driver memory shared by file descriptor: the driver keeps it while any
+//! process maps it. An [`ImportedArena`] (and every view of it) stays valid after the owner
+//! drops its arena or dies; views of buffers the owner freed stay valid too (their range is not
+//! reused while they exist). Only new opens fail.
+
+mod book;
+mod table;
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering as StdOrdering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytemuck::{Pod, Zeroable};
+use parking_lot::Mutex;
+
+use crate::context::GpuContext;
+use crate::device;
+use crate::error::{Error, Result};
+use crate::handle::{Envelope, HandleType, KIND_ARENA, check_element, checksum, type_tag_of};
+use crate::lease::{ExportLeases, Lease};
+use crate::os;
+use crate::process::ProcessIdentity;
+use crate::shm::{ShmOptions, ShmRegion};
+use crate::slice::GpuSlice;
+use crate::sync::Ordering;
+use crate::vmm::VmmMemory;
+use book::{Book, Placed};
+use table::{ArenaTable, Enter};
+
+pub use book::ALIGN as ARENA_ALIGN;
+pub use table::MAX_ARENA_BUFFERS;
+
+const TABLE_PREFIX: &str = "cuda-ipc-arena.";
+
+fn table_name(token: &[u8; 16]) -> String {
+    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TABLE_PREFIX}{hex}")
+}
+
+fn token_words(token: &[u8; 16]) -> [u64; 2] {
+    let mut lo = [0u8; 8];
+    let mut hi = [0u8; 8];
+    lo.copy_from_slice(&token[..8]);
+    hi.copy_from_slice(&token[8..]);
+    [u64::from_le_bytes(lo), u64::from_le_bytes(hi)]
+}
+
+/// Remove arena tables left in `/dev/shm` by owners that died, as
+/// [`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables) does for lease tables.
+fn reap_stale_tables() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(dir) = std::fs::read_dir(os::SHM_DIR) {
+            for entry in dir.flatten() {
+                if let Some(name) = entry.file_name().to_str()
+                    && name.starts_with(TABLE_PREFIX)
+                {
+                    let _ = crate::shm::reclaim_stale(name);
+                }
+            }
+        }
+    });
+}
+
+/// The owner's shared state: the region, its lease table (one slot per importing process),
+/// the block table, and the books.
+struct Owner {
+    ctx: GpuContext,
+    token: [u8; 16],
+    generation: u64,
+    uuid: [u8; 16],
+    table: ShmRegion<ArenaTable>,
+    leases: ExportLeases,
+    book: Mutex<Book>,
+    max_buffers: usize,
+    // Last: released after the tables are marked closed (see Drop).
+    memory: VmmMemory,
+}
+
+impl Owner {
+    /// Give back quarantined ranges whose views are gone; if some remain, reap importers
+    /// proven dead (their bits everywhere, then their lease slots) and try again.
+    fn reclaim(&self, book: &mut Book) {
+        if !book.has_quarantine() {
+            return;
+        }
+        let held = book.reclaim(&self.table.blocks, 0);
+        if held == 0 {
+            return;
+        }
+        let dead: Vec<(usize, u64)> = self
+            .leases
+            .dead_slots()
+            .into_iter()
+            .filter(|&(i, _)| i < 64 && held & (1 << i) != 0)
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        let mask = dead.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
+        // A dead importer may also hold bits of live blocks: clear them everywhere before its
+        // slot goes to a new importer.
+        for block in &self.table.blocks[..self.max_buffers] {
+            if block.holders() & mask != 0 {
+                block.clear_dead(mask);
+            }
+        }
+        for (i, word) in dead {
+            self.leases.reap_slot(i, word);
+        }
+        book.reclaim(&self.table.blocks, 0);
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        // Every buffer is gone (each holds the owner), so every block is retired. Refuse new
+        // imports; the memory is released below, and the driver keeps it while importers map it.
+        self.table.closing.store(1, Ordering::Release);
+        self.leases.begin_close();
+    }
+}
+
+/// A region of device memory shared with other processes once, from which typed buffers are
+/// allocated and shared each for the price of a handle (see the [module docs](self)).
+///
+/// Created with [`new`](Self::new) (a [`HandleType::PosixFd`] allocation, `cuMemCreate`),
+/// sent to peers with [`FdSocket::send_arena`](crate::FdSocket::send_arena) (or
+/// [`export_fd`](Self::export_fd) and any `SCM_RIGHTS` channel), carved with
+/// [`alloc`](Self::alloc). `IpcArena` is `Send` and `Sync`; it can be shared between threads
+/// (allocation takes a lock).
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{FdListener, GpuContext, IpcArena, PeerPolicy, SocketName};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let ctx = GpuContext::new(0)?;
+/// let arena = IpcArena::new(&ctx, 256 << 20)?;
+/// let listener = FdListener::bind(SocketName::Abstract("kv".into()), PeerPolicy::SameUid)?;
+/// let peer = listener.accept(Duration::from_secs(5))?;
+/// peer.send_arena(&arena, Duration::from_secs(5))?; // once per peer
+///
+/// let block = arena.alloc_zeroed::<f32>(4096)?;
+/// peer.send(block.handle().as_bytes(), &[], Duration::from_secs(5))?; // per buffer: bytes only
+/// # Ok(()) }
+/// ```
+pub struct IpcArena {
+    owner: Arc<Owner>,
+}
+
+impl IpcArena {
+    /// Allocate a region of at least `bytes` on `ctx`'s device (`cuMemCreate` with POSIX-fd
+    /// export, rounded up to the allocation granularity, mapped read-write for that device),
+    /// with a block table for up to [`MAX_ARENA_BUFFERS`] buffers at a time.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero bytes; [`Error::Unsupported`] when the device cannot
+    /// export virtual memory as file descriptors; [`Error::Cuda`] naming the failing call of
+    /// the allocation; a shared-memory error creating the tables.
+    #[doc(alias = "cuMemCreate")]
+    pub fn new(ctx: &GpuContext, bytes: usize) -> Result<Self> {
+        Self::with_max_buffers(ctx, bytes, MAX_ARENA_BUFFERS)
+    }
+
+    /// [`new`](Self::new) with at most `max_buffers` (1 to [`MAX_ARENA_BUFFERS`]) buffers
+    /// live or quarantined at a time.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`Error::InvalidArgument`] for `max_buffers` out of range.
+    pub fn with_max_buffers(ctx: &GpuContext, bytes: usize, max_buffers: usize) -> Result<Self> {
+        let call = "IpcArena::new";
+        if bytes == 0 || !(1..=MAX_ARENA_BUFFERS).contains(&max_buffers) {
+            return Err(Error::InvalidArgument {
+                call,
+                reason: format!(
+                    "{bytes} bytes for up to {max_buffers} buffers (needs bytes > 0 and 1 to \
+                     {MAX_ARENA_BUFFERS} buffers)"
+                ),
+            });
+        }
+        if !crate::vmm::supports_posix_fd(ctx.device())? {
+            return Err(Error::Unsupported {
+                device: ctx.ordinal(),
+                what: "an IpcArena (virtual memory exported as POSIX file descriptors)",
+                reason: "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED or \
+                         CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0"
+                    .into(),
+            });
+        }
+        reap_stale_tables();
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
+        token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
+        let uuid = device::uuid_of(ctx.device())?;
+        let memory = VmmMemory::create(ctx, bytes)?;
+        let capacity = memory.size() as u64;
+        let words = token_words(&token);
+        let table = ShmOptions::new(table_name(&token)).create_with(|t: &ArenaTable| {
+            t.token[0].store(words[0], Ordering::Relaxed);
+            t.token[1].store(words[1], Ordering::Relaxed);
+            t.capacity.store(capacity, Ordering::Relaxed);
+            Ok(())
+        })?;
+        let leases = ExportLeases::create(&token)?;
+        Ok(Self {
+            owner: Arc::new(Owner {
+                ctx: ctx.clone(),
+                token,
+                generation: crate::buffer::GENERATION.fetch_add(1, StdOrdering::Relaxed),
+                uuid,
+                table,
+                leases,
+                book: Mutex::new(Book::new(capacity, max_buffers)),
+                max_buffers,
+                memory,
+            }),
+        })
+    }
+
+    /// Allocate `len` elements of `T` from the arena (contents unspecified: whatever the range
+    /// last held), placed at a multiple of [`ARENA_ALIGN`] bytes. Ranges freed earlier whose
+    /// views are all gone are reused first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero elements, an overflowing size, or a `T` aligned to
+    /// more than [`ARENA_ALIGN`]; [`Error::ArenaFull`] when no free range holds it or every
+    /// block index is in use (after reclaiming what importers released or died holding).
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
+        let size = std::mem::size_of::<T>() as u64;
+        let bytes = (len as u64).checked_mul(size).filter(|&b| b > 0);
+        let Some(bytes) = bytes.filter(|_| std::mem::align_of::<T>() as u64 <= ARENA_ALIGN) else {
+            return Err(Error::InvalidArgument {
+                call: "IpcArena::alloc",
+                reason: format!(
+                    "{len} elements of {} ({size} bytes, aligned to {})",
+                    std::any::type_name::<T>(),
+                    std::mem::align_of::<T>()
+                ),
+            });
+        };
+        let owner = &self.owner;
+        let mut book = owner.book.lock();
+        let placed = match book.alloc(&owner.table.blocks, bytes) {
+            Ok(p) => p,
+            Err(_) => {
+                owner.reclaim(&mut book);
+                book.alloc(&owner.table.blocks, bytes)
+                    .map_err(|full| Error::ArenaFull {
+                        requested: bytes,
+                        free: full.free,
+                        quarantined: full.quarantined,
+                        buffers: full.buffers,
+                        max_buffers: owner.max_buffers,
+                    })?
+            }
+        };
+        drop(book);
+        Ok(ArenaBuffer {
+            slice: GpuSlice::new(owner.ctx.clone(), owner.memory.ptr() + placed.offset, len),
+            owner: owner.clone(),
+            placed,
+        })
+    }
+
+    /// [`alloc`](Self::alloc), then set every byte of the buffer's range to zero (on the
+    /// device when this returns), so a peer never sees what the range held before.
+    ///
+    /// # Errors
+    ///
+    /// As [`alloc`](Self::alloc) and [`GpuSlice::memset_bytes`].
+    pub fn alloc_zeroed<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
+        let buf = self.alloc(len)?;
+        buf.memset_bytes(0)?;
+        Ok(buf)
+    }
+
+    /// The arena's handle and a new descriptor of its memory (`cuMemExportToShareableHandle`),
+    /// for a peer's [`ImportedArena::open_fd`]. [`FdSocket::send_arena`](crate::FdSocket::send_arena)
+    /// does this and sends both.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemExportToShareableHandle`.
+    #[doc(alias = "cuMemExportToShareableHandle")]
+    pub fn export_fd(&self) -> Result<(IpcArenaHandle, OwnedFd)> {
+        let owner = &self.owner;
+        let mut cuda = [0u8; 64];
+        cuda[..8].copy_from_slice(&(owner.memory.size() as u64).to_le_bytes());
+        let env = Envelope {
+            elem_size: 1,
+            elem_align: 1,
+            type_tag: type_tag_of::<u8>(),
+            len: owner.memory.size() as u64,
+            device_uuid: owner.uuid,
+            token: owner.token,
+            handle_type: HandleType::PosixFd.code(),
+            ..Envelope::exported(KIND_ARENA, owner.generation, owner.ctx.ordinal(), cuda)
+        }
+        .seal();
+        let fd = owner.memory.export_fd()?;
+        Ok((IpcArenaHandle { env }, fd))
+    }
+
+    /// The arena's size in bytes (the request rounded up to the allocation granularity).
+    pub fn capacity(&self) -> usize {
+        self.owner.memory.size()
+    }
+
+    /// Bytes free now (not necessarily contiguous; not counting quarantined ranges).
+    pub fn free_bytes(&self) -> usize {
+        self.owner.book.lock().free_bytes() as usize
+    }
+
+    /// Give back the ranges of freed buffers whose views are all gone, reaping importers that
+    /// died holding views; returns the bytes still waiting for live importers. [`alloc`](Self::alloc)
+    /// does this itself when it runs short.
+    pub fn collect(&self) -> usize {
+        let mut book = self.owner.book.lock();
+        self.owner.reclaim(&mut book);
+        book.quarantined_bytes() as usize
+    }
+
+    /// The pids of live processes that imported the arena.
+    pub fn importers(&self) -> Vec<u32> {
+        self.owner.leases.holders()
+    }
+
+    /// The context the arena lives in.
+    pub fn context(&self) -> &GpuContext {
+        &self.owner.ctx
+    }
+}
+
+impl std::fmt::Debug for IpcArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcArena")
+            .field("capacity", &self.capacity())
+            .field("device", &self.owner.ctx.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A typed buffer allocated from an [`IpcArena`]; it dereferences to its [`GpuSlice`] (copies,
+/// memsets, the device address) and shares itself through [`handle`](Self::handle).
+///
+/// Dropping it frees its range in the arena without waiting: handles of it are stale from then
+/// on, and the range is reused once no importer holds a view of it. As for every buffer of this
+/// crate, work enqueued on it must complete before it is dropped (see
+/// [asynchronous work](GpuSlice#asynchronous-work)).
+pub struct ArenaBuffer<T: Pod> {
+    slice: GpuSlice<T>,
+    owner: Arc<Owner>,
+    placed: Placed,
+}
+
+impl<T: Pod> std::ops::Deref for ArenaBuffer<T> {
+    type Target = GpuSlice<T>;
+
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T: Pod> ArenaBuffer<T> {
+    /// The handle a process that imported the arena opens with [`ImportedArena::open`]: 80
+    /// bytes of plain data ([`ArenaHandle::as_bytes`]), no descriptor.
+    pub fn handle(&self) -> ArenaHandle<T> {
+        ArenaHandle::new(RawArenaHandle {
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            token: self.owner.token,
+            index: self.placed.index,
+            generation: self.placed.generation,
+            offset: self.placed.offset,
+            len: self.slice.len as u64,
+            ..Zeroable::zeroed()
+        })
+    }
+
+    /// Byte offset of the buffer in its arena.
+    pub fn offset(&self) -> usize {
+        self.placed.offset as usize
+    }
+
+    /// Whether another process (or an import in this one) holds a view of this buffer now.
+    pub fn is_viewed(&self) -> bool {
+        self.owner
+            .table
+            .block(self.placed.index)
+            .is_some_and(|b| b.holders() != 0)
+    }
+}
+
+impl<T: Pod> Drop for ArenaBuffer<T> {
+    fn drop(&mut self) {
+        self.owner
+            .book
+            .lock()
+            .free(&self.owner.table.blocks, self.placed);
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for ArenaBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.slice.len)
+            .field("offset", &self.placed.offset)
+            .field("generation", &self.placed.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// "CIPA" little-endian.
+const ARENA_MAGIC: u32 = u32::from_le_bytes(*b"CIPA");
+const ARENA_VERSION: u16 = 1;
+
+/// The bytes of an [`ArenaHandle`].
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+struct RawArenaHandle {
+    magic: u32,
+    version: u16,
+    reserved0: u16,
+    elem_size: u32,
+    elem_align: u32,
+    type_tag: u64,
+    token: [u8; 16],
+    index: u32,
+    reserved1: u32,
+    generation: u64,
+    offset: u64,
+    len: u64,
+    checksum: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<RawArenaHandle>() == 80);
+
+impl RawArenaHandle {
+    fn body(&self) -> &[u8] {
+        let bytes = bytemuck::bytes_of(self);
+        &bytes[..bytes.len() - 8]
+    }
+}
+
+/// A buffer of an [`IpcArena`], as another process names it: arena id, block index, generation,
+/// byte offset, length and the element type's size, alignment and tag, checksummed; 80 bytes of
+/// plain data ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). It maps
+/// nothing by itself: only a process that imported the arena (which took its descriptor) can
+/// open it, with [`ImportedArena::open`].
+pub struct ArenaHandle<T> {
+    raw: RawArenaHandle,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for ArenaHandle<T> {
+    fn clone(&self) -> Self {
+        Self {
+            raw: self.raw,
+            _elem: PhantomData,
+        }
+    }
+}
+
+impl<T> PartialEq for ArenaHandle<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+/// Size of an [`ArenaHandle`] in bytes.
+pub const ARENA_HANDLE_SIZE: usize = std::mem::size_of::<RawArenaHandle>();
+
+impl<T> ArenaHandle<T> {
+    fn new(mut raw: RawArenaHandle) -> Self {
+        raw.magic = ARENA_MAGIC;
+        raw.version = ARENA_VERSION;
+        raw.checksum = checksum(raw.body());
+        Self {
+            raw,
+            _elem: PhantomData,
+        }
+    }
+
+    /// The handle's bytes, to send to a peer.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.raw)
+    }
+
+    /// A handle from bytes another process sent; its structure (size, magic, version,
+    /// checksum, reserved bytes) is checked here, the rest when it is opened.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let raw: RawArenaHandle =
+            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
+                reason: format!(
+                    "an arena handle is {ARENA_HANDLE_SIZE} bytes, got {}",
+                    bytes.len()
+                ),
+            })?;
+        let handle = Self {
+            raw,
+            _elem: PhantomData,
+        };
+        handle.check_structure()?;
+        Ok(handle)
+    }
+
+    fn check_structure(&self) -> Result<()> {
+        let r = &self.raw;
+        let bad = |reason: String| Err(Error::CorruptHandle { reason });
+        if r.magic != ARENA_MAGIC {
+            return bad(format!("bad arena handle magic {:#x}", r.magic));
+        }
+        if r.version != ARENA_VERSION {
+            return bad(format!("arena handle version {}", r.version));
+        }
+        let sum = checksum(r.body());
+        if sum != r.checksum {
+            return bad(format!(
+                "checksum {:#x} does not match contents ({sum:#x})",
+                r.checksum
+            ));
+        }
+        if r.reserved0 != 0 || r.reserved1 != 0 {
+            return bad("reserved bytes are not zero".into());
+        }
+        Ok(())
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.raw.len as usize
+    }
+
+    /// Whether the buffer holds no elements (never, for handles the crate made).
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+
+    /// The buffer's generation: each allocation of a block index has its own.
+    pub fn generation(&self) -> u64 {
+        self.raw.generation
+    }
+}
+
+impl<T> std::fmt::Debug for ArenaHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaHandle")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.raw.len)
+            .field("block", &self.raw.index)
+            .field("generation", &self.raw.generation)
+            .field("offset", &self.raw.offset)
+            .finish()
+    }
+}
+
+/// An exported [`IpcArena`]: the envelope that travels with its file descriptor
+/// ([`IpcArena::export_fd`]), 184 bytes. Without the descriptor it maps nothing.
+#[derive(Clone)]
+pub struct IpcArenaHandle {
+    env: Envelope,
+}
+
+impl IpcArenaHandle {
+    /// The envelope's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.env)
+    }
+
+    /// A handle from bytes another process sent, structurally checked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let env: Envelope =
+            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
+                reason: format!(
+                    "an arena handle envelope is {} bytes, got {}",
+                    std::mem::size_of::<Envelope>(),
+                    bytes.len()
+                ),
+            })?;
+        env.validate(KIND_ARENA)?;
+        Ok(Self { env })
+    }
+
+    /// The arena's size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.env.len as usize
+    }
+
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.env.exporter()
+    }
+}
+
+impl std::fmt::Debug for IpcArenaHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcArenaHandle")
+            .field("capacity", &self.env.len)
+            .field("exporter", &self.env.exporter_pid)
+            .field("device", &device::uuid_string(&self.env.device_uuid))
+            .finish()
+    }
+}
+
+/// Imported arenas of this process by (token, context), so that a second import shares the
+/// mapping, the lease and the importer bit of the first.
+type ImportKey = ([u8; 16], usize);
+static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
+
+struct Import {
+    ctx: GpuContext,
+    key: ImportKey,
+    base: u64,
+    capacity: u64,
+    bit: u64,
+    exporter: ProcessIdentity,
+    table: ShmRegion<ArenaTable>,
+    /// Views per block in this process: (generation, count). The bit is set while a count is.
+    views: Mutex<HashMap<u32, (u64, u32)>>,
+    // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
+    _memory: VmmMemory,
+    _lease: Lease,
+}
+
+impl Drop for Import {
+    fn drop(&mut self) {
+        IMPORTS
+            .lock()
+            .retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
+    }
+}
+
+/// An [`IpcArena`] imported from another process (or this one): the whole region mapped once;
+/// each of its buffers opens with [`open`](Self::open) without a driver call.
+///
+/// `ImportedArena` is `Send` and `Sync`, cheap to clone (one shared import), and every
+/// [`ArenaView`] keeps the import alive.
+#[derive(Clone)]
+pub struct ImportedArena {
+    import: Arc<Import>,
+}
+
+impl ImportedArena {
+    /// Map an arena from its handle and the descriptor its owner sent with it
+    /// (`cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
+    /// for `ctx`'s device) and take an importer slot in its lease table. `fd` is consumed.
+    /// Importing the same arena again in the same context shares the first import.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`]; [`Error::ExporterGone`]; [`Error::DeviceNotReachable`];
+    /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`];
+    /// then as [`IpcBuffer::open_fd`](crate::IpcBuffer::open_fd) for the descriptor.
+    #[doc(alias = "cuMemImportFromShareableHandle")]
+    pub fn open_fd(ctx: &GpuContext, handle: &IpcArenaHandle, fd: OwnedFd) -> Result<Self> {
+        let env = &handle.env;
+        env.validate(KIND_ARENA)?;
+        let exporter = env.exporter_this_boot()?;
+        let key: ImportKey = (env.token, ctx.as_raw() as usize);
+        {
+            let imports = IMPORTS.lock();
+            if let Some(import) = imports
+                .iter()
+                .filter(|(k, _)| *k == key)
+                .find_map(|(_, w)| w.upgrade())
+                && !import.closing()
+            {
+                return Ok(Self { import });
+            }
+        }
+        if !exporter.is_same_process(&ProcessIdentity::current())
+            && !crate::process::is_alive_cached(&exporter)
+        {
+            return Err(Error::ExporterGone {
+                pid: exporter.pid(),
+            });
+        }
+        let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;
+        let lease = Lease::acquire(&env.token, env.generation)?;
+        let bit = 1u64 << lease.slot();
+        let stale = || Error::StaleHandle {
+            generation: env.generation,
+        };
+        let table = match ShmOptions::new(table_name(&env.token))
+            .open_timeout(Duration::from_millis(200))
+            .open::<ArenaTable>()
+        {
+            Ok(t) => t,
+            Err(Error::NotFound { .. }) | Err(Error::NotReady { .. }) => return Err(stale()),
+            Err(e) => return Err(e),
+        };
+        let words = token_words(&env.token);
+        if table.token[0].load(Ordering::Relaxed) != words[0]
+            || table.token[1].load(Ordering::Relaxed) != words[1]
+            || table.capacity.load(Ordering::Relaxed) != env.vmm_bytes()
+        {
+            return Err(Error::CorruptHandle {
+                reason: "the arena's table names another arena or size".into(),
+            });
+        }
+        let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+        let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
+        let import = Arc::new(Import {
+            ctx: ctx.clone(),
+            key,
+            base: memory.ptr(),
+            capacity: memory.size() as u64,
+            bit,
+            exporter,
+            table,
+            views: Mutex::new(HashMap::new()),
+            _memory: memory,
+            _lease: lease,
+        });
+        IMPORTS.lock().push((key, Arc::downgrade(&import)));
+        Ok(Self { import })
+    }
+
+    /// Open one buffer of the arena: checks the handle (checksum, element type, this arena,
+    /// bounds), then enters the block in the shared table (two atomic read-modify-writes) —
+    /// no driver call, no mapping. Views of one buffer in one process share the block's entry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] for a damaged handle, one of another arena, or one whose range
+    /// does not match what the owner published; [`Error::TypeMismatch`];
+    /// [`Error::StaleHandle`] when the buffer was freed (even if its range or block now holds
+    /// another buffer).
+    pub fn open<T: Pod>(&self, handle: &ArenaHandle<T>) -> Result<ArenaView<T>> {
+        let import = &self.import;
+        let h = &handle.raw;
+        handle.check_structure()?;
+        check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
+        let corrupt = |reason: String| Error::CorruptHandle { reason };
+        if h.token != import.key.0 {
+            return Err(corrupt("the handle names another arena".into()));
+        }
+        let bytes = h
+            .len
+            .checked_mul(u64::from(h.elem_size))
+            .filter(|&b| b > 0)
+            .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
+        let end = h.offset.checked_add(bytes);
+        if !h.offset.is_multiple_of(ARENA_ALIGN) || end.is_none_or(|e| e > import.capacity) {
+            return Err(corrupt(format!(
+                "bytes {}..+{bytes} do not lie on the arena's {}-byte grid inside its {} bytes",
+                h.offset, ARENA_ALIGN, import.capacity
+            )));
+        }
+        let len = usize::try_from(h.len).map_err(|_| corrupt("length overflows".into()))?;
+        let Some(block) = import.table.block(h.index) else {
+            return Err(corrupt(format!("block {} out of range", h.index)));
+        };
+        let stale = Error::StaleHandle {
+            generation: h.generation,
+        };
+        let mut views = import.views.lock();
+        match views.get_mut(&h.index) {
+            Some((generation, count)) => {
+                // We hold this block's bit, so the owner cannot have reused it: it is our
+                // generation, live or retired.
+                if *generation != h.generation || !block.is_live(h.generation) {
+                    return Err(stale);
+                }
+                *count += 1;
+            }
+            None => {
+                if block.enter(import.bit, h.generation) == Enter::Stale {
+                    return Err(stale);
+                }
+                let (offset, published) = block.range();
+                if offset != h.offset || published < bytes {
+                    block.leave(import.bit);
+                    return Err(corrupt(format!(
+                        "the handle says bytes {}..+{bytes}; the owner published {offset}..+{published}",
+                        h.offset
+                    )));
+                }
+                views.insert(h.index, (h.generation, 1));
+            }
+        }
+        drop(views);
+        Ok(ArenaView {
+            slice: GpuSlice::new(import.ctx.clone(), import.base + h.offset, len),
+            import: import.clone(),
+            index: h.index,
+        })
+    }
+
+    /// The arena's size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.import.capacity as usize
+    }
+
+    /// The process that owns the arena.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.import.exporter
+    }
+
+    /// The context the arena is mapped in.
+    pub fn context(&self) -> &GpuContext {
+        &self.import.ctx
+    }
+}
+
+impl Import {
+    fn closing(&self) -> bool {
+        self.table.closing.load(Ordering::Acquire) != 0
+    }
+}
+
+impl std::fmt::Debug for ImportedArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedArena")
+            .field("capacity", &self.import.capacity)
+            .field("exporter", &self.import.exporter.pid())
+            .field("device", &self.import.ctx.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A buffer of an imported arena, opened from its [`ArenaHandle`]; it dereferences to its
+/// [`GpuSlice`]. While it (or another view of the same buffer in this process) exists, the
+/// owner does not reuse the buffer's range, even after freeing the buffer; dropping the last
+/// view lets it. Work enqueued on it must complete before it is dropped (see
+/// [asynchronous work](GpuSlice#asynchronous-work)).
+pub struct ArenaView<T: Pod> {
+    slice: GpuSlice<T>,
+    import: Arc<Import>,
+    index: u32,
+}
+
+impl<T: Pod> std::ops::Deref for ArenaView<T> {
+    type Target = GpuSlice<T>;
+
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T: Pod> ArenaView<T> {
+    /// Whether the owner still has the buffer (false once it was freed: the view stays valid,
+    /// but nobody else will write it for this buffer's purpose any more).
+    pub fn is_live(&self) -> bool {
+        let views = self.import.views.lock();
+        match (views.get(&self.index), self.import.table.block(self.index)) {
+            (Some(&(generation, _)), Some(block)) => block.is_live(generation),
+            _ => false,
+        }
+    }
+}
+
+impl<T: Pod> Drop for ArenaView<T> {
+    fn drop(&mut self) {
+        let mut views = self.import.views.lock();
+        if let Some((_, count)) = views.get_mut(&self.index) {
+            *count -= 1;
+            if *count == 0 {
+                views.remove(&self.index);
+                if let Some(block) = self.import.table.block(self.index) {
+                    block.leave(self.import.bit);
+                }
+            }
+        }
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for ArenaView<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaView")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.slice.len)
+            .field("block", &self.index)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,289 @@
+//! The owner's books: which byte ranges of the arena are free, which block indexes are free,
+//! each block's generation, and the freed blocks that importers still view (quarantined).
+//! Process-local (behind the arena's lock); the shared half is [`super::table`].
+
+use std::collections::BTreeMap;
+
+use super::table::{Block, MAX_ARENA_BUFFERS};
+
+/// Every buffer of an [`IpcArena`](crate::IpcArena) starts on a multiple of this many bytes
+/// and takes a multiple of it (what `cuMemAlloc` guarantees; element types aligned to more are
+/// refused).
+pub const ALIGN: u64 = 256;
+
+/// A live or quarantined allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub(crate) index: u32,
+    pub(crate) generation: u64,
+    pub(crate) offset: u64,
+    pub(crate) bytes: u64,
+}
+
+/// Why an allocation could not be placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Full {
+    /// Bytes free now (not counting quarantined ranges).
+    pub(crate) free: u64,
+    /// Bytes of freed buffers that importers still view.
+    pub(crate) quarantined: u64,
+    /// Buffers live or quarantined.
+    pub(crate) buffers: usize,
+}
+
+pub(crate) struct Book {
+    capacity: u64,
+    /// Free ranges, offset → length, coalesced (no two adjacent).
+    free: BTreeMap<u64, u64>,
+    /// Free block indexes (the next one is popped from the end).
+    free_blocks: Vec<u32>,
+    /// The last generation each block index was published with (0: never).
+    generations: Vec<u64>,
+    /// Retired blocks whose holders were not all gone.
+    quarantine: Vec<Placed>,
+    max_buffers: usize,
+}
+
+impl Book {
+    /// Books for `capacity` bytes (a multiple of [`ALIGN`]) and at most `max_buffers` blocks.
+    pub(crate) fn new(capacity: u64, max_buffers: usize) -> Self {
+        let max_buffers = max_buffers.clamp(1, MAX_ARENA_BUFFERS);
+        let mut free = BTreeMap::new();
+        if capacity > 0 {
+            free.insert(0, capacity);
+        }
+        Self {
+            capacity,
+            free,
+            free_blocks: (0..max_buffers as u32).rev().collect(),
+            generations: vec![0; max_buffers],
+            quarantine: Vec::new(),
+            max_buffers,
+        }
+    }
+
+    /// Bytes free now.
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+
+    /// Bytes of freed buffers that importers still view.
+    pub(crate) fn quarantined_bytes(&self) -> u64 {
+        self.quarantine.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Live and quarantined buffers.
+    pub(crate) fn buffers(&self) -> usize {
+        self.max_buffers - self.free_blocks.len()
+    }
+
+    /// Place `bytes` (rounded up to [`ALIGN`]) in the first free range that holds it, take a
+    /// block index, and publish it in `blocks` with its next (odd) generation.
+    pub(crate) fn alloc(&mut self, blocks: &[Block], bytes: u64) -> Result<Placed, Full> {
+        let full = |book: &Self| Full {
+            free: book.free_bytes(),
+            quarantined: book.quarantined_bytes(),
+            buffers: book.buffers(),
+        };
+        let Some(rounded) = bytes.checked_next_multiple_of(ALIGN).filter(|&b| b > 0) else {
+            return Err(full(self));
+        };
+        let Some(&index) = self.free_blocks.last() else {
+            return Err(full(self));
+        };
+        let Some((&offset, &len)) = self.free.iter().find(|(_, len)| **len >= rounded) else {
+            return Err(full(self));
+        };
+        let Some(block) = blocks.get(index as usize) else {
+            return Err(full(self));
+        };
+        self.free_blocks.pop();
+        self.free.remove(&offset);
+        if len > rounded {
+            self.free.insert(offset + rounded, len - rounded);
+        }
+        let generation = self.generations[index as usize] + 1; // odd: live
+        self.generations[index as usize] = generation;
+        block.publish(generation, offset, rounded);
+        Ok(Placed {
+            index,
+            generation,
+            offset,
+            bytes: rounded,
+        })
+    }
+
+    /// Retire `placed` in `blocks`; its range and index come back now if no importer holds a
+    /// view, else once [`reclaim`](Self::reclaim) finds its holders gone.
+    pub(crate) fn free(&mut self, blocks: &[Block], placed: Placed) {
+        let Some(block) = blocks.get(placed.index as usize) else {
+            return;
+        };
+        // Even: retired. The next allocation of this index publishes generation + 2.
+        self.generations[placed.index as usize] = placed.generation + 1;
+        if block.retire(placed.generation) == 0 {
+            self.give_back(placed);
+        } else {
+            self.quarantine.push(placed);
+        }
+    }
+
+    /// Give back every quarantined block whose holders are gone, clearing first the bits that
+    /// `dead` (a mask of importers proven dead) names. Returns the holders still seen, across
+    /// all quarantined blocks.
+    pub(crate) fn reclaim(&mut self, blocks: &[Block], dead: u64) -> u64 {
+        let mut still = 0;
+        let mut i = 0;
+        while i < self.quarantine.len() {
+            let placed = self.quarantine[i];
+            let holders = match blocks.get(placed.index as usize) {
+                Some(b) if dead != 0 => b.clear_dead(dead),
+                Some(b) => b.holders(),
+                None => 0,
+            };
+            if holders == 0 {
+                self.quarantine.swap_remove(i);
+                self.give_back(placed);
+            } else {
+                still |= holders;
+                i += 1;
+            }
+        }
+        still
+    }
+
+    /// Whether any freed block still waits for importers.
+    pub(crate) fn has_quarantine(&self) -> bool {
+        !self.quarantine.is_empty()
+    }
+
+    fn give_back(&mut self, placed: Placed) {
+        self.free_blocks.push(placed.index);
+        let mut offset = placed.offset;
+        let mut len = placed.bytes;
+        if let Some((&prev, &prev_len)) = self.free.range(..offset).next_back()
+            && prev + prev_len == offset
+        {
+            self.free.remove(&prev);
+            offset = prev;
+            len += prev_len;
+        }
+        if let Some(&next_len) = self.free.get(&(offset + len)) {
+            self.free.remove(&(offset + len));
+            len += next_len;
+        }
+        debug_assert!(offset + len <= self.capacity);
+        self.free.insert(offset, len);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::super::table::Enter;
+    use super::*;
+
+    fn blocks(n: usize) -> Vec<Block> {
+        (0..n).map(|_| Block::new()).collect()
+    }
+
+    #[test]
+    fn ranges_are_aligned_disjoint_and_coalesce_back() {
+        let t = blocks(8);
+        let mut book = Book::new(4096, 8);
+        let a = book.alloc(&t, 1).unwrap();
+        let b = book.alloc(&t, 300).unwrap();
+        let c = book.alloc(&t, 256).unwrap();
+        assert_eq!((a.offset, a.bytes), (0, 256));
+        assert_eq!((b.offset, b.bytes), (256, 512));
+        assert_eq!((c.offset, c.bytes), (768, 256));
+        assert!([a, b, c].iter().all(|p| p.generation % 2 == 1));
+        book.free(&t, b);
+        book.free(&t, a);
+        book.free(&t, c);
+        assert_eq!(book.free_bytes(), 4096);
+        assert_eq!(book.free.len(), 1, "coalesced into one range");
+        assert_eq!(book.buffers(), 0);
+    }
+
+    #[test]
+    fn a_viewed_block_is_quarantined_until_its_importer_leaves() {
+        let t = blocks(2);
+        let mut book = Book::new(512, 2);
+        let a = book.alloc(&t, 512).unwrap();
+        assert_eq!(t[a.index as usize].enter(1, a.generation), Enter::Held);
+        book.free(&t, a);
+        assert_eq!(book.quarantined_bytes(), 512);
+        let full = book.alloc(&t, 256).unwrap_err();
+        assert_eq!((full.free, full.quarantined, full.buffers), (0, 512, 1));
+        assert_eq!(book.reclaim(&t, 0), 1, "still held");
+        t[a.index as usize].leave(1);
+        assert_eq!(book.reclaim(&t, 0), 0);
+        let b = book.alloc(&t, 512).unwrap();
+        assert_eq!(b.offset, 0);
+        assert_eq!(
+            t[a.index as usize].enter(2, a.generation),
+            Enter::Stale,
+            "the old handle does not open the reused range"
+        );
+    }
+
+    #[test]
+    fn a_dead_importers_bits_are_reclaimed() {
+        let t = blocks(1);
+        let mut book = Book::new(256, 1);
+        let a = book.alloc(&t, 256).unwrap();
+        assert_eq!(t[0].enter(1 << 7, a.generation), Enter::Held);
+        book.free(&t, a);
+        assert_eq!(book.reclaim(&t, 1 << 7), 0, "proven dead: reclaimed");
+        let b = book.alloc(&t, 256).unwrap();
+        assert_eq!(b.generation, a.generation + 2);
+    }
+
+    #[test]
+    fn block_indexes_run_out_before_bytes_do() {
+        let t = blocks(2);
+        let mut book = Book::new(1 << 20, 2);
+        let _a = book.alloc(&t, 256).unwrap();
+        let _b = book.alloc(&t, 256).unwrap();
+        assert_eq!(book.alloc(&t, 256).unwrap_err().buffers, 2);
+        assert!(
+            book.alloc(&t, 0).is_err(),
+            "zero bytes is not an allocation"
+        );
+        assert!(book.alloc(&t, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn random_alloc_and_free_never_overlap_live_ranges() {
+        let t = blocks(64);
+        let mut book = Book::new(64 * 1024, 64);
+        let mut live: Vec<Placed> = Vec::new();
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            if live.is_empty() || next() % 3 != 0 {
+                if let Ok(p) = book.alloc(&t, 1 + next() % 4000) {
+                    for q in &live {
+                        assert!(
+                            p.offset + p.bytes <= q.offset || q.offset + q.bytes <= p.offset,
+                            "{p:?} overlaps {q:?}"
+                        );
+                    }
+                    assert_eq!(p.offset % ALIGN, 0);
+                    assert!(p.offset + p.bytes <= 64 * 1024);
+                    live.push(p);
+                }
+            } else {
+                let i = (next() % live.len() as u64) as usize;
+                book.free(&t, live.swap_remove(i));
+            }
+            let used: u64 = live.iter().map(|p| p.bytes).sum();
+            assert_eq!(used + book.free_bytes(), 64 * 1024);
+        }
+    }
+}
