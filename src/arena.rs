@@ -104,37 +104,49 @@ struct Owner {
 }
 
 impl Owner {
-    /// Give back quarantined ranges whose views are gone; if some remain, reap importers
-    /// proven dead (their bits everywhere, then their lease slots) and try again.
-    fn reclaim(&self, book: &mut Book) {
-        if !book.has_quarantine() {
-            return;
+    fn reclaim(&self, book: &mut Book, reap: bool) {
+        reclaim(book, &self.table, &self.leases, self.max_buffers, reap);
+    }
+}
+
+/// Give back quarantined ranges whose views are gone. If some remain, or with `reap`, reap the
+/// importers proven dead (their bits in every block, then their lease slots) and try again.
+fn reclaim(
+    book: &mut Book,
+    table: &ArenaTable,
+    leases: &ExportLeases,
+    max_buffers: usize,
+    reap: bool,
+) {
+    let held = if book.has_quarantine() {
+        book.reclaim(&table.blocks, 0)
+    } else {
+        0
+    };
+    if held == 0 && !reap {
+        return;
+    }
+    let dead: Vec<(usize, u64)> = leases
+        .dead_slots()
+        .into_iter()
+        .filter(|&(i, _)| i < 64)
+        .collect();
+    if dead.is_empty() {
+        return;
+    }
+    let mask = dead.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
+    // A dead importer may hold bits of live blocks too: clear them everywhere before its slot
+    // goes to a new importer, which must start with no bits.
+    for block in &table.blocks[..max_buffers] {
+        if block.holders() & mask != 0 {
+            block.clear_dead(mask);
         }
-        let held = book.reclaim(&self.table.blocks, 0);
-        if held == 0 {
-            return;
-        }
-        let dead: Vec<(usize, u64)> = self
-            .leases
-            .dead_slots()
-            .into_iter()
-            .filter(|&(i, _)| i < 64 && held & (1 << i) != 0)
-            .collect();
-        if dead.is_empty() {
-            return;
-        }
-        let mask = dead.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
-        // A dead importer may also hold bits of live blocks: clear them everywhere before its
-        // slot goes to a new importer.
-        for block in &self.table.blocks[..self.max_buffers] {
-            if block.holders() & mask != 0 {
-                block.clear_dead(mask);
-            }
-        }
-        for (i, word) in dead {
-            self.leases.reap_slot(i, word);
-        }
-        book.reclaim(&self.table.blocks, 0);
+    }
+    for (i, word) in dead {
+        leases.reap_slot(i, word);
+    }
+    if book.has_quarantine() {
+        book.reclaim(&table.blocks, 0);
     }
 }
 
@@ -275,7 +287,7 @@ impl IpcArena {
         let placed = match book.alloc(&owner.table.blocks, bytes) {
             Ok(p) => p,
             Err(_) => {
-                owner.reclaim(&mut book);
+                owner.reclaim(&mut book, false);
                 book.alloc(&owner.table.blocks, bytes)
                     .map_err(|full| Error::ArenaFull {
                         requested: bytes,
@@ -343,12 +355,14 @@ impl IpcArena {
         self.owner.book.lock().free_bytes() as usize
     }
 
-    /// Give back the ranges of freed buffers whose views are all gone, reaping importers that
-    /// died holding views; returns the bytes still waiting for live importers. [`alloc`](Self::alloc)
-    /// does this itself when it runs short.
+    /// Give back the ranges of freed buffers whose views are all gone, and reap every importer
+    /// proven dead (its views, and its slot among the [`MAX_IMPORTERS`](crate::MAX_IMPORTERS)
+    /// an arena tracks); returns the bytes still waiting for live importers.
+    /// [`alloc`](Self::alloc) does the first part itself when it runs short; call this now and
+    /// then where importers come and go (each one that dies keeps its slot until reaped).
     pub fn collect(&self) -> usize {
         let mut book = self.owner.book.lock();
-        self.owner.reclaim(&mut book);
+        self.owner.reclaim(&mut book, true);
         book.quarantined_bytes() as usize
     }
 
@@ -914,5 +928,144 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
             .field("len", &self.slice.len)
             .field("block", &self.index)
             .finish_non_exhaustive()
+    }
+}
+
+/// The arena's protocol without a GPU, for the multi-process stress test
+/// (`tests/arena_stress.rs`): the owner's books, block table and lease table, and an importer's
+/// lease and block entries, with no memory behind them. Not part of the API.
+#[doc(hidden)]
+pub mod __testing {
+    use super::*;
+
+    /// An arena owner without memory.
+    pub struct Owner {
+        table: ShmRegion<ArenaTable>,
+        leases: ExportLeases,
+        book: Book,
+        max_buffers: usize,
+    }
+
+    /// One allocation: (block index, generation, byte offset, bytes).
+    pub type Placement = (u32, u64, u64, u64);
+
+    impl Owner {
+        /// Create the tables of arena `token`, `capacity` bytes, up to `max_buffers` buffers.
+        ///
+        /// # Errors
+        ///
+        /// As the tables' creation.
+        pub fn create(token: &[u8; 16], capacity: u64, max_buffers: usize) -> Result<Self> {
+            let words = token_words(token);
+            let table = ShmOptions::new(table_name(token)).create_with(|t: &ArenaTable| {
+                t.token[0].store(words[0], Ordering::Relaxed);
+                t.token[1].store(words[1], Ordering::Relaxed);
+                t.capacity.store(capacity, Ordering::Relaxed);
+                Ok(())
+            })?;
+            Ok(Self {
+                table,
+                leases: ExportLeases::create(token)?,
+                book: Book::new(capacity, max_buffers),
+                max_buffers,
+            })
+        }
+
+        /// Allocate `bytes`, reclaiming (and reaping the dead) when short, as `IpcArena::alloc`.
+        pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
+            let placed = match self.book.alloc(&self.table.blocks, bytes) {
+                Ok(p) => p,
+                Err(_) => {
+                    reclaim(
+                        &mut self.book,
+                        &self.table,
+                        &self.leases,
+                        self.max_buffers,
+                        false,
+                    );
+                    self.book.alloc(&self.table.blocks, bytes).ok()?
+                }
+            };
+            Some((placed.index, placed.generation, placed.offset, placed.bytes))
+        }
+
+        /// Free an allocation, as dropping an `ArenaBuffer`.
+        pub fn free(&mut self, (index, generation, offset, bytes): Placement) {
+            self.book.free(
+                &self.table.blocks,
+                Placed {
+                    index,
+                    generation,
+                    offset,
+                    bytes,
+                },
+            );
+        }
+
+        /// `IpcArena::collect`: the bytes still quarantined.
+        pub fn collect(&mut self) -> u64 {
+            reclaim(
+                &mut self.book,
+                &self.table,
+                &self.leases,
+                self.max_buffers,
+                true,
+            );
+            self.book.quarantined_bytes()
+        }
+
+        /// Bytes free now.
+        pub fn free_bytes(&self) -> u64 {
+            self.book.free_bytes()
+        }
+    }
+
+    /// An importer: a lease (its bit) and per-block entries, without views' reference counts.
+    pub struct Importer {
+        table: ShmRegion<ArenaTable>,
+        lease: Lease,
+    }
+
+    impl Importer {
+        /// Import arena `token` (take a lease, open the block table).
+        ///
+        /// # Errors
+        ///
+        /// As `ImportedArena::open_fd` for the tables.
+        pub fn open(token: &[u8; 16]) -> Result<Self> {
+            let lease = Lease::acquire(token, 0)?;
+            let table = ShmOptions::new(table_name(token))
+                .open_timeout(Duration::from_secs(2))
+                .open::<ArenaTable>()?;
+            Ok(Self { table, lease })
+        }
+
+        /// The importer's bit index (its lease slot).
+        pub fn slot(&self) -> usize {
+            self.lease.slot()
+        }
+
+        /// Enter block `index` of generation `generation`, calling `pause` between setting the
+        /// bit and reading the state; on success the published (offset, bytes).
+        pub fn enter_pausing(
+            &self,
+            index: u32,
+            generation: u64,
+            pause: impl FnOnce(),
+        ) -> Option<(u64, u64)> {
+            let block = self.table.block(index)?;
+            let bit = 1u64 << self.lease.slot();
+            match block.enter_pausing(bit, generation, pause) {
+                Enter::Held => Some(block.range()),
+                Enter::Stale => None,
+            }
+        }
+
+        /// Leave block `index` (the last view is gone).
+        pub fn leave(&self, index: u32) {
+            if let Some(block) = self.table.block(index) {
+                block.leave(1u64 << self.lease.slot());
+            }
+        }
     }
 }

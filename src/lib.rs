@@ -126,8 +126,8 @@ mod sync;
 mod vmm;
 
 pub use arena::{
-    ARENA_ALIGN, ARENA_HANDLE_SIZE, ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena,
-    IpcArenaHandle, MAX_ARENA_BUFFERS,
+    __testing as __arena_testing, ARENA_ALIGN, ARENA_HANDLE_SIZE, ArenaBuffer, ArenaHandle,
+    ArenaView, ImportedArena, IpcArena, IpcArenaHandle, MAX_ARENA_BUFFERS,
 };
 pub use barrier::{
     BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
