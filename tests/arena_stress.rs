@@ -204,10 +204,9 @@ fn random_kills_never_let_the_owner_reuse_a_range_under_a_view() {
             kills += 1;
         }
         // Importers that killed themselves: reap and replace.
-        for k in 0..IMPORTERS {
-            let pid = importers[k].pid();
-            if !pid_running(pid) {
-                let old = std::mem::replace(&mut importers[k], start_importer(k));
+        for (k, importer) in importers.iter_mut().enumerate() {
+            if !pid_running(importer.pid()) {
+                let old = std::mem::replace(importer, start_importer(k));
                 let (status, _) = old.wait(Duration::from_secs(10));
                 assert!(
                     status.code().is_none_or(|c| c == 0),
