@@ -7,10 +7,14 @@
 //! - POSIX-fd open + close through `IpcBuffer::open_fd` vs the raw sequence
 //!   `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`,
 //!   `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` (both duplicate the received descriptor
-//!   first, since each open consumes one; the raw side reuses a granularity asked once).
+//!   first, since each open consumes one; the raw side reuses a granularity asked once);
+//! - an [`IpcArena`] buffer's open + drop from an arena imported once, against the raw legacy
+//!   cold open + close and the raw POSIX-fd import + map above (the driver work the arena saves
+//!   per buffer; the goal is ≥ 50× under a legacy cold open and ≤ 1 µs p50).
 //!
 //! A helper process, started once outside the measurement, exports a 64 MiB buffer and an
-//! event, and sends a 64 MiB POSIX-fd buffer over a socket. Run:
+//! event, sends a 64 MiB POSIX-fd buffer and a 64 MiB arena over a socket, and the handle of
+//! a 1 MiB buffer in the arena. Run:
 //! `cargo bench --bench handle_open`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
@@ -25,8 +29,8 @@ use std::time::Duration;
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
 use cuda_ipc::{
-    FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcEvent, IpcEventHandle,
-    IpcMemHandle, PeerPolicy, ShmCell, ShmOptions, ShmSafe, SocketName,
+    ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, IpcArena, IpcBuffer,
+    IpcEvent, IpcEventHandle, IpcMemHandle, PeerPolicy, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 
 #[repr(C)]
@@ -81,6 +85,12 @@ fn exporter(region: &str) {
     socket
         .send_buffer(&fd_buf, Duration::from_secs(60))
         .unwrap();
+    let arena = IpcArena::new(&ctx, 64 << 20).unwrap();
+    let block = arena.alloc_zeroed::<u8>(1 << 20).unwrap();
+    socket.send_arena(&arena, Duration::from_secs(60)).unwrap();
+    socket
+        .send(block.handle().as_bytes(), &[], Duration::from_secs(60))
+        .unwrap();
     shared.ready.store(1, Ordering::Release);
     std::thread::sleep(Duration::from_secs(3600));
 }
@@ -121,6 +131,8 @@ struct Fixture {
     /// Bytes the helper's POSIX-fd allocation maps, and the granularity (asked once).
     fd_bytes: usize,
     granularity: usize,
+    arena: ImportedArena,
+    block: ArenaHandle<u8>,
 }
 
 impl Fixture {
@@ -169,6 +181,9 @@ impl Fixture {
     }
     fn ours_export(&self) -> IpcMemHandle<u8> {
         self.own.handle().unwrap()
+    }
+    fn ours_arena_open_close(&self) {
+        drop(std::hint::black_box(self.arena.open(&self.block).unwrap()));
     }
     fn ours_fd_open_close(&self) {
         let fd = self.fd.try_clone().unwrap();
@@ -233,6 +248,9 @@ fn benches(c: &mut Criterion, f: &Fixture) {
         b.iter(|| f.ours_fd_open_close())
     });
     g.bench_function("fd_open_close/raw", |b| b.iter(|| f.raw_fd_open_close()));
+    g.bench_function("arena_open_close/cuda_ipc", |b| {
+        b.iter(|| f.ours_arena_open_close())
+    });
     g.finish();
 }
 
@@ -267,6 +285,30 @@ fn summary(f: &Fixture) {
     let (ours, base) =
         common::sample_pair(31, 100, || f.ours_fd_open_close(), || f.raw_fd_open_close());
     common::row("POSIX-fd open + close", &ours, &base);
+    let (arena, legacy) = common::sample_pair(
+        31,
+        100,
+        || {
+            for _ in 0..100 {
+                f.ours_arena_open_close();
+            }
+        },
+        || f.raw_open_close(),
+    );
+    let per_open: Vec<f64> = arena.iter().map(|x| x / 100.0).collect();
+    common::row("arena open vs legacy raw", &per_open, &legacy);
+    let (arena, fd) = common::sample_pair(
+        31,
+        100,
+        || {
+            for _ in 0..100 {
+                f.ours_arena_open_close();
+            }
+        },
+        || f.raw_fd_open_close(),
+    );
+    let per_open: Vec<f64> = arena.iter().map(|x| x / 100.0).collect();
+    common::row("arena open vs POSIX-fd raw", &per_open, &fd);
 }
 
 fn main() {
@@ -288,6 +330,10 @@ fn main() {
     let mut msg = socket.recv(Duration::from_secs(60)).unwrap();
     let fd_mem = IpcMemHandle::<u8>::from_bytes(&msg.payload).unwrap();
     let fd = msg.fds.pop().expect("a descriptor with the fd handle");
+    let arena = socket.recv_arena(&ctx, Duration::from_secs(60)).unwrap();
+    let block =
+        ArenaHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
+            .unwrap();
     common::wait_for("exporter", Duration::from_secs(60), || {
         shared.ready.load(Ordering::Acquire) == 1
     });
@@ -310,6 +356,8 @@ fn main() {
         fd,
         fd_bytes,
         granularity,
+        arena,
+        block,
     };
     f.ctx.make_current().unwrap(); // for the raw calls
     let mut c = Criterion::default().configure_from_args();

@@ -1,7 +1,8 @@
 //! Leak checks on the GPU: 10,000 export / open / drop cycles between two processes (file
 //! descriptors, `/dev/shm` entries and free GPU memory unchanged), the same for 2,000 POSIX-fd
 //! buffers sent over a socket (the exporter dropping each while the importer still maps it),
-//! and a killed importer's lease reaped with the memory back to baseline.
+//! a killed importer's lease reaped with the memory back to baseline, and 1,000 arenas created,
+//! imported, carved into buffers and viewed (half freed while viewed) with nothing left behind.
 //!
 //! GPU tests, `#[ignore = "requires a CUDA device"]`, in their own binary and serialised by a
 //! lock: free device memory is device-wide, so no other test may run beside them.
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{fd_count, gpu, report, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    FdListener, FdSocket, HandleType, IpcBuffer, IpcMemHandle, PeerPolicy, ShmCell, ShmOptions,
-    ShmSafe, SocketName,
+    FdListener, FdSocket, HandleType, ImportedArena, IpcArena, IpcBuffer, IpcMemHandle, PeerPolicy,
+    ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 
 /// Serialises this binary's tests: they measure device-wide free memory.
@@ -296,5 +297,75 @@ fn importer_killed_its_lease_is_reaped_and_memory_freed() {
     assert!(
         free_after + slack >= free_before,
         "free memory {free_after} did not return to {free_before}"
+    );
+}
+
+const ARENA_CYCLES: u64 = 1_000;
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_thousand_arenas_with_imports_quarantine_and_views_leak_nothing() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _dog = watchdog("arena soak", Duration::from_secs(300));
+    let ctx = gpu();
+    let (free_start, _) = ctx.mem_info().unwrap();
+    let entries = || {
+        (
+            shm_entries("cuda-ipc-arena").len(),
+            shm_entries("cuda-ipc-lease").len(),
+        )
+    };
+    let mut baseline = None;
+    let start = Instant::now();
+    for i in 0..ARENA_CYCLES {
+        if i == WARMUP / 5 {
+            baseline = Some((fd_count(), entries()));
+        }
+        let arena = IpcArena::new(&ctx, 4 << 20).unwrap();
+        let (handle, fd) = arena.export_fd().unwrap();
+        let imported = ImportedArena::open_fd(&ctx, &handle, fd).unwrap();
+        let mut bufs: Vec<_> = (0..32)
+            .map(|k| arena.alloc::<u8>(4096 + k * 256).unwrap())
+            .collect();
+        let views: Vec<_> = bufs
+            .iter()
+            .map(|b| imported.open(&b.handle()).unwrap())
+            .collect();
+        bufs.truncate(16); // half freed while viewed: quarantined
+        assert_eq!(
+            arena.collect(),
+            (16..32).map(|k| 4096 + k * 256).sum::<usize>()
+        );
+        drop(views);
+        assert_eq!(
+            arena.collect(),
+            0,
+            "cycle {i}: views gone, nothing quarantined"
+        );
+        drop(bufs);
+        assert_eq!(arena.free_bytes(), arena.capacity());
+        drop(imported);
+        drop(arena);
+    }
+    let elapsed = start.elapsed();
+    let (fds0, (arenas0, leases0)) = baseline.unwrap();
+    let (fds1, (arenas1, leases1)) = (fd_count(), entries());
+    let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
+    eprintln!(
+        "soak: {ARENA_CYCLES} arena cycles (create, import, 32 buffers and views, half \
+         quarantined) in {:.2} s ({:.0} µs/cycle); fds {fds0}->{fds1}, arena tables \
+         {arenas0}->{arenas1}, lease tables {leases0}->{leases1}, device free memory \
+         {free_start}->{free1}",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e6 / ARENA_CYCLES as f64,
+    );
+    assert!(fds1 <= fds0, "file descriptors leaked: {fds0} -> {fds1}");
+    assert!(arenas1 <= arenas0, "arena tables left in /dev/shm");
+    assert!(leases1 <= leases0, "lease tables left in /dev/shm");
+    assert!(
+        free1 + (4 << 20) >= free_start,
+        "device free memory {free1} did not return to {free_start}"
     );
 }
