@@ -27,7 +27,7 @@
 //! reused while they exist). Only new opens fail.
 
 mod book;
-mod table;
+pub(crate) mod table;
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -56,14 +56,14 @@ use table::{ArenaTable, Enter};
 pub use book::ALIGN as ARENA_ALIGN;
 pub use table::MAX_ARENA_BUFFERS;
 
-const TABLE_PREFIX: &str = "cuda-ipc-arena.";
+pub(crate) const TABLE_PREFIX: &str = "cuda-ipc-arena.";
 
-fn table_name(token: &[u8; 16]) -> String {
+pub(crate) fn table_name(token: &[u8; 16]) -> String {
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
     format!("{TABLE_PREFIX}{hex}")
 }
 
-fn token_words(token: &[u8; 16]) -> [u64; 2] {
+pub(crate) fn token_words(token: &[u8; 16]) -> [u64; 2] {
     let mut lo = [0u8; 8];
     let mut hi = [0u8; 8];
     lo.copy_from_slice(&token[..8]);
@@ -73,7 +73,7 @@ fn token_words(token: &[u8; 16]) -> [u64; 2] {
 
 /// Remove arena tables left in `/dev/shm` by owners that died, as
 /// [`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables) does for lease tables.
-fn reap_stale_tables() {
+pub(crate) fn reap_stale_tables() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if let Ok(dir) = std::fs::read_dir(os::SHM_DIR) {
@@ -110,7 +110,7 @@ impl Owner {
 }
 
 /// Give back quarantined ranges whose views are gone. If some remain, or with `reap`, reap the
-/// importers proven dead (their bits in every block, then their lease slots) and try again.
+/// importers proven dead and try again.
 fn reclaim(
     book: &mut Book,
     table: &ArenaTable,
@@ -123,21 +123,32 @@ fn reclaim(
     } else {
         0
     };
-    if held == 0 && !reap {
-        return;
+    if (held != 0 || reap)
+        && reap_dead_importers(table, leases, max_buffers)
+        && book.has_quarantine()
+    {
+        book.reclaim(&table.blocks, 0);
     }
+}
+
+/// Reap the importers proven dead: clear their bits in every block (they may hold bits of live
+/// blocks too), then free their lease slots, so that a new importer taking a slot starts with
+/// no bits. Returns whether any was reaped. Shared by arenas and pools.
+pub(crate) fn reap_dead_importers(
+    table: &ArenaTable,
+    leases: &ExportLeases,
+    max_buffers: usize,
+) -> bool {
     let dead: Vec<(usize, u64)> = leases
         .dead_slots()
         .into_iter()
         .filter(|&(i, _)| i < 64)
         .collect();
     if dead.is_empty() {
-        return;
+        return false;
     }
     let mask = dead.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
-    // A dead importer may hold bits of live blocks too: clear them everywhere before its slot
-    // goes to a new importer, which must start with no bits.
-    for block in &table.blocks[..max_buffers] {
+    for block in &table.blocks[..max_buffers.min(MAX_ARENA_BUFFERS)] {
         if block.holders() & mask != 0 {
             block.clear_dead(mask);
         }
@@ -145,9 +156,7 @@ fn reclaim(
     for (i, word) in dead {
         leases.reap_slot(i, word);
     }
-    if book.has_quarantine() {
-        book.reclaim(&table.blocks, 0);
-    }
+    true
 }
 
 impl Drop for Owner {

@@ -1046,7 +1046,7 @@ fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64
 
 /// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuMemGetAddressRange`), in the
 /// current context.
-fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
+pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
     let (mut base, mut size) = (0, 0);
     // SAFETY: writes one pointer and one size; any pointer value is accepted (an unknown one
     // is an error code).

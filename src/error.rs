@@ -430,6 +430,14 @@ pub enum Error {
         max_buffers: usize,
     },
 
+    /// An [`IpcPool`](crate::IpcPool) already has the most buffers it tracks live (or freed
+    /// while importers still hold them); drop some, or let importers drop their views.
+    #[error("the pool already has {max} buffers live or waiting for importers")]
+    TooManyBuffers {
+        /// The limit.
+        max: usize,
+    },
+
     /// An exported buffer already has the most importer processes it can track.
     #[error("exported buffer already has {max} importing processes")]
     TooManyImporters {

@@ -49,6 +49,7 @@ use crate::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::handle::{HandleType, IpcMemHandle};
 use crate::os::socket as sys;
+use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle};
 
 /// The largest payload of one message, in bytes.
 pub const MAX_PAYLOAD: usize = 64 * 1024;
@@ -551,6 +552,51 @@ impl FdSocket {
             reason: "a descriptor counted but missing".into(),
         })?;
         ImportedArena::open_fd(ctx, &handle, fd)
+    }
+}
+
+impl FdSocket {
+    /// Send an [`IpcPool`] to the peer: its handle and a new descriptor of the pool, which this
+    /// side closes once sent. The peer imports it with [`recv_pool`](Self::recv_pool); the
+    /// pool's buffers then travel as [`PoolHandle`](crate::PoolHandle) bytes alone.
+    ///
+    /// # Errors
+    ///
+    /// As [`IpcPool::export_fd`], then as [`send`](Self::send).
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn send_pool(&self, pool: &IpcPool, timeout: Duration) -> Result<()> {
+        let (handle, fd) = pool.export_fd()?;
+        self.send(handle.as_bytes(), &[fd.as_fd()], timeout)
+    }
+
+    /// Receive a pool sent with [`send_pool`](Self::send_pool) and import it into `ctx`
+    /// ([`ImportedPool::open_fd`]), waiting at most `timeout`. The payload must be exactly a
+    /// pool envelope with exactly one descriptor (any others are closed).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv); [`Error::CorruptHandle`] for a payload that is not a pool
+    /// handle; [`Error::HandleTypeMismatch`] without exactly one descriptor; then as
+    /// [`ImportedPool::open_fd`].
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn recv_pool(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedPool> {
+        let FdMessage { payload, mut fds } = self.recv(timeout)?;
+        let handle = IpcPoolHandle::from_bytes(&payload)?;
+        if fds.len() != 1 {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::PosixFd,
+                reason: format!(
+                    "{} file descriptor(s) arrived with a pool handle (it needs exactly one); \
+                     all closed",
+                    fds.len()
+                ),
+            });
+        }
+        let fd = fds.pop().ok_or_else(|| Error::Corrupt {
+            what: "fd socket message",
+            reason: "a descriptor counted but missing".into(),
+        })?;
+        ImportedPool::open_fd(ctx, &handle, fd)
     }
 }
 

@@ -24,6 +24,7 @@ pub(crate) const KIND_MEM: u16 = 1;
 pub(crate) const KIND_EVENT: u16 = 2;
 pub(crate) const KIND_SIGNAL: u16 = 3;
 pub(crate) const KIND_ARENA: u16 = 4;
+pub(crate) const KIND_POOL: u16 = 5;
 
 /// Size of an envelope in bytes.
 pub const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
@@ -214,6 +215,7 @@ impl Envelope {
                 KIND_EVENT => "an event",
                 KIND_SIGNAL => "a signal",
                 KIND_ARENA => "an arena",
+                KIND_POOL => "a pool",
                 _ => "an unknown",
             };
             return bad(format!(
@@ -234,9 +236,16 @@ impl Envelope {
         }
         match (kind, HandleType::from_code(self.handle_type)) {
             (_, None) => return bad(format!("unknown handle type {}", self.handle_type)),
-            (KIND_ARENA, Some(t)) if t != HandleType::PosixFd => {
+            (KIND_POOL, Some(HandleType::PosixFd))
+                if self.cuda != [0; 64]
+                    || (self.len, self.elem_size, self.elem_align) != (1, 1, 1) =>
+            {
+                return bad("a pool handle carries no size or CUDA bytes".into());
+            }
+            (KIND_POOL, Some(HandleType::PosixFd)) => {}
+            (KIND_ARENA | KIND_POOL, Some(t)) if t != HandleType::PosixFd => {
                 return bad(format!(
-                    "{t} handle type on an arena (arenas are file descriptors)"
+                    "{t} handle type on an arena or pool (they are shared as file descriptors)"
                 ));
             }
             (KIND_MEM | KIND_ARENA, Some(HandleType::PosixFd)) => {
@@ -690,6 +699,42 @@ mod tests {
             ..sample()
         }
         .seal()
+    }
+
+    #[test]
+    fn arena_and_pool_envelopes_are_file_descriptors_and_nothing_else() {
+        let mut arena = fd_sample(4 << 20);
+        arena.kind = KIND_ARENA;
+        (arena.elem_size, arena.elem_align, arena.len) = (1, 1, 4 << 20);
+        assert!(arena.seal().validate(KIND_ARENA).is_ok());
+        assert!(
+            arena.seal().validate(KIND_MEM).is_err(),
+            "an arena is not a buffer"
+        );
+        let mut legacy = arena;
+        legacy.handle_type = HandleType::Legacy.code();
+        assert!(legacy.seal().validate(KIND_ARENA).is_err());
+        let mut typed = arena;
+        (typed.elem_size, typed.elem_align, typed.len) = (4, 4, 1 << 20);
+        assert!(
+            typed.seal().validate(KIND_ARENA).is_err(),
+            "arenas count bytes"
+        );
+
+        let mut pool = arena;
+        pool.kind = KIND_POOL;
+        pool.len = 1;
+        pool.cuda = [0; 64];
+        assert!(pool.seal().validate(KIND_POOL).is_ok());
+        let mut sized = pool;
+        sized.cuda[0] = 1;
+        assert!(
+            sized.seal().validate(KIND_POOL).is_err(),
+            "a pool carries no size"
+        );
+        let mut legacy = pool;
+        legacy.handle_type = HandleType::Legacy.code();
+        assert!(legacy.seal().validate(KIND_POOL).is_err());
     }
 
     #[test]

@@ -114,6 +114,7 @@ mod handle;
 mod lease;
 mod os;
 mod owner;
+mod pool;
 pub mod probe;
 mod process;
 mod raw;
@@ -155,6 +156,10 @@ pub use handle::{
     __fuzz_reseal, HANDLE_SIZE, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle,
 };
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
+pub use pool::{
+    ImportedPool, IpcPool, IpcPoolHandle, MAX_POOL_BUFFERS, POOL_HANDLE_SIZE, PoolBuffer,
+    PoolHandle, PoolView,
+};
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};

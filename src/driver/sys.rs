@@ -151,6 +151,13 @@ pub struct CUmemPoolProps {
 
 const _: () = assert!(std::mem::size_of::<CUmemPoolProps>() == 88);
 
+/// `CUmemPoolPtrExportData`: 64 opaque bytes naming one allocation of an exported pool.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemPoolPtrExportData {
+    pub reserved: [u8; 64],
+}
+
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `cuStreamWaitValue*`: wait until `(int64_t)(*addr - value) >= 0`.
 pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
@@ -342,6 +349,38 @@ super::loader::driver_api! {
     ) -> CUresult;
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
     fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult;
+    /// For a POSIX file descriptor, `shareable` points to an `int` the driver fills.
+    fn cuMemPoolExportToShareableHandle(
+        shareable: *mut c_void,
+        pool: CUmemoryPool,
+        handle_type: c_uint,
+        flags: u64,
+    ) -> CUresult;
+    /// For a POSIX file descriptor, `shareable` is the `int` itself cast to a pointer.
+    fn cuMemPoolImportFromShareableHandle(
+        pool: *mut CUmemoryPool,
+        shareable: *mut c_void,
+        handle_type: c_uint,
+        flags: u64,
+    ) -> CUresult;
+    fn cuMemPoolSetAccess(
+        pool: CUmemoryPool,
+        map: *const CUmemAccessDesc,
+        count: usize,
+    ) -> CUresult;
+    fn cuMemAllocFromPoolAsync(
+        dptr: *mut CUdeviceptr,
+        bytes: usize,
+        pool: CUmemoryPool,
+        stream: CUstream,
+    ) -> CUresult;
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+    fn cuMemPoolExportPointer(data: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) -> CUresult;
+    fn cuMemPoolImportPointer(
+        ptr: *mut CUdeviceptr,
+        pool: CUmemoryPool,
+        data: *mut CUmemPoolPtrExportData,
+    ) -> CUresult;
 
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) -> CUresult;
     fn cuMemFreeHost(p: *mut c_void) -> CUresult;

@@ -1,0 +1,1038 @@
+//! [`IpcPool`]: a stream-ordered memory pool (`cuMemPoolCreate`) shared with other processes as
+//! a file descriptor, whose allocations (`cuMemAllocFromPoolAsync`) are shared one by one as
+//! [`PoolHandle<T>`]s (`cuMemPoolExportPointer` data) and opened by processes that imported the
+//! pool ([`ImportedPool`], `cuMemPoolImportPointer`).
+//!
+//! This is the memory that stream-ordered code allocates (`cuMemAllocAsync`; cudarc's default
+//! on devices with pools), which legacy IPC handles refuse.
+//!
+//! # The CUDA guide's rules, and how the types keep them
+//!
+//! - *An importer must not access the memory before the allocation has completed in the
+//!   exporter*: [`PoolBuffer::handle`] waits for the allocation (an event recorded after it on
+//!   the allocating stream) before exporting, so no handle exists before that.
+//! - *Every importer must free an allocation before its exporter frees it*: each open takes the
+//!   importer's bit in the pool's block table (the protocol of `src/arena/table.rs`), and a
+//!   view's drop frees the import (`cuMemFree`, complete when it returns) before clearing the
+//!   bit. The owner's free ([`PoolBuffer`]'s drop, [`PoolBuffer::free_async`]) retires the
+//!   block first — new opens are [`Error::StaleHandle`] — and frees only once no bit is set;
+//!   until then the allocation is quarantined and freed by a later allocation or
+//!   [`IpcPool::collect`] (importers proven dead are reaped, their imports died with them).
+//! - *A pool is destroyed only when no allocation is outstanding*: the driver defers a
+//!   `cuMemPoolDestroy` until then; an owner dropped while importers still hold views leaks
+//!   those allocations rather than free them under the importers (as an exported
+//!   [`IpcBuffer`](crate::IpcBuffer) does).
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering as StdOrdering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytemuck::{Pod, Zeroable};
+use parking_lot::Mutex;
+
+use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
+use crate::arena::{reap_dead_importers, reap_stale_tables, table_name, token_words};
+use crate::context::GpuContext;
+use crate::device;
+use crate::driver::{check, sys};
+use crate::error::{Error, Result};
+use crate::handle::{Envelope, HandleType, KIND_POOL, check_element, checksum, type_tag_of};
+use crate::lease::{ExportLeases, Lease};
+use crate::os;
+use crate::process::ProcessIdentity;
+use crate::shm::{ShmOptions, ShmRegion};
+use crate::slice::GpuSlice;
+use crate::stream::AsStream;
+use crate::sync::Ordering;
+
+/// The most buffers one pool tracks at a time (live, or freed while importers hold them).
+pub const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
+
+/// An allocation the owner freed while importers held it.
+#[derive(Clone, Copy)]
+struct Retired {
+    index: u32,
+    ptr: sys::CUdeviceptr,
+}
+
+struct Books {
+    free: Vec<u32>,
+    generations: Vec<u64>,
+    quarantine: Vec<Retired>,
+}
+
+struct Owner {
+    ctx: GpuContext,
+    pool: sys::CUmemoryPool,
+    token: [u8; 16],
+    generation: u64,
+    uuid: [u8; 16],
+    table: ShmRegion<ArenaTable>,
+    leases: ExportLeases,
+    books: Mutex<Books>,
+}
+
+// SAFETY: the pool handle is an opaque driver handle, usable from any thread once its context
+// is current (every use pushes `ctx`); the rest is Send + Sync.
+unsafe impl Send for Owner {}
+// SAFETY: as above; shared use goes through the driver (thread-safe) and the `books` lock.
+unsafe impl Sync for Owner {}
+
+impl Owner {
+    /// Free quarantined allocations whose importers are gone (with `reap`, or when some remain,
+    /// after reaping importers proven dead). Returns how many are still held.
+    fn reclaim(&self, books: &mut Books, reap: bool) -> usize {
+        let pass = |books: &mut Books| {
+            let mut i = 0;
+            while i < books.quarantine.len() {
+                let r = books.quarantine[i];
+                if self.table.blocks[r.index as usize].holders() == 0 {
+                    books.quarantine.swap_remove(i);
+                    if let Ok(_g) = self.ctx.enter() {
+                        // SAFETY: our allocation, retired, every importer has freed its import
+                        // (bit cleared after its cuMemFree); freed once, here.
+                        let _ = unsafe { sys::cuMemFree_v2(r.ptr) };
+                    }
+                    books.free.push(r.index);
+                } else {
+                    i += 1;
+                }
+            }
+        };
+        pass(books);
+        if (reap || !books.quarantine.is_empty())
+            && reap_dead_importers(&self.table, &self.leases, books.generations.len())
+        {
+            pass(books);
+        }
+        books.quarantine.len()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let mut books = std::mem::replace(
+            &mut *self.books.lock(),
+            Books {
+                free: Vec::new(),
+                generations: Vec::new(),
+                quarantine: Vec::new(),
+            },
+        );
+        // What live importers still hold stays allocated (leaked, not freed under them).
+        self.reclaim(&mut books, true);
+        self.table.closing.store(1, Ordering::Release);
+        self.leases.begin_close();
+        if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: created in this context, destroyed once; the driver defers the release
+            // while allocations (the leaked ones) are outstanding.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+        }
+    }
+}
+
+/// A stream-ordered memory pool whose allocations other processes can open (see the
+/// [module docs](self) for the rules it keeps).
+///
+/// Created with [`new`](Self::new), sent to each peer once with
+/// [`FdSocket::send_pool`](crate::FdSocket::send_pool) (or [`export_fd`](Self::export_fd)),
+/// allocated from with [`alloc`](Self::alloc) on a stream; each [`PoolBuffer`]'s
+/// [`handle`](PoolBuffer::handle) is 136 bytes of plain data that a peer opens with
+/// [`ImportedPool::open`]. `IpcPool` is `Send` and `Sync`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{FdListener, GpuContext, IpcPool, PeerPolicy, RawStream, SocketName};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let ctx = GpuContext::new(0)?;
+/// let pool = IpcPool::new(&ctx)?;
+/// let listener = FdListener::bind(SocketName::Abstract("pool".into()), PeerPolicy::SameUid)?;
+/// let peer = listener.accept(Duration::from_secs(5))?;
+/// peer.send_pool(&pool, Duration::from_secs(5))?;
+///
+/// let stream = RawStream::LEGACY;
+/// let buf = pool.alloc::<f32>(1 << 20, &stream)?; // cuMemAllocFromPoolAsync
+/// peer.send(buf.handle()?.as_bytes(), &[], Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+pub struct IpcPool {
+    owner: Arc<Owner>,
+}
+
+impl IpcPool {
+    /// Create a pool on `ctx`'s device whose memory can be exported as POSIX file descriptors
+    /// (`cuMemPoolCreate`), tracking up to [`MAX_POOL_BUFFERS`] buffers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] when the device has no pools that export file descriptors;
+    /// [`Error::Cuda`] naming `cuMemPoolCreate`; a shared-memory error creating the tables.
+    #[doc(alias = "cuMemPoolCreate")]
+    pub fn new(ctx: &GpuContext) -> Result<Self> {
+        let dev = ctx.device();
+        let supported = device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        let types =
+            device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
+        if supported == 0 || (types as u32) & sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
+            return Err(Error::Unsupported {
+                device: ctx.ordinal(),
+                what: "an IpcPool (a stream-ordered pool exported as POSIX file descriptors)",
+                reason: format!(
+                    "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED {supported}, \
+                     CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES {types:#x}"
+                ),
+            });
+        }
+        reap_stale_tables();
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
+        token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
+        let uuid = device::uuid_of(dev)?;
+        let words = token_words(&token);
+        let table = ShmOptions::new(table_name(&token)).create_with(|t: &ArenaTable| {
+            t.token[0].store(words[0], Ordering::Relaxed);
+            t.token[1].store(words[1], Ordering::Relaxed);
+            Ok(())
+        })?;
+        let leases = ExportLeases::create(&token)?;
+        let props = sys::CUmemPoolProps {
+            alloc_type: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: crate::vmm::on_device(dev),
+            win32_security_attributes: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut pool = std::ptr::null_mut();
+        {
+            let _g = ctx.enter()?;
+            // SAFETY: reads `props`, writes one pool handle.
+            check("cuMemPoolCreate", unsafe {
+                sys::cuMemPoolCreate(&mut pool, &props)
+            })?;
+        }
+        Ok(Self {
+            owner: Arc::new(Owner {
+                ctx: ctx.clone(),
+                pool,
+                token,
+                generation: crate::buffer::GENERATION.fetch_add(1, StdOrdering::Relaxed),
+                uuid,
+                table,
+                leases,
+                books: Mutex::new(Books {
+                    free: (0..MAX_POOL_BUFFERS as u32).rev().collect(),
+                    generations: vec![0; MAX_POOL_BUFFERS],
+                    quarantine: Vec::new(),
+                }),
+            }),
+        })
+    }
+
+    /// Allocate `len` elements of `T` from the pool, ordered on `stream`
+    /// (`cuMemAllocFromPoolAsync`): the memory may be used by work enqueued on `stream` after
+    /// this call (on other streams, after they wait for `stream`). Contents unspecified.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero elements or an overflowing size;
+    /// [`Error::TooManyBuffers`] when [`MAX_POOL_BUFFERS`] are live or quarantined (after
+    /// reclaiming); [`Error::Cuda`] naming `cuMemAllocFromPoolAsync`, `cuEventCreate` or
+    /// `cuEventRecord`.
+    #[doc(alias = "cuMemAllocFromPoolAsync")]
+    pub fn alloc<T: Pod>(
+        &self,
+        len: usize,
+        stream: &(impl AsStream + ?Sized),
+    ) -> Result<PoolBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b > 0 && b <= isize::MAX as usize)
+            .ok_or_else(|| Error::InvalidArgument {
+                call: "IpcPool::alloc",
+                reason: format!(
+                    "{len} elements of {} bytes is not a valid allocation size",
+                    std::mem::size_of::<T>()
+                ),
+            })?;
+        let owner = &self.owner;
+        let index = {
+            let mut books = owner.books.lock();
+            if books.free.is_empty() {
+                owner.reclaim(&mut books, false);
+            }
+            books.free.pop().ok_or(Error::TooManyBuffers {
+                max: MAX_POOL_BUFFERS,
+            })?
+        };
+        let give_back = |e: Error| {
+            owner.books.lock().free.push(index);
+            e
+        };
+        let (ptr, ready) =
+            alloc_on(&owner.ctx, owner.pool, bytes, stream.as_cu_stream()).map_err(give_back)?;
+        let generation = {
+            let mut books = owner.books.lock();
+            let g = books.generations[index as usize] + 1; // odd: live
+            books.generations[index as usize] = g;
+            g
+        };
+        owner.table.blocks[index as usize].publish(generation, 0, bytes as u64);
+        Ok(PoolBuffer {
+            slice: GpuSlice::new(owner.ctx.clone(), ptr, len),
+            owner: owner.clone(),
+            index,
+            generation,
+            ready,
+            freed: false,
+        })
+    }
+
+    /// The pool's handle and a new descriptor of the pool (`cuMemPoolExportToShareableHandle`),
+    /// for a peer's [`ImportedPool::open_fd`]. [`FdSocket::send_pool`](crate::FdSocket::send_pool)
+    /// does this and sends both.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemPoolExportToShareableHandle`.
+    #[doc(alias = "cuMemPoolExportToShareableHandle")]
+    pub fn export_fd(&self) -> Result<(IpcPoolHandle, OwnedFd)> {
+        let owner = &self.owner;
+        let env = Envelope {
+            elem_size: 1,
+            elem_align: 1,
+            type_tag: type_tag_of::<u8>(),
+            len: 1,
+            device_uuid: owner.uuid,
+            token: owner.token,
+            handle_type: HandleType::PosixFd.code(),
+            ..Envelope::exported(KIND_POOL, owner.generation, owner.ctx.ordinal(), [0; 64])
+        }
+        .seal();
+        let _g = owner.ctx.enter()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: writes one int (the POSIX-fd shareable type) for our live pool, created with
+        // that handle type.
+        check("cuMemPoolExportToShareableHandle", unsafe {
+            sys::cuMemPoolExportToShareableHandle(
+                (&raw mut fd).cast(),
+                owner.pool,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::Corrupt {
+                what: "exported descriptor",
+                reason: format!("cuMemPoolExportToShareableHandle returned fd {fd}"),
+            });
+        }
+        // SAFETY: the driver opened this descriptor for us; nothing else owns it.
+        Ok((IpcPoolHandle { env }, unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Free the allocations of freed buffers that no importer holds any more, reaping importers
+    /// proven dead; returns how many freed buffers still wait for live importers.
+    pub fn collect(&self) -> usize {
+        let mut books = self.owner.books.lock();
+        self.owner.reclaim(&mut books, true)
+    }
+
+    /// The pids of live processes that imported the pool.
+    pub fn importers(&self) -> Vec<u32> {
+        self.owner.leases.holders()
+    }
+
+    /// The context the pool lives in.
+    pub fn context(&self) -> &GpuContext {
+        &self.owner.ctx
+    }
+}
+
+impl std::fmt::Debug for IpcPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcPool")
+            .field("device", &self.owner.ctx.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `cuMemAllocFromPoolAsync` of `bytes` on `stream`, and an event recorded after it.
+fn alloc_on(
+    ctx: &GpuContext,
+    pool: sys::CUmemoryPool,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<(sys::CUdeviceptr, sys::CUevent)> {
+    let _g = ctx.enter()?;
+    let mut ptr = 0;
+    // SAFETY: writes one device pointer; the pool is live, the stream the caller's (AsStream
+    // guarantees a live stream of this context or the legacy stream).
+    check("cuMemAllocFromPoolAsync", unsafe {
+        sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream)
+    })?;
+    let free = |e: Error| {
+        // SAFETY: allocated above, never handed out; freed once, ordered on the same stream.
+        let _ = unsafe { sys::cuMemFreeAsync(ptr, stream) };
+        e
+    };
+    let mut event = std::ptr::null_mut();
+    // SAFETY: writes one event handle.
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut event, sys::CU_EVENT_DISABLE_TIMING)
+    })
+    .map_err(free)?;
+    // SAFETY: a live event and stream.
+    if let Err(e) = check("cuEventRecord", unsafe {
+        sys::cuEventRecord(event, stream)
+    }) {
+        // SAFETY: created above, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(event) };
+        return Err(free(e));
+    }
+    Ok((ptr, event))
+}
+
+/// A typed allocation from an [`IpcPool`]; it dereferences to its [`GpuSlice`].
+///
+/// Dropping it frees the allocation (`cuMemFree`, which does not wait for queued work: see
+/// [asynchronous work](GpuSlice#asynchronous-work)) once no importer holds it; until then it is
+/// quarantined, and handles of it are stale at once. [`free_async`](Self::free_async) orders
+/// the free on a stream instead.
+pub struct PoolBuffer<T: Pod> {
+    slice: GpuSlice<T>,
+    owner: Arc<Owner>,
+    index: u32,
+    generation: u64,
+    /// Recorded after the allocation on its stream.
+    ready: sys::CUevent,
+    freed: bool,
+}
+
+// SAFETY: the event is an opaque driver handle used with the context pushed; the rest is Send.
+unsafe impl<T: Pod> Send for PoolBuffer<T> {}
+// SAFETY: `&self` methods only synchronise on the event (thread-safe in the driver).
+unsafe impl<T: Pod> Sync for PoolBuffer<T> {}
+
+impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
+    type Target = GpuSlice<T>;
+
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
+}
+
+/// "CIPP" little-endian.
+const POOL_MAGIC: u32 = u32::from_le_bytes(*b"CIPP");
+const POOL_VERSION: u16 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+struct RawPoolHandle {
+    magic: u32,
+    version: u16,
+    reserved0: u16,
+    elem_size: u32,
+    elem_align: u32,
+    type_tag: u64,
+    token: [u8; 16],
+    index: u32,
+    reserved1: u32,
+    generation: u64,
+    len: u64,
+    export: [u8; 64],
+    checksum: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
+
+/// Size of a [`PoolHandle`] in bytes.
+pub const POOL_HANDLE_SIZE: usize = std::mem::size_of::<RawPoolHandle>();
+
+impl RawPoolHandle {
+    fn body(&self) -> &[u8] {
+        let bytes = bytemuck::bytes_of(self);
+        &bytes[..bytes.len() - 8]
+    }
+}
+
+impl<T: Pod> PoolBuffer<T> {
+    /// The handle a process that imported the pool opens with [`ImportedPool::open`]: the
+    /// allocation's `cuMemPoolExportPointer` data with the pool's id, the buffer's block and
+    /// generation, length and element type, checksummed. Waits first until the allocation has
+    /// completed on its stream (`cuEventSynchronize`), since an importer must not touch it
+    /// before.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuEventSynchronize` or `cuMemPoolExportPointer`.
+    #[doc(alias = "cuMemPoolExportPointer")]
+    pub fn handle(&self) -> Result<PoolHandle<T>> {
+        let _g = self.owner.ctx.enter()?;
+        // SAFETY: our live event.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.ready)
+        })?;
+        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: writes 64 bytes for our live allocation from an exportable pool.
+        check("cuMemPoolExportPointer", unsafe {
+            sys::cuMemPoolExportPointer(&mut data, self.slice.ptr)
+        })?;
+        let mut raw = RawPoolHandle {
+            magic: POOL_MAGIC,
+            version: POOL_VERSION,
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            token: self.owner.token,
+            index: self.index,
+            generation: self.generation,
+            len: self.slice.len as u64,
+            export: data.reserved,
+            ..Zeroable::zeroed()
+        };
+        raw.checksum = checksum(raw.body());
+        Ok(PoolHandle {
+            raw,
+            _elem: PhantomData,
+        })
+    }
+
+    /// Whether a process (another, or an import in this one) holds this buffer now.
+    pub fn is_viewed(&self) -> bool {
+        self.owner.table.blocks[self.index as usize].holders() != 0
+    }
+
+    /// Free the buffer ordered on `stream` (`cuMemFreeAsync`: after the work enqueued on
+    /// `stream` before it), if no importer holds it; otherwise retire it as a drop does (handles
+    /// stale at once, the allocation freed once importers let go).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuMemFreeAsync`.
+    #[doc(alias = "cuMemFreeAsync")]
+    pub fn free_async(mut self, stream: &(impl AsStream + ?Sized)) -> Result<()> {
+        self.freed = true;
+        self.retire(Some(stream.as_cu_stream()))
+    }
+
+    fn retire(&mut self, stream: Option<sys::CUstream>) -> Result<()> {
+        let owner = &self.owner;
+        let _g = owner.ctx.enter()?;
+        // SAFETY: our live event, destroyed once (`freed` or drop, never both).
+        let _ = unsafe { sys::cuEventDestroy_v2(self.ready) };
+        let mut books = owner.books.lock();
+        books.generations[self.index as usize] = self.generation + 1;
+        if owner.table.blocks[self.index as usize].retire(self.generation) != 0 {
+            books.quarantine.push(Retired {
+                index: self.index,
+                ptr: self.slice.ptr,
+            });
+            return Ok(());
+        }
+        books.free.push(self.index);
+        drop(books);
+        match stream {
+            // SAFETY: our allocation, retired with no importer holding it; freed once, ordered
+            // on the caller's live stream.
+            Some(s) => check("cuMemFreeAsync", unsafe {
+                sys::cuMemFreeAsync(self.slice.ptr, s)
+            }),
+            // SAFETY: as above, freed once, now (queued work on it is the caller's duty).
+            None => check("cuMemFree", unsafe { sys::cuMemFree_v2(self.slice.ptr) }),
+        }
+    }
+}
+
+impl<T: Pod> Drop for PoolBuffer<T> {
+    fn drop(&mut self) {
+        if !self.freed {
+            self.freed = true;
+            let _ = self.retire(None);
+        }
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for PoolBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.slice.len)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An allocation of an [`IpcPool`], as another process names it (136 bytes of plain data:
+/// [`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). Only a process that
+/// imported the pool (which took its descriptor) can open it, with [`ImportedPool::open`].
+pub struct PoolHandle<T> {
+    raw: RawPoolHandle,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for PoolHandle<T> {
+    fn clone(&self) -> Self {
+        Self {
+            raw: self.raw,
+            _elem: PhantomData,
+        }
+    }
+}
+
+impl<T> PoolHandle<T> {
+    /// The handle's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.raw)
+    }
+
+    /// A handle from bytes another process sent; its structure is checked here, the rest when
+    /// it is opened.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let raw: RawPoolHandle =
+            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
+                reason: format!(
+                    "a pool handle is {POOL_HANDLE_SIZE} bytes, got {}",
+                    bytes.len()
+                ),
+            })?;
+        let h = Self {
+            raw,
+            _elem: PhantomData,
+        };
+        h.check_structure()?;
+        Ok(h)
+    }
+
+    fn check_structure(&self) -> Result<()> {
+        let r = &self.raw;
+        let bad = |reason: String| Err(Error::CorruptHandle { reason });
+        if r.magic != POOL_MAGIC || r.version != POOL_VERSION {
+            return bad(format!(
+                "not a pool handle (magic {:#x}, version {})",
+                r.magic, r.version
+            ));
+        }
+        let sum = checksum(r.body());
+        if sum != r.checksum {
+            return bad(format!(
+                "checksum {:#x} does not match contents ({sum:#x})",
+                r.checksum
+            ));
+        }
+        if r.reserved0 != 0 || r.reserved1 != 0 {
+            return bad("reserved bytes are not zero".into());
+        }
+        Ok(())
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.raw.len as usize
+    }
+
+    /// Whether the buffer holds no elements (never, for handles the crate made).
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+
+    /// The buffer's generation.
+    pub fn generation(&self) -> u64 {
+        self.raw.generation
+    }
+}
+
+impl<T> std::fmt::Debug for PoolHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The export data is left out: with the pool's descriptor it maps the memory.
+        f.debug_struct("PoolHandle")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.raw.len)
+            .field("block", &self.raw.index)
+            .field("generation", &self.raw.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An exported [`IpcPool`]: the envelope that travels with its descriptor
+/// ([`IpcPool::export_fd`]). Without the descriptor it opens nothing.
+#[derive(Clone)]
+pub struct IpcPoolHandle {
+    env: Envelope,
+}
+
+impl IpcPoolHandle {
+    /// The envelope's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.env)
+    }
+
+    /// A handle from bytes another process sent, structurally checked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let env: Envelope =
+            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
+                reason: format!(
+                    "a pool handle envelope is {} bytes, got {}",
+                    std::mem::size_of::<Envelope>(),
+                    bytes.len()
+                ),
+            })?;
+        env.validate(KIND_POOL)?;
+        Ok(Self { env })
+    }
+
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.env.exporter()
+    }
+}
+
+impl std::fmt::Debug for IpcPoolHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcPoolHandle")
+            .field("exporter", &self.env.exporter_pid)
+            .field("device", &device::uuid_string(&self.env.device_uuid))
+            .finish()
+    }
+}
+
+type ImportKey = ([u8; 16], usize);
+static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
+
+struct Import {
+    ctx: GpuContext,
+    key: ImportKey,
+    pool: sys::CUmemoryPool,
+    bit: u64,
+    exporter: ProcessIdentity,
+    table: ShmRegion<ArenaTable>,
+    /// Opened buffers per block: (generation, views, imported pointer).
+    views: Mutex<HashMap<u32, (u64, u32, sys::CUdeviceptr)>>,
+    // Dropped after the pool is destroyed (see Drop).
+    _lease: Lease,
+}
+
+// SAFETY: the pool handle is an opaque driver handle used with `ctx` pushed; the rest is
+// Send + Sync.
+unsafe impl Send for Import {}
+// SAFETY: as above; shared state is behind `views`' lock.
+unsafe impl Sync for Import {}
+
+impl Drop for Import {
+    fn drop(&mut self) {
+        IMPORTS
+            .lock()
+            .retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
+        if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: imported in this context, destroyed once; every view (each holds the
+            // import) has freed its pointer.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+        }
+    }
+}
+
+/// An [`IpcPool`] imported from another process: each of its buffers opens with
+/// [`open`](Self::open) (`cuMemPoolImportPointer`). `ImportedPool` is `Send`, `Sync` and cheap
+/// to clone; every [`PoolView`] keeps the import alive.
+#[derive(Clone)]
+pub struct ImportedPool {
+    import: Arc<Import>,
+}
+
+impl ImportedPool {
+    /// Import a pool from its handle and the descriptor its owner sent with it
+    /// (`cuMemPoolImportFromShareableHandle`, and `cuMemPoolSetAccess` when `ctx`'s device is
+    /// not the pool's), taking an importer slot in its lease table. `fd` is consumed. A second
+    /// import of the same pool in the same context shares the first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`]; [`Error::ExporterGone`] (a pool of a dead process, before the
+    /// descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
+    /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
+    /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool) or
+    /// `cuMemPoolSetAccess`.
+    #[doc(alias = "cuMemPoolImportFromShareableHandle")]
+    pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
+        let env = &handle.env;
+        env.validate(KIND_POOL)?;
+        let exporter = env.exporter_this_boot()?;
+        let key: ImportKey = (env.token, ctx.as_raw() as usize);
+        if let Some(import) = IMPORTS
+            .lock()
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .find_map(|(_, w)| w.upgrade())
+            && import.table.closing.load(Ordering::Acquire) == 0
+        {
+            return Ok(Self { import });
+        }
+        if !exporter.is_same_process(&ProcessIdentity::current())
+            && !crate::process::is_alive_cached(&exporter)
+        {
+            return Err(Error::ExporterGone {
+                pid: exporter.pid(),
+            });
+        }
+        let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;
+        let lease = Lease::acquire(&env.token, env.generation)?;
+        let table = match ShmOptions::new(table_name(&env.token))
+            .open_timeout(Duration::from_millis(200))
+            .open::<ArenaTable>()
+        {
+            Ok(t) => t,
+            Err(Error::NotFound { .. }) | Err(Error::NotReady { .. }) => {
+                return Err(Error::StaleHandle {
+                    generation: env.generation,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let words = token_words(&env.token);
+        if table.token[0].load(Ordering::Relaxed) != words[0]
+            || table.token[1].load(Ordering::Relaxed) != words[1]
+        {
+            return Err(Error::CorruptHandle {
+                reason: "the pool's table names another pool".into(),
+            });
+        }
+        let _g = ctx.enter()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: for a POSIX fd the shareable handle is the descriptor's number, passed as a
+        // pointer-sized value and never dereferenced; `fd` is open for the call. A descriptor
+        // that is not a pool is an error code.
+        check("cuMemPoolImportFromShareableHandle", unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &mut pool,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        drop(fd);
+        if memory_device != ctx.ordinal() {
+            let access = sys::CUmemAccessDesc {
+                location: crate::vmm::on_device(ctx.device()),
+                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: reads one access descriptor for our imported pool.
+            if let Err(e) = check("cuMemPoolSetAccess", unsafe {
+                sys::cuMemPoolSetAccess(pool, &access, 1)
+            }) {
+                // SAFETY: imported above, nothing allocated or imported from it; once.
+                let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+                return Err(e);
+            }
+        }
+        let import = Arc::new(Import {
+            ctx: ctx.clone(),
+            key,
+            pool,
+            bit: 1u64 << lease.slot(),
+            exporter,
+            table,
+            views: Mutex::new(HashMap::new()),
+            _lease: lease,
+        });
+        IMPORTS.lock().push((key, Arc::downgrade(&import)));
+        Ok(Self { import })
+    }
+
+    /// Open one buffer of the pool: checks the handle (checksum, element type, this pool),
+    /// enters its block (stale once the owner freed it), imports the allocation
+    /// (`cuMemPoolImportPointer`) and checks its size. Opening the same buffer again in this
+    /// process shares the import.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] for a damaged handle, one of another pool, or one whose length
+    /// the allocation does not hold; [`Error::TypeMismatch`]; [`Error::StaleHandle`] when the
+    /// buffer was freed; [`Error::Cuda`] naming `cuMemPoolImportPointer`.
+    #[doc(alias = "cuMemPoolImportPointer")]
+    pub fn open<T: Pod>(&self, handle: &PoolHandle<T>) -> Result<PoolView<T>> {
+        let import = &self.import;
+        let h = &handle.raw;
+        handle.check_structure()?;
+        check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
+        let corrupt = |reason: String| Error::CorruptHandle { reason };
+        if h.token != import.key.0 {
+            return Err(corrupt("the handle names another pool".into()));
+        }
+        let bytes = h
+            .len
+            .checked_mul(u64::from(h.elem_size))
+            .filter(|&b| b > 0 && b <= isize::MAX as u64)
+            .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
+        let len = h.len as usize;
+        let Some(block) = import.table.block(h.index) else {
+            return Err(corrupt(format!("block {} out of range", h.index)));
+        };
+        let stale = Error::StaleHandle {
+            generation: h.generation,
+        };
+        let mut views = import.views.lock();
+        let ptr = match views.get_mut(&h.index) {
+            Some((generation, count, ptr)) => {
+                if *generation != h.generation || !block.is_live(h.generation) {
+                    return Err(stale);
+                }
+                *count += 1;
+                *ptr
+            }
+            None => {
+                if block.enter(import.bit, h.generation) == Enter::Stale {
+                    return Err(stale);
+                }
+                match import_pointer(import, h, bytes) {
+                    Ok(ptr) => {
+                        views.insert(h.index, (h.generation, 1, ptr));
+                        ptr
+                    }
+                    Err(e) => {
+                        block.leave(import.bit);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        drop(views);
+        Ok(PoolView {
+            slice: GpuSlice::new(import.ctx.clone(), ptr, len),
+            import: import.clone(),
+            index: h.index,
+        })
+    }
+
+    /// The process that owns the pool.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.import.exporter
+    }
+
+    /// The context the pool is imported in.
+    pub fn context(&self) -> &GpuContext {
+        &self.import.ctx
+    }
+}
+
+/// `cuMemPoolImportPointer` of `h`'s allocation, checked to hold `bytes`.
+fn import_pointer(import: &Import, h: &RawPoolHandle, bytes: u64) -> Result<sys::CUdeviceptr> {
+    let (_, published) = import.table.blocks[h.index as usize].range();
+    if published < bytes {
+        return Err(Error::CorruptHandle {
+            reason: format!("the handle claims {bytes} bytes; the owner allocated {published}"),
+        });
+    }
+    let _g = import.ctx.enter()?;
+    let mut ptr = 0;
+    let mut data = sys::CUmemPoolPtrExportData { reserved: h.export };
+    // SAFETY: writes one device pointer; the export data is 64 bytes the driver validates
+    // against our imported pool (a forged one is an error code).
+    check("cuMemPoolImportPointer", unsafe {
+        sys::cuMemPoolImportPointer(&mut ptr, import.pool, &mut data)
+    })?;
+    match crate::buffer::mapped_bytes(ptr) {
+        Ok(size) if size as u64 >= bytes => Ok(ptr),
+        other => {
+            // SAFETY: imported above, never handed out; freed once.
+            let _ = unsafe { sys::cuMemFree_v2(ptr) };
+            Err(match other {
+                Err(e) => e,
+                Ok(size) => Error::CorruptHandle {
+                    reason: format!(
+                        "the handle claims {bytes} bytes; the allocation holds {size} \
+                         (cuMemGetAddressRange)"
+                    ),
+                },
+            })
+        }
+    }
+}
+
+impl std::fmt::Debug for ImportedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedPool")
+            .field("exporter", &self.import.exporter.pid())
+            .field("device", &self.import.ctx.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A buffer of an imported pool, opened from its [`PoolHandle`]; it dereferences to its
+/// [`GpuSlice`]. Dropping the last view of a buffer in this process frees the import
+/// (`cuMemFree`, complete when it returns) and then lets the owner free the allocation. Work
+/// enqueued on it must complete before it is dropped (see
+/// [asynchronous work](GpuSlice#asynchronous-work)).
+pub struct PoolView<T: Pod> {
+    slice: GpuSlice<T>,
+    import: Arc<Import>,
+    index: u32,
+}
+
+impl<T: Pod> std::ops::Deref for PoolView<T> {
+    type Target = GpuSlice<T>;
+
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T: Pod> PoolView<T> {
+    /// Whether the owner still has the buffer (false once it was freed; the view stays valid).
+    pub fn is_live(&self) -> bool {
+        let views = self.import.views.lock();
+        match views.get(&self.index) {
+            Some(&(generation, _, _)) => {
+                self.import.table.blocks[self.index as usize].is_live(generation)
+            }
+            None => false,
+        }
+    }
+}
+
+impl<T: Pod> Drop for PoolView<T> {
+    fn drop(&mut self) {
+        let mut views = self.import.views.lock();
+        if let Some((_, count, ptr)) = views.get_mut(&self.index) {
+            *count -= 1;
+            if *count == 0 {
+                let ptr = *ptr;
+                views.remove(&self.index);
+                let freed = self.import.ctx.enter().is_ok_and(|_g| {
+                    // SAFETY: imported with cuMemPoolImportPointer in this context, freed once,
+                    // when its last view goes; before the bit clears, as the guide requires.
+                    unsafe { sys::cuMemFree_v2(ptr) == 0 }
+                });
+                // An import that could not be freed keeps the bit: the owner then never frees
+                // the allocation under it (a leak, never a use-after-free).
+                if freed {
+                    self.import.table.blocks[self.index as usize].leave(self.import.bit);
+                }
+            }
+        }
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for PoolView<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolView")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.slice.len)
+            .field("block", &self.index)
+            .finish_non_exhaustive()
+    }
+}
