@@ -218,7 +218,7 @@ impl IpcPool {
                 sys::cuMemPoolCreate(&mut pool, &props)
             })?;
         }
-        Ok(Self {
+        let pool = Self {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
                 pool,
@@ -233,7 +233,13 @@ impl IpcPool {
                     quarantine: Vec::new(),
                 }),
             }),
-        })
+        };
+        // The driver exports pointers only of a pool that has been shared
+        // (cuMemPoolExportPointer is CUDA_ERROR_INVALID_VALUE before the first
+        // cuMemPoolExportToShareableHandle, measured on an H200): share it once now, so that
+        // every buffer's handle works whether or not a peer has been sent the pool yet.
+        drop(pool.export_fd()?);
+        Ok(pool)
     }
 
     /// Allocate `len` elements of `T` from the pool, ordered on `stream`
