@@ -10,11 +10,15 @@
 //!   first, since each open consumes one; the raw side reuses a granularity asked once);
 //! - an [`IpcArena`] buffer's open + drop from an arena imported once, against the raw legacy
 //!   cold open + close and the raw POSIX-fd import + map above (the driver work the arena saves
-//!   per buffer; the goal is ≥ 50× under a legacy cold open and ≤ 1 µs p50).
+//!   per buffer; the goal is ≥ 50× under a legacy cold open and ≤ 1 µs p50);
+//! - an [`IpcPool`] buffer's open + drop (`ImportedPool::open`: checks, block entry,
+//!   `cuMemPoolImportPointer`, `cuMemGetAddressRange`; drop: `cuMemFree`) against raw
+//!   `cuMemPoolImportPointer` + `cuMemFree` on a raw import of the same pool.
 //!
 //! A helper process, started once outside the measurement, exports a 64 MiB buffer and an
 //! event, sends a 64 MiB POSIX-fd buffer and a 64 MiB arena over a socket, and the handle of
-//! a 1 MiB buffer in the arena. Run:
+//! a 1 MiB buffer in the arena; then a pool (twice: one import for each side) and the handle of
+//! a 1 MiB buffer allocated from it. Run:
 //! `cargo bench --bench handle_open`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
@@ -29,8 +33,9 @@ use std::time::Duration;
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
 use cuda_ipc::{
-    ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, IpcArena, IpcBuffer,
-    IpcEvent, IpcEventHandle, IpcMemHandle, PeerPolicy, ShmCell, ShmOptions, ShmSafe, SocketName,
+    ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, ImportedPool,
+    IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, PeerPolicy, PoolHandle,
+    RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 
 #[repr(C)]
@@ -91,6 +96,17 @@ fn exporter(region: &str) {
     socket
         .send(block.handle().as_bytes(), &[], Duration::from_secs(60))
         .unwrap();
+    let pool = IpcPool::new(&ctx).unwrap();
+    let pooled = pool.alloc::<u8>(1 << 20, &RawStream::LEGACY).unwrap();
+    socket.send_pool(&pool, Duration::from_secs(60)).unwrap();
+    socket.send_pool(&pool, Duration::from_secs(60)).unwrap();
+    socket
+        .send(
+            pooled.handle().unwrap().as_bytes(),
+            &[],
+            Duration::from_secs(60),
+        )
+        .unwrap();
     shared.ready.store(1, Ordering::Release);
     std::thread::sleep(Duration::from_secs(3600));
 }
@@ -115,6 +131,21 @@ fn device0_granularity() -> usize {
     g
 }
 
+/// A pool imported from its descriptor with the raw call (a context is current).
+fn raw_import_pool(fd: &OwnedFd) -> sys::CUmemoryPool {
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: the descriptor's number passed as the shareable handle; writes one pool handle.
+    raw("cuMemPoolImportFromShareableHandle", unsafe {
+        sys::cuMemPoolImportFromShareableHandle(
+            &mut pool,
+            fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    });
+    pool
+}
+
 fn fd_socket_name(region: &str) -> SocketName {
     SocketName::Abstract(format!("{region}-fd"))
 }
@@ -133,6 +164,11 @@ struct Fixture {
     granularity: usize,
     arena: ImportedArena,
     block: ArenaHandle<u8>,
+    pool: ImportedPool,
+    pooled: PoolHandle<u8>,
+    /// The same pool imported with raw calls, and the buffer's export data.
+    raw_pool: sys::CUmemoryPool,
+    raw_pooled: sys::CUmemPoolPtrExportData,
 }
 
 impl Fixture {
@@ -181,6 +217,22 @@ impl Fixture {
     }
     fn ours_export(&self) -> IpcMemHandle<u8> {
         self.own.handle().unwrap()
+    }
+    fn ours_pool_open_close(&self) {
+        drop(std::hint::black_box(self.pool.open(&self.pooled).unwrap()));
+    }
+    fn raw_pool_open_close(&self) {
+        let mut p = 0;
+        let mut data = self.raw_pooled;
+        // SAFETY: the helper's live allocation of a pool imported here; imported and freed once
+        // on the current context.
+        unsafe {
+            raw(
+                "cuMemPoolImportPointer",
+                sys::cuMemPoolImportPointer(&mut p, self.raw_pool, &mut data),
+            );
+            raw("cuMemFree", sys::cuMemFree_v2(p));
+        }
     }
     fn ours_arena_open_close(&self) {
         drop(std::hint::black_box(self.arena.open(&self.block).unwrap()));
@@ -251,6 +303,12 @@ fn benches(c: &mut Criterion, f: &Fixture) {
     g.bench_function("arena_open_close/cuda_ipc", |b| {
         b.iter(|| f.ours_arena_open_close())
     });
+    g.bench_function("pool_open_close/cuda_ipc", |b| {
+        b.iter(|| f.ours_pool_open_close())
+    });
+    g.bench_function("pool_open_close/raw", |b| {
+        b.iter(|| f.raw_pool_open_close())
+    });
     g.finish();
 }
 
@@ -309,6 +367,13 @@ fn summary(f: &Fixture) {
     );
     let per_open: Vec<f64> = arena.iter().map(|x| x / 100.0).collect();
     common::row("arena open vs POSIX-fd raw", &per_open, &fd);
+    let (ours, base) = common::sample_pair(
+        31,
+        1_000,
+        || f.ours_pool_open_close(),
+        || f.raw_pool_open_close(),
+    );
+    common::row("pool buffer open + close", &ours, &base);
 }
 
 fn main() {
@@ -334,6 +399,20 @@ fn main() {
     let block =
         ArenaHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
             .unwrap();
+    let pool = socket.recv_pool(&ctx, Duration::from_secs(60)).unwrap();
+    let raw_pool_fd = socket
+        .recv(Duration::from_secs(60))
+        .unwrap()
+        .fds
+        .pop()
+        .expect("the pool's descriptor");
+    let pooled =
+        PoolHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
+            .unwrap();
+    // The export data sits at bytes 64..128 of a pool handle (see RawPoolHandle).
+    let raw_pooled = sys::CUmemPoolPtrExportData {
+        reserved: pooled.as_bytes()[64..128].try_into().unwrap(),
+    };
     common::wait_for("exporter", Duration::from_secs(60), || {
         shared.ready.load(Ordering::Acquire) == 1
     });
@@ -358,6 +437,10 @@ fn main() {
         granularity,
         arena,
         block,
+        pool,
+        pooled,
+        raw_pool: raw_import_pool(&raw_pool_fd),
+        raw_pooled,
     };
     f.ctx.make_current().unwrap(); // for the raw calls
     let mut c = Criterion::default().configure_from_args();

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N] [--sync events|signal]
-//!                                              [--handles legacy|fd]
+//!                                              [--handles legacy|fd|pool]
 //! ```
 //!
 //! The parent picks every device that supports unified addressing, is in the default compute
@@ -25,7 +25,9 @@
 //! descriptors ([`HandleType::PosixFd`]) instead of legacy IPC handles: after the start barrier
 //! each child connects to the parent's Unix socket ([`FdListener`]) and receives every buffer
 //! with its descriptor ([`FdSocket::recv_buffer`]); a process that only read the shared region
-//! could not map them.
+//! could not map them. `--handles pool` allocates each buffer from a stream-ordered pool on its
+//! device ([`IpcPool`], `cuMemAllocFromPoolAsync`) and sends each child every pool (with its
+//! descriptor) and then each buffer's handle ([`ImportedPool::open`], `cuMemPoolImportPointer`).
 //!
 //! Exit status: 0 on success, 2 ("waived") when no device can do IPC, 1 on any failure.
 
@@ -34,9 +36,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cuda_ipc::{
-    BarrierState, Error, FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcEvent,
-    IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, PeerGroup, PeerPolicy,
-    ProcessBarrier, ShmCell, ShmOptions, ShmSafe, SocketName,
+    BarrierState, Error, FdListener, FdSocket, GpuContext, GpuSlice, HandleType, IpcBuffer,
+    IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, IpcSignal, IpcSignalHandle, PeerGroup,
+    PeerPolicy, PoolBuffer, PoolHandle, ProcessBarrier, RawStream, ShmCell, ShmOptions, ShmSafe,
+    SocketName,
 };
 use cust::function::BlockSize;
 use cust::module::Module;
@@ -63,8 +66,9 @@ struct Shared {
     /// `--sync signal`: 1, and `signals` holds one signal per buffer.
     use_signals: AtomicU32,
     signals: [ShmCell<IpcSignalHandle>; MAX_DEVICES],
-    /// `--handles fd`: 1, and the buffers come over the parent's socket, not from `mem`.
-    fd_handles: AtomicU32,
+    /// How the buffers are shared: [`Handles`] as a number. For `fd` and `pool` they come over
+    /// the parent's socket, not from `mem`.
+    handles: AtomicU32,
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
@@ -76,10 +80,31 @@ struct Options {
     max_devices: usize,
     timings: bool,
     signals: bool,
-    handles: HandleType,
+    handles: Handles,
 }
 
-/// The parent's socket for `--handles fd`, named after the region.
+/// `--handles`: how the parent shares its buffers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Handles {
+    /// Legacy IPC handles in the shared region (simpleIPC's way).
+    Legacy = 0,
+    /// POSIX-fd buffers ([`HandleType::PosixFd`]) over a Unix socket.
+    Fd = 1,
+    /// Buffers of a stream-ordered [`IpcPool`] per device, the pools over a Unix socket.
+    Pool = 2,
+}
+
+impl std::fmt::Display for Handles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Legacy => "legacy",
+            Self::Fd => "fd",
+            Self::Pool => "pool",
+        })
+    }
+}
+
+/// The parent's socket for `--handles fd|pool`, named after the region.
 fn socket_name(region: &str) -> SocketName {
     SocketName::Abstract(format!("{region}.fd"))
 }
@@ -92,7 +117,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         max_devices: MAX_DEVICES,
         timings: false,
         signals: false,
-        handles: HandleType::Legacy,
+        handles: Handles::Legacy,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -111,9 +136,10 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
                 _ => return Err("--sync takes events or signal".into()),
             },
             "--handles" => match it.next().map(String::as_str) {
-                Some("legacy") => opts.handles = HandleType::Legacy,
-                Some("fd") => opts.handles = HandleType::PosixFd,
-                _ => return Err("--handles takes legacy or fd".into()),
+                Some("legacy") => opts.handles = Handles::Legacy,
+                Some("fd") => opts.handles = Handles::Fd,
+                Some("pool") => opts.handles = Handles::Pool,
+                _ => return Err("--handles takes legacy, fd or pool".into()),
             },
             other => return Err(format!("unknown option {other:?} (try --help)")),
         }
@@ -216,19 +242,34 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
     phases.mark("start");
     let mut host = host.join().map_err(|_| "the allocating thread panicked")?;
 
-    let buffers = if shared.fd_handles.load(Ordering::Acquire) == 1 {
-        let socket = FdSocket::connect(
+    // Every kind of buffer is a `GpuSlice` to the code below.
+    type Buffer = Box<dyn std::ops::Deref<Target = GpuSlice<u8>>>;
+    let handles = shared.handles.load(Ordering::Acquire);
+    let socket = || {
+        FdSocket::connect(
             &socket_name(region_name),
             &PeerPolicy::SameUid,
             SOCKET_TIMEOUT,
-        )?;
+        )
+    };
+    let buffers: Vec<Buffer> = if handles == Handles::Fd as u32 {
+        let socket = socket()?;
         (0..n)
-            .map(|_| socket.recv_buffer::<u8>(&ctx, SOCKET_TIMEOUT))
-            .collect::<Result<Vec<_>, _>>()?
+            .map(|_| Ok(Box::new(socket.recv_buffer::<u8>(&ctx, SOCKET_TIMEOUT)?) as Buffer))
+            .collect::<Result<_, Error>>()?
+    } else if handles == Handles::Pool as u32 {
+        let socket = socket()?;
+        (0..n)
+            .map(|_| {
+                let pool = socket.recv_pool(&ctx, SOCKET_TIMEOUT)?;
+                let handle = PoolHandle::<u8>::from_bytes(&socket.recv(SOCKET_TIMEOUT)?.payload)?;
+                Ok(Box::new(pool.open(&handle)?) as Buffer)
+            })
+            .collect::<Result<_, Error>>()?
     } else {
         (0..n)
-            .map(|i| IpcBuffer::open(&ctx, &shared.mem[i].load()))
-            .collect::<Result<Vec<_>, _>>()?
+            .map(|i| Ok(Box::new(IpcBuffer::open(&ctx, &shared.mem[i].load())?) as Buffer))
+            .collect::<Result<_, Error>>()?
     };
     let sync = if shared.use_signals.load(Ordering::Acquire) == 1 {
         Sync::Signals(
@@ -367,14 +408,11 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
             s.devices.store(devices);
             s.use_signals
                 .store(u32::from(opts.signals), Ordering::Release);
-            s.fd_handles.store(
-                u32::from(opts.handles == HandleType::PosixFd),
-                Ordering::Release,
-            );
+            s.handles.store(opts.handles as u32, Ordering::Release);
             Ok(())
         })?;
     let start = ProcessBarrier::join(&region.start)?;
-    let listener = (opts.handles == HandleType::PosixFd)
+    let listener = (opts.handles != Handles::Legacy)
         .then(|| FdListener::bind(socket_name(region.name()), PeerPolicy::SameUid))
         .transpose()?;
 
@@ -439,22 +477,35 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
     Ok(Some((n, n * opts.size)))
 }
 
-/// `--handles fd`: accept every child's connection and send it every buffer, with its
-/// descriptor.
+/// `--handles fd|pool`: accept every child's connection and send it every buffer, with its
+/// descriptor (for pools: every pool with its descriptor, then the buffer's handle).
 fn send_buffers(listener: &FdListener, published: &[Published]) -> Result<(), Failure> {
     for _ in 0..published.len() {
         let socket = listener.accept(SOCKET_TIMEOUT)?;
         for p in published {
-            socket.send_buffer(&p.buffer, SOCKET_TIMEOUT)?;
+            match &p.buffer {
+                Exported::Buffer(buffer) => socket.send_buffer(buffer, SOCKET_TIMEOUT)?,
+                Exported::Pool(pool, buffer) => {
+                    socket.send_pool(pool, SOCKET_TIMEOUT)?;
+                    socket.send(buffer.handle()?.as_bytes(), &[], SOCKET_TIMEOUT)?;
+                }
+            }
         }
     }
     Ok(())
 }
 
+/// One device's buffer, by how it is shared.
+enum Exported {
+    Buffer(IpcBuffer<u8>),
+    /// A pool and its buffer (which keeps the pool's state alive until it is freed).
+    Pool(IpcPool, PoolBuffer<u8>),
+}
+
 /// What the parent allocates and exports for one device; kept alive until the children are
 /// done with it.
 struct Published {
-    buffer: IpcBuffer<u8>,
+    buffer: Exported,
     _event: Option<IpcEvent>,
     _signal: Option<IpcSignal>,
     _context: GpuContext,
@@ -467,8 +518,22 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
     println!("Peer access enabled among {} device(s)", contexts.len());
     let mut published = Vec::new();
     for (i, context) in contexts.into_iter().enumerate() {
-        let buffer = IpcBuffer::<u8>::new_with(&context, opts.size, opts.handles)?;
-        region.mem[i].store(buffer.handle()?);
+        let buffer = match opts.handles {
+            Handles::Pool => {
+                let pool = IpcPool::new(&context)?;
+                let buffer = pool.alloc::<u8>(opts.size, &RawStream::LEGACY)?;
+                Exported::Pool(pool, buffer)
+            }
+            Handles::Fd => {
+                let buffer = IpcBuffer::<u8>::new_with(&context, opts.size, HandleType::PosixFd)?;
+                Exported::Buffer(buffer)
+            }
+            Handles::Legacy => {
+                let buffer = IpcBuffer::<u8>::new(&context, opts.size)?;
+                region.mem[i].store(buffer.handle()?);
+                Exported::Buffer(buffer)
+            }
+        };
         let (mut event, mut signal) = (None, None);
         if opts.signals {
             let s = IpcSignal::new(&context)?;
@@ -534,13 +599,14 @@ fn main() -> ExitCode {
         println!(
             "simple_ipc: NVIDIA's simpleIPC sample on cuda-ipc\n\n\
              usage: simple_ipc [--size BYTES] [--devices N] [--sync events|signal]\n\
-             \x20                 [--handles legacy|fd] [--timings]\n\
+             \x20                 [--handles legacy|fd|pool] [--timings]\n\
              \x20 --size BYTES   bytes per device buffer (default 67108864 = 64 MiB)\n\
              \x20 --devices N    use at most N devices (default and maximum {MAX_DEVICES})\n\
              \x20 --sync events  order the writes with interprocess events (simpleIPC; default)\n\
              \x20 --sync signal  order them with IpcSignal counters (GPU-side stream memory ops)\n\
              \x20 --handles legacy  share the buffers as legacy IPC handles (default)\n\
              \x20 --handles fd   share them as POSIX file descriptors over a Unix socket\n\
+             \x20 --handles pool allocate them from stream-ordered pools, sent over a socket\n\
              \x20 --timings      print where each child's time goes\n\n\
              exit status: 0 success, 2 waived (no device can do IPC), 1 failure"
         );
