@@ -2,7 +2,8 @@
 //! descriptors, `/dev/shm` entries and free GPU memory unchanged), the same for 2,000 POSIX-fd
 //! buffers sent over a socket (the exporter dropping each while the importer still maps it),
 //! a killed importer's lease reaped with the memory back to baseline, and 1,000 arenas created,
-//! imported, carved into buffers and viewed (half freed while viewed) with nothing left behind.
+//! imported, carved into buffers and viewed (half freed while viewed) with nothing left behind,
+//! and 2,000 pool buffers each freed by its owner while the importer still held it.
 //!
 //! GPU tests, `#[ignore = "requires a CUDA device"]`, in their own binary and serialised by a
 //! lock: free device memory is device-wide, so no other test may run beside them.
@@ -16,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::{fd_count, gpu, report, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    FdListener, FdSocket, HandleType, ImportedArena, IpcArena, IpcBuffer, IpcMemHandle, PeerPolicy,
-    ShmCell, ShmOptions, ShmSafe, SocketName,
+    FdListener, FdSocket, HandleType, ImportedArena, IpcArena, IpcBuffer, IpcMemHandle, IpcPool,
+    PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 
 /// Serialises this binary's tests: they measure device-wide free memory.
@@ -117,11 +118,49 @@ fn fd_exporter(socket: &str) -> i32 {
     0
 }
 
+/// The pool soak's owner: one pool, sent once; per cycle a buffer, its handle sent, dropped
+/// while the importer holds it (quarantined), and freed by `collect` once the importer let go.
+fn pool_owner(socket: &str) -> i32 {
+    let ctx = gpu();
+    let name = SocketName::Abstract(socket.to_owned());
+    let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+    let pool = IpcPool::new(&ctx).unwrap();
+    s.send_pool(&pool, T).unwrap();
+    let mut baseline = (0, 0);
+    for i in 0..FD_CYCLES {
+        if i == WARMUP {
+            baseline = (fd_count(), ctx.mem_info().unwrap().0);
+        }
+        let buf = pool.alloc::<u8>(LEN, &RawStream::LEGACY).unwrap();
+        buf.memset_bytes((i % 251) as u8).unwrap();
+        s.send(buf.handle().unwrap().as_bytes(), &[], T).unwrap();
+        assert_eq!(s.recv(T).unwrap().payload, b"opened");
+        drop(buf);
+        assert_eq!(pool.collect(), 1, "cycle {i}: held by the importer");
+        s.send(b"dropped", &[], T).unwrap();
+        assert_eq!(s.recv(T).unwrap().payload, b"closed");
+        assert_eq!(
+            pool.collect(),
+            0,
+            "cycle {i}: freed once the importer let go"
+        );
+    }
+    let end = (fd_count(), ctx.mem_info().unwrap().0);
+    report(format!(
+        "fds {} {} free {} {}",
+        baseline.0, end.0, baseline.1, end.1
+    ));
+    0
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
         if role == "fd_exporter" {
             return fd_exporter(&args[0]);
+        }
+        if role == "pool_owner" {
+            return pool_owner(&args[0]);
         }
         let shared = ShmOptions::new(&args[0])
             .open::<Shared>()
@@ -367,5 +406,63 @@ fn a_thousand_arenas_with_imports_quarantine_and_views_leak_nothing() {
     assert!(
         free1 + (4 << 20) >= free_start,
         "device free memory {free1} did not return to {free_start}"
+    );
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn two_thousand_pool_buffers_freed_while_held_leak_nothing() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _dog = watchdog("pool soak", Duration::from_secs(300));
+    let ctx = gpu();
+    let socket = unique_name("pool-soak");
+    let listener =
+        FdListener::bind(SocketName::Abstract(socket.clone()), PeerPolicy::SameUid).unwrap();
+    let (free_start, _) = ctx.mem_info().unwrap();
+    let owner = spawn("pool_owner", &[&socket]);
+    let s = listener.accept(T).unwrap();
+    let pool = s.recv_pool(&ctx, T).unwrap();
+    let mut host = vec![0u8; LEN];
+    let mut baseline = None;
+    let start = Instant::now();
+    for i in 0..FD_CYCLES {
+        if i == WARMUP {
+            baseline = Some(fd_count());
+        }
+        let handle = PoolHandle::<u8>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+        let view = pool.open(&handle).unwrap();
+        s.send(b"opened", &[], T).unwrap();
+        assert_eq!(s.recv(T).unwrap().payload, b"dropped");
+        // The owner dropped its buffer: quarantined, still ours to read.
+        assert!(!view.is_live());
+        view.copy_to_host(&mut host).unwrap();
+        assert!(
+            host.iter().all(|&b| u64::from(b) == i % 251),
+            "cycle {i}: wrong data after the owner's drop"
+        );
+        drop(view);
+        s.send(b"closed", &[], T).unwrap();
+    }
+    let elapsed = start.elapsed();
+    let results = owner.expect_success(Duration::from_secs(60));
+    drop(pool);
+    drop((s, listener));
+    let fds0 = baseline.unwrap();
+    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
+    eprintln!(
+        "soak: {FD_CYCLES} pool cycles in {:.2} s ({:.0} µs/cycle); importer fds {fds0}->{fds1}, \
+         lease tables {shm1}, device free memory {free_start}->{free1}; owner: {}",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e6 / FD_CYCLES as f64,
+        results[0]
+    );
+    let (owner_free0, owner_free1) =
+        assert_soak_leaked_nothing((fds0, fds1), shm1, (free_start, free1), &results[0]);
+    assert!(
+        owner_free1 + (2 << 20) >= owner_free0,
+        "owner-side free GPU memory fell: {owner_free0} -> {owner_free1}"
     );
 }
