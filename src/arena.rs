@@ -9,22 +9,8 @@
 //! peer which imported the arena ([`ImportedArena`]) turns into an [`ArenaView<T>`] with a few
 //! atomic operations on a shared block table — no mapping, no system call.
 //!
-//! # Freeing and reuse
-//!
-//! A handle opens only while its buffer is live: freeing moves the block to a new generation,
-//! so the handle is [`Error::StaleHandle`] from then on, even after the range holds another
-//! buffer. A freed buffer's range is reused only once no importer holds a view of it: until
-//! then it is *quarantined*. Dropping an [`ArenaBuffer`] never waits; the range comes back at a
-//! later [`IpcArena::alloc`] or [`IpcArena::collect`] once its views are gone, or once the
-//! processes holding them are proven dead. The protocol, and what each side sees when the other
-//! is killed at each step, is in `src/arena/table.rs`.
-//!
-//! # Lifetime
-//!
-//! The region is driver memory shared by file descriptor: the driver keeps it while any
-//! process maps it. An [`ImportedArena`] (and every view of it) stays valid after the owner
-//! drops its arena or dies; views of buffers the owner freed stay valid too (their range is not
-//! reused while they exist). Only new opens fail.
+//! Freeing, reuse and lifetimes are documented on [`IpcArena`]; the shared protocol in
+//! `table.rs`.
 
 mod book;
 pub(crate) mod table;
@@ -169,13 +155,30 @@ impl Drop for Owner {
 }
 
 /// A region of device memory shared with other processes once, from which typed buffers are
-/// allocated and shared each for the price of a handle (see the [module docs](self)).
+/// allocated and shared each for the price of a handle.
 ///
 /// Created with [`new`](Self::new) (a [`HandleType::PosixFd`] allocation, `cuMemCreate`),
 /// sent to peers with [`FdSocket::send_arena`](crate::FdSocket::send_arena) (or
 /// [`export_fd`](Self::export_fd) and any `SCM_RIGHTS` channel), carved with
 /// [`alloc`](Self::alloc). `IpcArena` is `Send` and `Sync`; it can be shared between threads
 /// (allocation takes a lock).
+///
+/// # Freeing and reuse
+///
+/// A handle opens only while its buffer is live: freeing moves the block to a new generation,
+/// so the handle is [`Error::StaleHandle`] from then on, even after the range holds another
+/// buffer. A freed buffer's range is reused only once no importer holds a view of it: until
+/// then it is *quarantined*. Dropping an [`ArenaBuffer`] never waits; the range comes back at a
+/// later [`IpcArena::alloc`] or [`IpcArena::collect`] once its views are gone, or once the
+/// processes holding them are proven dead. The protocol, and what each side sees when the other
+/// is killed at each step, is in `src/arena/table.rs`.
+///
+/// # Lifetime
+///
+/// The region is driver memory shared by file descriptor: the driver keeps it while any
+/// process maps it. An [`ImportedArena`] (and every view of it) stays valid after the owner
+/// drops its arena or dies; views of buffers the owner freed stay valid too (their range is not
+/// reused while they exist). Only new opens fail.
 ///
 /// # Examples
 ///

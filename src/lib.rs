@@ -17,6 +17,9 @@
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
 //! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`], [`RawExport`], [`RawImport`], [`IpcBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute` |
 //! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`IpcBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
+//! | Many buffers through one import | [`IpcArena`], [`ArenaBuffer`], [`ArenaHandle`], [`ImportedArena`], [`ArenaView`] | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
+//! | Stream-ordered pools between processes | [`IpcPool`], [`PoolBuffer`], [`PoolHandle`], [`ImportedPool`], [`PoolView`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
+//! | Typed device memory, whoever owns it | [`GpuSlice`] | `cuMemcpy*`, `cuMemsetD8*` |
 //! | Passing file descriptors (and buffers) | [`FdListener`], [`FdSocket`], [`FdSocket::send_buffer`], [`FdSocket::recv_buffer`] | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
 //! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
@@ -39,11 +42,16 @@
 //!   even if a new buffer sits at the same address. A [`HandleType::PosixFd`] buffer's memory is
 //!   reference-counted by the driver across processes: the exporter's drop returns at once, and
 //!   each importer's mapping keeps the memory until it is dropped.
+//! - An [`IpcArena`] or [`IpcPool`] is shared once; its buffers are opened by handle. Freeing a
+//!   buffer never waits: its handles are stale at once, and its range (or pool allocation) is
+//!   reused (freed) only once no importer holds a view of it — until then it is quarantined,
+//!   and importers proven dead are reaped. Views stay valid after their owner frees or exits.
 //!
 //! # Threading
 //!
 //! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
-//! [`IpcSignal`], [`IpcSender`] and [`IpcReceiver`] are `Send` and `Sync`. Shared memory is reached only through atomics
+//! [`IpcSignal`], [`IpcSender`], [`IpcReceiver`], [`IpcArena`], [`IpcPool`] and their buffers
+//! and views are `Send` and `Sync`. Shared memory is reached only through atomics
 //! ([`ShmSafe`]), so it can be read and written from any thread of any process.
 //!
 //! # Platform

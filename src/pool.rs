@@ -6,22 +6,8 @@
 //! This is the memory that stream-ordered code allocates (`cuMemAllocAsync`; cudarc's default
 //! on devices with pools), which legacy IPC handles refuse.
 //!
-//! # The CUDA guide's rules, and how the types keep them
-//!
-//! - *An importer must not access the memory before the allocation has completed in the
-//!   exporter*: [`PoolBuffer::handle`] waits for the allocation (an event recorded after it on
-//!   the allocating stream) before exporting, so no handle exists before that.
-//! - *Every importer must free an allocation before its exporter frees it*: each open takes the
-//!   importer's bit in the pool's block table (the protocol of `src/arena/table.rs`), and a
-//!   view's drop frees the import (`cuMemFree`, complete when it returns) before clearing the
-//!   bit. The owner's free ([`PoolBuffer`]'s drop, [`PoolBuffer::free_async`]) retires the
-//!   block first — new opens are [`Error::StaleHandle`] — and frees only once no bit is set;
-//!   until then the allocation is quarantined and freed by a later allocation or
-//!   [`IpcPool::collect`] (importers proven dead are reaped, their imports died with them).
-//! - *A pool is destroyed only when no allocation is outstanding*: the driver defers a
-//!   `cuMemPoolDestroy` until then; an owner dropped while importers still hold views leaks
-//!   those allocations rather than free them under the importers (as an exported
-//!   [`IpcBuffer`](crate::IpcBuffer) does).
+//! The CUDA guide's rules for pool IPC, and how the types keep them, are documented on
+//! [`IpcPool`]; the shared block-table protocol is the arena's (`src/arena/table.rs`).
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -81,10 +67,20 @@ unsafe impl Send for Owner {}
 // SAFETY: as above; shared use goes through the driver (thread-safe) and the `books` lock.
 unsafe impl Sync for Owner {}
 
+/// When [`Owner::reclaim`] reaps importers proven dead (a scan of the lease table that asks the
+/// kernel about each holder).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reap {
+    Never,
+    /// When quarantined allocations remain held after the first pass.
+    IfHeld,
+    Always,
+}
+
 impl Owner {
-    /// Free quarantined allocations whose importers are gone (with `reap`, or when some remain,
-    /// after reaping importers proven dead). Returns how many are still held.
-    fn reclaim(&self, books: &mut Books, reap: bool) -> usize {
+    /// Free quarantined allocations whose importers are gone, reaping dead importers as `reap`
+    /// says. Returns how many are still held.
+    fn reclaim(&self, books: &mut Books, reap: Reap) -> usize {
         let pass = |books: &mut Books| {
             let mut i = 0;
             while i < books.quarantine.len() {
@@ -103,9 +99,12 @@ impl Owner {
             }
         };
         pass(books);
-        if (reap || !books.quarantine.is_empty())
-            && reap_dead_importers(&self.table, &self.leases, books.generations.len())
-        {
+        let reap = match reap {
+            Reap::Never => false,
+            Reap::IfHeld => !books.quarantine.is_empty(),
+            Reap::Always => true,
+        };
+        if reap && reap_dead_importers(&self.table, &self.leases, books.generations.len()) {
             pass(books);
         }
         books.quarantine.len()
@@ -123,7 +122,7 @@ impl Drop for Owner {
             },
         );
         // What live importers still hold stays allocated (leaked, not freed under them).
-        self.reclaim(&mut books, true);
+        self.reclaim(&mut books, Reap::Always);
         self.table.closing.store(1, Ordering::Release);
         self.leases.begin_close();
         if let Ok(_g) = self.ctx.enter() {
@@ -134,14 +133,31 @@ impl Drop for Owner {
     }
 }
 
-/// A stream-ordered memory pool whose allocations other processes can open (see the
-/// [module docs](self) for the rules it keeps).
+/// A stream-ordered memory pool whose allocations other processes can open.
 ///
 /// Created with [`new`](Self::new), sent to each peer once with
 /// [`FdSocket::send_pool`](crate::FdSocket::send_pool) (or [`export_fd`](Self::export_fd)),
 /// allocated from with [`alloc`](Self::alloc) on a stream; each [`PoolBuffer`]'s
 /// [`handle`](PoolBuffer::handle) is 136 bytes of plain data that a peer opens with
 /// [`ImportedPool::open`]. `IpcPool` is `Send` and `Sync`.
+///
+/// # The CUDA guide's rules, and how the types keep them
+///
+/// - *An importer must not access the memory before the allocation has completed in the
+///   exporter*: [`PoolBuffer::handle`] waits for the allocation (an event recorded after it on
+///   the allocating stream) before exporting, so no handle exists before that.
+/// - *Every importer must free an allocation before its exporter frees it*: each open takes the
+///   importer's bit in the pool's block table (the protocol of `src/arena/table.rs`), and a
+///   view's drop frees the import (`cuMemFree`, complete when it returns) before clearing the
+///   bit. The owner's free ([`PoolBuffer`]'s drop, [`PoolBuffer::free_async`]) retires the
+///   block first — new opens are [`Error::StaleHandle`] — and frees only once no bit is set;
+///   until then the allocation is quarantined, and freed by the next [`IpcPool::alloc`] or
+///   [`IpcPool::collect`] after the importers let go (`collect`, and an `alloc` that finds every
+///   block slot taken, also reap importers proven dead: their imports died with them).
+/// - *A pool is destroyed only when no allocation is outstanding*: the driver defers a
+///   `cuMemPoolDestroy` until then; an owner dropped while importers still hold views leaks
+///   those allocations rather than free them under the importers (as an exported
+///   [`IpcBuffer`](crate::IpcBuffer) does).
 ///
 /// # Examples
 ///
@@ -271,8 +287,12 @@ impl IpcPool {
         let owner = &self.owner;
         let index = {
             let mut books = owner.books.lock();
+            // Quarantined allocations hold device memory: free the released ones at every
+            // allocation (a pass over the quarantine), and reap the dead when out of slots.
             if books.free.is_empty() {
-                owner.reclaim(&mut books, false);
+                owner.reclaim(&mut books, Reap::IfHeld);
+            } else if !books.quarantine.is_empty() {
+                owner.reclaim(&mut books, Reap::Never);
             }
             books.free.pop().ok_or(Error::TooManyBuffers {
                 max: MAX_POOL_BUFFERS,
@@ -348,7 +368,7 @@ impl IpcPool {
     /// proven dead; returns how many freed buffers still wait for live importers.
     pub fn collect(&self) -> usize {
         let mut books = self.owner.books.lock();
-        self.owner.reclaim(&mut books, true)
+        self.owner.reclaim(&mut books, Reap::Always)
     }
 
     /// The pids of live processes that imported the pool.
