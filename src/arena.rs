@@ -157,6 +157,10 @@ impl Drop for Owner {
 /// A region of device memory shared with other processes once, from which typed buffers are
 /// allocated and shared each for the price of a handle.
 ///
+/// Opening an [`IpcBuffer`](crate::IpcBuffer) maps memory every time (58 µs for a legacy
+/// handle, 100 µs for a POSIX-fd one, on an H200); a peer that imported an arena opens each of
+/// its buffers without a driver call (161 ns, open + drop, measured in the same run).
+///
 /// Created with [`new`](Self::new) (a [`HandleType::PosixFd`] allocation, `cuMemCreate`),
 /// sent to peers with [`FdSocket::send_arena`](crate::FdSocket::send_arena) (or
 /// [`export_fd`](Self::export_fd) and any `SCM_RIGHTS` channel), carved with
