@@ -2,7 +2,9 @@
 //!
 //! - `copy`: a device-to-device copy (copy engine, `cuMemcpyDtoDAsync`) from a local buffer into
 //!   another process's buffer — a legacy mapping (`ipc_mapping`) and a POSIX-fd one
-//!   (`fd_mapping`, `cuMemMap` of an imported descriptor) — vs into this process's own
+//!   (`fd_mapping`, `cuMemMap` of an imported descriptor; an `IpcArena` is such a mapping too)
+//!   and a stream-ordered pool allocation (`pool_mapping`, `cuMemPoolImportPointer`) — vs into
+//!   this process's own
 //!   allocation on the same device (the `cuMemcpyPeer` path when that device is another GPU);
 //! - `kernel`: simpleIPC's kernel writing every byte of the mapped buffers vs of the own one;
 //!
@@ -19,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use cuda_ipc::driver::sys;
-use cuda_ipc::{FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, PeerPolicy, SocketName};
+use cuda_ipc::{
+    FdListener, FdSocket, GpuContext, GpuSlice, HandleType, IpcBuffer, IpcPool, PeerPolicy,
+    PoolHandle, RawStream, SocketName,
+};
 use cust::function::BlockSize;
 use cust::module::Module;
 use cust::prelude::*;
@@ -30,7 +35,11 @@ const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 
 const T: Duration = Duration::from_secs(60);
 
-/// The helper: allocate on a device with a handle type, send it over the socket, wait.
+/// Any of the mapped buffers.
+type Mapped = Box<dyn std::ops::Deref<Target = GpuSlice<u8>>>;
+
+/// The helper: allocate on a device with a handle type (or from a pool), send it over the
+/// socket, wait.
 fn exporter(arg: &str) {
     let mut parts = arg.split(':');
     let (socket, device, kind) = (
@@ -39,21 +48,31 @@ fn exporter(arg: &str) {
         parts.next().unwrap(),
     );
     let ctx = GpuContext::new(device.parse().unwrap()).unwrap();
+    let name = SocketName::Abstract(socket.to_owned());
+    if kind == "pool" {
+        let pool = IpcPool::new(&ctx).unwrap();
+        let buf = pool.alloc::<u8>(MAX, &RawStream::LEGACY).unwrap();
+        buf.memset_bytes(0).unwrap();
+        let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+        s.send_pool(&pool, T).unwrap();
+        s.send(buf.handle().unwrap().as_bytes(), &[], T).unwrap();
+        std::thread::sleep(Duration::from_secs(3600));
+        return;
+    }
     let handle_type = if kind == "fd" {
         HandleType::PosixFd
     } else {
         HandleType::Legacy
     };
     let buf = IpcBuffer::<u8>::zeroed_with(&ctx, MAX, handle_type).unwrap();
-    let name = SocketName::Abstract(socket.to_owned());
     let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
     s.send_buffer(&buf, T).unwrap();
     std::thread::sleep(Duration::from_secs(3600));
 }
 
-/// A buffer exported on `device` with `kind` ("legacy" or "fd") by a helper, mapped here; the
-/// helper lives as long as its guard.
-fn peer_buffer(ctx: &GpuContext, device: u32, kind: &str) -> (IpcBuffer<u8>, common::Helper) {
+/// A buffer exported on `device` with `kind` ("legacy", "fd" or "pool") by a helper, mapped
+/// here; the helper lives as long as its guard.
+fn peer_buffer(ctx: &GpuContext, device: u32, kind: &str) -> (Mapped, common::Helper) {
     let socket = format!(
         "cuda-ipc-bench-transfer-{}-{device}-{kind}",
         std::process::id()
@@ -62,8 +81,16 @@ fn peer_buffer(ctx: &GpuContext, device: u32, kind: &str) -> (IpcBuffer<u8>, com
         FdListener::bind(SocketName::Abstract(socket.clone()), PeerPolicy::SameUid).unwrap();
     let helper = common::spawn("exporter", &format!("{socket}:{device}:{kind}"));
     let s = listener.accept(T).unwrap();
+    if kind == "pool" {
+        let pool = s.recv_pool(ctx, T).unwrap();
+        let handle = PoolHandle::<u8>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+        return (Box::new(pool.open(&handle).unwrap()), helper);
+    }
     let buf = s.recv_buffer::<u8>(ctx, T).unwrap();
-    (buf, helper)
+    if kind == "fd" {
+        assert_eq!(buf.handle_type(), HandleType::PosixFd);
+    }
+    (Box::new(buf), helper)
 }
 
 struct Engine<'m> {
@@ -112,7 +139,7 @@ fn main() {
     };
     let gpus = cuda_ipc::device_count().unwrap();
     let src = IpcBuffer::<u8>::zeroed(&ctx, MAX).unwrap();
-    // (label, legacy-mapped target, fd-mapped target, native target on the same device)
+    // (label, legacy-mapped, fd-mapped and pool-mapped targets, native target on the same device)
     let mut cases = Vec::new();
     let mut keep = Vec::new();
     let mut guards = Vec::new();
@@ -126,16 +153,15 @@ fn main() {
         let Some(own_ctx) = own_ctx else { continue };
         let (legacy, h_legacy) = peer_buffer(&ctx, device, "legacy");
         let (fd, h_fd) = peer_buffer(&ctx, device, "fd");
-        assert_eq!(fd.handle_type(), HandleType::PosixFd);
+        let (pool, h_pool) = peer_buffer(&ctx, device, "pool");
         let own = IpcBuffer::<u8>::zeroed(own_ctx, MAX).unwrap();
         cases.push((
             label,
-            legacy.as_raw_ptr(),
-            fd.as_raw_ptr(),
+            [legacy.as_raw_ptr(), fd.as_raw_ptr(), pool.as_raw_ptr()],
             own.as_raw_ptr(),
         ));
-        keep.push((legacy, fd, own));
-        guards.push((h_legacy, h_fd));
+        keep.push((legacy, fd, pool, own));
+        guards.push((h_legacy, h_fd, h_pool));
     }
     ctx.make_current().unwrap();
     let module = Module::from_ptx(KERNELS, &[]).unwrap();
@@ -152,7 +178,7 @@ fn main() {
     let s = src.as_raw_ptr();
 
     let mut c = Criterion::default().configure_from_args();
-    for &(label, mapped, fd_mapped, native) in &cases {
+    for &(label, [mapped, fd_mapped, pool_mapped], native) in &cases {
         for op in ["copy", "kernel"] {
             let mut g = c.benchmark_group(format!("transfer_{label}_{op}"));
             g.sample_size(20)
@@ -163,6 +189,7 @@ fn main() {
                 for (target, dst) in [
                     ("ipc_mapping", mapped),
                     ("fd_mapping", fd_mapped),
+                    ("pool_mapping", pool_mapped),
                     ("native", native),
                 ] {
                     g.bench_with_input(BenchmarkId::new(target, n), &n, |b, &n| {
@@ -186,10 +213,19 @@ fn main() {
             "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 alternating batches), ratios of p50s to native"
         );
         println!(
-            "{:<6} {:<6} {:>10} {:>24} {:>24} {:>24} {:>7} {:>7}",
-            "case", "op", "bytes", "ipc_mapping", "fd_mapping", "native", "ipc", "fd"
+            "{:<6} {:<6} {:>10} {:>24} {:>24} {:>24} {:>24} {:>7} {:>7} {:>7}",
+            "case",
+            "op",
+            "bytes",
+            "ipc_mapping",
+            "fd_mapping",
+            "pool_mapping",
+            "native",
+            "ipc",
+            "fd",
+            "pool"
         );
-        for &(label, mapped, fd_mapped, native) in &cases {
+        for &(label, [mapped, fd_mapped, pool_mapped], native) in &cases {
             for op in ["copy", "kernel"] {
                 for n in SIZES {
                     let reps = ((1u64 << 30) / n as u64).clamp(4, 2000);
@@ -203,15 +239,17 @@ fn main() {
                         (n as f64 * reps as f64) / t.as_secs_f64() / 1e9
                     };
                     // Alternate mapped and native batches so drift lands on all.
-                    let (mut m, mut f, mut nat) = (Vec::new(), Vec::new(), Vec::new());
+                    let (mut m, mut f, mut p, mut nat) =
+                        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                     for _ in 0..31 {
                         m.push(batch(mapped));
                         f.push(batch(fd_mapped));
+                        p.push(batch(pool_mapped));
                         nat.push(batch(native));
                     }
-                    m.sort_by(f64::total_cmp);
-                    f.sort_by(f64::total_cmp);
-                    nat.sort_by(f64::total_cmp);
+                    for v in [&mut m, &mut f, &mut p, &mut nat] {
+                        v.sort_by(f64::total_cmp);
+                    }
                     let cell = |v: &[f64]| {
                         format!(
                             "{:.1} / {:.1} / {:.1}",
@@ -220,13 +258,16 @@ fn main() {
                             common::pct(v, 0.9)
                         )
                     };
+                    let ratio = |v: &[f64]| common::pct(v, 0.5) / common::pct(&nat, 0.5);
                     println!(
-                        "{label:<6} {op:<6} {n:>10} {:>24} {:>24} {:>24} {:>7.3} {:>7.3}",
+                        "{label:<6} {op:<6} {n:>10} {:>24} {:>24} {:>24} {:>24} {:>7.3} {:>7.3} {:>7.3}",
                         cell(&m),
                         cell(&f),
+                        cell(&p),
                         cell(&nat),
-                        common::pct(&m, 0.5) / common::pct(&nat, 0.5),
-                        common::pct(&f, 0.5) / common::pct(&nat, 0.5)
+                        ratio(&m),
+                        ratio(&f),
+                        ratio(&p)
                     );
                 }
             }
