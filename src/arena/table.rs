@@ -82,7 +82,7 @@ pub(crate) enum Enter {
 
 impl Block {
     /// A retired block of generation 0 (state built outside shared memory, which starts zeroed).
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self {
             state: AtomicU64::new(0),
@@ -297,7 +297,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_tests {
     //! Model check of retire-and-reuse against importers. The block's contents are a loom
     //! `UnsafeCell`: the owner writes it when it reuses the range, an importer reads it while it
