@@ -1036,6 +1036,82 @@ pub mod __testing {
         }
     }
 
+    /// The owner's books and a block table in this process's memory (no shared memory, no
+    /// leases), for the fuzz target: honest operations and hostile writes in any order.
+    pub struct Books {
+        book: Book,
+        blocks: Vec<table::Block>,
+    }
+
+    impl Books {
+        /// Books for `capacity` bytes and up to `max_buffers` buffers.
+        pub fn new(capacity: u64, max_buffers: usize) -> Self {
+            let book = Book::new(capacity, max_buffers);
+            let blocks = (0..max_buffers.clamp(1, MAX_ARENA_BUFFERS))
+                .map(|_| table::Block::new())
+                .collect();
+            Self { book, blocks }
+        }
+
+        /// Allocate `bytes`, reclaiming released ranges when short (as `IpcArena::alloc`).
+        pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
+            let placed = match self.book.alloc(&self.blocks, bytes) {
+                Ok(p) => p,
+                Err(_) => {
+                    self.book.reclaim(&self.blocks, 0);
+                    self.book.alloc(&self.blocks, bytes).ok()?
+                }
+            };
+            Some((placed.index, placed.generation, placed.offset, placed.bytes))
+        }
+
+        /// Free an allocation (as dropping an `ArenaBuffer`).
+        pub fn free(&mut self, (index, generation, offset, bytes): Placement) {
+            let placed = Placed {
+                index,
+                generation,
+                offset,
+                bytes,
+            };
+            self.book.free(&self.blocks, placed);
+        }
+
+        /// Give back released ranges, clearing the bits of the importers in `dead` first.
+        pub fn reclaim(&mut self, dead: u64) {
+            self.book.reclaim(&self.blocks, dead);
+        }
+
+        /// An importer with bit `bit` enters block `index` of `generation`.
+        pub fn enter(&self, bit: u64, index: u32, generation: u64) -> bool {
+            self.blocks
+                .get(index as usize)
+                .is_some_and(|b| b.enter(bit, generation) == Enter::Held)
+        }
+
+        /// The importer with bit `bit` leaves block `index`.
+        pub fn leave(&self, bit: u64, index: u32) {
+            if let Some(b) = self.blocks.get(index as usize) {
+                b.leave(bit);
+            }
+        }
+
+        /// Overwrite word `word` of the block table (4 words per block) with `value`.
+        pub fn scribble(&self, word: usize, value: u64) {
+            let n = self.blocks.len();
+            self.blocks[(word / 4) % n].scribble(word, value);
+        }
+
+        /// Bytes free now.
+        pub fn free_bytes(&self) -> u64 {
+            self.book.free_bytes()
+        }
+
+        /// Bytes of freed buffers still viewed.
+        pub fn quarantined_bytes(&self) -> u64 {
+            self.book.quarantined_bytes()
+        }
+    }
+
     /// An importer: a lease (its bit) and per-block entries, without views' reference counts.
     pub struct Importer {
         table: ShmRegion<ArenaTable>,

@@ -82,7 +82,6 @@ pub(crate) enum Enter {
 
 impl Block {
     /// A retired block of generation 0 (state built outside shared memory, which starts zeroed).
-    #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self {
             state: AtomicU64::new(0),
@@ -146,6 +145,18 @@ impl Block {
     /// Importer: give up `bit` (the last view of the block in this process is gone).
     pub(crate) fn leave(&self, bit: u64) {
         self.holders.fetch_and(!bit, Ordering::Release);
+    }
+
+    /// Overwrite word `field % 4` (state, holders, offset, bytes) with `value`, as a hostile
+    /// process writing the shared table would (the fuzz target's hook).
+    pub(crate) fn scribble(&self, field: usize, value: u64) {
+        let word = match field % 4 {
+            0 => &self.state,
+            1 => &self.holders,
+            2 => &self.offset,
+            _ => &self.bytes,
+        };
+        word.store(value, Ordering::Relaxed);
     }
 
     /// The range the owner published (read after a successful enter).
