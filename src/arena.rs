@@ -687,8 +687,8 @@ struct Import {
     bit: u64,
     exporter: ProcessIdentity,
     table: ShmRegion<ArenaTable>,
-    /// Views per block in this process: (generation, count). The bit is set while a count is.
-    views: Mutex<HashMap<u32, (u64, u32)>>,
+    /// Views per block in this process. The bit is set while an entry exists.
+    views: Mutex<HashMap<u32, ViewEntry>>,
     // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
     _memory: VmmMemory,
     _lease: Lease,
@@ -700,6 +700,15 @@ impl Drop for Import {
             .lock()
             .retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
     }
+}
+
+/// One block's views in an importing process: the generation and range its first open checked,
+/// and how many views are alive.
+struct ViewEntry {
+    generation: u64,
+    count: u32,
+    offset: u64,
+    published: u64,
 }
 
 /// An [`IpcArena`] imported from another process (or this one): the whole region mapped once;
@@ -827,14 +836,24 @@ impl ImportedArena {
             generation: h.generation,
         };
         let mut views = import.views.lock();
+        let range_mismatch = |offset: u64, published: u64| {
+            corrupt(format!(
+                "the handle says bytes {}..+{bytes}; the owner published {offset}..+{published}",
+                h.offset
+            ))
+        };
         match views.get_mut(&h.index) {
-            Some((generation, count)) => {
+            Some(entry) => {
                 // We hold this block's bit, so the owner cannot have reused it: it is our
-                // generation, live or retired.
-                if *generation != h.generation || !block.is_live(h.generation) {
+                // generation, live or retired. A second handle of it is held to the range the
+                // first open checked.
+                if entry.generation != h.generation || !block.is_live(h.generation) {
                     return Err(stale);
                 }
-                *count += 1;
+                if entry.offset != h.offset || entry.published < bytes {
+                    return Err(range_mismatch(entry.offset, entry.published));
+                }
+                entry.count += 1;
             }
             None => {
                 if block.enter(import.bit, h.generation) == Enter::Stale {
@@ -843,12 +862,17 @@ impl ImportedArena {
                 let (offset, published) = block.range();
                 if offset != h.offset || published < bytes {
                     block.leave(import.bit);
-                    return Err(corrupt(format!(
-                        "the handle says bytes {}..+{bytes}; the owner published {offset}..+{published}",
-                        h.offset
-                    )));
+                    return Err(range_mismatch(offset, published));
                 }
-                views.insert(h.index, (h.generation, 1));
+                views.insert(
+                    h.index,
+                    ViewEntry {
+                        generation: h.generation,
+                        count: 1,
+                        offset,
+                        published,
+                    },
+                );
             }
         }
         drop(views);
@@ -916,7 +940,7 @@ impl<T: Pod> ArenaView<T> {
     pub fn is_live(&self) -> bool {
         let views = self.import.views.lock();
         match (views.get(&self.index), self.import.table.block(self.index)) {
-            (Some(&(generation, _)), Some(block)) => block.is_live(generation),
+            (Some(entry), Some(block)) => block.is_live(entry.generation),
             _ => false,
         }
     }
@@ -925,9 +949,9 @@ impl<T: Pod> ArenaView<T> {
 impl<T: Pod> Drop for ArenaView<T> {
     fn drop(&mut self) {
         let mut views = self.import.views.lock();
-        if let Some((_, count)) = views.get_mut(&self.index) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(entry) = views.get_mut(&self.index) {
+            entry.count -= 1;
+            if entry.count == 0 {
                 views.remove(&self.index);
                 if let Some(block) = self.import.table.block(self.index) {
                     block.leave(self.import.bit);
@@ -1033,6 +1057,24 @@ pub mod __testing {
         /// Bytes free now.
         pub fn free_bytes(&self) -> u64 {
             self.book.free_bytes()
+        }
+    }
+
+    /// Recompute the checksum of an [`ArenaHandle`]'s bytes (80), as a forger would: for tests
+    /// that a handle with a valid checksum but a forged range or length is still refused.
+    pub fn reseal_arena_handle(bytes: &mut [u8]) {
+        reseal(bytes, ARENA_HANDLE_SIZE);
+    }
+
+    /// Recompute the checksum of a [`PoolHandle`](crate::PoolHandle)'s bytes (136).
+    pub fn reseal_pool_handle(bytes: &mut [u8]) {
+        reseal(bytes, crate::POOL_HANDLE_SIZE);
+    }
+
+    fn reseal(bytes: &mut [u8], size: usize) {
+        if bytes.len() == size {
+            let sum = checksum(&bytes[..size - 8]);
+            bytes[size - 8..].copy_from_slice(&sum.to_le_bytes());
         }
     }
 

@@ -737,6 +737,15 @@ impl std::fmt::Debug for IpcPoolHandle {
     }
 }
 
+/// One imported allocation in this process: its generation, pointer, the size the driver
+/// reports for it, and how many views are alive.
+struct ViewEntry {
+    generation: u64,
+    count: u32,
+    ptr: sys::CUdeviceptr,
+    size: u64,
+}
+
 type ImportKey = ([u8; 16], usize);
 static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
 
@@ -747,8 +756,8 @@ struct Import {
     bit: u64,
     exporter: ProcessIdentity,
     table: ShmRegion<ArenaTable>,
-    /// Opened buffers per block: (generation, views, imported pointer).
-    views: Mutex<HashMap<u32, (u64, u32, sys::CUdeviceptr)>>,
+    /// Opened buffers per block. The bit is set while an entry exists.
+    views: Mutex<HashMap<u32, ViewEntry>>,
     // Dropped after the pool is destroyed (see Drop).
     _lease: Lease,
 }
@@ -913,20 +922,34 @@ impl ImportedPool {
         };
         let mut views = import.views.lock();
         let ptr = match views.get_mut(&h.index) {
-            Some((generation, count, ptr)) => {
-                if *generation != h.generation || !block.is_live(h.generation) {
+            Some(entry) => {
+                if entry.generation != h.generation || !block.is_live(h.generation) {
                     return Err(stale);
                 }
-                *count += 1;
-                *ptr
+                // A second handle of the allocation is held to the size the driver reported.
+                if entry.size < bytes {
+                    return Err(corrupt(format!(
+                        "the handle claims {bytes} bytes; the allocation holds {} \
+                         (cuMemGetAddressRange)",
+                        entry.size
+                    )));
+                }
+                entry.count += 1;
+                entry.ptr
             }
             None => {
                 if block.enter(import.bit, h.generation) == Enter::Stale {
                     return Err(stale);
                 }
                 match import_pointer(import, h, bytes) {
-                    Ok(ptr) => {
-                        views.insert(h.index, (h.generation, 1, ptr));
+                    Ok((ptr, size)) => {
+                        let entry = ViewEntry {
+                            generation: h.generation,
+                            count: 1,
+                            ptr,
+                            size,
+                        };
+                        views.insert(h.index, entry);
                         ptr
                     }
                     Err(e) => {
@@ -955,8 +978,13 @@ impl ImportedPool {
     }
 }
 
-/// `cuMemPoolImportPointer` of `h`'s allocation, checked to hold `bytes`.
-fn import_pointer(import: &Import, h: &RawPoolHandle, bytes: u64) -> Result<sys::CUdeviceptr> {
+/// `cuMemPoolImportPointer` of `h`'s allocation, checked to hold `bytes`: the pointer and the
+/// size the driver reports.
+fn import_pointer(
+    import: &Import,
+    h: &RawPoolHandle,
+    bytes: u64,
+) -> Result<(sys::CUdeviceptr, u64)> {
     let (_, published) = import.table.blocks[h.index as usize].range();
     if published < bytes {
         return Err(Error::CorruptHandle {
@@ -972,7 +1000,7 @@ fn import_pointer(import: &Import, h: &RawPoolHandle, bytes: u64) -> Result<sys:
         sys::cuMemPoolImportPointer(&mut ptr, import.pool, &mut data)
     })?;
     match crate::buffer::mapped_bytes(ptr) {
-        Ok(size) if size as u64 >= bytes => Ok(ptr),
+        Ok(size) if size as u64 >= bytes => Ok((ptr, size as u64)),
         other => {
             // SAFETY: imported above, never handed out; freed once.
             let _ = unsafe { sys::cuMemFree_v2(ptr) };
@@ -1022,9 +1050,7 @@ impl<T: Pod> PoolView<T> {
     pub fn is_live(&self) -> bool {
         let views = self.import.views.lock();
         match views.get(&self.index) {
-            Some(&(generation, _, _)) => {
-                self.import.table.blocks[self.index as usize].is_live(generation)
-            }
+            Some(entry) => self.import.table.blocks[self.index as usize].is_live(entry.generation),
             None => false,
         }
     }
@@ -1033,10 +1059,10 @@ impl<T: Pod> PoolView<T> {
 impl<T: Pod> Drop for PoolView<T> {
     fn drop(&mut self) {
         let mut views = self.import.views.lock();
-        if let Some((_, count, ptr)) = views.get_mut(&self.index) {
-            *count -= 1;
-            if *count == 0 {
-                let ptr = *ptr;
+        if let Some(entry) = views.get_mut(&self.index) {
+            entry.count -= 1;
+            if entry.count == 0 {
+                let ptr = entry.ptr;
                 views.remove(&self.index);
                 let freed = self.import.ctx.enter().is_ok_and(|_g| {
                     // SAFETY: imported with cuMemPoolImportPointer in this context, freed once,

@@ -356,6 +356,26 @@ fn forged_foreign_and_mistyped_handles_are_refused() {
         imported.open(&old),
         Err(Error::StaleHandle { .. })
     ));
+    // Valid checksums over forged ranges: a longer length, another offset; refused on a first
+    // open (against what the owner published) and while a view is held (against what the
+    // first open checked).
+    let forge = |field: std::ops::Range<usize>, value: u64| {
+        let mut bytes = a2.handle().as_bytes().to_vec();
+        bytes[field].copy_from_slice(&value.to_le_bytes());
+        cuda_ipc::__arena_testing::reseal_arena_handle(&mut bytes);
+        ArenaHandle::<u32>::from_bytes(&bytes).unwrap()
+    };
+    let longer = forge(64..72, 100_000);
+    let moved = forge(56..64, a2.offset() as u64 + 256);
+    for held in [false, true] {
+        let _v = held.then(|| imported.open(&a2.handle()).unwrap());
+        for forged in [&longer, &moved] {
+            assert!(
+                matches!(imported.open(forged), Err(Error::CorruptHandle { .. })),
+                "held {held}: {forged:?}"
+            );
+        }
+    }
     let v2 = imported.open(&a2.handle()).unwrap();
     assert_eq!(v2.len(), 100);
     // Bad sizes and types.

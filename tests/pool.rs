@@ -108,7 +108,17 @@ fn child_process() {
             }
             "holder" => {
                 let a = recv_handle(&s);
+                // A valid checksum over a longer length: refused on the first open (against
+                // what the owner published) and while a view is held (against the size the
+                // driver reported for the import).
+                let mut bytes = a.as_bytes().to_vec();
+                bytes[56..64].copy_from_slice(&(a.len() as u64 * 4).to_le_bytes());
+                cuda_ipc::__arena_testing::reseal_pool_handle(&mut bytes);
+                let longer = PoolHandle::<u32>::from_bytes(&bytes).unwrap();
+                let first = matches!(pool.open(&longer), Err(Error::CorruptHandle { .. }));
                 let va = pool.open(&a).unwrap();
+                let held = matches!(pool.open(&longer), Err(Error::CorruptHandle { .. }));
+                report(format!("longer: refused {first} {held}"));
                 let as_f32 = PoolHandle::<f32>::from_bytes(a.as_bytes()).unwrap();
                 match pool.open(&as_f32) {
                     Err(Error::TypeMismatch { .. }) => report("as f32: refused"),
@@ -238,6 +248,7 @@ fn a_freed_pool_buffer_is_stale_and_freed_once_the_importer_lets_go() {
     assert_eq!(
         out,
         [
+            "longer: refused true true",
             "as f32: refused",
             "reopen of freed: stale",
             "live after free: false",
