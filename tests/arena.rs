@@ -11,39 +11,15 @@ mod common;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use common::{gpu, gpu_count, pattern, report, spawn, unique_name, watchdog};
+use common::{
+    contents, expect_message, fd_connect, fd_listener, gpu, gpu_count, pattern, report, spawn,
+    watchdog,
+};
 use cuda_ipc::{
-    ArenaHandle, ArenaView, Error, FdListener, FdSocket, GpuContext, GpuSlice, ImportedArena,
-    IpcArena, IpcArenaHandle, PeerPolicy, SocketName,
+    ArenaHandle, ArenaView, Error, FdSocket, GpuContext, ImportedArena, IpcArena, IpcArenaHandle,
 };
 
 const T: Duration = Duration::from_secs(20);
-
-fn contents(buf: &GpuSlice<u32>) -> Vec<u32> {
-    let mut host = vec![0u32; buf.len()];
-    buf.copy_to_host(&mut host).unwrap();
-    host
-}
-
-fn listener(what: &str) -> (FdListener, String) {
-    let raw = unique_name(what);
-    let l = FdListener::bind(SocketName::Abstract(raw.clone()), PeerPolicy::SameUid).unwrap();
-    (l, raw)
-}
-
-fn connect(raw: &str) -> FdSocket {
-    FdSocket::connect(
-        &SocketName::Abstract(raw.to_owned()),
-        &PeerPolicy::SameUid,
-        T,
-    )
-    .unwrap()
-}
-
-fn expect(s: &FdSocket, what: &[u8]) {
-    let got = s.recv(T).unwrap().payload;
-    assert_eq!(got, what, "expected {:?}", String::from_utf8_lossy(what));
-}
 
 fn recv_handle(s: &FdSocket) -> ArenaHandle<u32> {
     ArenaHandle::from_bytes(&s.recv(T).unwrap().payload).unwrap()
@@ -57,7 +33,7 @@ fn len_of(i: usize) -> usize {
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
-        let s = connect(&args[0]);
+        let s = fd_connect(&args[0]);
         let device: u32 = args[1].parse().unwrap();
         let ctx = GpuContext::new(device).unwrap();
         let arena = s.recv_arena(&ctx, T).unwrap();
@@ -90,7 +66,7 @@ fn child_process() {
                 report(format!("wrong {wrong}"));
                 report(format!("open p50 {} ns", open_ns[n / 2]));
                 s.send(b"written", &[], T).unwrap();
-                expect(&s, b"bye");
+                expect_message(&s, b"bye");
             }
             // Hold a view of A and B; A is freed; then drop the views on command.
             "holder" => {
@@ -100,7 +76,7 @@ fn child_process() {
                 let vb = arena.open(&b).unwrap();
                 assert!(va.is_live());
                 s.send(b"opened", &[], T).unwrap();
-                expect(&s, b"freed");
+                expect_message(&s, b"freed");
                 match arena.open(&a) {
                     Err(Error::StaleHandle { generation }) if generation == a.generation() => {
                         report("reopen of freed: stale");
@@ -112,7 +88,7 @@ fn child_process() {
                 report(format!("view intact after free: {same}"));
                 drop(vb);
                 s.send(b"checked", &[], T).unwrap();
-                expect(&s, b"drop");
+                expect_message(&s, b"drop");
                 drop(va);
                 s.send(b"dropped", &[], T).unwrap();
                 let c = recv_handle(&s);
@@ -127,7 +103,7 @@ fn child_process() {
                 }
                 drop(vc);
                 s.send(b"done", &[], T).unwrap();
-                expect(&s, b"bye");
+                expect_message(&s, b"bye");
             }
             // Hold a view until killed.
             "doomed" => {
@@ -146,7 +122,7 @@ fn child_process() {
                 ));
                 drop(vb);
                 s.send(b"done", &[], T).unwrap();
-                expect(&s, b"bye");
+                expect_message(&s, b"bye");
             }
             other => panic!("unknown role {other}"),
         }
@@ -174,7 +150,7 @@ fn many_buffers(owner_device: u32, importer_device: u32) {
             "ranges overlap"
         );
     }
-    let (l, raw) = listener("arena-many");
+    let (l, raw) = fd_listener("arena-many");
     let child = spawn("many", &[&raw, &importer_device.to_string()]);
     let s = l.accept(T).unwrap();
     s.send_arena(&arena, T).unwrap();
@@ -182,7 +158,7 @@ fn many_buffers(owner_device: u32, importer_device: u32) {
     for b in &bufs {
         s.send(b.handle().as_bytes(), &[], T).unwrap();
     }
-    expect(&s, b"written");
+    expect_message(&s, b"written");
     for (i, b) in bufs.iter().enumerate() {
         assert_eq!(
             contents(b),
@@ -232,18 +208,18 @@ fn a_freed_buffer_goes_stale_and_its_range_waits_for_the_views() {
     a.copy_from_host(&pattern(half, 7)).unwrap();
     b.copy_from_host(&pattern(half, 8)).unwrap();
     let (a_offset, a_handle) = (a.offset(), a.handle());
-    let (l, raw) = listener("arena-stale");
+    let (l, raw) = fd_listener("arena-stale");
     let child = spawn("holder", &[&raw, "0"]);
     let s = l.accept(T).unwrap();
     s.send_arena(&arena, T).unwrap();
     s.send(a.handle().as_bytes(), &[], T).unwrap();
     s.send(b.handle().as_bytes(), &[], T).unwrap();
-    expect(&s, b"opened");
+    expect_message(&s, b"opened");
     let t = Instant::now();
     drop(a); // never waits
     let drop_us = t.elapsed().as_micros();
     s.send(b"freed", &[], T).unwrap();
-    expect(&s, b"checked");
+    expect_message(&s, b"checked");
     // A's range is quarantined (viewed), B is live: nothing fits.
     match arena.alloc::<u32>(half) {
         Err(Error::ArenaFull {
@@ -256,14 +232,14 @@ fn a_freed_buffer_goes_stale_and_its_range_waits_for_the_views() {
     }
     assert_eq!(arena.collect(), half * 4, "still viewed");
     s.send(b"drop", &[], T).unwrap();
-    expect(&s, b"dropped");
+    expect_message(&s, b"dropped");
     assert_eq!(arena.collect(), 0, "the view is gone");
     let c = arena.alloc::<u32>(half).unwrap();
     assert_eq!(c.offset(), a_offset, "the range is reused");
     assert_ne!(c.handle().generation(), a_handle.generation());
     c.copy_from_host(&pattern(half, 9)).unwrap();
     s.send(c.handle().as_bytes(), &[], T).unwrap();
-    expect(&s, b"done");
+    expect_message(&s, b"done");
     s.send(b"bye", &[], T).unwrap();
     let out = child.expect_success(T);
     assert_eq!(
@@ -289,12 +265,12 @@ fn an_importer_killed_holding_a_view_is_reaped_and_its_range_reused() {
     let a = arena.alloc::<u32>(half).unwrap();
     let b = arena.alloc::<u32>(half).unwrap();
     b.copy_from_host(&pattern(half, 8)).unwrap();
-    let (l, raw) = listener("arena-killed");
+    let (l, raw) = fd_listener("arena-killed");
     let child = spawn("doomed", &[&raw, "0"]);
     let s = l.accept(T).unwrap();
     s.send_arena(&arena, T).unwrap();
     s.send(a.handle().as_bytes(), &[], T).unwrap();
-    expect(&s, b"holding");
+    expect_message(&s, b"holding");
     child.signal(libc::SIGKILL);
     let (status, _) = child.wait(T);
     assert!(!status.success());
@@ -304,12 +280,12 @@ fn an_importer_killed_holding_a_view_is_reaped_and_its_range_reused() {
     let c = arena.alloc::<u32>(half).unwrap();
     assert_eq!(c.offset(), 0, "its range reused");
     // A new importer joins and opens B.
-    let (l, raw) = listener("arena-late");
+    let (l, raw) = fd_listener("arena-late");
     let late = spawn("late", &[&raw, "0"]);
     let s = l.accept(T).unwrap();
     s.send_arena(&arena, T).unwrap();
     s.send(b.handle().as_bytes(), &[], T).unwrap();
-    expect(&s, b"done");
+    expect_message(&s, b"done");
     s.send(b"bye", &[], T).unwrap();
     assert_eq!(late.expect_success(T), ["late open: true"]);
 }
@@ -401,8 +377,8 @@ fn descriptors_that_do_not_match_the_arena_are_refused() {
     let arena = IpcArena::new(&ctx, 4 << 20).unwrap();
     let (handle, fd) = arena.export_fd().unwrap();
     // The envelope without its descriptor, over a socket.
-    let (l, raw) = listener("arena-nofd");
-    let s = connect(&raw);
+    let (l, raw) = fd_listener("arena-nofd");
+    let s = fd_connect(&raw);
     let peer = l.accept(T).unwrap();
     s.send(handle.as_bytes(), &[], T).unwrap();
     assert!(matches!(

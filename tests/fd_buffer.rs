@@ -12,13 +12,10 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::{
-    drop_privileges, fd_count, from_hex, gpu, gpu_count, is_root, pattern, report, shm_entries,
-    spawn, to_hex, unique_name, watchdog,
+    contents, drop_privileges, fd_connect, fd_count, fd_listener, from_hex, gpu, gpu_count,
+    is_root, pattern, report, shm_entries, spawn, to_hex, watchdog,
 };
-use cuda_ipc::{
-    Error, FdListener, FdSocket, GpuContext, HandleType, IpcBuffer, IpcMemHandle, PeerPolicy,
-    RawImport, RawMemHandle, SocketName,
-};
+use cuda_ipc::{Error, GpuContext, HandleType, IpcBuffer, IpcMemHandle, RawImport, RawMemHandle};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -30,27 +27,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn contents(buf: &IpcBuffer<u32>) -> Vec<u32> {
-    let mut host = vec![0u32; buf.len()];
-    buf.copy_to_host(&mut host).unwrap();
-    host
-}
-
-fn listener(what: &str) -> (FdListener, String) {
-    let raw = unique_name(what);
-    let l = FdListener::bind(SocketName::Abstract(raw.clone()), PeerPolicy::SameUid).unwrap();
-    (l, raw)
-}
-
-fn connect(raw: &str) -> FdSocket {
-    FdSocket::connect(
-        &SocketName::Abstract(raw.to_owned()),
-        &PeerPolicy::SameUid,
-        T,
-    )
-    .unwrap()
 }
 
 /// This process's descriptors and what they point to.
@@ -108,7 +84,7 @@ fn child_process() {
                 let buf = IpcBuffer::<u32>::zeroed_with(&ctx, len, HandleType::PosixFd).unwrap();
                 assert_eq!(buf.handle_type(), HandleType::PosixFd);
                 buf.copy_from_host(&pattern(len, 11)).unwrap();
-                let s = connect(&args[0]);
+                let s = fd_connect(&args[0]);
                 s.send_buffer(&buf, T).unwrap();
                 match args[3].as_str() {
                     "verify_reply" => {
@@ -179,7 +155,7 @@ fn child_process() {
 /// every element across, the importer's writes seen by the exporter.
 fn both_ways(exporter_device: u32, importer_device: u32) {
     let ctx = GpuContext::new(importer_device).unwrap();
-    let (l, raw) = listener("fd-both-ways");
+    let (l, raw) = fd_listener("fd-both-ways");
     let len = (3 << 20) / 4 + 7; // not a multiple of the granularity
     let child = spawn(
         "exporter",
@@ -234,7 +210,7 @@ fn the_memory_outlives_its_exporter() {
     let ctx = gpu();
     let len = 1 << 20;
     for mode in ["drop_then_exit", "killed_after_open"] {
-        let (l, raw) = listener("fd-outlives");
+        let (l, raw) = fd_listener("fd-outlives");
         let child = spawn("exporter", &[&raw, "0", &len.to_string(), mode]);
         let s = l.accept(T).unwrap();
         let buf = s.recv_buffer::<u32>(&ctx, T).unwrap();
@@ -269,7 +245,7 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
     let ctx = gpu();
     let before = fd_count();
     // Sent, then killed before we open: the descriptor arrives, the open is refused.
-    let (l, raw) = listener("fd-dead");
+    let (l, raw) = fd_listener("fd-dead");
     let child = spawn("exporter", &[&raw, "0", "4096", "killed_before_open"]);
     let s = l.accept(T).unwrap();
     // Once the message is queued, kill the exporter; the descriptor in flight arrives anyway.
@@ -290,7 +266,7 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
     drop((s, l));
     assert_eq!(fd_count(), before, "the received descriptor is closed");
     // The handle's bytes without the descriptor.
-    let (l, raw) = listener("fd-bare");
+    let (l, raw) = fd_listener("fd-bare");
     let child = spawn("exporter", &[&raw, "0", "4096", "handle_only"]);
     let s = l.accept(T).unwrap();
     let _first = s.recv_buffer::<u32>(&ctx, T).unwrap(); // send_buffer's message
@@ -404,8 +380,8 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     assert_fds_closed(&before, 0, "mismatched types");
     let before = fd_links();
     // Over a socket: wrong descriptor counts, a payload that is not a handle, a silent peer.
-    let (l, raw) = listener("fd-forged");
-    let tx = connect(&raw);
+    let (l, raw) = fd_listener("fd-forged");
+    let tx = fd_connect(&raw);
     let rx = l.accept(T).unwrap();
     let two = [fd.as_fd(), fd.as_fd()];
     let legacy_handle = legacy.handle().unwrap();

@@ -11,39 +11,13 @@ mod common;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use common::{gpu, gpu_count, pattern, report, spawn, unique_name, watchdog};
-use cuda_ipc::{
-    Error, FdListener, FdSocket, GpuContext, GpuSlice, ImportedPool, IpcPool, PeerPolicy,
-    PoolHandle, RawStream, SocketName,
+use common::{
+    contents, expect_message, fd_connect, fd_listener, gpu, gpu_count, pattern, report, spawn,
+    watchdog,
 };
+use cuda_ipc::{Error, FdSocket, GpuContext, ImportedPool, IpcPool, PoolHandle, RawStream};
 
 const T: Duration = Duration::from_secs(20);
-
-fn contents(buf: &GpuSlice<u32>) -> Vec<u32> {
-    let mut host = vec![0u32; buf.len()];
-    buf.copy_to_host(&mut host).unwrap();
-    host
-}
-
-fn listener(what: &str) -> (FdListener, String) {
-    let raw = unique_name(what);
-    let l = FdListener::bind(SocketName::Abstract(raw.clone()), PeerPolicy::SameUid).unwrap();
-    (l, raw)
-}
-
-fn connect(raw: &str) -> FdSocket {
-    FdSocket::connect(
-        &SocketName::Abstract(raw.to_owned()),
-        &PeerPolicy::SameUid,
-        T,
-    )
-    .unwrap()
-}
-
-fn expect(s: &FdSocket, what: &[u8]) {
-    let got = s.recv(T).unwrap().payload;
-    assert_eq!(got, what, "expected {:?}", String::from_utf8_lossy(what));
-}
 
 fn recv_handle(s: &FdSocket) -> PoolHandle<u32> {
     PoolHandle::from_bytes(&s.recv(T).unwrap().payload).unwrap()
@@ -56,7 +30,7 @@ fn len_of(i: usize) -> usize {
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
-        let s = connect(&args[0]);
+        let s = fd_connect(&args[0]);
         let device: u32 = args[1].parse().unwrap();
         let ctx = GpuContext::new(device).unwrap();
         if role == "dying_owner" {
@@ -104,7 +78,7 @@ fn child_process() {
                 report(format!("foreign {foreign}"));
                 report(format!("open p50 {} us", open_us[n / 2]));
                 s.send(b"written", &[], T).unwrap();
-                expect(&s, b"bye");
+                expect_message(&s, b"bye");
             }
             "holder" => {
                 let a = recv_handle(&s);
@@ -125,7 +99,7 @@ fn child_process() {
                     other => report(format!("as f32: unexpected {other:?}")),
                 }
                 s.send(b"opened", &[], T).unwrap();
-                expect(&s, b"freed");
+                expect_message(&s, b"freed");
                 match pool.open(&a) {
                     Err(Error::StaleHandle { .. }) => report("reopen of freed: stale"),
                     other => report(format!("reopen of freed: unexpected {other:?}")),
@@ -137,7 +111,7 @@ fn child_process() {
                 ));
                 drop(va);
                 s.send(b"dropped", &[], T).unwrap();
-                expect(&s, b"bye");
+                expect_message(&s, b"bye");
             }
             "doomed" => {
                 let a = recv_handle(&s);
@@ -165,7 +139,7 @@ fn many_buffers(owner_device: u32, importer_device: u32) {
         })
         .collect();
     let foreign = other.alloc::<u32>(16, &stream).unwrap();
-    let (l, raw) = listener("pool-many");
+    let (l, raw) = fd_listener("pool-many");
     let child = spawn("many", &[&raw, &importer_device.to_string()]);
     let s = l.accept(T).unwrap();
     s.send_pool(&pool, T).unwrap();
@@ -175,7 +149,7 @@ fn many_buffers(owner_device: u32, importer_device: u32) {
     }
     s.send(foreign.handle().unwrap().as_bytes(), &[], T)
         .unwrap();
-    expect(&s, b"written");
+    expect_message(&s, b"written");
     for (i, b) in bufs.iter().enumerate() {
         assert_eq!(
             contents(b),
@@ -226,18 +200,18 @@ fn a_freed_pool_buffer_is_stale_and_freed_once_the_importer_lets_go() {
     let pool = IpcPool::new(&ctx).unwrap();
     let a = pool.alloc::<u32>(1 << 20, &RawStream::LEGACY).unwrap();
     a.copy_from_host(&pattern(1 << 20, 3)).unwrap();
-    let (l, raw) = listener("pool-stale");
+    let (l, raw) = fd_listener("pool-stale");
     let child = spawn("holder", &[&raw, "0"]);
     let s = l.accept(T).unwrap();
     s.send_pool(&pool, T).unwrap();
     s.send(a.handle().unwrap().as_bytes(), &[], T).unwrap();
-    expect(&s, b"opened");
+    expect_message(&s, b"opened");
     let t = Instant::now();
     drop(a); // never waits: the allocation is quarantined
     let drop_us = t.elapsed().as_micros();
     assert_eq!(pool.collect(), 1, "held by the importer");
     s.send(b"freed", &[], T).unwrap();
-    expect(&s, b"dropped");
+    expect_message(&s, b"dropped");
     assert_eq!(
         pool.collect(),
         0,
@@ -265,12 +239,12 @@ fn an_importer_killed_holding_a_pool_buffer_is_reaped() {
     let ctx = gpu();
     let pool = IpcPool::new(&ctx).unwrap();
     let a = pool.alloc::<u32>(4096, &RawStream::LEGACY).unwrap();
-    let (l, raw) = listener("pool-killed");
+    let (l, raw) = fd_listener("pool-killed");
     let child = spawn("doomed", &[&raw, "0"]);
     let s = l.accept(T).unwrap();
     s.send_pool(&pool, T).unwrap();
     s.send(a.handle().unwrap().as_bytes(), &[], T).unwrap();
-    expect(&s, b"holding");
+    expect_message(&s, b"holding");
     child.signal(libc::SIGKILL);
     let (status, _) = child.wait(T);
     assert!(!status.success());
@@ -288,7 +262,7 @@ fn an_importer_killed_holding_a_pool_buffer_is_reaped() {
 fn a_pool_from_a_dead_process_and_mismatched_descriptors_are_refused() {
     let _dog = watchdog("pool_refused", Duration::from_secs(120));
     let ctx = gpu();
-    let (l, raw) = listener("pool-dead");
+    let (l, raw) = fd_listener("pool-dead");
     let child = spawn("dying_owner", &[&raw, "0"]);
     let s = l.accept(T).unwrap();
     assert_eq!(child.expect_success(T), ["sent"]);
@@ -299,8 +273,8 @@ fn a_pool_from_a_dead_process_and_mismatched_descriptors_are_refused() {
     // Descriptors that do not match: none, and one that is not a pool.
     let pool = IpcPool::new(&ctx).unwrap();
     let (handle, _fd) = pool.export_fd().unwrap();
-    let (l, raw) = listener("pool-nofd");
-    let c = connect(&raw);
+    let (l, raw) = fd_listener("pool-nofd");
+    let c = fd_connect(&raw);
     let peer = l.accept(T).unwrap();
     c.send(handle.as_bytes(), &[], T).unwrap();
     assert!(matches!(

@@ -326,3 +326,40 @@ pub fn from_hex(s: &str) -> Vec<u8> {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
 }
+
+/// How long the socket helpers below wait for a peer or a message.
+pub const SOCKET_WAIT: Duration = Duration::from_secs(20);
+
+/// A listener on a unique abstract socket name (same-uid peers), and the name's text.
+pub fn fd_listener(what: &str) -> (cuda_ipc::FdListener, String) {
+    let raw = unique_name(what);
+    let l = cuda_ipc::FdListener::bind(
+        cuda_ipc::SocketName::Abstract(raw.clone()),
+        cuda_ipc::PeerPolicy::SameUid,
+    )
+    .unwrap();
+    (l, raw)
+}
+
+/// Connect to the abstract socket `raw` made by [`fd_listener`].
+pub fn fd_connect(raw: &str) -> cuda_ipc::FdSocket {
+    cuda_ipc::FdSocket::connect(
+        &cuda_ipc::SocketName::Abstract(raw.to_owned()),
+        &cuda_ipc::PeerPolicy::SameUid,
+        SOCKET_WAIT,
+    )
+    .unwrap()
+}
+
+/// Receive one message and fail unless its payload is `what`.
+pub fn expect_message(s: &cuda_ipc::FdSocket, what: &[u8]) {
+    let got = s.recv(SOCKET_WAIT).unwrap().payload;
+    assert_eq!(got, what, "expected {:?}", String::from_utf8_lossy(what));
+}
+
+/// A device buffer's contents, copied to the host.
+pub fn contents(buf: &cuda_ipc::GpuSlice<u32>) -> Vec<u32> {
+    let mut host = vec![0u32; buf.len()];
+    buf.copy_to_host(&mut host).unwrap();
+    host
+}
