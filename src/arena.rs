@@ -13,6 +13,7 @@
 //! `table.rs`.
 
 mod book;
+pub(crate) mod sealed;
 pub(crate) mod table;
 
 use std::collections::HashMap;
@@ -28,7 +29,9 @@ use parking_lot::Mutex;
 use crate::context::GpuContext;
 use crate::device;
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, HandleType, KIND_ARENA, check_element, checksum, type_tag_of};
+use crate::handle::{
+    Envelope, HandleType, KIND_ARENA, check_element, envelope_from_bytes, type_tag_of,
+};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
@@ -39,8 +42,8 @@ use crate::vmm::VmmMemory;
 use book::{Book, Placed};
 use table::{ArenaTable, Enter};
 
-pub use book::ALIGN as ARENA_ALIGN;
-pub use table::MAX_ARENA_BUFFERS;
+use book::ALIGN as ARENA_ALIGN;
+use table::MAX_ARENA_BUFFERS;
 
 pub(crate) const TABLE_PREFIX: &str = "cuda-ipc-arena.";
 
@@ -206,9 +209,17 @@ pub struct IpcArena {
 }
 
 impl IpcArena {
+    /// The most buffers one arena holds at a time (live ones, and freed ones whose importers
+    /// still hold views): the size of its shared block table.
+    pub const MAX_BUFFERS: usize = MAX_ARENA_BUFFERS;
+
+    /// Every buffer starts on a multiple of this many bytes and takes a multiple of it (what
+    /// `cuMemAlloc` guarantees; element types aligned to more are refused).
+    pub const ALIGN: u64 = ARENA_ALIGN;
+
     /// Allocate a region of at least `bytes` on `ctx`'s device (`cuMemCreate` with POSIX-fd
     /// export, rounded up to the allocation granularity, mapped read-write for that device),
-    /// with a block table for up to [`MAX_ARENA_BUFFERS`] buffers at a time.
+    /// with a block table for up to [`MAX_BUFFERS`](Self::MAX_BUFFERS) buffers at a time.
     ///
     /// # Errors
     ///
@@ -220,7 +231,7 @@ impl IpcArena {
         Self::with_max_buffers(ctx, bytes, MAX_ARENA_BUFFERS)
     }
 
-    /// [`new`](Self::new) with at most `max_buffers` (1 to [`MAX_ARENA_BUFFERS`]) buffers
+    /// [`new`](Self::new) with at most `max_buffers` (1 to [`MAX_BUFFERS`](Self::MAX_BUFFERS)) buffers
     /// live or quarantined at a time.
     ///
     /// # Errors
@@ -277,13 +288,13 @@ impl IpcArena {
     }
 
     /// Allocate `len` elements of `T` from the arena (contents unspecified: whatever the range
-    /// last held), placed at a multiple of [`ARENA_ALIGN`] bytes. Ranges freed earlier whose
+    /// last held), placed at a multiple of [`ALIGN`](Self::ALIGN) bytes. Ranges freed earlier whose
     /// views are all gone are reused first.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for zero elements, an overflowing size, or a `T` aligned to
-    /// more than [`ARENA_ALIGN`]; [`Error::ArenaFull`] when no free range holds it or every
+    /// more than [`ALIGN`](Self::ALIGN); [`Error::ArenaFull`] when no free range holds it or every
     /// block index is in use (after reclaiming what importers released or died holding).
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
         let size = std::mem::size_of::<T>() as u64;
@@ -474,9 +485,12 @@ impl<T: Pod> std::fmt::Debug for ArenaBuffer<T> {
     }
 }
 
-/// "CIPA" little-endian.
-const ARENA_MAGIC: u32 = u32::from_le_bytes(*b"CIPA");
-const ARENA_VERSION: u16 = 1;
+/// "CIPA" little-endian, layout version 1.
+const ARENA_FORMAT: sealed::Format = sealed::Format {
+    magic: u32::from_le_bytes(*b"CIPA"),
+    version: 1,
+    what: "an arena handle",
+};
 
 /// The bytes of an [`ArenaHandle`].
 #[repr(C)]
@@ -500,9 +514,13 @@ struct RawArenaHandle {
 const _: () = assert!(std::mem::size_of::<RawArenaHandle>() == 80);
 
 impl RawArenaHandle {
-    fn body(&self) -> &[u8] {
-        let bytes = bytemuck::bytes_of(self);
-        &bytes[..bytes.len() - 8]
+    fn header(&self) -> sealed::Header {
+        sealed::Header {
+            magic: self.magic,
+            version: self.version,
+            reserved_zero: self.reserved0 == 0 && self.reserved1 == 0,
+            checksum: self.checksum,
+        }
     }
 }
 
@@ -532,13 +550,16 @@ impl<T> PartialEq for ArenaHandle<T> {
 }
 
 /// Size of an [`ArenaHandle`] in bytes.
-pub const ARENA_HANDLE_SIZE: usize = std::mem::size_of::<RawArenaHandle>();
+pub(crate) const ARENA_HANDLE_SIZE: usize = std::mem::size_of::<RawArenaHandle>();
 
 impl<T> ArenaHandle<T> {
+    /// Size of a handle in bytes.
+    pub const SIZE: usize = ARENA_HANDLE_SIZE;
+
     fn new(mut raw: RawArenaHandle) -> Self {
-        raw.magic = ARENA_MAGIC;
-        raw.version = ARENA_VERSION;
-        raw.checksum = checksum(raw.body());
+        raw.magic = ARENA_FORMAT.magic;
+        raw.version = ARENA_FORMAT.version;
+        raw.checksum = sealed::sum(&raw);
         Self {
             raw,
             _elem: PhantomData,
@@ -557,15 +578,8 @@ impl<T> ArenaHandle<T> {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let raw: RawArenaHandle =
-            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
-                reason: format!(
-                    "an arena handle is {ARENA_HANDLE_SIZE} bytes, got {}",
-                    bytes.len()
-                ),
-            })?;
         let handle = Self {
-            raw,
+            raw: sealed::read(bytes, &ARENA_FORMAT)?,
             _elem: PhantomData,
         };
         handle.check_structure()?;
@@ -573,25 +587,7 @@ impl<T> ArenaHandle<T> {
     }
 
     fn check_structure(&self) -> Result<()> {
-        let r = &self.raw;
-        let bad = |reason: String| Err(Error::CorruptHandle { reason });
-        if r.magic != ARENA_MAGIC {
-            return bad(format!("bad arena handle magic {:#x}", r.magic));
-        }
-        if r.version != ARENA_VERSION {
-            return bad(format!("arena handle version {}", r.version));
-        }
-        let sum = checksum(r.body());
-        if sum != r.checksum {
-            return bad(format!(
-                "checksum {:#x} does not match contents ({sum:#x})",
-                r.checksum
-            ));
-        }
-        if r.reserved0 != 0 || r.reserved1 != 0 {
-            return bad("reserved bytes are not zero".into());
-        }
-        Ok(())
+        sealed::check(&self.raw, self.raw.header(), &ARENA_FORMAT)
     }
 
     /// Number of elements.
@@ -641,14 +637,7 @@ impl IpcArenaHandle {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env: Envelope =
-            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
-                reason: format!(
-                    "an arena handle envelope is {} bytes, got {}",
-                    std::mem::size_of::<Envelope>(),
-                    bytes.len()
-                ),
-            })?;
+        let env = envelope_from_bytes(bytes)?;
         env.validate(KIND_ARENA)?;
         Ok(Self { env })
     }
@@ -1068,12 +1057,12 @@ pub mod __testing {
 
     /// Recompute the checksum of a [`PoolHandle`](crate::PoolHandle)'s bytes (136).
     pub fn reseal_pool_handle(bytes: &mut [u8]) {
-        reseal(bytes, crate::POOL_HANDLE_SIZE);
+        reseal(bytes, crate::pool::POOL_HANDLE_SIZE);
     }
 
     fn reseal(bytes: &mut [u8], size: usize) {
         if bytes.len() == size {
-            let sum = checksum(&bytes[..size - 8]);
+            let sum = crate::handle::checksum(&bytes[..size - 8]);
             bytes[size - 8..].copy_from_slice(&sum.to_le_bytes());
         }
     }

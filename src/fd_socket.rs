@@ -535,23 +535,25 @@ impl FdSocket {
     /// ```
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv_arena(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedArena> {
+        let (payload, fd) = self.recv_with_one_fd(timeout, "an arena handle")?;
+        ImportedArena::open_fd(ctx, &IpcArenaHandle::from_bytes(&payload)?, fd)
+    }
+
+    /// One message that must carry exactly one descriptor (`what` names its payload in the
+    /// error); any other count is [`Error::HandleTypeMismatch`], the descriptors closed. The
+    /// payload is returned unchecked.
+    fn recv_with_one_fd(&self, timeout: Duration, what: &str) -> Result<(Vec<u8>, OwnedFd)> {
         let FdMessage { payload, mut fds } = self.recv(timeout)?;
-        let handle = IpcArenaHandle::from_bytes(&payload)?;
-        if fds.len() != 1 {
-            return Err(Error::HandleTypeMismatch {
+        match (fds.pop(), fds.len()) {
+            (Some(fd), 0) => Ok((payload, fd)),
+            (first, rest) => Err(Error::HandleTypeMismatch {
                 handle: HandleType::PosixFd,
                 reason: format!(
-                    "{} file descriptor(s) arrived with an arena handle (it needs exactly one); \
-                     all closed",
-                    fds.len()
+                    "{} file descriptor(s) arrived with {what} (it needs exactly one); all closed",
+                    rest + usize::from(first.is_some())
                 ),
-            });
+            }),
         }
-        let fd = fds.pop().ok_or_else(|| Error::Corrupt {
-            what: "fd socket message",
-            reason: "a descriptor counted but missing".into(),
-        })?;
-        ImportedArena::open_fd(ctx, &handle, fd)
     }
 }
 
@@ -580,23 +582,8 @@ impl FdSocket {
     /// [`ImportedPool::open_fd`].
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv_pool(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedPool> {
-        let FdMessage { payload, mut fds } = self.recv(timeout)?;
-        let handle = IpcPoolHandle::from_bytes(&payload)?;
-        if fds.len() != 1 {
-            return Err(Error::HandleTypeMismatch {
-                handle: HandleType::PosixFd,
-                reason: format!(
-                    "{} file descriptor(s) arrived with a pool handle (it needs exactly one); \
-                     all closed",
-                    fds.len()
-                ),
-            });
-        }
-        let fd = fds.pop().ok_or_else(|| Error::Corrupt {
-            what: "fd socket message",
-            reason: "a descriptor counted but missing".into(),
-        })?;
-        ImportedPool::open_fd(ctx, &handle, fd)
+        let (payload, fd) = self.recv_with_one_fd(timeout, "a pool handle")?;
+        ImportedPool::open_fd(ctx, &IpcPoolHandle::from_bytes(&payload)?, fd)
     }
 }
 

@@ -567,7 +567,7 @@ pub fn __fuzz_reseal(bytes: &mut [u8]) {
     }
 }
 
-fn envelope_from_bytes(bytes: &[u8]) -> Result<Envelope> {
+pub(crate) fn envelope_from_bytes(bytes: &[u8]) -> Result<Envelope> {
     if bytes.len() != HANDLE_SIZE {
         return Err(Error::CorruptHandle {
             reason: format!("{} bytes, expected {HANDLE_SIZE}", bytes.len()),

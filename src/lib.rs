@@ -135,8 +135,8 @@ mod sync;
 mod vmm;
 
 pub use arena::{
-    __testing as __arena_testing, ARENA_ALIGN, ARENA_HANDLE_SIZE, ArenaBuffer, ArenaHandle,
-    ArenaView, ImportedArena, IpcArena, IpcArenaHandle, MAX_ARENA_BUFFERS,
+    __testing as __arena_testing, ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena,
+    IpcArenaHandle,
 };
 pub use barrier::{
     BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
@@ -164,10 +164,7 @@ pub use handle::{
     __fuzz_reseal, HANDLE_SIZE, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle,
 };
 pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
-pub use pool::{
-    ImportedPool, IpcPool, IpcPoolHandle, MAX_POOL_BUFFERS, POOL_HANDLE_SIZE, PoolBuffer,
-    PoolHandle, PoolView,
-};
+pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, PoolView};
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};

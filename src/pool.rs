@@ -19,13 +19,16 @@ use std::time::Duration;
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
+use crate::arena::sealed;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::arena::{reap_dead_importers, reap_stale_tables, table_name, token_words};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, HandleType, KIND_POOL, check_element, checksum, type_tag_of};
+use crate::handle::{
+    Envelope, HandleType, KIND_POOL, check_element, envelope_from_bytes, type_tag_of,
+};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
@@ -34,8 +37,7 @@ use crate::slice::GpuSlice;
 use crate::stream::AsStream;
 use crate::sync::Ordering;
 
-/// The most buffers one pool tracks at a time (live, or freed while importers hold them).
-pub const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
+const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
 
 /// An allocation the owner freed while importers held it.
 #[derive(Clone, Copy)]
@@ -182,8 +184,12 @@ pub struct IpcPool {
 }
 
 impl IpcPool {
+    /// The most buffers one pool tracks at a time (live, or freed while importers hold them):
+    /// the size of its shared block table.
+    pub const MAX_BUFFERS: usize = MAX_POOL_BUFFERS;
+
     /// Create a pool on `ctx`'s device whose memory can be exported as POSIX file descriptors
-    /// (`cuMemPoolCreate`), tracking up to [`MAX_POOL_BUFFERS`] buffers.
+    /// (`cuMemPoolCreate`), tracking up to [`MAX_BUFFERS`](Self::MAX_BUFFERS) buffers.
     ///
     /// # Errors
     ///
@@ -217,15 +223,7 @@ impl IpcPool {
             Ok(())
         })?;
         let leases = ExportLeases::create(&token)?;
-        let props = sys::CUmemPoolProps {
-            alloc_type: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            location: crate::vmm::on_device(dev),
-            win32_security_attributes: std::ptr::null_mut(),
-            max_size: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
+        let props = crate::vmm::pool_props(dev);
         let mut pool = std::ptr::null_mut();
         {
             let _g = ctx.enter()?;
@@ -265,7 +263,7 @@ impl IpcPool {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for zero elements or an overflowing size;
-    /// [`Error::TooManyBuffers`] when [`MAX_POOL_BUFFERS`] are live or quarantined (after
+    /// [`Error::TooManyBuffers`] when [`MAX_BUFFERS`](Self::MAX_BUFFERS) are live or quarantined (after
     /// reclaiming); [`Error::Cuda`] naming `cuMemAllocFromPoolAsync`, `cuEventCreate` or
     /// `cuEventRecord`.
     #[doc(alias = "cuMemAllocFromPoolAsync")]
@@ -455,9 +453,12 @@ impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
     }
 }
 
-/// "CIPP" little-endian.
-const POOL_MAGIC: u32 = u32::from_le_bytes(*b"CIPP");
-const POOL_VERSION: u16 = 1;
+/// "CIPP" little-endian, layout version 1.
+const POOL_FORMAT: sealed::Format = sealed::Format {
+    magic: u32::from_le_bytes(*b"CIPP"),
+    version: 1,
+    what: "a pool handle",
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
@@ -480,12 +481,16 @@ struct RawPoolHandle {
 const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
 
 /// Size of a [`PoolHandle`] in bytes.
-pub const POOL_HANDLE_SIZE: usize = std::mem::size_of::<RawPoolHandle>();
+pub(crate) const POOL_HANDLE_SIZE: usize = std::mem::size_of::<RawPoolHandle>();
 
 impl RawPoolHandle {
-    fn body(&self) -> &[u8] {
-        let bytes = bytemuck::bytes_of(self);
-        &bytes[..bytes.len() - 8]
+    fn header(&self) -> sealed::Header {
+        sealed::Header {
+            magic: self.magic,
+            version: self.version,
+            reserved_zero: self.reserved0 == 0 && self.reserved1 == 0,
+            checksum: self.checksum,
+        }
     }
 }
 
@@ -512,8 +517,8 @@ impl<T: Pod> PoolBuffer<T> {
             sys::cuMemPoolExportPointer(&mut data, self.slice.ptr)
         })?;
         let mut raw = RawPoolHandle {
-            magic: POOL_MAGIC,
-            version: POOL_VERSION,
+            magic: POOL_FORMAT.magic,
+            version: POOL_FORMAT.version,
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
@@ -524,7 +529,7 @@ impl<T: Pod> PoolBuffer<T> {
             export: data.reserved,
             ..Zeroable::zeroed()
         };
-        raw.checksum = checksum(raw.body());
+        raw.checksum = sealed::sum(&raw);
         Ok(PoolHandle {
             raw,
             _elem: PhantomData,
@@ -614,6 +619,9 @@ impl<T> Clone for PoolHandle<T> {
 }
 
 impl<T> PoolHandle<T> {
+    /// Size of a handle in bytes.
+    pub const SIZE: usize = POOL_HANDLE_SIZE;
+
     /// The handle's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.raw)
@@ -626,15 +634,8 @@ impl<T> PoolHandle<T> {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let raw: RawPoolHandle =
-            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
-                reason: format!(
-                    "a pool handle is {POOL_HANDLE_SIZE} bytes, got {}",
-                    bytes.len()
-                ),
-            })?;
         let h = Self {
-            raw,
+            raw: sealed::read(bytes, &POOL_FORMAT)?,
             _elem: PhantomData,
         };
         h.check_structure()?;
@@ -642,25 +643,7 @@ impl<T> PoolHandle<T> {
     }
 
     fn check_structure(&self) -> Result<()> {
-        let r = &self.raw;
-        let bad = |reason: String| Err(Error::CorruptHandle { reason });
-        if r.magic != POOL_MAGIC || r.version != POOL_VERSION {
-            return bad(format!(
-                "not a pool handle (magic {:#x}, version {})",
-                r.magic, r.version
-            ));
-        }
-        let sum = checksum(r.body());
-        if sum != r.checksum {
-            return bad(format!(
-                "checksum {:#x} does not match contents ({sum:#x})",
-                r.checksum
-            ));
-        }
-        if r.reserved0 != 0 || r.reserved1 != 0 {
-            return bad("reserved bytes are not zero".into());
-        }
-        Ok(())
+        sealed::check(&self.raw, self.raw.header(), &POOL_FORMAT)
     }
 
     /// Number of elements.
@@ -710,14 +693,7 @@ impl IpcPoolHandle {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env: Envelope =
-            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
-                reason: format!(
-                    "a pool handle envelope is {} bytes, got {}",
-                    std::mem::size_of::<Envelope>(),
-                    bytes.len()
-                ),
-            })?;
+        let env = envelope_from_bytes(bytes)?;
         env.validate(KIND_POOL)?;
         Ok(Self { env })
     }

@@ -513,15 +513,7 @@ fn try_pool(dev: sys::CUdevice) -> Finding {
         pools.as_ref().map_or("?".into(), i32::to_string),
         types.as_ref().map_or("?".into(), |t| format!("{t:#x}"))
     );
-    let props = sys::CUmemPoolProps {
-        alloc_type: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-        handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        location: crate::vmm::on_device(dev),
-        win32_security_attributes: std::ptr::null_mut(),
-        max_size: 0,
-        usage: 0,
-        reserved: [0; 54],
-    };
+    let props = crate::vmm::pool_props(dev);
     let mut pool = std::ptr::null_mut();
     // SAFETY: reads `props`, writes one pool handle.
     let created = check("cuMemPoolCreate", unsafe {

@@ -62,6 +62,20 @@ pub(crate) fn pinned_prop(dev: sys::CUdevice, handle_type: c_uint) -> sys::CUmem
     }
 }
 
+/// The properties of a stream-ordered pool of pinned memory on `dev` whose allocations can be
+/// exported as POSIX file descriptors (`cuMemPoolCreate`).
+pub(crate) fn pool_props(dev: sys::CUdevice) -> sys::CUmemPoolProps {
+    sys::CUmemPoolProps {
+        alloc_type: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+        handle_types: sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: on_device(dev),
+        win32_security_attributes: std::ptr::null_mut(),
+        max_size: 0,
+        usage: 0,
+        reserved: [0; 54],
+    }
+}
+
 /// The minimum granularity of allocations described by `prop` (a context is current).
 pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
     let mut g = 0;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::{Child, Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__arena_testing::{Importer, Owner, Placement};
-use cuda_ipc::{ARENA_ALIGN, Error, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::{Error, IpcArena, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
 const BLOCKS: usize = 48;
 const UNITS: usize = 256;
@@ -39,7 +39,7 @@ struct World {
     stale: AtomicU64,
     /// What the owner has published per block: generation (0: none), offset, bytes.
     pub_gen: [AtomicU64; BLOCKS],
-    /// Per `ARENA_ALIGN` unit: the stamp of the allocation that last took it.
+    /// Per `IpcArena::ALIGN` unit: the stamp of the allocation that last took it.
     contents: [AtomicU64; UNITS],
     /// Per importer: the generation it holds of each block (0: none).
     holds: [[AtomicU64; BLOCKS]; IMPORTERS],
@@ -53,7 +53,7 @@ fn stamp(index: u32, generation: u64) -> u64 {
 }
 
 fn units(offset: u64, bytes: u64) -> std::ops::Range<usize> {
-    (offset / ARENA_ALIGN) as usize..((offset + bytes) / ARENA_ALIGN) as usize
+    (offset / IpcArena::ALIGN) as usize..((offset + bytes) / IpcArena::ALIGN) as usize
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn random_kills_never_let_the_owner_reuse_a_range_under_a_view() {
     let mut seed = Rng(common::monotonic_ns() | 1);
     let token: [u8; 16] = std::array::from_fn(|_| seed.next() as u8);
     world.token.store(token);
-    let capacity = (UNITS as u64) * ARENA_ALIGN;
+    let capacity = (UNITS as u64) * IpcArena::ALIGN;
     let mut owner = Owner::create(&token, capacity, BLOCKS).unwrap();
 
     let start_importer = |k: usize| -> Child { spawn("importer", &[&name, &k.to_string()]) };
@@ -173,7 +173,7 @@ fn random_kills_never_let_the_owner_reuse_a_range_under_a_view() {
     let mut last_kill = Instant::now();
     while began.elapsed() < Duration::from_secs(8) {
         if live.len() < BLOCKS - 2 && (live.is_empty() || !rng.one_in(3)) {
-            let bytes = ARENA_ALIGN * (1 + rng.next() % 8);
+            let bytes = IpcArena::ALIGN * (1 + rng.next() % 8);
             if let Some(p) = owner.alloc(bytes) {
                 check_free_to_reuse(&world, p);
                 for u in units(p.2, p.3) {

@@ -9,13 +9,13 @@
 #![no_main]
 
 use cuda_ipc::__arena_testing::{Books, Placement};
-use cuda_ipc::ARENA_ALIGN;
+use cuda_ipc::IpcArena;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "steps.rs"]
 mod steps;
 
-const CAPACITY: u64 = 64 * ARENA_ALIGN;
+const CAPACITY: u64 = 64 * IpcArena::ALIGN;
 const BUFFERS: usize = 12;
 const IMPORTERS: u64 = 4;
 
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         match op % 6 {
             0 => {
                 if let Some(p) = books.alloc(1 + value % (CAPACITY / 3)) {
-                    assert_eq!(p.2 % ARENA_ALIGN, 0, "{p:?} misaligned");
+                    assert_eq!(p.2 % IpcArena::ALIGN, 0, "{p:?} misaligned");
                     assert!(p.2 + p.3 <= CAPACITY, "{p:?} outside the arena");
                     assert!(p.1 % 2 == 1, "{p:?}: a live generation is odd");
                     for q in &live {

@@ -6,10 +6,8 @@ use std::collections::BTreeMap;
 
 use super::table::{Block, MAX_ARENA_BUFFERS};
 
-/// Every buffer of an [`IpcArena`](crate::IpcArena) starts on a multiple of this many bytes
-/// and takes a multiple of it (what `cuMemAlloc` guarantees; element types aligned to more are
-/// refused).
-pub const ALIGN: u64 = 256;
+/// Every range starts and ends on this many bytes ([`IpcArena::ALIGN`](crate::IpcArena::ALIGN)).
+pub(crate) const ALIGN: u64 = 256;
 
 /// A live or quarantined allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -58,9 +58,9 @@
 use crate::shared::ShmSafe;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// The most buffers one arena holds at a time (live ones and freed ones whose importers still
-/// hold views).
-pub const MAX_ARENA_BUFFERS: usize = 8192;
+/// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::IpcArena::MAX_BUFFERS),
+/// [`IpcPool::MAX_BUFFERS`](crate::IpcPool::MAX_BUFFERS)).
+pub(crate) const MAX_ARENA_BUFFERS: usize = 8192;
 
 /// One block's shared words (see the module docs).
 #[repr(C)]
