@@ -296,6 +296,22 @@ impl IpcArena {
     /// [`Error::InvalidArgument`] for zero elements, an overflowing size, or a `T` aligned to
     /// more than [`ALIGN`](Self::ALIGN); [`Error::ArenaFull`] when no free range holds it or every
     /// block index is in use (after reclaiming what importers released or died holding).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcArena};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let arena = IpcArena::new(&ctx, 64 << 20)?;
+    /// let block = arena.alloc::<f32>(4096)?;
+    /// block.copy_from_host(&vec![1.0; 4096])?;
+    /// let handle = block.handle(); // 80 bytes for any peer that imported the arena
+    /// drop(block); // the handle is stale from here on; the range waits for peers' views
+    /// # let _ = handle;
+    /// # Ok(()) }
+    /// ```
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
         let size = std::mem::size_of::<T>() as u64;
         let bytes = (len as u64).checked_mul(size).filter(|&b| b > 0);
@@ -387,6 +403,16 @@ impl IpcArena {
     /// an arena tracks); returns the bytes still waiting for live importers.
     /// [`alloc`](Self::alloc) does the first part itself when it runs short; call this now and
     /// then where importers come and go (each one that dies keeps its slot until reaped).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn tick(arena: &cuda_ipc::IpcArena) {
+    /// // Now and then, where importers come and go:
+    /// let waiting = arena.collect();
+    /// println!("{waiting} bytes of freed buffers still viewed by live importers");
+    /// # }
+    /// ```
     pub fn collect(&self) -> usize {
         let mut book = self.owner.book.lock();
         self.owner.reclaim(&mut book, true);
@@ -796,6 +822,26 @@ impl ImportedArena {
     /// does not match what the owner published; [`Error::TypeMismatch`];
     /// [`Error::StaleHandle`] when the buffer was freed (even if its range or block now holds
     /// another buffer).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{ArenaHandle, FdSocket, GpuContext, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let name = SocketName::Abstract("kv".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+    /// let arena = socket.recv_arena(&ctx, Duration::from_secs(5))?; // once
+    /// let bytes = socket.recv(Duration::from_secs(5))?.payload; // per buffer
+    /// match arena.open(&ArenaHandle::<f32>::from_bytes(&bytes)?) {
+    ///     Ok(view) => println!("{} floats at {:#x}", view.len(), view.as_raw_ptr()),
+    ///     Err(cuda_ipc::Error::StaleHandle { .. }) => println!("freed before we got to it"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn open<T: Pod>(&self, handle: &ArenaHandle<T>) -> Result<ArenaView<T>> {
         let import = &self.import;
         let h = &handle.raw;

@@ -266,6 +266,23 @@ impl IpcPool {
     /// [`Error::TooManyBuffers`] when [`MAX_BUFFERS`](Self::MAX_BUFFERS) are live or quarantined (after
     /// reclaiming); [`Error::Cuda`] naming `cuMemAllocFromPoolAsync`, `cuEventCreate` or
     /// `cuEventRecord`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcPool, RawStream};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let pool = IpcPool::new(&ctx)?;
+    /// let stream = RawStream::LEGACY; // or any AsStream: a cust or cudarc stream
+    /// let buf = pool.alloc::<u32>(1 << 20, &stream)?;
+    /// // ... enqueue work on `stream` that fills `buf` ...
+    /// let handle = buf.handle()?; // waits for the allocation, not for the work
+    /// # let _ = handle;
+    /// buf.free_async(&stream)?; // after the work on `stream`, once no importer holds it
+    /// # Ok(()) }
+    /// ```
     #[doc(alias = "cuMemAllocFromPoolAsync")]
     pub fn alloc<T: Pod>(
         &self,
@@ -874,6 +891,25 @@ impl ImportedPool {
     /// [`Error::CorruptHandle`] for a damaged handle, one of another pool, or one whose length
     /// the allocation does not hold; [`Error::TypeMismatch`]; [`Error::StaleHandle`] when the
     /// buffer was freed; [`Error::Cuda`] naming `cuMemPoolImportPointer`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, PoolHandle, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let name = SocketName::Abstract("pool".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+    /// let pool = socket.recv_pool(&ctx, Duration::from_secs(5))?; // once
+    /// let bytes = socket.recv(Duration::from_secs(5))?.payload; // per buffer
+    /// let view = pool.open(&PoolHandle::<u32>::from_bytes(&bytes)?)?;
+    /// let mut host = vec![0u32; view.len()];
+    /// view.copy_to_host(&mut host)?;
+    /// drop(view); // frees our import; the owner may free the allocation after this
+    /// # Ok(()) }
+    /// ```
     #[doc(alias = "cuMemPoolImportPointer")]
     pub fn open<T: Pod>(&self, handle: &PoolHandle<T>) -> Result<PoolView<T>> {
         let import = &self.import;
