@@ -21,7 +21,6 @@ use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
@@ -35,7 +34,7 @@ use crate::handle::{
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
-use crate::shm::{ShmOptions, ShmRegion};
+use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
 use crate::sync::Ordering;
 use crate::vmm::VmmMemory;
@@ -44,38 +43,6 @@ use table::{ArenaTable, Enter};
 
 use book::ALIGN as ARENA_ALIGN;
 use table::MAX_ARENA_BUFFERS;
-
-pub(crate) const TABLE_PREFIX: &str = "cuda-ipc-arena.";
-
-pub(crate) fn table_name(token: &[u8; 16]) -> String {
-    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{TABLE_PREFIX}{hex}")
-}
-
-pub(crate) fn token_words(token: &[u8; 16]) -> [u64; 2] {
-    let mut lo = [0u8; 8];
-    let mut hi = [0u8; 8];
-    lo.copy_from_slice(&token[..8]);
-    hi.copy_from_slice(&token[8..]);
-    [u64::from_le_bytes(lo), u64::from_le_bytes(hi)]
-}
-
-/// Remove arena tables left in `/dev/shm` by owners that died, as
-/// [`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables) does for lease tables.
-pub(crate) fn reap_stale_tables() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if let Ok(dir) = std::fs::read_dir(os::SHM_DIR) {
-            for entry in dir.flatten() {
-                if let Some(name) = entry.file_name().to_str()
-                    && name.starts_with(TABLE_PREFIX)
-                {
-                    let _ = crate::shm::reclaim_stale(name);
-                }
-            }
-        }
-    });
-}
 
 /// The owner's shared state: the region, its lease table (one slot per importing process),
 /// the block table, and the books.
@@ -257,20 +224,13 @@ impl IpcArena {
                     .into(),
             });
         }
-        reap_stale_tables();
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
         let uuid = device::uuid_of(ctx.device())?;
         let memory = VmmMemory::create(ctx, bytes)?;
         let capacity = memory.size() as u64;
-        let words = token_words(&token);
-        let table = ShmOptions::new(table_name(&token)).create_with(|t: &ArenaTable| {
-            t.token[0].store(words[0], Ordering::Relaxed);
-            t.token[1].store(words[1], Ordering::Relaxed);
-            t.capacity.store(capacity, Ordering::Relaxed);
-            Ok(())
-        })?;
+        let table = ArenaTable::create(&token, capacity)?;
         let leases = ExportLeases::create(&token)?;
         Ok(Self {
             owner: Arc::new(Owner {
@@ -774,26 +734,7 @@ impl ImportedArena {
         let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let bit = 1u64 << lease.slot();
-        let stale = || Error::StaleHandle {
-            generation: env.generation,
-        };
-        let table = match ShmOptions::new(table_name(&env.token))
-            .open_timeout(Duration::from_millis(200))
-            .open::<ArenaTable>()
-        {
-            Ok(t) => t,
-            Err(Error::NotFound { .. }) | Err(Error::NotReady { .. }) => return Err(stale()),
-            Err(e) => return Err(e),
-        };
-        let words = token_words(&env.token);
-        if table.token[0].load(Ordering::Relaxed) != words[0]
-            || table.token[1].load(Ordering::Relaxed) != words[1]
-            || table.capacity.load(Ordering::Relaxed) != env.vmm_bytes()
-        {
-            return Err(Error::CorruptHandle {
-                reason: "the arena's table names another arena or size".into(),
-            });
-        }
+        let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;
         let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
         let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
         let import = Arc::new(Import {
@@ -1031,13 +972,7 @@ pub mod __testing {
         ///
         /// As the tables' creation.
         pub fn create(token: &[u8; 16], capacity: u64, max_buffers: usize) -> Result<Self> {
-            let words = token_words(token);
-            let table = ShmOptions::new(table_name(token)).create_with(|t: &ArenaTable| {
-                t.token[0].store(words[0], Ordering::Relaxed);
-                t.token[1].store(words[1], Ordering::Relaxed);
-                t.capacity.store(capacity, Ordering::Relaxed);
-                Ok(())
-            })?;
+            let table = ArenaTable::create(token, capacity)?;
             Ok(Self {
                 table,
                 leases: ExportLeases::create(token)?,
@@ -1196,16 +1131,14 @@ pub mod __testing {
     }
 
     impl Importer {
-        /// Import arena `token` (take a lease, open the block table).
+        /// Import arena `token` of `capacity` bytes (take a lease, open the block table).
         ///
         /// # Errors
         ///
         /// As `ImportedArena::open_fd` for the tables.
-        pub fn open(token: &[u8; 16]) -> Result<Self> {
+        pub fn open(token: &[u8; 16], capacity: u64) -> Result<Self> {
             let lease = Lease::acquire(token, 0)?;
-            let table = ShmOptions::new(table_name(token))
-                .open_timeout(Duration::from_secs(2))
-                .open::<ArenaTable>()?;
+            let table = ArenaTable::open(token, capacity, 0)?;
             Ok(Self { table, lease })
         }
 

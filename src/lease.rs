@@ -78,11 +78,18 @@ unsafe impl ShmSafe for LeaseTable {
 }
 
 fn region_name(token: &[u8; 16]) -> String {
-    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{PREFIX}{hex}")
+    token_name(PREFIX, token)
 }
 
-fn token_words(token: &[u8; 16]) -> [u64; 2] {
+/// The `/dev/shm` name of a table of export `token`: `prefix` and the token in hex (lease
+/// tables here, arena and pool block tables in `arena/table.rs`).
+pub(crate) fn token_name(prefix: &str, token: &[u8; 16]) -> String {
+    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{hex}")
+}
+
+/// An export token as the two words a table stores it in.
+pub(crate) fn token_words(token: &[u8; 16]) -> [u64; 2] {
     let mut lo = [0u8; 8];
     let mut hi = [0u8; 8];
     lo.copy_from_slice(&token[..8]);
@@ -257,21 +264,7 @@ pub(crate) struct ExportLeases {
 /// println!("removed {removed} stale lease tables");
 /// ```
 pub fn reclaim_stale_lease_tables() -> usize {
-    let Ok(dir) = std::fs::read_dir(crate::os::SHM_DIR) else {
-        return 0;
-    };
-    dir.flatten()
-        .filter(|entry| {
-            entry
-                .file_name()
-                .to_str()
-                .is_some_and(|name| name.starts_with(PREFIX))
-                && entry
-                    .file_name()
-                    .to_str()
-                    .is_some_and(|name| crate::shm::reclaim_stale(name).unwrap_or(false))
-        })
-        .count()
+    crate::shm::reclaim_stale_prefixed(PREFIX)
 }
 
 fn reap_stale_tables() {

@@ -14,14 +14,13 @@ use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
+use crate::arena::reap_dead_importers;
 use crate::arena::sealed;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
-use crate::arena::{reap_dead_importers, reap_stale_tables, table_name, token_words};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
@@ -32,7 +31,7 @@ use crate::handle::{
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
-use crate::shm::{ShmOptions, ShmRegion};
+use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
 use crate::stream::AsStream;
 use crate::sync::Ordering;
@@ -211,17 +210,11 @@ impl IpcPool {
                 ),
             });
         }
-        reap_stale_tables();
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
         let uuid = device::uuid_of(dev)?;
-        let words = token_words(&token);
-        let table = ShmOptions::new(table_name(&token)).create_with(|t: &ArenaTable| {
-            t.token[0].store(words[0], Ordering::Relaxed);
-            t.token[1].store(words[1], Ordering::Relaxed);
-            Ok(())
-        })?;
+        let table = ArenaTable::create(&token, 0)?;
         let leases = ExportLeases::create(&token)?;
         let props = crate::vmm::pool_props(dev);
         let mut pool = std::ptr::null_mut();
@@ -819,26 +812,7 @@ impl ImportedPool {
         }
         let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
-        let table = match ShmOptions::new(table_name(&env.token))
-            .open_timeout(Duration::from_millis(200))
-            .open::<ArenaTable>()
-        {
-            Ok(t) => t,
-            Err(Error::NotFound { .. }) | Err(Error::NotReady { .. }) => {
-                return Err(Error::StaleHandle {
-                    generation: env.generation,
-                });
-            }
-            Err(e) => return Err(e),
-        };
-        let words = token_words(&env.token);
-        if table.token[0].load(Ordering::Relaxed) != words[0]
-            || table.token[1].load(Ordering::Relaxed) != words[1]
-        {
-            return Err(Error::CorruptHandle {
-                reason: "the pool's table names another pool".into(),
-            });
-        }
+        let table = ArenaTable::open(&env.token, 0, env.generation)?;
         let _g = ctx.enter()?;
         let mut pool = std::ptr::null_mut();
         // SAFETY: for a POSIX fd the shareable handle is the descriptor's number, passed as a

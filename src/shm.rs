@@ -617,6 +617,21 @@ pub fn reclaim_stale(name: &str) -> Result<bool> {
     reclaim(validate_name(name)?)
 }
 
+/// [`reclaim_stale`] for every `/dev/shm` entry whose name starts with `prefix` (the crate's
+/// lease and block tables); returns how many were removed.
+pub(crate) fn reclaim_stale_prefixed(prefix: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir(os::SHM_DIR) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|entry| {
+            entry.file_name().to_str().is_some_and(|name| {
+                name.starts_with(prefix) && reclaim_stale(name).unwrap_or(false)
+            })
+        })
+        .count()
+}
+
 /// Remove `name` from `/dev/shm` unconditionally (as `shm_unlink`), for cleaning up after a
 /// region whose owner released it.
 ///

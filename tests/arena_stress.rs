@@ -71,7 +71,7 @@ fn child_process() {
         world.importer_pid[k].store(me, Ordering::SeqCst);
         let token = world.token.load();
         let importer = loop {
-            match Importer::open(&token) {
+            match Importer::open(&token, (UNITS as u64) * IpcArena::ALIGN) {
                 Ok(i) => break i,
                 Err(Error::TooManyImporters { .. }) => {
                     std::thread::sleep(Duration::from_millis(5));

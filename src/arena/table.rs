@@ -55,8 +55,16 @@
 //! contents, leave and are `SIGKILL`ed at random while the owner allocates, frees and reuses,
 //! checked against a shadow record of who holds what.
 
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::lease::{token_name, token_words};
 use crate::shared::ShmSafe;
+use crate::shm::{ShmOptions, ShmRegion};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// Block tables in `/dev/shm` are `cuda-ipc-arena.<token>`, for arenas and pools alike.
+const PREFIX: &str = "cuda-ipc-arena.";
 
 /// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::IpcArena::MAX_BUFFERS),
 /// [`IpcPool::MAX_BUFFERS`](crate::IpcPool::MAX_BUFFERS)).
@@ -190,6 +198,52 @@ unsafe impl ShmSafe for ArenaTable {
 }
 
 impl ArenaTable {
+    /// Create the block table of export `token` (an arena of `capacity` bytes, or a pool with
+    /// 0), after removing, once per process, tables whose owners died.
+    pub(crate) fn create(token: &[u8; 16], capacity: u64) -> Result<ShmRegion<Self>> {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(|| {
+            crate::shm::reclaim_stale_prefixed(PREFIX);
+        });
+        let words = token_words(token);
+        ShmOptions::new(token_name(PREFIX, token)).create_with(|t: &Self| {
+            t.token[0].store(words[0], Ordering::Relaxed);
+            t.token[1].store(words[1], Ordering::Relaxed);
+            t.capacity.store(capacity, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Open the block table of export `token`, which a handle of `generation` named. A table
+    /// that is gone is [`Error::StaleHandle`] (its owner dropped the arena or pool); one that
+    /// names another token or capacity is [`Error::CorruptHandle`].
+    pub(crate) fn open(
+        token: &[u8; 16],
+        capacity: u64,
+        generation: u64,
+    ) -> Result<ShmRegion<Self>> {
+        let table = match ShmOptions::new(token_name(PREFIX, token))
+            .open_timeout(Duration::from_millis(200))
+            .open::<Self>()
+        {
+            Ok(t) => t,
+            Err(Error::NotFound { .. }) | Err(Error::NotReady { .. }) => {
+                return Err(Error::StaleHandle { generation });
+            }
+            Err(e) => return Err(e),
+        };
+        let words = token_words(token);
+        if table.token[0].load(Ordering::Relaxed) != words[0]
+            || table.token[1].load(Ordering::Relaxed) != words[1]
+            || table.capacity.load(Ordering::Relaxed) != capacity
+        {
+            return Err(Error::CorruptHandle {
+                reason: "the block table names another arena or pool, or another size".into(),
+            });
+        }
+        Ok(table)
+    }
+
     /// Block `index`, if the index is in range.
     pub(crate) fn block(&self, index: u32) -> Option<&Block> {
         self.blocks.get(index as usize)
@@ -299,6 +353,28 @@ mod tests {
         b.bytes.store(1024, Ordering::Relaxed);
         assert_eq!(b.enter(A, 3), Enter::Stale);
         assert_eq!(b.enter(A, 1), Enter::Stale);
+    }
+
+    #[test]
+    fn a_table_opens_only_for_its_token_and_capacity_and_a_missing_one_is_stale() {
+        let token: [u8; 16] = std::array::from_fn(|i| i as u8 ^ (std::process::id() as u8));
+        let table = ArenaTable::create(&token, 1 << 21).unwrap();
+        assert!(ArenaTable::open(&token, 1 << 21, 7).is_ok());
+        assert!(matches!(
+            ArenaTable::open(&token, 1 << 22, 7),
+            Err(Error::CorruptHandle { .. })
+        ));
+        let mut other = token;
+        other[0] ^= 0xff;
+        assert!(matches!(
+            ArenaTable::open(&other, 1 << 21, 7),
+            Err(Error::StaleHandle { generation: 7 })
+        ));
+        drop(table); // the owner's drop unlinks it: later opens are stale
+        assert!(matches!(
+            ArenaTable::open(&token, 1 << 21, 9),
+            Err(Error::StaleHandle { generation: 9 })
+        ));
     }
 
     #[test]
