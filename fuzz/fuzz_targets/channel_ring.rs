@@ -4,7 +4,6 @@
 //! the capacity.
 #![no_main]
 
-use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 use cuda_ipc::__channel_testing::{HostConsumer, HostProducer, RING_STATE_BYTES};
@@ -21,18 +20,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Kept open to write through after the consumer unlinks the name on attach.
-    let path = format!("/dev/shm/{}", tx.name());
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-    else {
-        return;
-    };
-    let Ok(len) = file.metadata().map(|m| m.len()) else {
-        return;
-    };
-    let Some(offset_base) = len.checked_sub(RING_STATE_BYTES as u64) else {
+    let Some(state) = steps::State::open(tx.name(), RING_STATE_BYTES) else {
         return;
     };
     let Ok(mut rx) = HostConsumer::open_pausing(tx.name(), SLOTS, CAPACITY, || {}) else {
@@ -44,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     for steps::Step { op, offset, value } in steps::steps(data, RING_STATE_BYTES) {
         match op % 4 {
             0 => {
-                let _ = file.write_all_at(&value.to_le_bytes(), offset_base + offset);
+                state.write(offset, value);
             }
             1 => {
                 if let Ok((slot, len)) = rx.recv(Duration::ZERO) {

@@ -4,7 +4,6 @@
 //! outside the table.
 #![no_main]
 
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -25,19 +24,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(export) = Export::create(&token) else {
         return;
     };
-    let path = format!("/dev/shm/{}", table_name(&token));
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-    else {
-        return;
-    };
-    let Some(base) = file
-        .metadata()
-        .ok()
-        .and_then(|m| m.len().checked_sub(TABLE_BYTES as u64))
-    else {
+    let Some(state) = steps::State::open(&table_name(&token), TABLE_BYTES) else {
         return;
     };
     let mut held: Vec<Held> = Vec::new();
@@ -45,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     for steps::Step { op, offset, value } in steps::steps(data, TABLE_BYTES) {
         match op % 5 {
             0 => {
-                let _ = file.write_all_at(&value.to_le_bytes(), base + offset);
+                state.write(offset, value);
             }
             1 if held.len() < 2 * MAX_IMPORTERS => {
                 if let Ok(h) = Held::acquire(&token) {
