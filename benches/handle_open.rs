@@ -13,12 +13,14 @@
 //!   per buffer; the goal is ≥ 50× under a legacy cold open and ≤ 1 µs p50);
 //! - an [`IpcPool`] buffer's open + drop (`ImportedPool::open`: checks, block entry,
 //!   `cuMemPoolImportPointer`, `cuMemGetAddressRange`; drop: `cuMemFree`) against raw
-//!   `cuMemPoolImportPointer` + `cuMemFree` on a raw import of the same pool.
+//!   `cuMemPoolImportPointer` + `cuMemFree` on a raw import of the same pool; then the same
+//!   for buffers opened once each (each import maps memory new to the process: what a first
+//!   open of a buffer costs), one sample per open, alternating sides.
 //!
 //! A helper process, started once outside the measurement, exports a 64 MiB buffer and an
 //! event, sends a 64 MiB POSIX-fd buffer and a 64 MiB arena over a socket, and the handle of
 //! a 1 MiB buffer in the arena; then a pool (twice: one import for each side) and the handle of
-//! a 1 MiB buffer allocated from it. Run:
+//! a 1 MiB buffer allocated from it, and of 64 buffers of 64 MiB for the cold pool row. Run:
 //! `cargo bench --bench handle_open`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench code: fail loudly
@@ -28,7 +30,7 @@ mod common;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
@@ -48,6 +50,11 @@ struct Shared {
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
+
+/// Pool buffers opened once each, by each side, for the cold-open row; and their size, larger
+/// than a pool's chunk so that each lies in memory of its own.
+const COLD_POOL_OPENS: usize = 32;
+const COLD_POOL_BYTES: usize = 64 << 20;
 
 fn raw(call: &str, rc: i32) {
     assert_eq!(rc, 0, "{call} failed: {}", cuda_ipc::driver::error_name(rc));
@@ -107,6 +114,22 @@ fn exporter(region: &str) {
             Duration::from_secs(60),
         )
         .unwrap();
+    // Buffers each opened once, so that each import maps memory the importer has not mapped.
+    let cold: Vec<_> = (0..2 * COLD_POOL_OPENS)
+        .map(|_| {
+            pool.alloc::<u8>(COLD_POOL_BYTES, &RawStream::LEGACY)
+                .unwrap()
+        })
+        .collect();
+    for buf in &cold {
+        socket
+            .send(
+                buf.handle().unwrap().as_bytes(),
+                &[],
+                Duration::from_secs(60),
+            )
+            .unwrap();
+    }
     shared.ready.store(1, Ordering::Release);
     std::thread::sleep(Duration::from_secs(3600));
 }
@@ -169,6 +192,8 @@ struct Fixture {
     /// The same pool imported with raw calls, and the buffer's export data.
     raw_pool: sys::CUmemoryPool,
     raw_pooled: sys::CUmemPoolPtrExportData,
+    /// Handles of pool buffers not opened yet (pairs: one for each side), for the cold row.
+    cold_pooled: Vec<PoolHandle<u8>>,
 }
 
 impl Fixture {
@@ -219,11 +244,16 @@ impl Fixture {
         self.own.handle().unwrap()
     }
     fn ours_pool_open_close(&self) {
-        drop(std::hint::black_box(self.pool.open(&self.pooled).unwrap()));
+        self.ours_pool_open_close_of(&self.pooled);
+    }
+    fn ours_pool_open_close_of(&self, h: &PoolHandle<u8>) {
+        drop(std::hint::black_box(self.pool.open(h).unwrap()));
     }
     fn raw_pool_open_close(&self) {
+        self.raw_pool_open_close_of(self.raw_pooled);
+    }
+    fn raw_pool_open_close_of(&self, mut data: sys::CUmemPoolPtrExportData) {
         let mut p = 0;
-        let mut data = self.raw_pooled;
         // SAFETY: the helper's live allocation of a pool imported here; imported and freed once
         // on the current context.
         unsafe {
@@ -374,6 +404,38 @@ fn summary(f: &Fixture) {
         || f.raw_pool_open_close(),
     );
     common::row("pool buffer open + close", &ours, &base);
+    // Each buffer once: the import maps memory new to this process (one sample per open).
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    for (i, pair) in f.cold_pooled.chunks_exact(2).enumerate() {
+        let mut time_ours = || {
+            let t = Instant::now();
+            f.ours_pool_open_close_of(&pair[0]);
+            ours.push(t.elapsed().as_nanos() as f64);
+        };
+        let data = pool_export_data(&pair[1]);
+        let mut time_raw = || {
+            let t = Instant::now();
+            f.raw_pool_open_close_of(data);
+            base.push(t.elapsed().as_nanos() as f64);
+        };
+        if i % 2 == 0 {
+            time_ours();
+            time_raw();
+        } else {
+            time_raw();
+            time_ours();
+        }
+    }
+    ours.sort_by(f64::total_cmp);
+    base.sort_by(f64::total_cmp);
+    common::row("pool buffer cold open", &ours, &base);
+}
+
+/// The driver's export data in a pool handle: bytes 64..128 (see `RawPoolHandle`).
+fn pool_export_data(h: &PoolHandle<u8>) -> sys::CUmemPoolPtrExportData {
+    sys::CUmemPoolPtrExportData {
+        reserved: h.as_bytes()[64..128].try_into().unwrap(),
+    }
 }
 
 fn main() {
@@ -409,10 +471,13 @@ fn main() {
     let pooled =
         PoolHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
             .unwrap();
-    // The export data sits at bytes 64..128 of a pool handle (see RawPoolHandle).
-    let raw_pooled = sys::CUmemPoolPtrExportData {
-        reserved: pooled.as_bytes()[64..128].try_into().unwrap(),
-    };
+    let raw_pooled = pool_export_data(&pooled);
+    let cold_pooled = (0..2 * COLD_POOL_OPENS)
+        .map(|_| {
+            PoolHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
+                .unwrap()
+        })
+        .collect();
     common::wait_for("exporter", Duration::from_secs(60), || {
         shared.ready.load(Ordering::Acquire) == 1
     });
@@ -441,6 +506,7 @@ fn main() {
         pooled,
         raw_pool: raw_import_pool(&raw_pool_fd),
         raw_pooled,
+        cold_pooled,
     };
     f.ctx.make_current().unwrap(); // for the raw calls
     let mut c = Criterion::default().configure_from_args();

@@ -158,13 +158,27 @@ impl GpuContext {
         })
     }
 
-    /// Push this context for the guard's lifetime, restoring the caller's on drop.
+    /// Make this context current for the guard's lifetime, restoring the caller's on drop.
+    /// When it already is current (the common case: [`GpuContext::new`] makes it so) nothing
+    /// is pushed, and the guard pops nothing: one `cuCtxGetCurrent` instead of a push and a pop.
     pub(crate) fn enter(&self) -> Result<CtxGuard> {
+        let mut current = std::ptr::null_mut();
+        // SAFETY: writes one CUcontext (null when none is current).
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        if rc == sys::CUDA_SUCCESS && current == self.inner.raw {
+            return Ok(CtxGuard {
+                pushed: false,
+                _not_send: std::marker::PhantomData,
+            });
+        }
         // SAFETY: the context is retained by `self`, and the guard pops exactly what it pushed.
         check("cuCtxPushCurrent", unsafe {
             sys::cuCtxPushCurrent_v2(self.inner.raw)
         })?;
-        Ok(CtxGuard(std::marker::PhantomData))
+        Ok(CtxGuard {
+            pushed: true,
+            _not_send: std::marker::PhantomData,
+        })
     }
 
     /// The device ordinal.
@@ -222,12 +236,18 @@ impl std::fmt::Debug for GpuContext {
     }
 }
 
-/// Pops the context pushed by [`GpuContext::enter`]. Not `Send`: the context stack is per
-/// thread.
-pub(crate) struct CtxGuard(std::marker::PhantomData<*const ()>);
+/// Pops the context pushed by [`GpuContext::enter`], if it pushed one. Not `Send`: the context
+/// stack is per thread.
+pub(crate) struct CtxGuard {
+    pushed: bool,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
 
 impl Drop for CtxGuard {
     fn drop(&mut self) {
+        if !self.pushed {
+            return;
+        }
         let mut popped = std::ptr::null_mut();
         // SAFETY: pops the context this guard pushed; the thread's stack is otherwise untouched
         // between push and pop by this crate. Failure cannot be acted on in drop.
