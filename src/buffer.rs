@@ -11,9 +11,10 @@ use bytemuck::Pod;
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
+use crate::deferred;
 use crate::device;
 use crate::driver::{self, check, sys};
-use crate::error::{Error, Result};
+use crate::error::{CloseError, Error, Result};
 use crate::handle::{Envelope, HandleType, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -21,10 +22,6 @@ use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
 use crate::slice::GpuSlice;
 use crate::vmm::VmmMemory;
-
-/// Default for [`IpcBuffer::set_lease_timeout`]: how long dropping an exported buffer waits for
-/// importers to unmap it before leaking it instead of freeing it.
-pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Export generations of this process, one per exported buffer or event.
 pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -97,8 +94,8 @@ struct Export {
     token: [u8; 16],
     generation: u64,
     uuid: [u8; 16],
-    leases: ExportLeases,
-    lease_timeout: Duration,
+    /// Shared with the deferred-free list when the buffer is dropped while mapped elsewhere.
+    leases: Arc<ExportLeases>,
     released: bool,
     /// For a POSIX-fd buffer: the allocation (released in `release`); `None`: `cuMemAlloc`.
     vmm: Option<VmmMemory>,
@@ -119,9 +116,10 @@ enum Origin {
 ///   freed) and taking a lease; it maps with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. Opening the
 ///   same export again in the same context returns a view of the same mapping without a driver
 ///   call; the driver's close runs once, when the last view drops.
-/// - Dropping an exported buffer waits (up to [`set_lease_timeout`](Self::set_lease_timeout))
-///   for every importer to unmap, reaping dead ones, then frees; if importers remain it
-///   **leaks** the memory rather than free it under them. [`close`](Self::close) reports that.
+/// - Dropping an exported buffer never waits: new opens of its handle are refused from then
+///   on, and the memory is freed as soon as no importer maps it — at once, or later (see
+///   [below](#dropping-an-exported-buffer)). [`close`](Self::close) waits for importers, up
+///   to a timeout, and reports what is left.
 ///
 /// Use it from any CUDA crate: [`as_raw_ptr`](GpuSlice::as_raw_ptr) for kernel arguments (or
 /// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the
@@ -154,6 +152,16 @@ enum Origin {
 ///     drop(dst); // would unmap or free `dst` while the copy may still be queued
 /// }
 /// ```
+///
+/// # Dropping an exported buffer
+///
+/// Drop marks the export *closing* (every later open of its handle is refused with
+/// [`Error::StaleHandle`]) and frees the memory if no live importer maps it. If one does, the
+/// free is deferred: the memory stays allocated, on a per-process list, until a scan finds that
+/// its last importer has unmapped it or died; scans run when this process allocates or exports
+/// again and when [`collect_deferred`](crate::collect_deferred) is called. Nothing is freed
+/// under an importer, and nothing is kept after its importers are gone (beyond the next scan).
+/// POSIX-fd buffers need none of this: the driver keeps their memory while any process maps it.
 ///
 /// # Examples
 ///
@@ -246,6 +254,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemMap")]
     pub fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
         let bytes = byte_len_of::<T>(len)?;
+        deferred::collect_if_pending();
         let vmm = match handle_type {
             HandleType::Legacy => false,
             HandleType::Auto => crate::vmm::supports_posix_fd(ctx.device())?,
@@ -284,8 +293,7 @@ impl<T: Pod> IpcBuffer<T> {
                 token,
                 generation: GENERATION.fetch_add(1, Ordering::Relaxed),
                 uuid,
-                leases,
-                lease_timeout: DEFAULT_LEASE_TIMEOUT,
+                leases: Arc::new(leases),
                 released: false,
                 vmm,
             }),
@@ -433,6 +441,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// The sealed envelope of kind `kind` that exports this buffer (`call` names the public
     /// method in errors).
     pub(crate) fn export_envelope(&self, kind: u16, call: &'static str) -> Result<Envelope> {
+        deferred::collect_if_pending();
         let Origin::Exported(export) = &self.origin else {
             return Err(Error::InvalidArgument {
                 call,
@@ -900,28 +909,76 @@ impl<T: Pod> IpcBuffer<T> {
         table.dead_holder()
     }
 
-    /// How long dropping (or [`close`](Self::close)) waits for importers (default
-    /// [`DEFAULT_LEASE_TIMEOUT`]). No effect on imported buffers.
-    pub fn set_lease_timeout(&mut self, timeout: Duration) {
-        if let Origin::Exported(e) = &mut self.origin {
-            e.lease_timeout = timeout;
-        }
-    }
-
-    /// Release the buffer and report what drop would hide: for an exported buffer, wait for
-    /// importers to unmap (up to the lease timeout), then free; an imported view just drops.
+    /// Close the buffer and report what drop would hide: for an exported buffer, mark it
+    /// closing (new opens are refused from here on, whatever this returns), wait up to
+    /// `timeout` for every importer to unmap it (reaping importers that died), then free it.
+    /// An imported buffer is unmapped (when this is its last view), a POSIX-fd export
+    /// released (the driver keeps the memory while importers map it); neither waits.
+    ///
+    /// When importers remain, the buffer comes back in the error, still closing: call `close`
+    /// again to wait longer, or drop it (its free is then deferred until they unmap, see
+    /// [dropping an exported buffer](Self#dropping-an-exported-buffer)). `?` turns the error
+    /// into an [`Error`], dropping the buffer.
     ///
     /// # Errors
     ///
-    /// [`Error::LeasesOutstanding`] when importers remained (the memory was leaked, not
-    /// freed), [`Error::Cuda`] naming `cuMemFree`.
+    /// [`Error::LeasesOutstanding`] naming the importers still mapping the memory after
+    /// `timeout`; [`Error::Cuda`] naming `cuMemFree`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{Error, GpuContext, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<u32>::zeroed(&ctx, 1024)?;
+    /// // ... export it; importers map it ...
+    /// match buf.close(Duration::from_secs(1)) {
+    ///     Ok(()) => println!("freed"),
+    ///     Err(e) => match e.error() {
+    ///         Error::LeasesOutstanding { pids, .. } => {
+    ///             println!("still mapped by {pids:?}; freed once they unmap");
+    ///             drop(e); // the buffer in it is dropped: its free is deferred
+    ///         }
+    ///         _ => return Err(e.into()),
+    ///     },
+    /// }
+    /// # Ok(()) }
+    /// ```
     #[doc(alias = "cuMemFree")]
     #[doc(alias = "cuIpcCloseMemHandle")]
-    pub fn close(mut self) -> Result<()> {
-        self.release()
+    pub fn close(mut self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
+        match self
+            .wait_for_importers(timeout)
+            .and_then(|()| self.release())
+        {
+            Ok(()) => Ok(()),
+            Err(error) => Err(CloseError::new(error, self)),
+        }
     }
 
-    fn release(&mut self) -> Result<()> {
+    /// For a `cuMemAlloc` export: mark it closing and wait up to `timeout` until no importer
+    /// maps it (then it may be freed). Other buffers have nothing to wait for.
+    pub(crate) fn wait_for_importers(&self, timeout: Duration) -> Result<()> {
+        let Origin::Exported(export) = &self.origin else {
+            return Ok(());
+        };
+        if export.released || export.vmm.is_some() {
+            return Ok(());
+        }
+        let (pids, waited) = export.leases.close_and_wait(timeout);
+        if pids.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::LeasesOutstanding { pids, waited })
+        }
+    }
+
+    /// Give the memory back without waiting: an export is freed now, or deferred while
+    /// importers map it; an import is unmapped when its last view drops (in `Drop`).
+    pub(crate) fn release(&mut self) -> Result<()> {
         let Origin::Exported(export) = &mut self.origin else {
             return Ok(());
         };
@@ -936,17 +993,13 @@ impl<T: Pod> IpcBuffer<T> {
             drop(memory);
             return Ok(());
         }
-        let (holders, waited) = export.leases.close_and_wait(export.lease_timeout);
-        if !holders.is_empty() {
-            return Err(Error::LeasesOutstanding {
-                pids: holders,
-                waited,
-            });
-        }
-        let _g = self.slice.ctx.enter()?;
-        // SAFETY: allocated by cuMemAlloc in this context, freed once (guarded by `released`),
-        // and no importer maps it any more (no live leases, new ones refused: closing).
-        check("cuMemFree", unsafe { sys::cuMemFree_v2(self.slice.ptr) })
+        let bytes = self.slice.len * std::mem::size_of::<T>();
+        deferred::free_or_defer(
+            &self.slice.ctx,
+            self.slice.ptr,
+            bytes,
+            export.leases.clone(),
+        )
     }
 }
 
@@ -1142,8 +1195,8 @@ unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b IpcBuffer<T>>
 
 impl<T: Pod> Drop for IpcBuffer<T> {
     fn drop(&mut self) {
-        // An exported buffer with importers left is leaked rather than freed (no UB); callers
-        // who need to know use `close`.
+        // Never waits: freed now, or deferred while importers map it. A failed cuMemFree
+        // cannot be reported from drop; `close` reports it.
         let _ = self.release();
     }
 }

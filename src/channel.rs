@@ -593,28 +593,28 @@ impl<T: Pod> IpcSender<T> {
         (owner.state != crate::owner::OwnerState::Free).then_some(id)
     }
 
-    /// How long dropping the sender waits for the channel's GPU operations and for the
-    /// consumer to unmap the memory before leaking it (default
-    /// [`DEFAULT_LEASE_TIMEOUT`](crate::DEFAULT_LEASE_TIMEOUT)).
+    /// How long dropping or closing the sender waits for the channel's GPU operations before
+    /// leaking the memory rather than freeing it under them, and how long [`close`](Self::close)
+    /// then waits for the consumer to unmap it (default 5 s). Dropping never waits for the
+    /// consumer: the memory is freed once it unmaps (see
+    /// [`collect_deferred`](crate::collect_deferred)).
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
-        let end = &mut self.end;
-        end.drain_timeout = timeout;
-        end.data.set_lease_timeout(timeout);
-        end.sent.set_lease_timeout(timeout);
-        end.released.set_lease_timeout(timeout);
+        self.end.drain_timeout = timeout;
     }
 
     /// Close the channel: the consumer receives what was sent, then [`Error::ChannelClosed`].
-    /// Waits for the channel's GPU operations and the consumer's unmapping as drop does, and
-    /// reports what drop would hide.
+    /// Waits for the channel's GPU operations as drop does, then up to the drop timeout for
+    /// the consumer to unmap the memory, and reports what drop would hide.
     ///
     /// # Errors
     ///
     /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
     /// timeout (the memory was leaked, not freed); [`Error::LeasesOutstanding`] when the
-    /// consumer kept the memory mapped (leaked, not freed); [`Error::Cuda`] from the frees.
+    /// consumer kept the memory mapped (its free is deferred until it unmaps);
+    /// [`Error::Cuda`] from the frees.
     pub fn close(mut self) -> Result<()> {
-        self.end.teardown()
+        let wait = self.end.drain_timeout;
+        self.end.teardown(wait)
     }
 }
 
@@ -933,8 +933,9 @@ impl<T: Pod> IpcReceiver<T> {
         self.end.data.exporter()
     }
 
-    /// How long dropping the receiver waits for the channel's GPU operations before leaking
-    /// the mappings (default [`DEFAULT_LEASE_TIMEOUT`](crate::DEFAULT_LEASE_TIMEOUT)).
+    /// How long dropping or closing the receiver waits for the channel's GPU operations
+    /// before leaking the mappings rather than unmapping them under those operations (default
+    /// 5 s).
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
         self.end.drain_timeout = timeout;
     }
@@ -954,7 +955,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
     /// timeout (the mappings were leaked, not closed); [`Error::Cuda`] from the unmapping.
     pub fn close(mut self) -> Result<()> {
-        self.end.teardown()
+        self.end.teardown(Duration::ZERO)
     }
 }
 

@@ -399,9 +399,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// An exported buffer still had importers when its owner closed it: the memory was leaked
-    /// rather than freed under their feet.
-    #[error("exported buffer still mapped by pid(s) {pids:?} after {waited:?}; leaked, not freed")]
+    /// An exported buffer still had importers when its owner's `close` gave up waiting: the
+    /// memory was not freed under them (it is freed once they unmap, if the buffer is dropped).
+    #[error("exported buffer still mapped by pid(s) {pids:?} after {waited:?}; not freed")]
     LeasesOutstanding {
         /// The importers still holding leases.
         pids: Vec<u32>,
@@ -474,5 +474,58 @@ impl Error {
                 source: io::Error::from_raw_os_error(err.raw_os_error()),
             },
         }
+    }
+}
+
+/// A `close` that did not finish: the error, and the object back, so that the caller can try
+/// again or drop it (see [`IpcBuffer::close`](crate::IpcBuffer::close)). Converts into
+/// [`Error`] with `?`, dropping the object.
+pub struct CloseError<B>(Box<(Error, B)>);
+
+impl<B> CloseError<B> {
+    pub(crate) fn new(error: Error, value: B) -> Self {
+        Self(Box::new((error, value)))
+    }
+
+    /// What went wrong.
+    pub fn error(&self) -> &Error {
+        &self.0.0
+    }
+
+    /// The object, still closing (new opens of its handle are refused).
+    pub fn into_inner(self) -> B {
+        self.0.1
+    }
+
+    /// The error and the object.
+    pub fn into_parts(self) -> (Error, B) {
+        *self.0
+    }
+}
+
+impl<B> From<CloseError<B>> for Error {
+    fn from(e: CloseError<B>) -> Self {
+        e.0.0
+    }
+}
+
+impl<B> std::fmt::Debug for CloseError<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloseError")
+            .field("error", self.error())
+            .field("object", &std::any::type_name::<B>())
+            .finish()
+    }
+}
+
+impl<B> std::fmt::Display for CloseError<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "close failed: {}", self.error())
+    }
+}
+
+impl<B> std::error::Error for CloseError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error())
     }
 }

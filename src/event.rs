@@ -28,6 +28,7 @@ use crate::device;
 use crate::driver::{check, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
+use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
@@ -216,19 +217,12 @@ impl IpcEvent {
     #[doc(alias = "cuEventQuery")]
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(1);
-        let mut last_check = start;
+        let mut wait = Backoff::new(timeout, Duration::from_micros(1), Duration::from_millis(1))
+            .spinning_below(Duration::from_micros(50));
+        let mut last_check = Instant::now();
         loop {
             if self.query()? {
                 return Ok(());
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(Error::Timeout {
-                    what: "IPC event synchronize",
-                    waited,
-                });
             }
             if let Some(exporter) = self.exporter
                 && last_check.elapsed() >= Duration::from_millis(10)
@@ -240,12 +234,12 @@ impl IpcEvent {
                     });
                 }
             }
-            if pause < Duration::from_micros(50) {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(pause);
+            if let Err(waited) = wait.pause() {
+                return Err(Error::Timeout {
+                    what: "IPC event synchronize",
+                    waited,
+                });
             }
-            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 

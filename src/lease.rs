@@ -45,12 +45,13 @@
 //! `SIGKILL`ed at random while an exporter polls and closes, checked against a shadow record.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::owner::{OwnedSlot, OwnerState};
+use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::shared::ShmSafe;
 use crate::shm::{ShmOptions, ShmRegion};
@@ -326,23 +327,32 @@ impl ExportLeases {
         self.region.slots.get(i).is_some_and(|s| s.reap(word))
     }
 
-    /// Close and wait up to `timeout` for every live lease to go, reaping dead holders; return
-    /// the holders left.
-    pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
+    /// Mark the table closing (from now on no new lease is granted) and scan it once, reaping
+    /// the slots of holders proven dead: the live holders left. Empty means the memory may be
+    /// freed: nobody maps it and nobody can start to.
+    pub(crate) fn close_and_scan(&self) -> Vec<u32> {
         self.begin_close();
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(100);
+        self.region
+            .slots()
+            .holders(&|id: &ProcessIdentity| id.is_alive(), true)
+    }
+
+    /// [`close_and_scan`](Self::close_and_scan) until no holder is left or `timeout` has
+    /// passed; the holders left and the time waited.
+    pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
+        let mut wait = Backoff::new(
+            timeout,
+            Duration::from_micros(100),
+            Duration::from_millis(20),
+        );
         loop {
-            let holders = self
-                .region
-                .slots()
-                .holders(&|id: &ProcessIdentity| id.is_alive(), true);
-            let waited = start.elapsed();
-            if holders.is_empty() || waited >= timeout {
+            let holders = self.close_and_scan();
+            if holders.is_empty() {
+                return (holders, wait.waited());
+            }
+            if let Err(waited) = wait.pause() {
                 return (holders, waited);
             }
-            std::thread::sleep(pause.min(timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(20));
         }
     }
 }
@@ -552,6 +562,7 @@ pub mod __testing {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn leases_are_granted_released_and_refused_once_closing() {

@@ -113,6 +113,7 @@ mod barrier;
 mod buffer;
 mod channel;
 mod context;
+mod deferred;
 mod device;
 pub mod driver;
 mod error;
@@ -122,6 +123,7 @@ mod handle;
 mod lease;
 mod os;
 mod owner;
+mod poll;
 mod pool;
 pub mod probe;
 mod process;
@@ -142,7 +144,7 @@ pub use barrier::{
     BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
     MAX_PARTIES, ProcessBarrier,
 };
-pub use buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+pub use buffer::IpcBuffer;
 #[cfg(fuzzing)]
 pub use channel::__fuzz_reseal_channel;
 pub use channel::{
@@ -150,11 +152,12 @@ pub use channel::{
     Received, ReceivedBatch, SendBatch, SendSlot,
 };
 pub use context::GpuContext;
+pub use deferred::{DeferredFrees, collect_deferred};
 pub use device::{
     ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,
     device_count, device_info, devices, uuid_string,
 };
-pub use error::{Error, Result};
+pub use error::{CloseError, Error, Result};
 pub use event::IpcEvent;
 pub use fd_socket::{
     FdListener, FdMessage, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerCred, PeerPolicy, SocketName,

@@ -30,6 +30,7 @@ use header::{Expected, HEADER_LEN, MAGIC, RawHeader, VERSION};
 
 use crate::error::{Error, Result};
 use crate::os::{self, FileInfo};
+use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::shared::ShmSafe;
 
@@ -363,18 +364,20 @@ fn wait_sized(
     start: Instant,
     timeout: Duration,
 ) -> Result<FileInfo> {
-    let mut pause = Duration::from_micros(20);
+    let mut wait = Backoff::since(
+        start,
+        timeout,
+        Duration::from_micros(20),
+        Duration::from_millis(10),
+    );
     while info.size == 0 {
-        let waited = start.elapsed();
-        if waited >= timeout {
+        if let Err(waited) = wait.pause() {
             return Err(Error::NotReady {
                 name: name.to_owned(),
                 waited,
                 creator_dead: false,
             });
         }
-        std::thread::sleep(pause.min(timeout - waited));
-        pause = (pause * 2).min(Duration::from_millis(10));
         info = os::shm_fstat(file, name)?;
     }
     Ok(info)
@@ -387,15 +390,24 @@ fn wait_published(
     start: Instant,
     timeout: Duration,
 ) -> Result<HeaderFields> {
-    let mut pause = Duration::from_micros(50);
+    let mut wait = Backoff::since(
+        start,
+        timeout,
+        Duration::from_micros(50),
+        Duration::from_millis(10),
+    );
     loop {
         if header.is_published() {
             return Ok(header.snapshot());
         }
         let (pid, start_time) = header.creator();
         let creator_dead = pid != 0 && !ProcessIdentity::from_parts(pid, start_time).is_alive();
-        let waited = start.elapsed();
-        if creator_dead || waited >= timeout {
+        let stopped = if creator_dead {
+            Err(wait.waited())
+        } else {
+            wait.pause()
+        };
+        if let Err(waited) = stopped {
             // One last look: the creator may have published just before it exited.
             if header.is_published() {
                 return Ok(header.snapshot());
@@ -406,8 +418,6 @@ fn wait_published(
                 creator_dead,
             });
         }
-        std::thread::sleep(pause.min(timeout - waited));
-        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 

@@ -19,8 +19,9 @@ use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, check, sys};
-use crate::error::{Error, Result};
+use crate::error::{CloseError, Error, Result};
 use crate::handle::{IpcSignalHandle, KIND_SIGNAL};
+use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
@@ -477,9 +478,8 @@ impl IpcSignal {
     /// [`MAX_VALUE`](Self::MAX_VALUE); [`Error::Cuda`] from the reads.
     pub fn wait_host(&self, value: u64, timeout: Duration) -> Result<u64> {
         check_value("IpcSignal::wait_host", value)?;
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(2);
-        let mut next_check = start;
+        let mut wait = Backoff::new(timeout, Duration::from_micros(2), Duration::from_millis(1));
+        let mut next_check = Instant::now();
         loop {
             let now_value = match self.value() {
                 Ok(v) => v,
@@ -496,15 +496,12 @@ impl IpcSignal {
                 self.check_parties()?;
                 next_check = Instant::now() + LIVENESS_CHECK;
             }
-            let waited = start.elapsed();
-            if waited >= timeout {
+            if let Err(waited) = wait.pause() {
                 return Err(Error::Timeout {
                     what: "IPC signal wait",
                     waited,
                 });
             }
-            std::thread::sleep(pause.min(timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 
@@ -565,23 +562,24 @@ impl IpcSignal {
         self.counter.as_raw_ptr()
     }
 
-    /// How long dropping an exported signal waits for importers to close it before leaking its
-    /// 8 bytes instead of freeing them (default
-    /// [`DEFAULT_LEASE_TIMEOUT`](crate::DEFAULT_LEASE_TIMEOUT)).
-    pub fn set_lease_timeout(&mut self, timeout: Duration) {
-        self.counter.set_lease_timeout(timeout);
-    }
-
-    /// Release the signal and report what drop would hide (as [`IpcBuffer::close`]).
+    /// Close the signal and report what drop would hide, as [`IpcBuffer::close`]: an exported
+    /// signal waits up to `timeout` for its importers to close it, then frees its counter.
+    /// Dropping never waits: the counter's free is then deferred while importers map it.
     ///
     /// # Errors
     ///
-    /// [`Error::LeasesOutstanding`] when importers remained (the counter was leaked, not
-    /// freed), [`Error::Cuda`] naming `cuMemFree`.
-    pub fn close(self) -> Result<()> {
-        let Self { counter, host, .. } = self;
-        drop(host);
-        counter.close()
+    /// [`Error::LeasesOutstanding`] when importers remained (the signal comes back in the
+    /// error, closing), [`Error::Cuda`] naming `cuMemFree`.
+    #[doc(alias = "cuMemFree")]
+    pub fn close(mut self, timeout: Duration) -> Result<(), CloseError<Self>> {
+        match self
+            .counter
+            .wait_for_importers(timeout)
+            .and_then(|()| self.counter.release())
+        {
+            Ok(()) => Ok(()),
+            Err(error) => Err(CloseError::new(error, self)),
+        }
     }
 }
 

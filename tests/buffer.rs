@@ -9,7 +9,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{gpu, gpu_count, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
@@ -216,7 +216,7 @@ fn a_forged_length_is_refused_on_first_open_and_on_a_cache_hit() {
     );
     assert_eq!(out[2], format!("real {}", 1 << 16));
     assert!(buf.importers().is_empty());
-    buf.close().unwrap();
+    buf.close(Duration::ZERO).unwrap();
 }
 
 #[test]
@@ -231,10 +231,8 @@ fn a_cache_hit_is_refused_once_the_exporter_closes() {
     wait_for("child opened", Duration::from_secs(30), || {
         shared.done.load(Ordering::Acquire) == 1
     });
-    let mut buf = buf;
-    buf.set_lease_timeout(Duration::from_secs(30));
     // Waits for the child's lease; the child's next open must see the table closing.
-    buf.close().unwrap();
+    buf.close(Duration::from_secs(30)).unwrap();
     let out = child.expect_success(Duration::from_secs(30));
     assert_eq!(out.len(), 1, "{out:?}");
     assert!(out[0].starts_with("refused: StaleHandle"), "{out:?}");
@@ -262,7 +260,7 @@ fn round_trip(importer_device: u32) {
         buf.importers().is_empty(),
         "the importer's lease is released at its exit"
     );
-    buf.close().unwrap();
+    buf.close(Duration::ZERO).unwrap();
 }
 
 #[test]
@@ -397,7 +395,7 @@ fn a_freed_buffers_handle_never_opens_its_successor() {
     let old = IpcBuffer::<u32>::new(&ctx, len).unwrap();
     let old_ptr = old.as_raw_ptr();
     let old_handle = old.handle().unwrap();
-    old.close().unwrap();
+    old.close(Duration::ZERO).unwrap();
     let new = IpcBuffer::<u32>::new(&ctx, len).unwrap();
     new.copy_from_host(&pattern(len, 7)).unwrap();
     eprintln!(
@@ -455,22 +453,67 @@ fn exporter_killed_while_mapped() {
 
 #[test]
 #[ignore = "requires a CUDA device"]
-fn close_reports_importers_that_outlive_the_deadline_and_leaks() {
+fn close_reports_importers_that_outlive_the_deadline_and_gives_the_buffer_back() {
     let _dog = watchdog("outstanding", Duration::from_secs(90));
     let ctx = gpu();
     let shared = region();
-    let mut buf = IpcBuffer::<u32>::new(&ctx, 1024).unwrap();
-    buf.set_lease_timeout(Duration::from_millis(300));
+    let buf = IpcBuffer::<u32>::new(&ctx, 1024).unwrap();
+    buf.copy_from_host(&pattern(1024, 3)).unwrap();
     shared.mem.store(buf.handle().unwrap());
     let importer = spawn("open_and_sleep", &[shared.name()]);
     wait_for("import", Duration::from_secs(30), || {
         shared.done.load(Ordering::Acquire) == 1
     });
-    match buf.close() {
-        Err(Error::LeasesOutstanding { pids, .. }) => assert_eq!(pids, vec![importer.pid()]),
+    let t = Instant::now();
+    let err = buf.close(Duration::from_millis(300)).unwrap_err();
+    let waited = t.elapsed();
+    match err.error() {
+        Error::LeasesOutstanding { pids, .. } => assert_eq!(pids, &vec![importer.pid()]),
         other => panic!("{other:?}"),
     }
+    assert!(
+        (Duration::from_millis(300)..Duration::from_secs(2)).contains(&waited),
+        "close waited {waited:?}"
+    );
+    // The buffer comes back intact, closing: still ours to read, its handle refused.
+    let buf = err.into_inner();
+    let mut host = vec![0u32; 1024];
+    buf.copy_to_host(&mut host).unwrap();
+    assert_eq!(host, pattern(1024, 3));
+    assert!(matches!(
+        buf.close(Duration::from_millis(50))
+            .map_err(|e| e.into_parts().0),
+        Err(Error::LeasesOutstanding { .. })
+    ));
     drop(importer); // killed and reaped
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn dropping_an_export_while_mapped_returns_at_once_and_refuses_new_opens() {
+    let _dog = watchdog("drop_while_mapped", Duration::from_secs(90));
+    let ctx = gpu();
+    let shared = region();
+    let buf = IpcBuffer::<u32>::new(&ctx, 1 << 16).unwrap();
+    buf.copy_from_host(&pattern(1 << 16, 5)).unwrap();
+    let handle = buf.handle().unwrap();
+    shared.mem.store(handle);
+    let importer = spawn("open_and_sleep", &[shared.name()]);
+    wait_for("import", Duration::from_secs(30), || {
+        shared.done.load(Ordering::Acquire) == 1
+    });
+    let t = Instant::now();
+    drop(buf);
+    let dropped = t.elapsed();
+    eprintln!("drop of a buffer mapped by another process: {dropped:?}");
+    assert!(
+        dropped < Duration::from_millis(50),
+        "drop waited {dropped:?}"
+    );
+    // A new open of the dropped buffer's handle is refused, though its memory still exists.
+    let out = spawn("expect_stale", &[shared.name()]).expect_success(Duration::from_secs(50));
+    assert_eq!(out, vec!["stale"]);
+    drop(importer); // killed; the next scan reaps it and frees the memory
 }
 
 /// Load the committed PTX and check that each kernel does what kernels/simple_ipc.cu says.

@@ -618,7 +618,7 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
         println!("{die_at}: ExporterGone after {got} items; receiver dropped in {dropped:?}");
         // A drop that had to give up (and leak) would leave the stream blocked for good.
         assert!(
-            dropped < cuda_ipc::DEFAULT_LEASE_TIMEOUT,
+            dropped < Duration::from_secs(5),
             "{die_at}: the stream was not released"
         );
         stream.synchronize().unwrap();
@@ -668,7 +668,7 @@ fn a_dead_consumer_is_reported_and_nothing_hangs() {
         let closed = t.elapsed();
         println!("{how}: sender closed in {closed:?}");
         assert!(
-            closed < cuda_ipc::DEFAULT_LEASE_TIMEOUT,
+            closed < Duration::from_secs(5),
             "{how}: close waited out the leases"
         );
         stream.synchronize().unwrap();

@@ -3,7 +3,9 @@
 //! buffers sent over a socket (the exporter dropping each while the importer still maps it),
 //! a killed importer's lease reaped with the memory back to baseline, and 1,000 arenas created,
 //! imported, carved into buffers and viewed (half freed while viewed) with nothing left behind,
-//! and 2,000 pool buffers each freed by its owner while the importer still held it.
+//! 2,000 pool buffers each freed by its owner while the importer still held it, and 2,000
+//! legacy buffers each dropped by its exporter while mapped (the free deferred, done by
+//! `collect_deferred` once the importer let go).
 //!
 //! GPU tests, `#[ignore = "requires a CUDA device"]`, in their own binary and serialised by a
 //! lock: free device memory is device-wide, so no other test may run beside them.
@@ -153,6 +155,55 @@ fn pool_owner(socket: &str) -> i32 {
     0
 }
 
+/// The deferred-free soak's exporter: per cycle a legacy buffer, its handle published; dropped
+/// once the importer has it open (drop must return at once, the free deferred); freed by
+/// `collect_deferred` once the importer has read it and let go.
+fn deferred_exporter(region: &str) -> i32 {
+    let shared = ShmOptions::new(region).open::<Shared>().unwrap();
+    let ctx = gpu();
+    let mut baseline = (0, 0);
+    let mut slowest_drop = Duration::ZERO;
+    for i in 0..FD_CYCLES {
+        if i == WARMUP {
+            baseline = (fd_count(), ctx.mem_info().unwrap().0);
+        }
+        let k = i + 1;
+        let buf = IpcBuffer::<u8>::new(&ctx, LEN).unwrap();
+        buf.memset_bytes((i % 251) as u8).unwrap();
+        shared.mem.store(buf.handle().unwrap());
+        shared.seq.store(2 * k - 1, Ordering::Release);
+        spin_until("open", || shared.ack.load(Ordering::Acquire) == 2 * k - 1);
+        let t = Instant::now();
+        drop(buf);
+        slowest_drop = slowest_drop.max(t.elapsed());
+        let left = cuda_ipc::collect_deferred();
+        assert_eq!(
+            (left.freed, left.pending, left.pending_bytes),
+            (0, 1, LEN),
+            "cycle {i}: mapped by the importer"
+        );
+        shared.seq.store(2 * k, Ordering::Release);
+        spin_until("close", || shared.ack.load(Ordering::Acquire) == 2 * k);
+        let left = cuda_ipc::collect_deferred();
+        assert_eq!(
+            (left.freed, left.pending),
+            (1, 0),
+            "cycle {i}: freed once the importer let go"
+        );
+    }
+    let end = (fd_count(), ctx.mem_info().unwrap().0);
+    eprintln!("deferred soak: slowest drop {slowest_drop:?}");
+    assert!(
+        slowest_drop < Duration::from_millis(50),
+        "a drop waited {slowest_drop:?}"
+    );
+    report(format!(
+        "fds {} {} free {} {}",
+        baseline.0, end.0, baseline.1, end.1
+    ));
+    0
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
@@ -161,6 +212,9 @@ fn child_process() {
         }
         if role == "pool_owner" {
             return pool_owner(&args[0]);
+        }
+        if role == "deferred_exporter" {
+            return deferred_exporter(&args[0]);
         }
         let shared = ShmOptions::new(&args[0])
             .open::<Shared>()
@@ -183,7 +237,7 @@ fn child_process() {
             shared.mem.store(buf.handle().unwrap());
             shared.seq.store(i + 1, Ordering::Release);
             spin_until("importer", || shared.ack.load(Ordering::Acquire) == i + 1);
-            buf.close().unwrap();
+            buf.close(Duration::ZERO).unwrap();
         }
         let end = (fd_count(), ctx.mem_info().unwrap().0);
         report(format!(
@@ -240,6 +294,63 @@ fn ten_thousand_export_open_drop_cycles_leak_nothing() {
     assert!(
         shm0 <= 2,
         "at most the current cycle's tables exist mid-run, found {shm0}"
+    );
+    let (exporter_free0, exporter_free1) =
+        assert_soak_leaked_nothing((fds0, fds1), shm1, (free_start, free1), &results[0]);
+    assert_eq!(
+        exporter_free0, exporter_free1,
+        "exporter-side free GPU memory changed"
+    );
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn two_thousand_buffers_dropped_while_mapped_are_freed_once_unmapped() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _dog = watchdog("deferred soak", Duration::from_secs(300));
+    let ctx = gpu();
+    let shared = ShmOptions::new(unique_name("deferred"))
+        .create::<Shared>()
+        .unwrap();
+    let (free_start, _) = ctx.mem_info().unwrap();
+    let exporter = spawn("deferred_exporter", &[shared.name()]);
+    let mut host = vec![0u8; LEN];
+    let mut baseline = None;
+    let start = Instant::now();
+    for i in 0..FD_CYCLES {
+        if i == WARMUP {
+            baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
+        }
+        let k = i + 1;
+        spin_until("exporter", || {
+            shared.seq.load(Ordering::Acquire) == 2 * k - 1
+        });
+        let buf = IpcBuffer::open_exact(&ctx, &shared.mem.load(), LEN).unwrap();
+        shared.ack.store(2 * k - 1, Ordering::Release);
+        spin_until("drop", || shared.seq.load(Ordering::Acquire) == 2 * k);
+        // The exporter has dropped its buffer: our mapping still reads its contents.
+        buf.copy_to_host(&mut host).unwrap();
+        assert!(
+            host.iter().all(|&b| u64::from(b) == i % 251),
+            "cycle {i}: wrong data after the owner's drop"
+        );
+        drop(buf);
+        shared.ack.store(2 * k, Ordering::Release);
+    }
+    let elapsed = start.elapsed();
+    let results = exporter.expect_success(Duration::from_secs(60));
+    let (fds0, shm0) = baseline.unwrap();
+    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
+    eprintln!(
+        "deferred soak: {FD_CYCLES} cycles in {:.2} s ({:.0} µs/cycle); importer fds \
+         {fds0}->{fds1}, lease tables {shm0}->{shm1}, device free memory {free_start}->{free1}; \
+         exporter: {}",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e6 / FD_CYCLES as f64,
+        results[0]
     );
     let (exporter_free0, exporter_free1) =
         assert_soak_leaked_nothing((fds0, fds1), shm1, (free_start, free1), &results[0]);
@@ -316,8 +427,7 @@ fn importer_killed_its_lease_is_reaped_and_memory_freed() {
         .unwrap();
     let (free_before, _) = ctx.mem_info().unwrap();
     let len = 256 << 20;
-    let mut buf = IpcBuffer::<u8>::new(&ctx, len).unwrap();
-    buf.set_lease_timeout(Duration::from_secs(10));
+    let buf = IpcBuffer::<u8>::new(&ctx, len).unwrap();
     shared.mem.store(buf.handle().unwrap());
     let importer = spawn("open_and_sleep", &[shared.name()]);
     wait_for("import", Duration::from_secs(30), || {
@@ -330,7 +440,7 @@ fn importer_killed_its_lease_is_reaped_and_memory_freed() {
         buf.importers().is_empty(),
         "a dead importer's lease is reaped"
     );
-    buf.close().unwrap();
+    buf.close(Duration::from_secs(10)).unwrap();
     let slack = 4 << 20;
     let free_after = wait_for_free_memory(&ctx, free_before, slack);
     assert!(

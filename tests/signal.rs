@@ -443,7 +443,7 @@ fn a_host_wait_notices_a_dead_importer_before_its_deadline() {
     eprintln!("signal: dead importer noticed after {:?}", t.elapsed());
     // The dead lease is reaped, so the signal is freed at once, not leaked.
     assert!(sig.importers().is_empty());
-    sig.close().unwrap();
+    sig.close(Duration::ZERO).unwrap();
 }
 
 #[test]
@@ -554,5 +554,5 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     // SAFETY: the stream is synchronised before the signal closes.
     unsafe { sig.wait(&stream, 1).unwrap() };
     stream.synchronize().unwrap();
-    sig.close().unwrap();
+    sig.close(Duration::ZERO).unwrap();
 }

@@ -4,17 +4,21 @@
 //! GPU work.
 
 use std::mem::ManuallyDrop;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
-use crate::buffer::{DEFAULT_LEASE_TIMEOUT, IpcBuffer};
+use crate::buffer::IpcBuffer;
 use crate::driver::{check, sys};
 use crate::error::{Error, Result};
 use crate::shm::ShmRegion;
 use crate::signal::IpcSignal;
+
+/// How long dropping or closing an end waits for the channel's GPU operations (and closing the
+/// producer, for the consumer to unmap) by default: see `set_drop_timeout`.
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which end: it decides how the end closes and which counter it may force at teardown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +73,7 @@ impl<T: Pod> Endpoint<T> {
             released: ManuallyDrop::new(released),
             untracked: false,
             torn_down: false,
-            drain_timeout: DEFAULT_LEASE_TIMEOUT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 
@@ -177,15 +181,17 @@ impl<T: Pod> Endpoint<T> {
 
     /// Close our end in the region and wait (at most the drop timeout) for our GPU operations —
     /// forcing the counter our streams wait on once the other end is gone — then close the
-    /// memory and counters, or leak them if GPU work may still touch them. Runs once; later
-    /// calls return `Ok`.
+    /// memory and counters, or leak them if GPU work may still touch them. The producer's
+    /// memory is freed once the consumer has unmapped it: `peer_wait` is how long to wait for
+    /// that here (zero from drop: the free is then deferred, see `deferred.rs`). Runs once;
+    /// later calls return `Ok`.
     ///
     /// The producer closes first and then drains: a consumer keeps receiving what was
     /// published, and its GPU waits are met by the producer's pending writes. The consumer
     /// drains first and then closes: a producer that finds the consumer closed may force the
     /// release counter (its own streams' waits pass at once), which is only harmless once the
     /// consumer's GPU reads of released slots are done.
-    pub(crate) fn teardown(&mut self) -> Result<()> {
+    pub(crate) fn teardown(&mut self, peer_wait: Duration) -> Result<()> {
         if self.torn_down {
             return Ok(());
         }
@@ -232,7 +238,13 @@ impl<T: Pod> Endpoint<T> {
             });
         }
         let (data, sent, released) = parts;
-        let results = [data.close(), sent.close(), released.close()];
+        let deadline = Instant::now() + peer_wait;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let results = [
+            data.close(left()).map_err(Error::from),
+            sent.close(left()).map_err(Error::from),
+            released.close(left()).map_err(Error::from),
+        ];
         results.into_iter().collect::<Result<Vec<()>>>().map(drop)
     }
 }
@@ -241,6 +253,6 @@ impl<T: Pod> Drop for Endpoint<T> {
     fn drop(&mut self) {
         // Drop cannot report: `close` on the owning end returns what went wrong; here a
         // failure leaks at worst.
-        let _ = self.teardown();
+        let _ = self.teardown(Duration::ZERO);
     }
 }

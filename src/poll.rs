@@ -1,0 +1,133 @@
+//! Bounded waiting: one poll-and-back-off loop for every wait of the crate that has a deadline
+//! (an event's host synchronize, a signal's host wait, an export's close waiting for its
+//! importers, a region's open waiting for its creator).
+//!
+//! Each caller checks its own condition (and its peers' liveness), then calls
+//! [`Backoff::pause`], which either reports that the deadline has passed or waits a little:
+//! pauses start short, double each time up to a cap, and are never longer than the time left,
+//! so a wait returns at its deadline, not a pause later. Pauses below a caller-chosen length
+//! spin instead of sleeping (a sleep's granularity would otherwise set the latency of short
+//! waits).
+
+use std::time::{Duration, Instant};
+
+/// A deadline and the pause schedule of one wait (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    start: Instant,
+    timeout: Duration,
+    pause: Duration,
+    max: Duration,
+    spin_below: Duration,
+}
+
+impl Backoff {
+    /// A wait of at most `timeout` from now, pausing `first`, then twice as long each time up
+    /// to `max`.
+    pub(crate) fn new(timeout: Duration, first: Duration, max: Duration) -> Self {
+        Self::since(Instant::now(), timeout, first, max)
+    }
+
+    /// As [`new`](Self::new), for a wait whose time started at `start` (a deadline shared by
+    /// several steps).
+    pub(crate) fn since(start: Instant, timeout: Duration, first: Duration, max: Duration) -> Self {
+        Self {
+            start,
+            timeout,
+            pause: first,
+            max,
+            spin_below: Duration::ZERO,
+        }
+    }
+
+    /// Spin (with a CPU hint) rather than sleep for pauses shorter than `d`.
+    pub(crate) fn spinning_below(mut self, d: Duration) -> Self {
+        self.spin_below = d;
+        self
+    }
+
+    /// Time since the wait started.
+    pub(crate) fn waited(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Pause once; `Err(waited)` instead, without pausing, once the deadline has passed.
+    pub(crate) fn pause(&mut self) -> Result<(), Duration> {
+        let waited = self.start.elapsed();
+        if waited >= self.timeout {
+            return Err(waited);
+        }
+        let pause = self.pause.min(self.timeout - waited);
+        if pause < self.spin_below {
+            let until = Instant::now() + pause;
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(pause);
+        }
+        self.pause = (self.pause * 2).min(self.max);
+        Ok(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn returns_at_the_deadline_not_a_pause_later() {
+        let mut b = Backoff::new(
+            Duration::from_millis(30),
+            Duration::from_millis(1),
+            Duration::from_secs(10),
+        );
+        let start = Instant::now();
+        let mut pauses = 0;
+        let waited = loop {
+            match b.pause() {
+                Ok(()) => pauses += 1,
+                Err(waited) => break waited,
+            }
+        };
+        assert!(waited >= Duration::from_millis(30), "{waited:?}");
+        // 1 + 2 + 4 + 8 ms, then the 16 ms pause is cut to what is left.
+        assert!(
+            start.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!((5..=6).contains(&pauses), "{pauses} pauses");
+    }
+
+    #[test]
+    fn a_zero_timeout_never_pauses() {
+        let mut b = Backoff::new(
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        assert!(b.pause().is_err());
+    }
+
+    #[test]
+    fn short_pauses_spin() {
+        let mut b = Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_micros(1),
+            Duration::from_micros(8),
+        )
+        .spinning_below(Duration::from_micros(50));
+        let start = Instant::now();
+        for _ in 0..100 {
+            b.pause().unwrap();
+        }
+        // 100 pauses of at most 8 µs each; sleeping would take far longer on most kernels.
+        assert!(
+            start.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(b.waited() < Duration::from_secs(1));
+    }
+}
