@@ -36,7 +36,7 @@
 //! | importer, between the compare-exchange and `Held` | `Claiming(pid)`: a live holder while it runs; once it is dead, the exporter's close reaps it |
 //! | importer, after `Held`, before or after mapping | a holder; once dead, reaped by the close (its mapping died with it) |
 //! | importer, after unmapping, before release | a holder until it releases or dies: close waits, then reaps |
-//! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the table stays until the last importer drops, which unlinks it (its creator is dead) |
+//! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the last importer to release unlinks the table's name (the exporter keeps its mapping, and frees once its scan finds no holder) |
 //! | exporter, killed at any point | its memory is freed by the driver with its context; importers see `ExporterGone` on later opens and waits |
 //!
 //! Tested by: a loom model of close against two claimers, one of which dies mid-claim
@@ -476,9 +476,12 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.table.slots().release(self.slot, self.held);
-        // The exporter died without unlinking its table: the last importer cleans it up (and
-        // stops caching it).
-        if !crate::process::is_alive_cached(&self.table.exporter())
+        // The exporter died without unlinking its table, or closed it while we held a lease
+        // (its free deferred, see `deferred.rs`; it may exit before its next sweep): the last
+        // importer removes the name (and stops caching the table). Names are random tokens
+        // never reused, and an open of a closing export is refused anyway: unlinked, it is
+        // refused as stale the same. The exporter keeps its mapping of the table.
+        if (self.table.is_closing() || !crate::process::is_alive_cached(&self.table.exporter()))
             && self
                 .table
                 .slots
