@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use cuda_ipc::{BarrierState, MAX_PARTIES, ProcessBarrier, ShmOptions, ShmSafe};
+use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe};
 
 #[repr(C)]
 struct Shared {
@@ -114,7 +114,10 @@ fn main() -> ExitCode {
         };
     }
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: shm_barrier [children 1..={MAX_PARTIES} (default 4)] [steps (default 3)]");
+        println!(
+            "usage: shm_barrier [children 1..={} (default 4)] [steps (default 3)]",
+            ProcessBarrier::MAX_PARTIES
+        );
         return ExitCode::SUCCESS;
     }
     let children = args.first().and_then(|s| s.parse().ok()).unwrap_or(4u32);

@@ -359,7 +359,7 @@ impl IpcArena {
     }
 
     /// Give back the ranges of freed buffers whose views are all gone, and reap every importer
-    /// proven dead (its views, and its slot among the [`MAX_IMPORTERS`](crate::MAX_IMPORTERS)
+    /// proven dead (its views, and its slot among the [`MAX_IMPORTERS`](crate::IpcBuffer::MAX_IMPORTERS)
     /// an arena tracks); returns the bytes still waiting for live importers.
     /// [`alloc`](Self::alloc) does the first part itself when it runs short; call this now and
     /// then where importers come and go (each one that dies keeps its slot until reaped).

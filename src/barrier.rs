@@ -1,4 +1,4 @@
-//! [`ProcessBarrier`]: a reusable barrier for up to [`MAX_PARTIES`] processes whose state,
+//! [`ProcessBarrier`]: a reusable barrier for up to [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES) processes whose state,
 //! [`BarrierState`], lives in shared memory.
 //!
 //! # Algorithm
@@ -9,7 +9,7 @@
 //! a separate 32-bit futex word and wakes sleepers only if one has announced itself, so a barrier
 //! whose waiters are all spinning costs no system call. Everyone else spins briefly on the state
 //! word (one cache line carries both the arrivals and the completion), then yields, then sleeps
-//! on the futex word (a shared futex, not `FUTEX_PRIVATE`) in ticks of [`LIVENESS_TICK`],
+//! on the futex word (a shared futex, not `FUTEX_PRIVATE`) in ticks of [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK),
 //! checking at each tick that every other participant is alive.
 //!
 //! A waiter that runs out of time withdraws its arrival with a compare-exchange against the same
@@ -47,17 +47,17 @@ use crate::sync::{
 };
 
 /// The most participants a barrier supports.
-pub const MAX_PARTIES: u32 = 64;
+pub(crate) const MAX_PARTIES: u32 = 64;
 
 /// How often a sleeping waiter wakes to check that its peers are alive: a dead peer is noticed
 /// within this tick plus the time to read `/proc` for each peer.
-pub const LIVENESS_TICK: Duration = Duration::from_millis(100);
+pub(crate) const LIVENESS_TICK: Duration = Duration::from_millis(100);
 
 /// Default deadline of [`ProcessBarrier::wait`].
-pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default time a waiter spins before it yields and then sleeps.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// How long a waiter yields the CPU between polls after spinning and before sleeping.
 const YIELD_FOR: Duration = Duration::from_micros(200);
@@ -164,7 +164,7 @@ impl BarrierState {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`].
+    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES).
     pub fn new(parties: u32) -> Result<Self> {
         let state = Self::zeroed();
         state.init(parties)?;
@@ -193,7 +193,7 @@ impl BarrierState {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`], or if the state
+    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES), or if the state
     /// was already initialised.
     pub fn init(&self, parties: u32) -> Result<()> {
         if parties == 0 || parties > MAX_PARTIES {
@@ -331,7 +331,7 @@ impl BarrierWaitResult {
 /// `exited_cleanly` instead of hanging).
 ///
 /// Every wait is bounded. When a participant dies (`SIGKILL` at any point), every waiter
-/// returns [`Error::PeerLost`] naming it within about [`LIVENESS_TICK`], and the barrier stays
+/// returns [`Error::PeerLost`] naming it within about [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK), and the barrier stays
 /// poisoned: later waits fail at once. A stopped (`SIGSTOP`) participant is alive: waiters get
 /// [`Error::Timeout`] at their deadline, and the barrier stays usable.
 ///
@@ -369,6 +369,17 @@ pub struct ProcessBarrier<'a> {
 }
 
 impl<'a> ProcessBarrier<'a> {
+    /// The most processes one barrier serves.
+    pub const MAX_PARTIES: u32 = MAX_PARTIES;
+    /// How often a sleeping waiter wakes to check that its peers are alive: a dead peer is
+    /// noticed within about this long.
+    pub const LIVENESS_TICK: Duration = LIVENESS_TICK;
+    /// The deadline of [`wait`](Self::wait) unless [`set_default_timeout`](Self::set_default_timeout) changes it.
+    pub const DEFAULT_WAIT_TIMEOUT: Duration = DEFAULT_WAIT_TIMEOUT;
+    /// How long a waiter spins before it yields and sleeps, unless
+    /// [`set_spin`](Self::set_spin) changes it.
+    pub const DEFAULT_SPIN: Duration = DEFAULT_SPIN;
+
     /// Join the barrier: validate the shared state and claim a free participant slot.
     ///
     /// # Errors
@@ -426,12 +437,12 @@ impl<'a> ProcessBarrier<'a> {
         })
     }
 
-    /// Set the deadline [`wait`](Self::wait) uses (default [`DEFAULT_WAIT_TIMEOUT`]).
+    /// Set the deadline [`wait`](Self::wait) uses (default [`DEFAULT_WAIT_TIMEOUT`](ProcessBarrier::DEFAULT_WAIT_TIMEOUT)).
     pub fn set_default_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
 
-    /// Set how long a waiter spins before yielding and sleeping (default [`DEFAULT_SPIN`]).
+    /// Set how long a waiter spins before yielding and sleeping (default [`DEFAULT_SPIN`](ProcessBarrier::DEFAULT_SPIN)).
     /// Longer spins cut wake-up latency when every participant has its own core; zero suits
     /// oversubscribed machines.
     pub fn set_spin(&mut self, spin: Duration) {

@@ -207,6 +207,10 @@ fn byte_len_of<T>(len: usize) -> Result<usize> {
 }
 
 impl<T: Pod> IpcBuffer<T> {
+    /// The most processes that can map one export at a time (a further open is
+    /// [`Error::TooManyImporters`]); the same bound holds for events, signals, arenas and pools.
+    pub const MAX_IMPORTERS: usize = crate::lease::MAX_IMPORTERS;
+
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
     /// a valid `T`: it is `Pod`), and prepare its lease table for export.
     ///

@@ -52,9 +52,9 @@ use crate::os::socket as sys;
 use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle};
 
 /// The largest payload of one message, in bytes.
-pub const MAX_PAYLOAD: usize = 64 * 1024;
+pub(crate) const MAX_PAYLOAD: usize = 64 * 1024;
 /// The most descriptors one message carries.
-pub const MAX_FDS: usize = sys::MAX_FDS;
+pub(crate) const MAX_FDS: usize = sys::MAX_FDS;
 
 /// Message framing: one version byte before the payload (so that no message is empty: an
 /// empty read means the peer closed).
@@ -280,6 +280,13 @@ pub struct FdMessage {
 }
 
 impl FdSocket {
+    /// The largest payload one message carries.
+    pub const MAX_PAYLOAD: usize = MAX_PAYLOAD;
+    /// The most descriptors one message carries.
+    pub const MAX_FDS: usize = MAX_FDS;
+}
+
+impl FdSocket {
     /// Connect to a listener at `name`, checking that the listening process is one `policy`
     /// allows (a name squatted by another user is refused), retrying at most `timeout` while
     /// its backlog is full.
@@ -304,7 +311,7 @@ impl FdSocket {
         self.peer
     }
 
-    /// Send `payload` (1 to [`MAX_PAYLOAD`] bytes) and `fds` (at most [`MAX_FDS`]) as one
+    /// Send `payload` (1 to [`MAX_PAYLOAD`](Self::MAX_PAYLOAD) bytes) and `fds` (at most [`MAX_FDS`](Self::MAX_FDS)) as one
     /// message, waiting at most `timeout` for room in the socket.
     ///
     /// # Errors

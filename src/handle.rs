@@ -27,7 +27,7 @@ pub(crate) const KIND_ARENA: u16 = 4;
 pub(crate) const KIND_POOL: u16 = 5;
 
 /// Size of an envelope in bytes.
-pub const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
+pub(crate) const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 
 /// How an [`IpcBuffer`](crate::IpcBuffer)'s memory is shared with other processes: chosen when
 /// the buffer is allocated ([`IpcBuffer::new_with`](crate::IpcBuffer::new_with)).
@@ -382,6 +382,9 @@ unsafe impl<T: 'static> Zeroable for IpcMemHandle<T> {}
 unsafe impl<T: 'static> Pod for IpcMemHandle<T> {}
 
 impl<T> IpcMemHandle<T> {
+    /// The size of a handle's bytes ([`as_bytes`](Self::as_bytes)).
+    pub const SIZE: usize = HANDLE_SIZE;
+
     pub(crate) fn from_envelope(env: Envelope) -> Self {
         Self {
             env,
@@ -460,6 +463,9 @@ pub struct IpcEventHandle {
 }
 
 impl IpcEventHandle {
+    /// The size of a handle's bytes.
+    pub const SIZE: usize = HANDLE_SIZE;
+
     /// The envelope's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.env)
@@ -503,6 +509,9 @@ pub struct IpcSignalHandle {
 }
 
 impl IpcSignalHandle {
+    /// The size of a handle's bytes.
+    pub const SIZE: usize = HANDLE_SIZE;
+
     /// The envelope's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.env)

@@ -58,7 +58,7 @@ use crate::shm::{ShmOptions, ShmRegion};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The most importing processes one export tracks.
-pub const MAX_IMPORTERS: usize = 64;
+pub(crate) const MAX_IMPORTERS: usize = 64;
 
 #[repr(C)]
 pub(crate) struct LeaseTable {

@@ -140,10 +140,7 @@ pub use arena::{
     __testing as __arena_testing, ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena,
     IpcArenaHandle,
 };
-pub use barrier::{
-    BarrierState, BarrierWaitResult, DEFAULT_SPIN, DEFAULT_WAIT_TIMEOUT, LIVENESS_TICK,
-    MAX_PARTIES, ProcessBarrier,
-};
+pub use barrier::{BarrierState, BarrierWaitResult, ProcessBarrier};
 pub use buffer::IpcBuffer;
 #[cfg(fuzzing)]
 pub use channel::__fuzz_reseal_channel;
@@ -160,21 +157,16 @@ pub use device::{
 pub use error::{CloseError, Error, Result};
 pub use event::IpcEvent;
 pub use fd_socket::{
-    FdListener, FdMessage, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerCred, PeerPolicy, SocketName,
-    take_fd_from_process,
+    FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,
 };
-pub use handle::{
-    __fuzz_reseal, HANDLE_SIZE, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle,
-};
-pub use lease::{__testing as __lease_testing, MAX_IMPORTERS, reclaim_stale_lease_tables};
+pub use handle::{__fuzz_reseal, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
+pub use lease::{__testing as __lease_testing, reclaim_stale_lease_tables};
 pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, PoolView};
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};
 pub use shared::{ShmCell, ShmSafe};
-pub use shm::{
-    DEFAULT_OPEN_TIMEOUT, HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name,
-};
+pub use shm::{HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name};
 pub use signal::IpcSignal;
 pub use slice::GpuSlice;
 pub use stream::{AsStream, RawStream};

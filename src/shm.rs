@@ -41,7 +41,7 @@ const SUFFIX_LEN: usize = 17;
 const MAX_ALIGN: usize = 4096;
 
 /// Default for [`ShmOptions::open_timeout`].
-pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Check a shared-memory name and return it without its optional leading `/`.
 ///
@@ -128,6 +128,10 @@ pub struct ShmOptions {
 }
 
 impl ShmOptions {
+    /// How long [`open`](Self::open) waits for a region's creator to publish it, unless
+    /// [`open_timeout`](Self::open_timeout) changes it.
+    pub const DEFAULT_OPEN_TIMEOUT: Duration = DEFAULT_OPEN_TIMEOUT;
+
     /// Options for the region called `name` (with or without a leading `/`).
     pub fn new(name: impl Into<String>) -> Self {
         Self {
@@ -146,7 +150,7 @@ impl ShmOptions {
     }
 
     /// How long open waits for a creator to publish the header before [`Error::NotReady`]
-    /// (default [`DEFAULT_OPEN_TIMEOUT`]). Open returns at once if the creator is known dead.
+    /// (default [`DEFAULT_OPEN_TIMEOUT`](Self::DEFAULT_OPEN_TIMEOUT)). Open returns at once if the creator is known dead.
     pub fn open_timeout(mut self, timeout: Duration) -> Self {
         self.open_timeout = timeout;
         self

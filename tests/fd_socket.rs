@@ -12,7 +12,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::{NOBODY, drop_privileges, fd_count, is_root, report, spawn, unique_name, watchdog};
-use cuda_ipc::{Error, FdListener, FdSocket, MAX_FDS, MAX_PAYLOAD, PeerPolicy, SocketName};
+use cuda_ipc::{Error, FdListener, FdSocket, PeerPolicy, SocketName};
+
+const MAX_FDS: usize = FdSocket::MAX_FDS;
+const MAX_PAYLOAD: usize = FdSocket::MAX_PAYLOAD;
 
 fn memfd_with(text: &str) -> std::fs::File {
     let name = std::ffi::CString::new("cuda-ipc-test").unwrap();

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__lease_testing::{Export, Held};
-use cuda_ipc::{Error, MAX_IMPORTERS, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::{Error, IpcBuffer, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+
+const MAX_IMPORTERS: usize = IpcBuffer::<u8>::MAX_IMPORTERS;
 
 #[repr(C)]
 struct Shadow {
