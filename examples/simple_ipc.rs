@@ -460,7 +460,8 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
         region.barrier.poison();
     }
     phases.mark("verified");
-    // Free while the children exit: each buffer's drop waits until no child maps it.
+    // Free while the children exit: a buffer a child still maps is freed once it unmaps (or
+    // at our exit, with the context), without waiting here.
     let freed = published.map(drop);
     phases.mark("freed");
     let failed = wait_children(children, &region);

@@ -25,9 +25,10 @@
 //! next scan and reaped (the driver unmapped its memory with its process); an importer
 //! preempted mid-claim either completes its claim before the table closed (a holder: the free
 //! waits) or sees *closing* and backs off. If this process exits with frees pending, the driver
-//! frees the memory with the context, and the lease tables left in `/dev/shm` are removed by
-//! the next process's sweep ([`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables))
-//! or by their last importer.
+//! frees the memory with the context, and an `atexit` hook removes their lease tables' names
+//! from `/dev/shm`; if it is killed, the last importer to release removes each name, or the
+//! next process's sweep does
+//! ([`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,7 +90,34 @@ pub(crate) fn free_or_defer(
         leases,
     });
     PENDING.store(list.len(), Ordering::Relaxed);
+    drop(list);
+    unlink_tables_at_exit();
     Ok(())
+}
+
+/// Once per process, on the first deferral: have `exit` unlink the lease tables of frees
+/// still pending (the driver frees their memory with the process; their names would
+/// otherwise stay in `/dev/shm` until another process's sweep). Only names are removed — no
+/// driver call at exit —, and an open of a closing export is refused whether its table is
+/// there or not. Not run when the process is killed (then the sweep or the last importer
+/// removes them).
+fn unlink_tables_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain `extern "C"` function with no arguments, which neither
+        // unwinds (it catches nothing that could panic: try_lock and unlink calls) nor calls
+        // `exit`. A failed registration only leaves the names to the sweep.
+        let _ = unsafe { libc::atexit(unlink_pending_tables) };
+    });
+}
+
+extern "C" fn unlink_pending_tables() {
+    // `try_lock`: an exit from inside a sweep must not deadlock (the names then stay).
+    if let Some(list) = LIST.try_lock() {
+        for d in list.iter() {
+            d.leases.unlink_name();
+        }
+    }
 }
 
 fn free(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {

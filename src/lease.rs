@@ -297,6 +297,12 @@ impl ExportLeases {
         &self.region
     }
 
+    /// Remove the table's name from `/dev/shm` now (the mapping stays; drop's unlink then
+    /// finds nothing to do). Errors are ignored: the sweep removes what is left.
+    pub(crate) fn unlink_name(&self) {
+        let _ = self.region.unlink_shared();
+    }
+
     /// Mark the table closing; from now on no new lease is granted.
     pub(crate) fn begin_close(&self) {
         self.region.slots().begin_close();
