@@ -527,10 +527,10 @@ impl IpcSignalHandle {
     /// # Examples
     ///
     /// ```
-    /// use cuda_ipc::{Error, IpcSignalHandle, HANDLE_SIZE};
+    /// use cuda_ipc::{Error, IpcSignalHandle};
     ///
     /// assert!(matches!(
-    ///     IpcSignalHandle::from_bytes(&[0u8; HANDLE_SIZE]),
+    ///     IpcSignalHandle::from_bytes(&[0u8; IpcSignalHandle::SIZE]),
     ///     Err(Error::CorruptHandle { .. })
     /// ));
     /// ```
