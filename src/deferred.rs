@@ -251,6 +251,64 @@ mod tests {
         assert_eq!(freed.get(), 2);
     }
 
+    /// Replay: an importer's claim is preempted after its slot reads *claiming* (the first
+    /// window), and the owner drops the buffer right then. The drop's scan sees the claimer
+    /// as a holder and defers; the claim resumes, finds the table closing and backs off
+    /// (stale) without mapping; the next sweep frees.
+    #[test]
+    fn a_claim_stalled_across_the_drop_defers_the_free_then_backs_off() {
+        let t = token(0xd4);
+        let mut list = vec![Fake(ExportLeases::create(&t).unwrap(), 64)];
+        let freed = Cell::new(0);
+        let count = |_: &Fake| {
+            freed.set(freed.get() + 1);
+            Ok(())
+        };
+        let mut at_drop = None;
+        let mut windows = 0;
+        let claim = Lease::acquire_pausing(&t, 1, || {
+            windows += 1;
+            if windows == 1 {
+                at_drop = Some(sweep(&mut list, count));
+            }
+        });
+        let at_drop = at_drop.expect("the claim paused");
+        assert_eq!(
+            (at_drop.freed, at_drop.pending),
+            (0, 1),
+            "a claimer is a holder"
+        );
+        assert!(
+            matches!(claim, Err(crate::Error::StaleHandle { .. })),
+            "the claim must back off once the table is closing"
+        );
+        let r = sweep(&mut list, count);
+        assert_eq!((r.freed, r.pending), (1, 0));
+        assert_eq!(freed.get(), 1);
+    }
+
+    /// Replay: the owner drops while an importer maps (deferred); the importer releases, and
+    /// being the last holder of a closing table it removes the table's name (the owner may
+    /// exit before its next sweep); the owner's sweep still frees, and its drop of the table
+    /// after the name is gone is harmless.
+    #[test]
+    fn the_last_importer_of_a_closing_export_removes_its_table_name() {
+        let t = token(0xd5);
+        let path = std::path::Path::new("/dev/shm").join(crate::lease::__testing::table_name(&t));
+        let mut list = vec![Fake(ExportLeases::create(&t).unwrap(), 64)];
+        let lease = Lease::acquire(&t, 1).unwrap();
+        assert_eq!(sweep(&mut list, |_| Ok(())).pending, 1);
+        assert!(path.exists());
+        drop(lease);
+        assert!(
+            !path.exists(),
+            "the last importer of a closing table unlinks it"
+        );
+        let r = sweep(&mut list, |_| Ok(()));
+        assert_eq!((r.freed, r.pending), (1, 0));
+        assert!(list.is_empty());
+    }
+
     #[test]
     fn a_failed_free_is_counted_and_not_retried() {
         let t = token(0xd3);

@@ -416,7 +416,11 @@ impl Lease {
     }
 
     /// [`acquire`](Self::acquire) with [`Slots::claim_pausing`]'s pauses (for the stress test).
-    fn acquire_pausing(token: &[u8; 16], generation: u64, pause: impl FnMut()) -> Result<Self> {
+    pub(crate) fn acquire_pausing(
+        token: &[u8; 16],
+        generation: u64,
+        pause: impl FnMut(),
+    ) -> Result<Self> {
         let stale = || Error::StaleHandle { generation };
         let table = match cached_table(token) {
             Some(t) => t,
@@ -535,6 +539,12 @@ pub mod __testing {
         /// What a drop does before `cuMemFree`: close, wait, reap; the holders left.
         pub fn close_and_wait(&self, timeout: Duration) -> Vec<u32> {
             self.0.close_and_wait(timeout).0
+        }
+
+        /// What a drop does, and each later sweep of a deferred free: close, one reaping
+        /// scan; the holders left (empty: the memory would be freed now).
+        pub fn close_and_scan(&self) -> Vec<u32> {
+            self.0.close_and_scan()
         }
     }
 

@@ -1,7 +1,8 @@
 //! The lease protocol under random deaths, across real processes, without a GPU: importers
 //! claim, hold and release leases on one table and are `SIGKILL`ed at random points (some kill
 //! themselves between steps, some stall or die inside a claim), while the exporter polls
-//! `importers()` and closes. A shadow record
+//! `importers()` and closes — in odd runs as a drop does: one scan, then, while holders remain,
+//! sweeps at random intervals as the deferred-free list does. A shadow record
 //! in shared memory checks the two invariants every run:
 //!
 //! - no slot is ever held by two live processes (each holder writes its pid into the shadow slot
@@ -99,8 +100,10 @@ fn child_process() {
 }
 
 /// One run: an exporter, `n` claimers, one killed by the parent at a random time (others may
-/// kill themselves), `importers()` polled meanwhile, then the close.
-fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) {
+/// kill themselves), `importers()` polled meanwhile, then the close: `close_and_wait` in even
+/// runs, a drop's single scan followed by deferred sweeps in odd ones. Either way the table's
+/// name is gone once the exporter's side is dropped.
+fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) -> u64 {
     let mut token = [0u8; 16];
     token[..8].copy_from_slice(&run.to_le_bytes());
     token[8..12].copy_from_slice(&std::process::id().to_le_bytes());
@@ -120,7 +123,20 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) {
     }
     children[rng.next() as usize % n].signal(libc::SIGKILL);
     let _ = export.holders();
-    let left = export.close_and_wait(Duration::from_secs(20));
+    let mut sweeps = 0;
+    let left = if run % 2 == 1 {
+        let start = std::time::Instant::now();
+        loop {
+            let left = export.close_and_scan();
+            if left.is_empty() || start.elapsed() > Duration::from_secs(20) {
+                break left;
+            }
+            sweeps += 1;
+            std::thread::sleep(Duration::from_micros(rng.next() % 2000));
+        }
+    } else {
+        export.close_and_wait(Duration::from_secs(20))
+    };
     assert!(
         left.is_empty(),
         "run {run}: close gave up with holders {left:?}"
@@ -137,6 +153,12 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) {
         let _ = c.wait(Duration::from_secs(30)); // killed ones end by signal: fine
     }
     drop(export);
+    let name = cuda_ipc::__lease_testing::table_name(&token);
+    assert!(
+        !std::path::Path::new("/dev/shm").join(&name).exists(),
+        "run {run}: {name} left in /dev/shm"
+    );
+    sweeps
 }
 
 #[test]
@@ -150,13 +172,17 @@ fn a_thousand_runs_with_random_kills_never_grant_a_slot_twice_or_free_under_a_ho
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000u64);
     let start = std::time::Instant::now();
+    let (mut sweeps, mut deferred) = (0, 0);
     for r in 0..runs {
-        run(&shadow, r, 3);
+        let s = run(&shadow, r, 3);
+        sweeps += s;
+        deferred += u64::from(s > 0);
         assert_eq!(shadow.violations.load(Ordering::SeqCst), 0, "run {r}");
     }
     let claims = shadow.claims.load(Ordering::Relaxed);
     eprintln!(
-        "lease stress: {runs} runs, {claims} claims, 0 violations, {:?}",
+        "lease stress: {runs} runs, {claims} claims, {deferred} drops deferred ({sweeps} \
+         sweeps), 0 violations, {:?}",
         start.elapsed()
     );
     assert!(claims > runs, "the claimers hardly ran: {claims} claims");
