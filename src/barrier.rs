@@ -465,6 +465,7 @@ impl<'a> ProcessBarrier<'a> {
     ///
     /// As [`wait_timeout`](Self::wait_timeout).
     #[doc(alias = "pthread_barrier_wait")]
+    #[doc(alias = "futex")]
     pub fn wait(&self) -> Result<BarrierWaitResult> {
         self.wait_timeout(self.timeout)
     }

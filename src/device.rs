@@ -114,6 +114,7 @@ fn c_string(
 /// # Errors
 ///
 /// [`Error::NoDevice`] without a usable driver or GPU.
+#[doc(alias = "cuDeviceGetCount")]
 pub fn device_count() -> Result<u32> {
     driver::init()?;
     let mut n = 0;
@@ -146,6 +147,8 @@ pub(crate) fn uuid_of(dev: sys::CUdevice) -> Result<[u8; 16]> {
 /// println!("{} {} {}", info.name, info.uuid_string(), info.pci_bus_id);
 /// # Ok(()) }
 /// ```
+#[doc(alias = "cuDeviceGetName")]
+#[doc(alias = "cuDeviceGetPCIBusId")]
 pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
     driver::init()?;
     let dev = handle(ordinal)?;

@@ -202,6 +202,8 @@ impl FdListener {
     ///
     /// [`Error::AddressInUse`] when something already listens there (or a file exists at the
     /// path: it is never removed for you); [`Error::Os`] naming the failed call otherwise.
+    #[doc(alias = "bind")]
+    #[doc(alias = "listen")]
     pub fn bind(name: SocketName, policy: PeerPolicy) -> Result<Self> {
         let fd = sys::listen(&name.address()).map_err(|e| match e {
             Errno::ADDRINUSE => Error::AddressInUse {
@@ -219,6 +221,8 @@ impl FdListener {
     /// [`Error::Timeout`] when no peer connected in time; [`Error::PeerRefused`] for a peer the
     /// policy does not allow (its connection is closed; call `accept` again for the next);
     /// [`Error::Os`] naming the failed call.
+    #[doc(alias = "accept4")]
+    #[doc(alias = "SO_PEERCRED")]
     pub fn accept(&self, timeout: Duration) -> Result<FdSocket> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -295,6 +299,8 @@ impl FdSocket {
     ///
     /// [`Error::PeerRefused`] for a listener the policy does not allow; [`Error::Os`] naming
     /// `connect` (`ECONNREFUSED` or `ENOENT`: nobody listens there).
+    #[doc(alias = "connect")]
+    #[doc(alias = "SO_PEERCRED")]
     pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
         let fd = sys::connect(&name.address(), Instant::now() + timeout)
             .map_err(|e| os_error("connect", name, e))?;
@@ -319,6 +325,8 @@ impl FdSocket {
     /// [`Error::InvalidArgument`] for an empty or oversized payload or too many descriptors;
     /// [`Error::PeerClosed`] when the peer is gone; [`Error::Timeout`]; [`Error::Os`] naming
     /// `sendmsg`.
+    #[doc(alias = "sendmsg")]
+    #[doc(alias = "SCM_RIGHTS")]
     pub fn send(&self, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
         if payload.is_empty() || payload.len() > MAX_PAYLOAD || fds.len() > MAX_FDS {
             return Err(Error::InvalidArgument {
@@ -363,6 +371,8 @@ impl FdSocket {
     /// [`Error::Corrupt`] for a message that was cut short (more bytes or descriptors than
     /// this side accepts: the descriptors that did arrive are closed) or not framed by this
     /// crate; [`Error::Os`] naming `recvmsg`.
+    #[doc(alias = "recvmsg")]
+    #[doc(alias = "SCM_RIGHTS")]
     pub fn recv(&self, timeout: Duration) -> Result<FdMessage> {
         let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
@@ -629,6 +639,7 @@ impl AsFd for FdSocket {
 /// }
 /// # Ok(()) }
 /// ```
+#[doc(alias = "pidfd_getfd")]
 pub fn take_fd_from_process(pid: u32, fd: i32) -> Result<OwnedFd> {
     crate::os::pidfd_getfd(pid, fd).map_err(|e| match e {
         Errno::PERM | Errno::ACCESS => Error::PtraceDenied { pid },

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 
 /// The name of a `CUresult`: from a table of the codes this crate meets, else from the driver's
 /// `cuGetErrorName`, else `CUDA_ERROR_<code>`. Never transmutes the code.
+#[doc(alias = "cuGetErrorName")]
 pub fn error_name(code: i32) -> String {
     let known = match code {
         sys::NO_DRIVER => "no CUDA driver library (cuda-ipc)",
@@ -153,6 +154,7 @@ pub(crate) fn stream_id(stream: sys::CUstream) -> Option<u64> {
 ///     Err(e) => panic!("{e}"),
 /// }
 /// ```
+#[doc(alias = "cuInit")]
 pub fn init() -> Result<()> {
     static INIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     // SAFETY: cuInit takes a flags word (must be 0) and is safe to call from any thread.
@@ -177,6 +179,7 @@ pub fn init() -> Result<()> {
 /// # Errors
 ///
 /// [`Error::Cuda`] naming `cuDriverGetVersion`.
+#[doc(alias = "cuDriverGetVersion")]
 pub fn driver_version() -> Result<i32> {
     let mut v = 0;
     // SAFETY: writes one int.
@@ -192,6 +195,7 @@ pub fn driver_version() -> Result<i32> {
 /// # Errors
 ///
 /// [`Error::Cuda`] naming `cuMemGetInfo` (`CUDA_ERROR_INVALID_CONTEXT` without a current one).
+#[doc(alias = "cuMemGetInfo")]
 pub fn mem_info() -> Result<(usize, usize)> {
     let (mut free, mut total) = (0, 0);
     // SAFETY: writes two usizes; fails cleanly without a current context.
