@@ -202,7 +202,6 @@ impl FdListener {
     ///
     /// [`Error::AddressInUse`] when something already listens there (or a file exists at the
     /// path: it is never removed for you); [`Error::Os`] naming the failed call otherwise.
-    #[doc(alias = "bind")]
     #[doc(alias = "listen")]
     pub fn bind(name: SocketName, policy: PeerPolicy) -> Result<Self> {
         let fd = sys::listen(&name.address()).map_err(|e| match e {
@@ -299,7 +298,6 @@ impl FdSocket {
     ///
     /// [`Error::PeerRefused`] for a listener the policy does not allow; [`Error::Os`] naming
     /// `connect` (`ECONNREFUSED` or `ENOENT`: nobody listens there).
-    #[doc(alias = "connect")]
     #[doc(alias = "SO_PEERCRED")]
     pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
         let fd = sys::connect(&name.address(), Instant::now() + timeout)
