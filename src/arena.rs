@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::handle::{
     Envelope, HandleType, KIND_ARENA, check_element, envelope_from_bytes, type_tag_of,
 };
@@ -704,7 +704,7 @@ impl ImportedArena {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`]; [`Error::ExporterGone`]; [`Error::DeviceNotReachable`];
+    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter); [`Error::DeviceNotReachable`];
     /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`];
     /// then as [`IpcBuffer::open_fd`](crate::IpcBuffer::open_fd) for the descriptor.
     #[doc(alias = "cuMemImportFromShareableHandle")]
@@ -727,8 +727,9 @@ impl ImportedArena {
         if !exporter.is_same_process(&ProcessIdentity::current())
             && !crate::process::is_alive_cached(&exporter)
         {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: exporter.pid(),
+                role: PeerRole::Exporter,
             });
         }
         let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;

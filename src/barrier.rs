@@ -16,7 +16,7 @@
 //! word (so it races the completing arrival cleanly: either the generation completed and the
 //! waiter reports success, or its arrival is gone) and returns [`Error::Timeout`]; the barrier
 //! stays usable. A dead or departed participant **poisons** the barrier: the poison bit makes the
-//! completing compare-exchange impossible, and every wait then fails with [`Error::PeerLost`].
+//! completing compare-exchange impossible, and every wait then fails with [`Error::PeerGone`] (a barrier participant).
 //!
 //! Participants register in a slot whose state and owner (pid and start time, which a reused
 //! pid cannot repeat, plus the pidfs inode: [`ProcessIdentity`]) change in one atomic word
@@ -27,9 +27,9 @@
 //! | A participant is preempted or `SIGKILL`ed... | The others see |
 //! |-----------------------------------------------|----------------|
 //! | in `join`, before its slot's compare-exchange | nothing |
-//! | in `join`, after it (slot `Claiming`, named) | `PeerLost` at their next liveness tick once it is dead; a later `join` takes the slot over while nobody has noticed |
-//! | joined, not waiting | `PeerLost` once dead (poisoned) |
-//! | after its arrival, before completing | `PeerLost`; the poison bit makes the completing compare-exchange fail, so no false completion |
+//! | in `join`, after it (slot `Claiming`, named) | `PeerGone` (barrier participant) at their next liveness tick once it is dead; a later `join` takes the slot over while nobody has noticed |
+//! | joined, not waiting | `PeerGone` (barrier participant) once dead (poisoned) |
+//! | after its arrival, before completing | `PeerGone` (barrier participant); the poison bit makes the completing compare-exchange fail, so no false completion |
 //! | right after completing, then exiting or dropping | waiters that had not seen the completion find it gone: the poison records the state word as it was, and a generation that had moved on is success |
 //! | stopped (`SIGSTOP`) | alive: `Timeout` at the deadline, arrival withdrawn, barrier usable |
 //!
@@ -39,7 +39,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
 use crate::sync::{
@@ -193,8 +193,9 @@ impl BarrierState {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES), or if the state
-    /// was already initialised.
+    /// [`Error::InvalidArgument`] if `parties` is 0 or over
+    /// [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES); [`Error::InvalidState`] if the state was
+    /// already initialised.
     pub fn init(&self, parties: u32) -> Result<()> {
         if parties == 0 || parties > MAX_PARTIES {
             return Err(Error::InvalidArgument {
@@ -203,7 +204,7 @@ impl BarrierState {
             });
         }
         if self.config.0.magic.load(Ordering::Acquire) != 0 {
-            return Err(Error::InvalidArgument {
+            return Err(Error::InvalidState {
                 call: "BarrierState::init",
                 reason: "barrier state is already initialised".into(),
             });
@@ -285,15 +286,13 @@ impl BarrierState {
         let slot = ((info >> 32) & 0xff) as u32;
         match info >> 40 {
             KIND_EXPLICIT => Error::Poisoned { pid },
-            KIND_LEFT => Error::PeerLost {
+            KIND_LEFT => Error::PeerGone {
                 pid,
-                slot,
-                exited_cleanly: true,
+                role: PeerRole::BarrierParty { slot, left: true },
             },
-            KIND_DIED => Error::PeerLost {
+            KIND_DIED => Error::PeerGone {
                 pid,
-                slot,
-                exited_cleanly: false,
+                role: PeerRole::BarrierParty { slot, left: false },
             },
             _ => Error::Corrupt {
                 what: "barrier state",
@@ -327,11 +326,11 @@ impl BarrierWaitResult {
 ///
 /// [`join`](Self::join) claims one of the barrier's participant slots, recording this process's
 /// pid and start time; drop gives it up (marking it *left*: a barrier whose participant left
-/// cannot complete again, so a later wait by the others reports [`Error::PeerLost`] with
+/// cannot complete again, so a later wait by the others reports [`Error::PeerGone`] (a barrier participant) with
 /// `exited_cleanly` instead of hanging).
 ///
 /// Every wait is bounded. When a participant dies (`SIGKILL` at any point), every waiter
-/// returns [`Error::PeerLost`] naming it within about [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK), and the barrier stays
+/// returns [`Error::PeerGone`] (a barrier participant) naming it within about [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK), and the barrier stays
 /// poisoned: later waits fail at once. A stopped (`SIGSTOP`) participant is alive: waiters get
 /// [`Error::Timeout`] at their deadline, and the barrier stays usable.
 ///
@@ -476,7 +475,7 @@ impl<'a> ProcessBarrier<'a> {
     ///
     /// - [`Error::Timeout`] when the deadline passes first; this arrival is withdrawn and the
     ///   barrier remains usable (a later wait counts afresh).
-    /// - [`Error::PeerLost`] when a participant died or left; the barrier is poisoned.
+    /// - [`Error::PeerGone`] (a barrier participant) when a participant died or left; the barrier is poisoned.
     /// - [`Error::Poisoned`] after [`poison`](Self::poison).
     /// - [`Error::Corrupt`] when the shared state holds impossible values.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<BarrierWaitResult> {
@@ -763,7 +762,7 @@ impl WaitError {
 impl Drop for ProcessBarrier<'_> {
     fn drop(&mut self) {
         // Leaving is final for the slot: the barrier cannot complete without us, so waiters
-        // must learn we left (PeerLost) rather than wait for their deadline.
+        // must learn we left (PeerGone) rather than wait for their deadline.
         self.state.slots[self.slot as usize].transition(self.held, OwnerState::Left);
     }
 }
@@ -884,16 +883,24 @@ mod tests {
         assert!(
             matches!(
                 e,
-                Error::PeerLost {
-                    exited_cleanly: true,
-                    slot: 1,
+                Error::PeerGone {
+                    role: PeerRole::BarrierParty {
+                        slot: 1,
+                        left: true
+                    },
                     ..
                 }
             ),
             "{e}"
         );
         assert!(a.is_poisoned());
-        assert!(matches!(a.wait(), Err(Error::PeerLost { .. })));
+        assert!(matches!(
+            a.wait(),
+            Err(Error::PeerGone {
+                role: PeerRole::BarrierParty { .. },
+                ..
+            })
+        ));
     }
 
     /// A participant whose pid now belongs to another process (same pid, different start time)
@@ -911,7 +918,7 @@ mod tests {
         slot.claim(&impostor).unwrap();
         let e = a.wait_timeout(Duration::from_secs(5)).unwrap_err();
         assert!(
-            matches!(e, Error::PeerLost { pid, exited_cleanly: false, .. } if pid == std::process::id()),
+            matches!(e, Error::PeerGone { pid, role: PeerRole::BarrierParty { left: false, .. } } if pid == std::process::id()),
             "{e}"
         );
         std::mem::forget(b);
@@ -925,7 +932,7 @@ mod tests {
 
     /// Issue 11, defect 3, replayed: A arrives and reads the futex word (not yet passed); B
     /// arrives, completes the generation and leaves (drops: the last barrier, then exit); A
-    /// then checks its peers and finds B gone. On 66d5eef A reported `PeerLost` for the
+    /// then checks its peers and finds B gone. On 66d5eef A reported `PeerGone` (barrier participant) for the
     /// generation that had completed and poisoned the barrier (14 of 160 such waits failed
     /// with the shipped constants). The check now sees that the generation passed.
     #[test]
@@ -943,8 +950,8 @@ mod tests {
         assert!(
             matches!(
                 e,
-                Error::PeerLost {
-                    exited_cleanly: true,
+                Error::PeerGone {
+                    role: PeerRole::BarrierParty { left: true, .. },
                     ..
                 }
             ),
@@ -965,9 +972,11 @@ mod tests {
         assert!(
             matches!(
                 e,
-                Error::PeerLost {
-                    exited_cleanly: false,
-                    slot: 1,
+                Error::PeerGone {
+                    role: PeerRole::BarrierParty {
+                        slot: 1,
+                        left: false
+                    },
                     ..
                 }
             ),
@@ -1065,7 +1074,7 @@ mod loom_tests {
     }
 
     /// Join and leave: a participant that joins and drops without waiting. The other's wait
-    /// must end with `PeerLost { exited_cleanly: true }` (never hang, never complete).
+    /// must end with `PeerGone` with `BarrierParty { left: true, .. }` (never hang, never complete).
     #[test]
     fn a_participant_that_leaves_ends_the_others_wait() {
         model(|| {
@@ -1083,8 +1092,8 @@ mod loom_tests {
             assert!(
                 matches!(
                     r,
-                    Err(WaitError::Failed(Error::PeerLost {
-                        exited_cleanly: true,
+                    Err(WaitError::Failed(Error::PeerGone {
+                        role: PeerRole::BarrierParty { left: true, .. },
                         ..
                     }))
                 ),
@@ -1094,7 +1103,7 @@ mod loom_tests {
     }
 
     /// Issue 11, defect 4: a joiner killed between taking its slot and finishing the join.
-    /// Its slot names it from the first step, so waiters see it die (`PeerLost`, never a
+    /// Its slot names it from the first step, so waiters see it die (`PeerGone` (barrier participant), never a
     /// timeout), and a replacement can take its slot over while nobody has noticed yet. Both
     /// live participants agree: both complete, or both fail.
     #[test]

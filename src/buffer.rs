@@ -14,7 +14,7 @@ use crate::context::GpuContext;
 use crate::deferred;
 use crate::device;
 use crate::driver::{self, check, sys};
-use crate::error::{CloseError, Error, Result};
+use crate::error::{CloseError, Error, PeerRole, Result};
 use crate::handle::{Envelope, HandleType, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -365,7 +365,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] on an imported buffer (CUDA cannot re-export a mapping);
+    /// [`Error::InvalidState`] on an imported buffer (CUDA cannot re-export a mapping);
     /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
@@ -384,7 +384,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::InvalidArgument`] on an
+    /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::InvalidState`] on an
     /// imported buffer; [`Error::Cuda`] naming `cuMemExportToShareableHandle`.
     ///
     /// # Examples
@@ -416,7 +416,7 @@ impl<T: Pod> IpcBuffer<T> {
                 });
             }
             Origin::Imported(_) => {
-                return Err(Error::InvalidArgument {
+                return Err(Error::InvalidState {
                     call,
                     reason: "an imported buffer cannot be exported again; share the original"
                         .into(),
@@ -447,7 +447,7 @@ impl<T: Pod> IpcBuffer<T> {
     pub(crate) fn export_envelope(&self, kind: u16, call: &'static str) -> Result<Envelope> {
         deferred::collect_if_pending();
         let Origin::Exported(export) = &self.origin else {
-            return Err(Error::InvalidArgument {
+            return Err(Error::InvalidState {
                 call,
                 reason: "an imported object cannot be exported again; share the original handle"
                     .into(),
@@ -498,7 +498,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
     /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens
     /// only with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
-    /// [`Error::ExporterGone`], [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
+    /// [`Error::PeerGone`] (the exporter), [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
     /// buffer was freed, even if a new one now sits at its address),
     /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
     #[doc(alias = "cuIpcOpenMemHandle")]
@@ -520,7 +520,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// As [`open`](Self::open) for the handle (a freed buffer is [`Error::StaleHandle`], a dead
-    /// exporter [`Error::ExporterGone`], before the descriptor is used);
+    /// exporter [`Error::PeerGone`] (the exporter), before the descriptor is used);
     /// [`Error::HandleTypeMismatch`] for a legacy handle; [`Error::Cuda`] naming
     /// `cuMemImportFromShareableHandle` for a descriptor that is not CUDA memory;
     /// [`Error::CorruptHandle`] when the descriptor's memory is not on the device the handle
@@ -602,8 +602,9 @@ impl<T: Pod> IpcBuffer<T> {
         if !exporter.is_same_process(&ProcessIdentity::current())
             && !crate::process::is_alive_cached(&exporter)
         {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: exporter.pid(),
+                role: PeerRole::Exporter,
             });
         }
         let memory_device = check_reachable(ctx, &env.device_uuid)?;
@@ -677,7 +678,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an imported buffer; [`Error::Cuda`] naming
+    /// [`Error::InvalidState`] for an imported buffer; [`Error::Cuda`] naming
     /// `cuIpcGetMemHandle`.
     ///
     /// # Examples
@@ -696,7 +697,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn raw_export(&self) -> Result<RawExport> {
         let Origin::Exported(export) = &self.origin else {
-            return Err(Error::InvalidArgument {
+            return Err(Error::InvalidState {
                 call: "IpcBuffer::raw_export",
                 reason: "an imported buffer cannot be exported again; share the original handle"
                     .into(),
@@ -747,7 +748,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for an empty, overflowing or misaligned range;
-    /// [`Error::SameProcess`] for a handle this process exported; [`Error::ExporterGone`] when
+    /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the exporter) when
     /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
     /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
     /// `cuMemGetAddressRange` when the range reaches past the allocation;
@@ -838,7 +839,10 @@ impl<T: Pod> IpcBuffer<T> {
             Some(pid) => {
                 let id = ProcessIdentity::from_parts(pid, 0);
                 if !crate::process::is_alive_cached(&id) {
-                    return Err(Error::ExporterGone { pid });
+                    return Err(Error::PeerGone {
+                        pid,
+                        role: PeerRole::Exporter,
+                    });
                 }
                 Some(id)
             }
@@ -1031,8 +1035,9 @@ impl Mapping {
             && now.saturating_sub(seen) >= LIVENESS_REUSE_NS
         {
             if !crate::process::is_alive_cached(exporter) {
-                return Err(Error::ExporterGone {
+                return Err(Error::PeerGone {
                     pid: exporter.pid(),
+                    role: PeerRole::Exporter,
                 });
             }
             self.exporter_seen_alive.store(now, Ordering::Relaxed);

@@ -17,7 +17,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::driver::sys;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::handle::{IpcSignalHandle, KIND_MEM, check_element, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
@@ -321,7 +321,7 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// # When a side dies or closes
 ///
 /// Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
-/// [`Error::ExporterGone`], a dead consumer [`Error::PeerDied`], a dropped one
+/// [`Error::PeerGone`] (the exporter), a dead consumer [`Error::PeerGone`] (an importer), a dropped one
 /// [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either
 /// side first waits (bounded, 5 s) for the channel's operations on the user's streams to
 /// complete — releasing them with [`IpcSignal::signal_host`] if the other side is dead, so
@@ -338,9 +338,9 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// consumer's release of `k − slots`; (P3) the user's writes; (P4) enqueue the GPU signal
 /// `sent = k`; (P5) store the length; (P6) publish `sent = k`.
 /// - Killed before P6: the consumer never sees item `k`. Its wait checks the producer every
-///   10 ms and reports [`Error::ExporterGone`].
+///   10 ms and reports [`Error::PeerGone`] (the exporter).
 /// - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue
-///   its GPU wait, which then never passes; its next call reports `ExporterGone`, and dropping
+///   its GPU wait, which then never passes; its next call reports `PeerGone` (exporter), and dropping
 ///   the receiver releases its streams (work on that item sees undefined contents).
 /// - Closed (dropped): the owner word goes `Held → Left` after the last publish; a consumer
 ///   that finds `Left` re-reads `sent` and receives every item published before reporting
@@ -350,9 +350,9 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// enqueue the GPU wait `sent ≥ k`; (C4) the user's reads; (C5) enqueue the GPU signal
 /// `released = k`; (C6) publish `released = k`.
 /// - Killed mid-attach (`Claiming`), or before C6: the producer, waiting for the slot, checks
-///   the consumer every 10 ms and reports [`Error::PeerDied`].
+///   the consumer every 10 ms and reports [`Error::PeerGone`] (an importer).
 /// - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
-///   passes; its next wait reports `PeerDied`, and dropping the sender releases its streams.
+///   passes; its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
 /// - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
 ///   Left`; the producer's next acquire reports `ChannelClosed`.
 ///
@@ -522,7 +522,7 @@ impl<T: Pod> IpcSender<T> {
     /// # Errors
     ///
     /// [`Error::Timeout`] when the ring stays full; [`Error::ChannelClosed`] when the consumer
-    /// dropped its receiver; [`Error::PeerDied`] when it died; [`Error::Corrupt`] when the
+    /// dropped its receiver; [`Error::PeerGone`] (an importer) when it died; [`Error::Corrupt`] when the
     /// shared state is inconsistent; [`Error::Cuda`] naming `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
     pub fn acquire<'a, S: AsStream + ?Sized>(
@@ -751,7 +751,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// # Errors
     ///
     /// [`Error::CorruptHandle`] for a malformed handle; [`Error::TypeMismatch`] for another
-    /// element type; [`Error::SameProcess`]; [`Error::ExporterGone`] when the producer is
+    /// element type; [`Error::SameProcess`]; [`Error::PeerGone`] (the exporter) when the producer is
     /// gone; [`Error::NotFound`] when the region no longer exists (the producer closed, or a
     /// consumer attached and unlinked it); [`Error::Corrupt`] when the region does not match
     /// the handle; [`Error::ChannelInUse`] when another consumer attached first; the errors
@@ -764,8 +764,9 @@ impl<T: Pod> IpcReceiver<T> {
         let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
         let producer = handle.producer();
         if env.boot_id != crate::os::boot_id() {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: producer.pid(),
+                role: PeerRole::Exporter,
             });
         }
         let me = ProcessIdentity::current();
@@ -773,8 +774,9 @@ impl<T: Pod> IpcReceiver<T> {
             return Err(Error::SameProcess { pid: me.pid() });
         }
         if !producer.is_alive() {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: producer.pid(),
+                role: PeerRole::Exporter,
             });
         }
         let ring = ShmOptions::new(name).open::<RingState>()?;
@@ -859,7 +861,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// # Errors
     ///
     /// [`Error::Timeout`]; [`Error::ChannelClosed`] once the producer dropped its sender and
-    /// every item it sent was received; [`Error::ExporterGone`] when it died;
+    /// every item it sent was received; [`Error::PeerGone`] (the exporter) when it died;
     /// [`Error::Corrupt`] when the shared state is inconsistent (e.g. a length above the
     /// capacity); [`Error::Cuda`] naming `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
@@ -1004,7 +1006,7 @@ impl<T: Pod> Received<'_, T> {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`]; [`Error::ExporterGone`] when the producer died with the item
+    /// [`Error::Timeout`]; [`Error::PeerGone`] (the exporter) when the producer died with the item
     /// unwritten; [`Error::Cuda`] naming the failed call. On these errors the copy may still
     /// be pending, so its host buffer is leaked rather than freed under it.
     #[doc(alias = "cuMemcpyDtoHAsync")]
@@ -1045,7 +1047,10 @@ impl<T: Pod> Received<'_, T> {
         // The copy may still be queued: its destination must outlive it.
         std::mem::forget(out);
         Err(match gone.get() {
-            Some(pid) => Error::ExporterGone { pid },
+            Some(pid) => Error::PeerGone {
+                pid,
+                role: PeerRole::Exporter,
+            },
             None => Error::Timeout {
                 what: "copy of a received IPC channel item to the host",
                 waited: timeout,

@@ -34,6 +34,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// The object is not in a state (or role) where the call is possible: exporting an
+    /// imported buffer, event or signal again, initialising a barrier twice. Unlike
+    /// [`Error::InvalidArgument`], no argument would have made the call succeed.
+    #[error("{call} not possible: {reason}")]
+    InvalidState {
+        /// The function that was called.
+        call: &'static str,
+        /// Why the object cannot do it.
+        reason: String,
+    },
+
     /// Exclusive create found the name already taken.
     #[error("shared-memory region {name:?} already exists")]
     AlreadyExists {
@@ -158,17 +169,16 @@ pub enum Error {
         parties: u32,
     },
 
-    /// A participant of the barrier died or left; the barrier is now poisoned and every later
-    /// wait fails at once.
-    #[error("barrier peer pid {pid} (slot {slot}) {}; the barrier is poisoned",
-        if *.exited_cleanly { "left the barrier" } else { "died" })]
-    PeerLost {
-        /// The lost participant's process id.
+    /// A process this one depends on is gone: the exporter of an object opened here, an
+    /// importer of an object exported here (a lease holder that died without closing it, so
+    /// whatever it was expected to do will not happen), or a barrier participant (which
+    /// poisons the barrier: every later wait fails at once). [`PeerRole`] says which.
+    #[error("{}", .role.describe(*.pid))]
+    PeerGone {
+        /// The process.
         pid: u32,
-        /// Its participant slot.
-        slot: u32,
-        /// It dropped its handle (left) rather than dying.
-        exited_cleanly: bool,
+        /// What it was to this process.
+        role: PeerRole,
     },
 
     /// The barrier was poisoned explicitly with [`ProcessBarrier::poison`](crate::ProcessBarrier::poison).
@@ -341,23 +351,6 @@ pub enum Error {
         generation: u64,
     },
 
-    /// The exporting process has exited.
-    #[error("the exporting process (pid {pid}) has exited")]
-    ExporterGone {
-        /// Its pid.
-        pid: u32,
-    },
-
-    /// A process that had opened this IPC object (a lease holder) died without closing it, so
-    /// whatever it was expected to do will not happen.
-    #[error("pid {pid}, which had opened this {what}, died without closing it")]
-    PeerDied {
-        /// The dead process.
-        pid: u32,
-        /// What it had opened ("signal").
-        what: &'static str,
-    },
-
     /// The other side of an [`IpcChannel`](crate::IpcSender) closed it: the producer dropped its
     /// sender and every item it sent was received, or the consumer dropped its receiver.
     #[error("the IPC channel's {role} (pid {pid}) closed it")]
@@ -527,5 +520,40 @@ impl<B> std::fmt::Display for CloseError<B> {
 impl<B> std::error::Error for CloseError<B> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(self.error())
+    }
+}
+
+/// What a process reported by [`Error::PeerGone`] was to this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PeerRole {
+    /// The process that exported the object opened here (buffer, event, signal, arena, pool,
+    /// or a channel's producer). It has exited, however it ended.
+    Exporter,
+    /// A process that had opened an object this process exported or shares (the object's
+    /// kind: `"signal"`, `"channel"`) and died without closing it.
+    Importer(&'static str),
+    /// A participant of a [`ProcessBarrier`](crate::ProcessBarrier), in participant slot
+    /// `slot`: it died, or it `left` (dropped its handle) while the others waited.
+    BarrierParty {
+        /// Its participant slot.
+        slot: u32,
+        /// It dropped its handle rather than dying.
+        left: bool,
+    },
+}
+
+impl PeerRole {
+    fn describe(self, pid: u32) -> String {
+        match self {
+            PeerRole::Exporter => format!("the exporting process (pid {pid}) has exited"),
+            PeerRole::Importer(what) => {
+                format!("pid {pid}, which had opened this {what}, died without closing it")
+            }
+            PeerRole::BarrierParty { slot, left } => format!(
+                "barrier peer pid {pid} (slot {slot}) {}; the barrier is poisoned",
+                if left { "left the barrier" } else { "died" }
+            ),
+        }
     }
 }

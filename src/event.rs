@@ -9,10 +9,10 @@
 //!
 //! | The other side dies...                            | This side sees                       |
 //! |---------------------------------------------------|--------------------------------------|
-//! | exporter, before the importer opens               | `open`: `ExporterGone`, before the driver sees the handle |
+//! | exporter, before the importer opens               | `open`: `PeerGone` (exporter), before the driver sees the handle |
 //! | exporter, between the liveness check and `cuIpcOpenEventHandle` | the driver's answer: an error naming `cuIpcOpenEventHandle`, or an event that never completes again (then as the next row) |
-//! | exporter, after recording, before the work ends   | `synchronize`: `ExporterGone` within about 10 ms (its context and queued work are torn down), or `Ok` if the driver marks the event complete as it tears the context down — the test accepts both, and neither proves the work finished |
-//! | exporter, after the work ended                    | `synchronize`: `Ok` if its query comes first, else `ExporterGone`. A death is not re-checked against a last query on purpose: the event alone cannot tell work that ended from a context torn down, and an error is safer than an `Ok` for work that never ran |
+//! | exporter, after recording, before the work ends   | `synchronize`: `PeerGone` (exporter) within about 10 ms (its context and queued work are torn down), or `Ok` if the driver marks the event complete as it tears the context down — the test accepts both, and neither proves the work finished |
+//! | exporter, after the work ended                    | `synchronize`: `Ok` if its query comes first, else `PeerGone` (exporter). A death is not re-checked against a last query on purpose: the event alone cannot tell work that ended from a context torn down, and an error is safer than an `Ok` for work that never ran |
 //! | exporter, while an importer's stream waits on it (`wait_on`) | nothing on the host: the GPU cannot notice a dead recorder; bound it by synchronising with a deadline, as for [`IpcSignal::wait`](crate::IpcSignal::wait) |
 //! | importer, at any point                            | nothing: an exported event keeps no per-importer state, and destroying it is always allowed |
 //!
@@ -26,7 +26,7 @@ use crate::buffer::GENERATION;
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -104,12 +104,12 @@ impl IpcEvent {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] on an opened event, [`Error::Cuda`] naming
+    /// [`Error::InvalidState`] on an opened event, [`Error::Cuda`] naming
     /// `cuIpcGetEventHandle`.
     #[doc(alias = "cuIpcGetEventHandle")]
     pub fn handle(&self) -> Result<IpcEventHandle> {
         if self.exporter.is_some() {
-            return Err(Error::InvalidArgument {
+            return Err(Error::InvalidState {
                 call: "IpcEvent::handle",
                 reason: "an opened event cannot be exported again; share the original handle"
                     .into(),
@@ -136,7 +136,7 @@ impl IpcEvent {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`], [`Error::SameProcess`], [`Error::ExporterGone`] (checked
+    /// [`Error::CorruptHandle`], [`Error::SameProcess`], [`Error::PeerGone`] (the exporter) (checked
     /// before the driver sees the handle), then [`Error::Cuda`] naming `cuIpcOpenEventHandle`.
     #[doc(alias = "cuIpcOpenEventHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
@@ -144,8 +144,9 @@ impl IpcEvent {
         env.validate(KIND_EVENT)?;
         let exporter = env.foreign_exporter()?;
         if !crate::process::is_alive_cached(&exporter) {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: exporter.pid(),
+                role: PeerRole::Exporter,
             });
         }
         let _g = ctx.enter()?;
@@ -213,7 +214,7 @@ impl IpcEvent {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`], [`Error::ExporterGone`], or [`Error::Cuda`] naming `cuEventQuery`.
+    /// [`Error::Timeout`], [`Error::PeerGone`] (the exporter), or [`Error::Cuda`] naming `cuEventQuery`.
     #[doc(alias = "cuEventQuery")]
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
@@ -229,8 +230,9 @@ impl IpcEvent {
             {
                 last_check = Instant::now();
                 if !crate::process::is_alive_cached(&exporter) {
-                    return Err(Error::ExporterGone {
+                    return Err(Error::PeerGone {
                         pid: exporter.pid(),
+                        role: PeerRole::Exporter,
                     });
                 }
             }

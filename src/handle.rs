@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::process::ProcessIdentity;
 use crate::shared::fnv1a64;
 
@@ -174,12 +174,13 @@ impl Envelope {
         }
     }
 
-    /// The exporter, if it ran since this boot (else it is gone: [`Error::ExporterGone`]).
+    /// The exporter, if it ran since this boot (else it is gone: [`Error::PeerGone`] (the exporter)).
     pub(crate) fn exporter_this_boot(&self) -> Result<ProcessIdentity> {
         let exporter = self.exporter();
         if self.boot_id != crate::os::boot_id() {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: exporter.pid(),
+                role: PeerRole::Exporter,
             });
         }
         Ok(exporter)

@@ -37,7 +37,7 @@
 //! | importer, after `Held`, before or after mapping | a holder; once dead, reaped by the close (its mapping died with it) |
 //! | importer, after unmapping, before release | a holder until it releases or dies: close waits, then reaps |
 //! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the last importer to release unlinks the table's name (the exporter keeps its mapping, and frees once its scan finds no holder) |
-//! | exporter, killed at any point | its memory is freed by the driver with its context; importers see `ExporterGone` on later opens and waits |
+//! | exporter, killed at any point | its memory is freed by the driver with its context; importers see `PeerGone` (exporter) on later opens and waits |
 //!
 //! Tested by: a loom model of close against two claimers, one of which dies mid-claim
 //! (`loom_tests`); replay tests of the interleavings above (`tests` below, each written against

@@ -24,7 +24,7 @@ use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::handle::{
     Envelope, HandleType, KIND_POOL, check_element, envelope_from_bytes, type_tag_of,
 };
@@ -783,7 +783,7 @@ impl ImportedPool {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`]; [`Error::ExporterGone`] (a pool of a dead process, before the
+    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process, before the
     /// descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
     /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
     /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool) or
@@ -806,8 +806,9 @@ impl ImportedPool {
         if !exporter.is_same_process(&ProcessIdentity::current())
             && !crate::process::is_alive_cached(&exporter)
         {
-            return Err(Error::ExporterGone {
+            return Err(Error::PeerGone {
                 pid: exporter.pid(),
+                role: PeerRole::Exporter,
             });
         }
         let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;

@@ -209,7 +209,7 @@ impl RawImport {
     }
 
     /// Name the exporting process (recommended: a dead exporter is then a clear
-    /// [`Error::ExporterGone`] instead of the driver's error).
+    /// [`Error::PeerGone`] (the exporter) instead of the driver's error).
     pub fn exporter_pid(mut self, pid: u32) -> Self {
         self.exporter_pid = Some(pid);
         self

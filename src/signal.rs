@@ -19,7 +19,7 @@ use crate::buffer::IpcBuffer;
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, check, sys};
-use crate::error::{CloseError, Error, Result};
+use crate::error::{CloseError, Error, PeerRole, Result};
 use crate::handle::{IpcSignalHandle, KIND_SIGNAL};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -329,7 +329,7 @@ impl IpcSignal {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] on an opened signal (share the original handle);
+    /// [`Error::InvalidState`] on an opened signal (share the original handle);
     /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
     pub fn handle(&self) -> Result<IpcSignalHandle> {
         let env = self
@@ -344,7 +344,7 @@ impl IpcSignal {
     /// # Errors
     ///
     /// Checked before the driver sees the handle: [`Error::CorruptHandle`] (also for a memory
-    /// or event handle), [`Error::SameProcess`], [`Error::ExporterGone`],
+    /// or event handle), [`Error::SameProcess`], [`Error::PeerGone`] (the exporter),
     /// [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the signal was dropped, even if
     /// new memory now sits at its address), [`Error::TooManyImporters`],
     /// [`Error::Unsupported`]. Then [`Error::Cuda`] naming the failed call.
@@ -417,7 +417,7 @@ impl IpcSignal {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE);
-    /// [`Error::ExporterGone`] or [`Error::PeerDied`] when a host-side check of this handle has
+    /// [`Error::PeerGone`] (the exporter) or [`Error::PeerGone`] (an importer) when a host-side check of this handle has
     /// already seen a party of the signal die; [`Error::Cuda`] naming `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
     pub unsafe fn wait(&self, stream: &(impl AsStream + ?Sized), value: u64) -> Result<()> {
@@ -472,7 +472,7 @@ impl IpcSignal {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`]; [`Error::ExporterGone`] when the exporter died, [`Error::PeerDied`]
+    /// [`Error::Timeout`]; [`Error::PeerGone`] (the exporter) when the exporter died, [`Error::PeerGone`] (an importer)
     /// when a process that had the signal open died without closing it (either is remembered:
     /// later waits fail at once); [`Error::InvalidArgument`] for a value above
     /// [`MAX_VALUE`](Self::MAX_VALUE); [`Error::Cuda`] from the reads.
@@ -511,10 +511,13 @@ impl IpcSignal {
         let pid = (lost & u64::from(u32::MAX)) as u32;
         match lost & !u64::from(u32::MAX) {
             0 => Ok(()),
-            LOST_EXPORTER => Err(Error::ExporterGone { pid }),
-            _ => Err(Error::PeerDied {
+            LOST_EXPORTER => Err(Error::PeerGone {
                 pid,
-                what: "signal",
+                role: PeerRole::Exporter,
+            }),
+            _ => Err(Error::PeerGone {
+                pid,
+                role: PeerRole::Importer("signal"),
             }),
         }
     }

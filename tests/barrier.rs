@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Child, report, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{BarrierState, Error, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
 
 /// The shared layout of these tests.
 #[repr(C)]
@@ -101,17 +101,23 @@ fn wait_then_report(region: &Shared, warmup: u32) -> i32 {
         (now - killed) as f64 / 1e6
     };
     match outcome {
-        Err(Error::PeerLost {
+        Err(Error::PeerGone {
             pid,
-            exited_cleanly,
-            ..
+            role:
+                PeerRole::BarrierParty {
+                    left: exited_cleanly,
+                    ..
+                },
         }) => {
             report(format!(
                 "peer_lost pid={pid} clean={exited_cleanly} latency_ms={latency_ms:.1}"
             ));
             // Poisoned for good: the next wait fails at once with the same cause.
             match barrier.wait_timeout(Duration::from_secs(5)) {
-                Err(Error::PeerLost { pid: again, .. }) if again == pid => report("still_poisoned"),
+                Err(Error::PeerGone {
+                    pid: again,
+                    role: PeerRole::BarrierParty { .. },
+                }) if again == pid => report("still_poisoned"),
                 other => report(format!("not_poisoned {other:?}")),
             }
         }
@@ -148,7 +154,7 @@ fn stop_victim(region: &Shared) -> i32 {
     0
 }
 
-/// Waits while the victim is stopped (expects Timeout, not PeerLost), then again after it is
+/// Waits while the victim is stopped (expects Timeout, not PeerGone), then again after it is
 /// continued (expects success: a timeout leaves the barrier usable).
 fn stop_waiter(region: &Shared) -> i32 {
     let barrier = ProcessBarrier::join(&region.barrier).expect("join");
@@ -174,7 +180,10 @@ fn stop_waiter(region: &Shared) -> i32 {
 /// Join a barrier that is already poisoned.
 fn join_late(region: &Shared) -> i32 {
     match ProcessBarrier::join(&region.barrier) {
-        Err(Error::PeerLost { pid, .. }) => report(format!("join_refused pid={pid}")),
+        Err(Error::PeerGone {
+            pid,
+            role: PeerRole::BarrierParty { .. },
+        }) => report(format!("join_refused pid={pid}")),
         other => report(format!("unexpected {:?}", other.map(|b| b.slot()))),
     }
     0
@@ -259,7 +268,7 @@ fn parse_peer_lost(line: &str) -> (u32, bool, f64) {
 }
 
 /// Kill one of three participants while the other two wait, and check that both survivors
-/// get PeerLost naming it within a second, and that the barrier stays poisoned (also for a
+/// get PeerGone naming it within a second, and that the barrier stays poisoned (also for a
 /// process joining later).
 fn kill_scenario(warmup: u32) {
     let _dog = watchdog("kill", Duration::from_secs(60));
@@ -289,7 +298,7 @@ fn kill_scenario(warmup: u32) {
         assert!(!clean, "a SIGKILLed peer is not a clean exit");
         assert!(
             latency < 1000.0,
-            "PeerLost after {latency} ms (must be < 1 s)"
+            "PeerGone after {latency} ms (must be < 1 s)"
         );
         assert_eq!(results[1], "still_poisoned");
     }
@@ -333,12 +342,12 @@ fn peer_killed_during_its_wait() {
     assert_eq!((pid, clean), (victim_pid, false), "{results:?}");
     assert!(
         latency < 1000.0,
-        "PeerLost after {latency} ms (must be < 1 s)"
+        "PeerGone after {latency} ms (must be < 1 s)"
     );
     assert_eq!(results[1], "still_poisoned");
 }
 
-/// A stopped participant is alive: the others time out (not PeerLost), and once it continues
+/// A stopped participant is alive: the others time out (not PeerGone), and once it continues
 /// the barrier completes normally.
 #[test]
 fn stopped_peer_gives_timeout_not_peer_lost() {
@@ -405,7 +414,7 @@ fn a_blocked_waiter_uses_almost_no_cpu() {
 
 /// One round of the random-kill scenario: two survivor threads of this process and a victim
 /// process loop through generations; the victim is SIGKILLed after a random delay. The
-/// survivors must both end with PeerLost naming it, never hang, and never complete a
+/// survivors must both end with PeerGone naming it, never hang, and never complete a
 /// generation the victim did not arrive at.
 fn random_kill_round(seed: u64) -> u64 {
     let region = create("random-kill", 3);
@@ -424,7 +433,10 @@ fn random_kill_round(seed: u64) -> u64 {
                     loop {
                         match b.wait_timeout(Duration::from_secs(20)) {
                             Ok(r) => last = Some(r.generation()),
-                            Err(Error::PeerLost { pid, .. }) => {
+                            Err(Error::PeerGone {
+                                pid,
+                                role: PeerRole::BarrierParty { .. },
+                            }) => {
                                 assert_eq!(pid, victim_pid);
                                 return last;
                             }
@@ -463,7 +475,7 @@ fn random_kill_round(seed: u64) -> u64 {
 }
 
 /// 1,000 kills at random points (before, during and after arriving): never a hang, never a
-/// false completion, always PeerLost naming the victim.
+/// false completion, always PeerGone naming the victim.
 #[test]
 fn a_thousand_random_kills_never_hang_or_complete_falsely() {
     let _dog = watchdog("random kills", Duration::from_secs(900));

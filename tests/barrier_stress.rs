@@ -9,7 +9,7 @@
 //! - no slot is held by two live processes (each party writes its pid into the shadow slot
 //!   after its join and clears it before it leaves);
 //! - no wait ends in `Timeout` once every party has claimed its slot (nobody is stopped, so
-//!   every death or departure must be seen as `PeerLost`, or the generation completes), and no
+//!   every death or departure must be seen as `PeerGone` (barrier participant), or the generation completes), and no
 //!   party hangs. (A party killed before its claim is indistinguishable from one not started
 //!   yet: the others' `Timeout` is then the right answer. The parent kills only after every
 //!   party is about to join, and counts a claim inside the join's window, so this exemption
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::{BarrierState, Error, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
 
 const PARTIES: u32 = 3;
 const MAX_GENERATIONS: usize = 8;
@@ -92,7 +92,10 @@ fn party(s: &Shared, seed: u64) {
     };
     let mut barrier = match joined {
         Ok(b) => b,
-        Err(Error::PeerLost { .. }) => return, // poisoned before we joined
+        Err(Error::PeerGone {
+            role: PeerRole::BarrierParty { .. },
+            ..
+        }) => return, // poisoned before we joined
         Err(e) => return violation(s, format_args!("join: {e}")),
     };
     if !counted {
@@ -128,7 +131,10 @@ fn party(s: &Shared, seed: u64) {
                     );
                 }
             }
-            Err(Error::PeerLost { .. }) => {
+            Err(Error::PeerGone {
+                role: PeerRole::BarrierParty { .. },
+                ..
+            }) => {
                 s.peer_lost.fetch_add(1, Ordering::Relaxed);
                 break;
             }
@@ -233,7 +239,7 @@ fn a_thousand_runs_with_kills_at_every_step_never_hang_or_complete_falsely() {
     let [completions, peer_lost, mid_join, unjoined] =
         STATS.each_ref().map(|s| s.load(Ordering::Relaxed));
     eprintln!(
-        "barrier stress: {runs} runs, {completions} completed waits, {peer_lost} PeerLost, \
+        "barrier stress: {runs} runs, {completions} completed waits, {peer_lost} PeerGone, \
          {mid_join} deaths inside a join, {unjoined} runs with a party killed before its claim, \
          {violations} violations, {:?}",
         start.elapsed()

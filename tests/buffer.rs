@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{gpu, gpu_count, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, GpuContext, IpcBuffer, IpcMemHandle, ShmCell, ShmOptions, ShmRegion, ShmSafe,
+    Error, GpuContext, IpcBuffer, IpcMemHandle, PeerRole, ShmCell, ShmOptions, ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -108,7 +108,10 @@ fn child_process() {
             "expect_exporter_gone" => {
                 let ctx = gpu();
                 match IpcBuffer::open(&ctx, &shared.mem.load()) {
-                    Err(Error::ExporterGone { pid }) => report(format!("gone {pid}")),
+                    Err(Error::PeerGone {
+                        pid,
+                        role: PeerRole::Exporter,
+                    }) => report(format!("gone {pid}")),
                     other => report(format!("unexpected {:?}", other.map(|b| b.as_raw_ptr()))),
                 }
                 0

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{die, gpu, gpu_count, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, ShmCell, ShmOptions, ShmRegion,
-    ShmSafe,
+    Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, PeerRole, ShmCell, ShmOptions,
+    ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -574,7 +574,7 @@ fn back_pressure_and_capacity() {
 }
 
 /// The producer dies holding a slot (before its send) or right after a send whose kernel is
-/// still running: the consumer gets what was sent and completed, then `ExporterGone` within a
+/// still running: the consumer gets what was sent and completed, then `PeerGone` (exporter) within a
 /// bound; dropping the receiver releases its stream (blocked on the dead producer's counter)
 /// instead of hanging, and leaves nothing in `/dev/shm`.
 #[test]
@@ -609,13 +609,24 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
         };
         let (status, _) = child.wait(WAIT);
         assert!(!status.success());
-        assert!(matches!(err, Error::ExporterGone { .. }), "{die_at}: {err}");
+        assert!(
+            matches!(
+                err,
+                Error::PeerGone {
+                    role: PeerRole::Exporter,
+                    ..
+                }
+            ),
+            "{die_at}: {err}"
+        );
         let want = if die_at == "before_send" { 2 } else { 3 };
         assert_eq!(got, want, "{die_at}");
         let t = Instant::now();
         drop(rx); // must not hang on the stream parked on item 3's counter
         let dropped = t.elapsed();
-        println!("{die_at}: ExporterGone after {got} items; receiver dropped in {dropped:?}");
+        println!(
+            "{die_at}: PeerGone (exporter) after {got} items; receiver dropped in {dropped:?}"
+        );
         // A drop that had to give up (and leak) would leave the stream blocked for good.
         assert!(
             dropped < Duration::from_secs(5),
@@ -627,7 +638,7 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
 }
 
 /// The consumer dies holding an item, or right after releasing one behind a 1 s kernel: the
-/// producer gets `PeerDied` when it needs that slot, within a bound; dropping the sender
+/// producer gets `PeerGone` (importer) when it needs that slot, within a bound; dropping the sender
 /// releases its stream and frees the memory without waiting out the lease timeout.
 #[test]
 #[ignore = "requires a CUDA device"]
@@ -660,9 +671,21 @@ fn a_dead_consumer_is_reported_and_nothing_hangs() {
         };
         let (status, _) = child.wait(WAIT);
         assert!(!status.success());
-        assert!(matches!(err, Error::PeerDied { .. }), "{how}: {err}");
+        assert!(
+            matches!(
+                err,
+                Error::PeerGone {
+                    role: PeerRole::Importer(_),
+                    ..
+                }
+            ),
+            "{how}: {err}"
+        );
         assert!(sent >= 2, "{how}: {sent}");
-        println!("{how}: PeerDied after {sent} sends, {:?}", t.elapsed());
+        println!(
+            "{how}: PeerGone (consumer) after {sent} sends, {:?}",
+            t.elapsed()
+        );
         let t = Instant::now();
         tx.close().unwrap();
         let closed = t.elapsed();
@@ -712,7 +735,16 @@ fn forged_and_misused_handles_are_refused() {
     let dead_handle = s2.handle.load();
     producer.expect_success(WAIT);
     let e = IpcReceiver::<u8>::open(&ctx, &dead_handle).unwrap_err();
-    assert!(matches!(e, Error::ExporterGone { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::PeerGone {
+                role: PeerRole::Exporter,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 /// `close` on a sender nobody opened removes its region and lease tables (before, `close`

@@ -10,7 +10,7 @@
 //!   length, and the slot holds the item's number both when received and just before it is
 //!   released (the producer never writes a slot the consumer holds);
 //! - no side ends in `Timeout` while the other is attached, alive or dead: a dead producer is
-//!   `ExporterGone`, a dead consumer `PeerDied`, a finished producer `ChannelClosed` after the
+//!   `PeerGone` (exporter), a dead consumer `PeerGone` (importer), a finished producer `ChannelClosed` after the
 //!   last item (the one exemption: a consumer killed before it attached is no peer yet, so the
 //!   producer's full ring times out);
 //! - nothing is left in `/dev/shm` once the consumer has attached (it unlinks the name), and
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use common::{Rng, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__channel_testing::{HostConsumer, HostProducer};
-use cuda_ipc::{Error, ShmCell, ShmOptions, ShmSafe};
+use cuda_ipc::{Error, PeerRole, ShmCell, ShmOptions, ShmSafe};
 
 const SLOTS: usize = 4;
 const CAPACITY: u64 = 1000;
@@ -63,8 +63,14 @@ const RUNNING: u32 = 100;
 
 fn outcome(e: &Error) -> u32 {
     match e {
-        Error::ExporterGone { .. } => EXPORTER_GONE,
-        Error::PeerDied { .. } => PEER_DIED,
+        Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        } => EXPORTER_GONE,
+        Error::PeerGone {
+            role: PeerRole::Importer(_),
+            ..
+        } => PEER_DIED,
         Error::ChannelClosed { .. } => CLOSED,
         Error::Timeout { .. } => TIMEOUT,
         _ => {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, ShmCell, ShmOptions, ShmRegion,
-    ShmSafe,
+    Error, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerRole, ShmCell, ShmOptions,
+    ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -160,13 +160,19 @@ fn synchronize_notices_a_dead_exporter() {
     // completed the event as the context died, or synchronize saw the exporter gone.
     match event.synchronize(Duration::from_secs(40)) {
         Ok(()) => eprintln!("event completed when its exporter died"),
-        Err(Error::ExporterGone { pid: p }) => assert_eq!(p, pid),
-        Err(e) => panic!("expected completion or ExporterGone, got {e}"),
+        Err(Error::PeerGone {
+            pid: p,
+            role: PeerRole::Exporter,
+        }) => assert_eq!(p, pid),
+        Err(e) => panic!("expected completion or PeerGone (exporter), got {e}"),
     }
     // And a new open is refused before the driver is asked.
     assert!(matches!(
         IpcEvent::open(&ctx, &shared.event.load()),
-        Err(Error::ExporterGone { .. })
+        Err(Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        })
     ));
 }
 

@@ -15,7 +15,9 @@ use common::{
     contents, drop_privileges, fd_connect, fd_count, fd_listener, from_hex, gpu, gpu_count,
     is_root, pattern, report, shm_entries, spawn, to_hex, watchdog,
 };
-use cuda_ipc::{Error, GpuContext, HandleType, IpcBuffer, IpcMemHandle, RawImport, RawMemHandle};
+use cuda_ipc::{
+    Error, GpuContext, HandleType, IpcBuffer, IpcMemHandle, PeerRole, RawImport, RawMemHandle,
+};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -260,8 +262,11 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
     child.signal(libc::SIGKILL);
     let _ = child.wait(T);
     match s.recv_buffer::<u32>(&ctx, T) {
-        Err(Error::ExporterGone { .. }) => {}
-        other => panic!("expected ExporterGone, got {other:?}"),
+        Err(Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        }) => {}
+        other => panic!("expected PeerGone (exporter), got {other:?}"),
     }
     drop((s, l));
     assert_eq!(fd_count(), before, "the received descriptor is closed");

@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{from_hex, gpu, watchdog};
-use cuda_ipc::{Error, IpcBuffer, RawImport, RawMemHandle};
+use cuda_ipc::{Error, IpcBuffer, PeerRole, RawImport, RawMemHandle};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 
@@ -261,8 +261,14 @@ fn a_dead_python_exporter_is_a_clear_error() {
     // Named: refused before the driver is asked.
     // SAFETY: refused (nothing is mapped).
     match unsafe { IpcBuffer::<i32>::open_raw(&ctx, &import_of(&e)) } {
-        Err(Error::ExporterGone { pid }) => assert_eq!(pid, e.pid),
-        other => panic!("expected ExporterGone, got {:?}", other.map(|b| b.len())),
+        Err(Error::PeerGone {
+            pid,
+            role: PeerRole::Exporter,
+        }) => assert_eq!(pid, e.pid),
+        other => panic!(
+            "expected PeerGone (exporter), got {:?}",
+            other.map(|b| b.len())
+        ),
     }
     // Not named: the driver's own error, at once (no hang: the watchdog bounds it).
     let t = std::time::Instant::now();

@@ -1,7 +1,7 @@
 //! A real pid reuse: a barrier participant is killed and a new, unrelated process is made to
 //! receive exactly its pid (as root, through `/proc/sys/kernel/ns_last_pid`). A liveness check by
 //! pid alone (`kill(pid, 0)`) would now see the peer as alive and the survivor would wait until
-//! its deadline; pid + start time must report `PeerLost` at once.
+//! its deadline; pid + start time must report `PeerGone` (barrier participant) at once.
 //!
 //! Its own test binary, so that no other test forks between choosing the pid and taking it.
 
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{BarrierState, Error, ProcessBarrier, ShmOptions, ShmSafe};
+use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmSafe};
 
 #[repr(C)]
 struct Shared {
@@ -100,14 +100,13 @@ fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
     let _ = impostor.kill();
     let _ = impostor.wait();
     match outcome {
-        Err(Error::PeerLost {
+        Err(Error::PeerGone {
             pid,
-            exited_cleanly: false,
-            ..
+            role: PeerRole::BarrierParty { left: false, .. },
         }) => assert_eq!(pid, victim_pid),
         other => panic!(
-            "expected PeerLost for the reused pid {victim_pid}, got {other:?} after {took:?}"
+            "expected PeerGone for the reused pid {victim_pid}, got {other:?} after {took:?}"
         ),
     }
-    eprintln!("pid {victim_pid} reused by a new process: PeerLost after {took:?}");
+    eprintln!("pid {victim_pid} reused by a new process: PeerGone after {took:?}");
 }

@@ -15,7 +15,9 @@ use common::{
     contents, expect_message, fd_connect, fd_listener, gpu, gpu_count, pattern, report, spawn,
     watchdog,
 };
-use cuda_ipc::{Error, FdSocket, GpuContext, ImportedPool, IpcPool, PoolHandle, RawStream};
+use cuda_ipc::{
+    Error, FdSocket, GpuContext, ImportedPool, IpcPool, PeerRole, PoolHandle, RawStream,
+};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -267,7 +269,10 @@ fn a_pool_from_a_dead_process_and_mismatched_descriptors_are_refused() {
     let s = l.accept(T).unwrap();
     assert_eq!(child.expect_success(T), ["sent"]);
     match s.recv_pool(&ctx, T) {
-        Err(Error::ExporterGone { .. }) => {}
+        Err(Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        }) => {}
         other => panic!("a dead process's pool: {other:?}"),
     }
     // Descriptors that do not match: none, and one that is not a pool.

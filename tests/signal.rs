@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use common::{gpu, gpu_count, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::driver::{error_name, sys};
 use cuda_ipc::{
-    Error, GpuContext, IpcBuffer, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmCell, ShmOptions,
-    ShmRegion, ShmSafe,
+    Error, GpuContext, IpcBuffer, IpcMemHandle, IpcSignal, IpcSignalHandle, PeerRole, ShmCell,
+    ShmOptions, ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -395,20 +395,32 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
     let _ = child.wait(Duration::from_secs(30));
     let t = Instant::now();
     match sig.wait_host(1, Duration::from_secs(30)) {
-        Err(Error::ExporterGone { pid: p }) => assert_eq!(p, pid),
-        other => panic!("expected ExporterGone, got {other:?}"),
+        Err(Error::PeerGone {
+            pid: p,
+            role: PeerRole::Exporter,
+        }) => assert_eq!(p, pid),
+        other => panic!("expected PeerGone (exporter), got {other:?}"),
     }
     eprintln!("signal: dead exporter noticed after {:?}", t.elapsed());
     // Remembered: a GPU-side wait that could never end is refused too.
     // SAFETY: refused before anything is enqueued (and the stream is synchronised anyway).
     let refused = unsafe { sig.wait(&stream, 1) };
-    assert!(matches!(refused, Err(Error::ExporterGone { .. })));
+    assert!(matches!(
+        refused,
+        Err(Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        })
+    ));
     // Once our mapping is gone, opening again is refused before the driver is asked (while
     // it is open, a second open is a view of the same mapping).
     drop(sig);
     assert!(matches!(
         IpcSignal::open(&ctx, &shared.ready.load()),
-        Err(Error::ExporterGone { .. })
+        Err(Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        })
     ));
 }
 
@@ -435,10 +447,13 @@ fn a_host_wait_notices_a_dead_importer_before_its_deadline() {
     let _ = child.wait(Duration::from_secs(30));
     let t = Instant::now();
     match sig.wait_host(1, Duration::from_secs(30)) {
-        Err(Error::PeerDied { pid: p, what }) => {
+        Err(Error::PeerGone {
+            pid: p,
+            role: PeerRole::Importer(what),
+        }) => {
             assert_eq!((p, what), (pid, "signal"));
         }
-        other => panic!("expected PeerDied, got {other:?}"),
+        other => panic!("expected PeerGone (importer), got {other:?}"),
     }
     eprintln!("signal: dead importer noticed after {:?}", t.elapsed());
     // The dead lease is reaped, so the signal is freed at once, not leaked.
@@ -494,10 +509,7 @@ fn wrong_and_stale_signal_handles_are_refused_before_cuda() {
     ));
     // The live one opens, and cannot be re-exported.
     let opened = IpcSignal::open(&ctx, &live).unwrap();
-    assert!(matches!(
-        opened.handle(),
-        Err(Error::InvalidArgument { .. })
-    ));
+    assert!(matches!(opened.handle(), Err(Error::InvalidState { .. })));
     drop(opened);
     shared.release.store(1, Ordering::Release);
     child.expect_success(Duration::from_secs(60));

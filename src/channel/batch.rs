@@ -16,7 +16,7 @@ use bytemuck::Pod;
 
 use super::{IpcReceiver, IpcSender, wait_limit};
 use crate::driver::sys;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::stream::AsStream;
 
 /// Consecutive slots the producer holds, between [`IpcSender::acquire_batch`] and
@@ -226,7 +226,14 @@ impl<T: Pod> IpcReceiver<T> {
                 Ok(Some(len)) => lens.push(len),
                 // Nothing more yet, or the producer closed or died after what we have: the
                 // next call reports it.
-                Ok(None) | Err(Error::ChannelClosed { .. } | Error::ExporterGone { .. }) => break,
+                Ok(None)
+                | Err(
+                    Error::ChannelClosed { .. }
+                    | Error::PeerGone {
+                        role: PeerRole::Exporter,
+                        ..
+                    },
+                ) => break,
                 Err(e) => return Err(e),
             }
         }

@@ -28,9 +28,9 @@
 //! consumer's release of `k − slots`; (P3) the user's writes; (P4) enqueue the GPU signal
 //! `sent = k`; (P5) store the length; (P6) publish `sent = k`.
 //! - Killed before P6: the consumer never sees item `k`. Its wait checks the producer every
-//!   10 ms and reports [`Error::ExporterGone`].
+//!   10 ms and reports [`Error::PeerGone`] (the exporter).
 //! - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue
-//!   its GPU wait, which then never passes; its next call reports `ExporterGone`, and dropping
+//!   its GPU wait, which then never passes; its next call reports `PeerGone` (exporter), and dropping
 //!   the receiver releases its streams (work on that item sees undefined contents).
 //! - Closed (dropped): the owner word goes `Held → Left` after the last publish; a consumer
 //!   that finds `Left` re-reads `sent` and receives every item published before reporting
@@ -40,9 +40,9 @@
 //! enqueue the GPU wait `sent ≥ k`; (C4) the user's reads; (C5) enqueue the GPU signal
 //! `released = k`; (C6) publish `released = k`.
 //! - Killed mid-attach (`Claiming`), or before C6: the producer, waiting for the slot, checks
-//!   the consumer every 10 ms and reports [`Error::PeerDied`].
+//!   the consumer every 10 ms and reports [`Error::PeerGone`] (an importer).
 //! - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
-//!   passes; its next wait reports `PeerDied`, and dropping the sender releases its streams.
+//!   passes; its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
 //! - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
 //!   Left`; the producer's next acquire reports `ChannelClosed`. Closing only after the GPU
 //!   work matters: a producer that finds the consumer gone forces the release counter at its
@@ -63,7 +63,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerRole, Result};
 use crate::handle::Envelope;
 use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
@@ -327,9 +327,9 @@ impl<'a> Ring<'a> {
                 role: "consumer",
             }),
             OwnerState::Claiming | OwnerState::Held if alive(&id) => Ok(()),
-            OwnerState::Claiming | OwnerState::Held => Err(Error::PeerDied {
+            OwnerState::Claiming | OwnerState::Held => Err(Error::PeerGone {
                 pid: owner.pid,
-                what: "IPC channel (as its consumer)",
+                role: PeerRole::Importer("IPC channel (as its consumer)"),
             }),
         }
     }
@@ -401,7 +401,10 @@ impl<'a> Ring<'a> {
             }
             OwnerState::Claiming | OwnerState::Held if alive(&id) => return Ok(()),
             OwnerState::Claiming | OwnerState::Held => {
-                return Err(Error::ExporterGone { pid: owner.pid });
+                return Err(Error::PeerGone {
+                    pid: owner.pid,
+                    role: PeerRole::Exporter,
+                });
             }
         };
         // Closed: items published before the close are still delivered.
@@ -565,7 +568,16 @@ mod tests {
         s.producer.claim_pausing(&dead(), || {}).unwrap();
         let t = Instant::now();
         let e = r.recv(0, Duration::from_secs(5)).unwrap_err();
-        assert!(matches!(e, Error::ExporterGone { pid: 4_194_000 }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::PeerGone {
+                    pid: 4_194_000,
+                    role: PeerRole::Exporter
+                }
+            ),
+            "{e}"
+        );
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 
@@ -579,7 +591,16 @@ mod tests {
         let _stalled = s.consumer[0].owner.claim_and_stall(&dead()).unwrap();
         r.publish(1, 1).unwrap();
         let e = r.acquire(2, Duration::from_secs(5)).unwrap_err();
-        assert!(matches!(e, Error::PeerDied { pid: 4_194_000, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::PeerGone {
+                    pid: 4_194_000,
+                    role: PeerRole::Importer(_)
+                }
+            ),
+            "{e}"
+        );
         let e = r.attach(&ProcessIdentity::current(), || {}).unwrap_err();
         assert!(matches!(e, Error::ChannelInUse { pid: 4_194_000 }), "{e}");
     }
