@@ -94,8 +94,9 @@ struct Export {
     token: [u8; 16],
     generation: u64,
     uuid: [u8; 16],
-    /// Shared with the deferred-free list when the buffer is dropped while mapped elsewhere.
-    leases: Arc<ExportLeases>,
+    /// Created at the first export (a buffer never exported has no table in `/dev/shm`);
+    /// shared with the deferred-free list when the buffer is dropped while mapped elsewhere.
+    leases: parking_lot::Mutex<Option<Arc<ExportLeases>>>,
     released: bool,
     /// For a POSIX-fd buffer: the allocation (released in `release`); `None`: `cuMemAlloc`.
     vmm: Option<VmmMemory>,
@@ -212,13 +213,13 @@ impl<T: Pod> IpcBuffer<T> {
     pub const MAX_IMPORTERS: usize = crate::lease::MAX_IMPORTERS;
 
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
-    /// a valid `T`: it is `Pod`), and prepare its lease table for export.
+    /// a valid `T`: it is `Pod`). Nothing is created in `/dev/shm` until the first export (the
+    /// export's lease table).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a zero or overflowing size, [`Error::Cuda`] naming
-    /// `cuMemAlloc` (e.g. `CUDA_ERROR_OUT_OF_MEMORY`), or a shared-memory error creating the
-    /// lease table.
+    /// `cuMemAlloc` (e.g. `CUDA_ERROR_OUT_OF_MEMORY`).
     #[doc(alias = "cuMemAlloc")]
     pub fn new(ctx: &GpuContext, len: usize) -> Result<Self> {
         Self::new_with(ctx, len, HandleType::Legacy)
@@ -279,7 +280,6 @@ impl<T: Pod> IpcBuffer<T> {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
-        let leases = ExportLeases::create(&token)?;
         let uuid = device::uuid_of(ctx.device())?;
         let (ptr, vmm) = if vmm {
             let memory = VmmMemory::create(ctx, bytes)?;
@@ -297,7 +297,7 @@ impl<T: Pod> IpcBuffer<T> {
                 token,
                 generation: GENERATION.fetch_add(1, Ordering::Relaxed),
                 uuid,
-                leases: Arc::new(leases),
+                leases: parking_lot::Mutex::new(None),
                 released: false,
                 vmm,
             }),
@@ -366,7 +366,8 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidState`] on an imported buffer (CUDA cannot re-export a mapping);
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; at the first export, a shared-memory error
+    /// creating the export's lease table.
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
         let env = self.export_envelope(KIND_MEM, "IpcBuffer::handle")?;
@@ -453,6 +454,8 @@ impl<T: Pod> IpcBuffer<T> {
                     .into(),
             });
         };
+        // The table exists before any handle does: every importer finds it.
+        export.leases()?;
         let (cuda, handle_type) = match &export.vmm {
             Some(memory) => {
                 let mut cuda = [0u8; 64];
@@ -902,7 +905,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// For an exported buffer: the pids of live importers (dead ones are reaped).
     pub fn importers(&self) -> Vec<u32> {
         match &self.origin {
-            Origin::Exported(e) => e.leases.holders(),
+            Origin::Exported(e) => e.existing_leases().map_or_else(Vec::new, |l| l.holders()),
             Origin::Imported(_) => Vec::new(),
         }
     }
@@ -910,11 +913,10 @@ impl<T: Pod> IpcBuffer<T> {
     /// The first process other than this one that holds a lease on this export (has it
     /// mapped) but has died without releasing it; slots are not reaped.
     pub(crate) fn dead_importer(&self) -> Option<u32> {
-        let table = match &self.origin {
-            Origin::Exported(e) => e.leases.table(),
-            Origin::Imported(m) => m.lease.as_ref()?.table(),
-        };
-        table.dead_holder()
+        match &self.origin {
+            Origin::Exported(e) => e.existing_leases()?.table().dead_holder(),
+            Origin::Imported(m) => m.lease.as_ref()?.table().dead_holder(),
+        }
     }
 
     /// Close the buffer and report what drop would hide: for an exported buffer, mark it
@@ -976,7 +978,10 @@ impl<T: Pod> IpcBuffer<T> {
         if export.released || export.vmm.is_some() {
             return Ok(());
         }
-        let (pids, waited) = export.leases.close_and_wait(timeout);
+        let Some(leases) = export.existing_leases() else {
+            return Ok(()); // never exported with a handle: nobody can map it
+        };
+        let (pids, waited) = leases.close_and_wait(timeout);
         if pids.is_empty() {
             Ok(())
         } else {
@@ -994,20 +999,36 @@ impl<T: Pod> IpcBuffer<T> {
             return Ok(());
         }
         export.released = true;
+        let leases = export.existing_leases();
         if let Some(memory) = export.vmm.take() {
             // New opens fail from here on (StaleHandle); existing importers keep their
             // mappings, which hold the memory: the driver frees it when the last one unmaps.
-            export.leases.begin_close();
+            if let Some(leases) = leases {
+                leases.begin_close();
+            }
             drop(memory);
             return Ok(());
         }
         let bytes = self.slice.len * std::mem::size_of::<T>();
-        deferred::free_or_defer(
-            &self.slice.ctx,
-            self.slice.ptr,
-            bytes,
-            export.leases.clone(),
-        )
+        deferred::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, leases)
+    }
+}
+
+impl Export {
+    /// The lease table, created now if this is the first export.
+    fn leases(&self) -> Result<Arc<ExportLeases>> {
+        let mut leases = self.leases.lock();
+        if let Some(l) = &*leases {
+            return Ok(l.clone());
+        }
+        let created = Arc::new(ExportLeases::create(&self.token)?);
+        *leases = Some(created.clone());
+        Ok(created)
+    }
+
+    /// The lease table if the buffer was ever exported.
+    fn existing_leases(&self) -> Option<Arc<ExportLeases>> {
+        self.leases.lock().clone()
     }
 }
 

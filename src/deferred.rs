@@ -67,8 +67,9 @@ pub struct DeferredFrees {
     pub pending_bytes: usize,
 }
 
-/// Free the exported allocation `ptr` of `bytes` bytes in `ctx` now if no importer maps it,
-/// else put it on the list (closing its lease table either way: new opens are refused).
+/// Free the exported allocation `ptr` of `bytes` bytes in `ctx` now if no importer maps it
+/// (or it was never exported: no table), else put it on the list (closing its lease table
+/// either way: new opens are refused).
 ///
 /// # Errors
 ///
@@ -77,11 +78,12 @@ pub(crate) fn free_or_defer(
     ctx: &GpuContext,
     ptr: sys::CUdeviceptr,
     bytes: usize,
-    leases: Arc<ExportLeases>,
+    leases: Option<Arc<ExportLeases>>,
 ) -> Result<()> {
-    if leases.close_and_scan().is_empty() {
+    // No table: the buffer was never exported with a handle, so no importer can map it.
+    let Some(leases) = leases.filter(|l| !l.close_and_scan().is_empty()) else {
         return free(ctx, ptr);
-    }
+    };
     let mut list = LIST.lock();
     list.push(Deferred {
         ctx: ctx.clone(),

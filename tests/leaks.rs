@@ -5,7 +5,8 @@
 //! imported, carved into buffers and viewed (half freed while viewed) with nothing left behind,
 //! 2,000 pool buffers each freed by its owner while the importer still held it, and 2,000
 //! legacy buffers each dropped by its exporter while mapped (the free deferred, done by
-//! `collect_deferred` once the importer let go).
+//! `collect_deferred` once the importer let go), and 1,000 buffers never exported leaving
+//! nothing in `/dev/shm`.
 //!
 //! GPU tests, `#[ignore = "requires a CUDA device"]`, in their own binary and serialised by a
 //! lock: free device memory is device-wide, so no other test may run beside them.
@@ -301,6 +302,39 @@ fn ten_thousand_export_open_drop_cycles_leak_nothing() {
         exporter_free0, exporter_free1,
         "exporter-side free GPU memory changed"
     );
+}
+
+/// A buffer's lease table is made at its first export: 1,000 buffers never exported hold no
+/// file in `/dev/shm` and no descriptor; exporting one makes one table (once, however often it
+/// is exported), and dropping it removes it.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn buffers_never_exported_create_nothing_in_dev_shm() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _dog = watchdog("never exported", Duration::from_secs(120));
+    let ctx = gpu();
+    let tables = || shm_entries("cuda-ipc-lease.").len();
+    let (fds0, shm0) = (fd_count(), tables());
+    let t = Instant::now();
+    let bufs: Vec<_> = (0..1000)
+        .map(|_| IpcBuffer::<u8>::new(&ctx, 4096).unwrap())
+        .collect();
+    let per_new = t.elapsed() / 1000;
+    let (fds1, shm1) = (fd_count(), tables());
+    eprintln!("1,000 buffers never exported: {per_new:?} per new; fds {fds0}->{fds1}");
+    assert_eq!(shm1, shm0, "tables in /dev/shm for buffers never exported");
+    assert!(
+        fds1 < fds0 + 100,
+        "descriptors per buffer: {fds0} -> {fds1}"
+    );
+    let first = bufs[7].handle().unwrap();
+    let again = bufs[7].handle().unwrap();
+    assert_eq!(first.as_bytes(), again.as_bytes());
+    assert_eq!(tables(), shm0 + 1, "one table for the exported buffer");
+    drop(bufs);
+    assert_eq!(tables(), shm0, "its table goes with it");
 }
 
 #[test]
