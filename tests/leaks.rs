@@ -156,24 +156,39 @@ fn pool_owner(socket: &str) -> i32 {
     0
 }
 
-/// The deferred-free soak's exporter: per cycle a legacy buffer, its handle published; dropped
-/// once the importer has it open (drop must return at once, the free deferred); freed by
-/// `collect_deferred` once the importer has read it and let go.
-fn deferred_exporter(region: &str) -> i32 {
+/// The two legacy soaks' step numbers in the shared region for cycle `i`: the importer has the
+/// buffer open at the first, has let it go at the second. With `deferred` the exporter drops
+/// its buffer between the two (so they differ); without, it closes it after the importer let
+/// go (one step).
+fn steps(i: u64, deferred: bool) -> (u64, u64) {
+    let k = i + 1;
+    if deferred { (2 * k - 1, 2 * k) } else { (k, k) }
+}
+
+/// The legacy soaks' exporter: per cycle a `cuMemAlloc` buffer, its handle published. Without
+/// `deferred`: closed once the importer let go. With it: dropped once the importer has it open
+/// (the drop must return at once, the free deferred), freed by `collect_deferred` once the
+/// importer has read it and let go.
+fn legacy_exporter(region: &str, deferred: bool) -> i32 {
     let shared = ShmOptions::new(region).open::<Shared>().unwrap();
     let ctx = gpu();
+    let cycles = if deferred { FD_CYCLES } else { CYCLES };
     let mut baseline = (0, 0);
     let mut slowest_drop = Duration::ZERO;
-    for i in 0..FD_CYCLES {
+    for i in 0..cycles {
         if i == WARMUP {
             baseline = (fd_count(), ctx.mem_info().unwrap().0);
         }
-        let k = i + 1;
+        let (opened, closed) = steps(i, deferred);
         let buf = IpcBuffer::<u8>::new(&ctx, LEN).unwrap();
         buf.memset_bytes((i % 251) as u8).unwrap();
         shared.mem.store(buf.handle().unwrap());
-        shared.seq.store(2 * k - 1, Ordering::Release);
-        spin_until("open", || shared.ack.load(Ordering::Acquire) == 2 * k - 1);
+        shared.seq.store(opened, Ordering::Release);
+        spin_until("importer", || shared.ack.load(Ordering::Acquire) == opened);
+        if !deferred {
+            buf.close(Duration::ZERO).unwrap();
+            continue;
+        }
         let t = Instant::now();
         drop(buf);
         slowest_drop = slowest_drop.max(t.elapsed());
@@ -183,8 +198,8 @@ fn deferred_exporter(region: &str) -> i32 {
             (0, 1, LEN),
             "cycle {i}: mapped by the importer"
         );
-        shared.seq.store(2 * k, Ordering::Release);
-        spin_until("close", || shared.ack.load(Ordering::Acquire) == 2 * k);
+        shared.seq.store(closed, Ordering::Release);
+        spin_until("close", || shared.ack.load(Ordering::Acquire) == closed);
         let left = cuda_ipc::collect_deferred();
         assert_eq!(
             (left.freed, left.pending),
@@ -193,11 +208,13 @@ fn deferred_exporter(region: &str) -> i32 {
         );
     }
     let end = (fd_count(), ctx.mem_info().unwrap().0);
-    eprintln!("deferred soak: slowest drop {slowest_drop:?}");
-    assert!(
-        slowest_drop < Duration::from_millis(50),
-        "a drop waited {slowest_drop:?}"
-    );
+    if deferred {
+        eprintln!("deferred soak: slowest drop {slowest_drop:?}");
+        assert!(
+            slowest_drop < Duration::from_millis(50),
+            "a drop waited {slowest_drop:?}"
+        );
+    }
     report(format!(
         "fds {} {} free {} {}",
         baseline.0, end.0, baseline.1, end.1
@@ -214,8 +231,8 @@ fn child_process() {
         if role == "pool_owner" {
             return pool_owner(&args[0]);
         }
-        if role == "deferred_exporter" {
-            return deferred_exporter(&args[0]);
+        if role == "exporter" || role == "deferred_exporter" {
+            return legacy_exporter(&args[0], role == "deferred_exporter");
         }
         let shared = ShmOptions::new(&args[0])
             .open::<Shared>()
@@ -227,57 +244,53 @@ fn child_process() {
             std::thread::sleep(Duration::from_secs(50));
             return 1;
         }
-        assert_eq!(role, "exporter");
-        let mut baseline = (0, 0);
-        for i in 0..CYCLES {
-            if i == WARMUP {
-                baseline = (fd_count(), ctx.mem_info().unwrap().0);
-            }
-            let buf = IpcBuffer::<u8>::new(&ctx, LEN).unwrap();
-            buf.memset_bytes((i % 251) as u8).unwrap();
-            shared.mem.store(buf.handle().unwrap());
-            shared.seq.store(i + 1, Ordering::Release);
-            spin_until("importer", || shared.ack.load(Ordering::Acquire) == i + 1);
-            buf.close(Duration::ZERO).unwrap();
-        }
-        let end = (fd_count(), ctx.mem_info().unwrap().0);
-        report(format!(
-            "fds {} {} free {} {}",
-            baseline.0, end.0, baseline.1, end.1
-        ));
-        0
+        panic!("unknown role {role}");
     });
 }
 
-#[test]
-#[ignore = "requires a CUDA device"]
-fn ten_thousand_export_open_drop_cycles_leak_nothing() {
+/// The importer's side of the two legacy soaks (see [`legacy_exporter`]): per cycle open the
+/// exporter's buffer, check its contents (with `deferred`, after the exporter dropped it), let
+/// it go; then check that nothing leaked on either side.
+fn legacy_soak(deferred: bool) {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let _dog = watchdog("soak", Duration::from_secs(400));
+    let what = if deferred { "deferred soak" } else { "soak" };
+    let _dog = watchdog(what, Duration::from_secs(400));
     let ctx = gpu();
     let shared = ShmOptions::new(unique_name("soak"))
         .create::<Shared>()
         .unwrap();
     let (free_start, _) = ctx.mem_info().unwrap();
-    let exporter = spawn("exporter", &[shared.name()]);
+    let role = if deferred {
+        "deferred_exporter"
+    } else {
+        "exporter"
+    };
+    let exporter = spawn(role, &[shared.name()]);
+    let cycles = if deferred { FD_CYCLES } else { CYCLES };
     let mut host = vec![0u8; LEN];
     let mut baseline = None;
     let start = Instant::now();
-    for i in 0..CYCLES {
+    for i in 0..cycles {
         if i == WARMUP {
             baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
         }
-        spin_until("exporter", || shared.seq.load(Ordering::Acquire) == i + 1);
+        let (opened, closed) = steps(i, deferred);
+        spin_until("exporter", || shared.seq.load(Ordering::Acquire) == opened);
         let buf = IpcBuffer::open_exact(&ctx, &shared.mem.load(), LEN).unwrap();
+        if deferred {
+            shared.ack.store(opened, Ordering::Release);
+            // Once the exporter has dropped its buffer, our mapping still reads it.
+            spin_until("drop", || shared.seq.load(Ordering::Acquire) == closed);
+        }
         buf.copy_to_host(&mut host).unwrap();
         assert!(
             host.iter().all(|&b| u64::from(b) == i % 251),
             "cycle {i}: wrong data"
         );
         drop(buf);
-        shared.ack.store(i + 1, Ordering::Release);
+        shared.ack.store(closed, Ordering::Release);
     }
     let elapsed = start.elapsed();
     let results = exporter.expect_success(Duration::from_secs(60));
@@ -286,10 +299,10 @@ fn ten_thousand_export_open_drop_cycles_leak_nothing() {
     // Device-wide free memory: before the exporter started, and after it exited.
     let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
     eprintln!(
-        "soak: {CYCLES} cycles in {:.2} s ({:.0} µs/cycle); importer fds {fds0}->{fds1}, lease \
+        "{what}: {cycles} cycles in {:.2} s ({:.0} µs/cycle); importer fds {fds0}->{fds1}, lease \
          tables {shm0}->{shm1}, device free memory {free_start}->{free1}; exporter: {}",
         elapsed.as_secs_f64(),
-        elapsed.as_secs_f64() * 1e6 / CYCLES as f64,
+        elapsed.as_secs_f64() * 1e6 / cycles as f64,
         results[0]
     );
     assert!(
@@ -302,6 +315,18 @@ fn ten_thousand_export_open_drop_cycles_leak_nothing() {
         exporter_free0, exporter_free1,
         "exporter-side free GPU memory changed"
     );
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn ten_thousand_export_open_drop_cycles_leak_nothing() {
+    legacy_soak(false);
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn two_thousand_buffers_dropped_while_mapped_are_freed_once_unmapped() {
+    legacy_soak(true);
 }
 
 /// A buffer's lease table is made at its first export: 1,000 buffers never exported hold no
@@ -335,63 +360,6 @@ fn buffers_never_exported_create_nothing_in_dev_shm() {
     assert_eq!(tables(), shm0 + 1, "one table for the exported buffer");
     drop(bufs);
     assert_eq!(tables(), shm0, "its table goes with it");
-}
-
-#[test]
-#[ignore = "requires a CUDA device"]
-fn two_thousand_buffers_dropped_while_mapped_are_freed_once_unmapped() {
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let _dog = watchdog("deferred soak", Duration::from_secs(300));
-    let ctx = gpu();
-    let shared = ShmOptions::new(unique_name("deferred"))
-        .create::<Shared>()
-        .unwrap();
-    let (free_start, _) = ctx.mem_info().unwrap();
-    let exporter = spawn("deferred_exporter", &[shared.name()]);
-    let mut host = vec![0u8; LEN];
-    let mut baseline = None;
-    let start = Instant::now();
-    for i in 0..FD_CYCLES {
-        if i == WARMUP {
-            baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
-        }
-        let k = i + 1;
-        spin_until("exporter", || {
-            shared.seq.load(Ordering::Acquire) == 2 * k - 1
-        });
-        let buf = IpcBuffer::open_exact(&ctx, &shared.mem.load(), LEN).unwrap();
-        shared.ack.store(2 * k - 1, Ordering::Release);
-        spin_until("drop", || shared.seq.load(Ordering::Acquire) == 2 * k);
-        // The exporter has dropped its buffer: our mapping still reads its contents.
-        buf.copy_to_host(&mut host).unwrap();
-        assert!(
-            host.iter().all(|&b| u64::from(b) == i % 251),
-            "cycle {i}: wrong data after the owner's drop"
-        );
-        drop(buf);
-        shared.ack.store(2 * k, Ordering::Release);
-    }
-    let elapsed = start.elapsed();
-    let results = exporter.expect_success(Duration::from_secs(60));
-    let (fds0, shm0) = baseline.unwrap();
-    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
-    let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
-    eprintln!(
-        "deferred soak: {FD_CYCLES} cycles in {:.2} s ({:.0} µs/cycle); importer fds \
-         {fds0}->{fds1}, lease tables {shm0}->{shm1}, device free memory {free_start}->{free1}; \
-         exporter: {}",
-        elapsed.as_secs_f64(),
-        elapsed.as_secs_f64() * 1e6 / FD_CYCLES as f64,
-        results[0]
-    );
-    let (exporter_free0, exporter_free1) =
-        assert_soak_leaked_nothing((fds0, fds1), shm1, (free_start, free1), &results[0]);
-    assert_eq!(
-        exporter_free0, exporter_free1,
-        "exporter-side free GPU memory changed"
-    );
 }
 
 #[test]
