@@ -328,7 +328,8 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// nothing stays blocked — and only then unmaps or frees the memory; if they do not complete
 /// it leaks the memory rather than free it under pending GPU work. The consumer unlinks the
 /// shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
-/// any [`IpcBuffer`], so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
+/// any [`IpcBuffer`] (dropping the sender while the consumer still maps the memory defers
+/// its free until the consumer unmaps, as for an `IpcBuffer`), so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
 /// the consumer has attached (before that, a killed producer leaves one region for
 /// [`reclaim_stale`](crate::reclaim_stale)).
 ///

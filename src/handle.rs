@@ -37,7 +37,7 @@ pub(crate) const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 /// | Allocation | `cuMemAlloc` | `cuMemCreate` + `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess` |
 /// | What a peer needs | the 184-byte [`IpcMemHandle`] (any channel) | the handle **and** a file descriptor, sent over an [`FdSocket`](crate::FdSocket) |
 /// | Who can map it | anyone who reads the handle bytes (a bearer token; any uid, any pid namespace) | only a process the descriptor was sent to (a capability) |
-/// | Dropping the exporter while mapped elsewhere | waits for importers (leases), leaks if they stay | never waits: the driver keeps the memory while any process maps it |
+/// | Dropping the exporter while mapped elsewhere | never waits: the free is deferred until the last importer unmaps or dies (leases) | never waits: the driver keeps the memory while any process maps it |
 /// | Opening in the exporting process | refused (CUDA cannot) | allowed |
 /// | Foreign peers ([`IpcBuffer::raw_export`](crate::IpcBuffer::raw_export)) | yes (PyTorch, CuPy, C/C++) | no |
 ///

@@ -36,7 +36,9 @@
 //!   validated field by field before the payload is mapped, and the barrier validates its
 //!   state on every read that could index or loop.
 //! - Every GPU resource holds its [`GpuContext`] and tears down in it. An exported
-//!   [`IpcBuffer`] is freed only when no live process maps it (leases); an imported one is one
+//!   [`IpcBuffer`] is freed only when no live process maps it (leases): dropping it never
+//!   waits — the free is deferred until its last importer unmaps or dies, then done at the
+//!   next allocation, export or [`collect_deferred`] —; an imported one is one
 //!   view of a per-process mapping that is closed when the last view drops. A handle names one
 //!   export: once that buffer is freed, opening the handle fails with [`Error::StaleHandle`],
 //!   even if a new buffer sits at the same address. A [`HandleType::PosixFd`] buffer's memory is
