@@ -91,13 +91,14 @@ mod tests {
             }
         };
         assert!(waited >= Duration::from_millis(30), "{waited:?}");
-        // 1 + 2 + 4 + 8 ms, then the 16 ms pause is cut to what is left.
+        // 1 + 2 + 4 + 8 ms, then the 16 ms pause is cut to what is left: five pauses, fewer
+        // when sleeps overrun (a loaded machine), never more than six.
         assert!(
             start.elapsed() < Duration::from_millis(200),
             "{:?}",
             start.elapsed()
         );
-        assert!((5..=6).contains(&pauses), "{pauses} pauses");
+        assert!((1..=6).contains(&pauses), "{pauses} pauses");
     }
 
     #[test]
