@@ -106,9 +106,10 @@ pub(crate) fn free_or_defer(
 fn unlink_tables_at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registers a plain `extern "C"` function with no arguments, which neither
-        // unwinds (it catches nothing that could panic: try_lock and unlink calls) nor calls
-        // `exit`. A failed registration only leaves the names to the sweep.
+        // SAFETY: registers a plain `extern "C"` function with no arguments whose body cannot
+        // panic (a `try_lock` and unlink system calls whose errors are ignored), so it never
+        // unwinds across the C boundary, and it does not call `exit`. A failed registration
+        // only leaves the names to the sweep.
         let _ = unsafe { libc::atexit(unlink_pending_tables) };
     });
 }
