@@ -4,7 +4,7 @@
 //! - cached re-open (the import cache hit) vs the same raw open + close;
 //! - event open (+ destroy) through `IpcEvent` vs raw `cuIpcOpenEventHandle` + `cuEventDestroy`;
 //! - export: typed handle (envelope, checksum) vs raw `cuIpcGetMemHandle`;
-//! - POSIX-fd open + close through `IpcBuffer::open_fd` vs the raw sequence
+//! - POSIX-fd open + close through `ImportedBuffer::open_fd` vs the raw sequence
 //!   `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`,
 //!   `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` (both duplicate the received descriptor
 //!   first, since each open consumes one; the raw side reuses a granularity asked once);
@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
 use cuda_ipc::{
-    ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, ImportedPool,
-    IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, PeerPolicy, PoolHandle,
-    RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
+    ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, ImportedBuffer,
+    ImportedEvent, ImportedPool, IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
+    IpcPool, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 
 #[repr(C)]
@@ -213,7 +213,7 @@ impl Fixture {
         }
     }
     fn ours_open_close(&self) {
-        drop(IpcBuffer::open(&self.ctx, &self.mem).unwrap());
+        drop(ImportedBuffer::open(&self.ctx, &self.mem).unwrap());
     }
     fn raw_event_open(&self) {
         let mut ev = std::ptr::null_mut();
@@ -227,7 +227,7 @@ impl Fixture {
         }
     }
     fn ours_event_open(&self) {
-        drop(IpcEvent::open(&self.ctx, &self.event).unwrap());
+        drop(ImportedEvent::open(&self.ctx, &self.event).unwrap());
     }
     fn raw_export(&self) -> sys::CUipcHandle {
         let mut h = sys::CUipcHandle { reserved: [0; 64] };
@@ -269,7 +269,7 @@ impl Fixture {
     }
     fn ours_fd_open_close(&self) {
         let fd = self.fd.try_clone().unwrap();
-        drop(IpcBuffer::open_fd(&self.ctx, &self.fd_mem, fd).unwrap());
+        drop(ImportedBuffer::open_fd(&self.ctx, &self.fd_mem, fd).unwrap());
     }
     fn raw_fd_open_close(&self) {
         let fd = self.fd.try_clone().unwrap();
@@ -315,7 +315,7 @@ fn benches(c: &mut Criterion, f: &Fixture) {
     });
     g.bench_function("cold_open_close/raw", |b| b.iter(|| f.raw_open_close()));
     {
-        let _keep = IpcBuffer::open(&f.ctx, &f.mem).unwrap();
+        let _keep = ImportedBuffer::open(&f.ctx, &f.mem).unwrap();
         g.bench_function("cached_reopen/cuda_ipc", |b| b.iter(|| f.ours_open_close()));
     }
     g.bench_function("event_open/cuda_ipc", |b| b.iter(|| f.ours_event_open()));
@@ -350,7 +350,7 @@ fn summary(f: &Fixture) {
         // The goal compares a cache hit with the driver's cold open + close (`base` above).
         // (While a mapping is held, a raw re-open in the same context is also cheap: the driver
         // refcounts it; that row shows the driver's own refcounted re-open.)
-        let _keep = IpcBuffer::open(&f.ctx, &f.mem).unwrap();
+        let _keep = ImportedBuffer::open(&f.ctx, &f.mem).unwrap();
         let (cached, refcounted) =
             common::sample_pair(31, 10_000, || f.ours_open_close(), || f.raw_open_close());
         common::row("cached re-open vs raw cold", &cached, &base);

@@ -35,8 +35,9 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use cuda_ipc::driver::{error_name, sys};
 use cuda_ipc::{
-    GpuContext, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle,
-    ShmCell, ShmOptions, ShmRegion, ShmSafe,
+    GpuContext, GpuSignal, ImportedBuffer, ImportedEvent, ImportedSignal, IpcBuffer, IpcEvent,
+    IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmCell, ShmOptions, ShmRegion,
+    ShmSafe,
 };
 use cust::function::Function;
 use cust::module::Module;
@@ -215,8 +216,8 @@ fn consumer(arg: &str) {
     let mut k = 0u64;
     match mode {
         Mode::EventCrate => {
-            let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
-            let theirs = IpcEvent::open(&ctx, &shared.producer_event.load()).unwrap();
+            let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
+            let theirs = ImportedEvent::open(&ctx, &shared.producer_event.load()).unwrap();
             let mine = IpcEvent::new(&ctx).unwrap();
             shared.consumer_event.store(mine.handle().unwrap());
             shared.consumer_ready.store(1, Ordering::Release);
@@ -267,18 +268,22 @@ fn consumer(arg: &str) {
             }
         }
         Mode::SignalCrate | Mode::SignalCrateWriterOwned => {
-            let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
-            let (ready, ack) = if mode == Mode::SignalCrate {
+            let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
+            // One side exports, the other opens; both are used as `GpuSignal`s.
+            let (ready, ack): (AnySignal, AnySignal) = if mode == Mode::SignalCrate {
                 let ready = IpcSignal::new(&ctx).unwrap();
                 shared.ready.store(ready.handle().unwrap());
                 (
-                    ready,
-                    IpcSignal::open(&ctx, &shared.ack_signal.load()).unwrap(),
+                    Box::new(ready),
+                    Box::new(ImportedSignal::open(&ctx, &shared.ack_signal.load()).unwrap()),
                 )
             } else {
                 let ack = IpcSignal::new(&ctx).unwrap();
                 shared.ack_signal.store(ack.handle().unwrap());
-                (IpcSignal::open(&ctx, &shared.ready.load()).unwrap(), ack)
+                (
+                    Box::new(ImportedSignal::open(&ctx, &shared.ready.load()).unwrap()),
+                    Box::new(ack),
+                )
             };
             shared.consumer_ready.store(1, Ordering::Release);
             loop {
@@ -324,17 +329,20 @@ fn consumer(arg: &str) {
     }
 }
 
+/// A signal this process exported or opened: either is used through its `GpuSignal`.
+type AnySignal = Box<dyn std::ops::Deref<Target = GpuSignal>>;
+
 /// What the producer waits and signals with.
 enum Sync {
     Events {
         mine: sys::CUevent,
         theirs: sys::CUevent,
         /// Kept alive: the crate's events (raw handles above are theirs).
-        typed: Option<(IpcEvent, IpcEvent)>,
+        typed: Option<(IpcEvent, ImportedEvent)>,
     },
     SignalCrate {
-        ready: Box<IpcSignal>,
-        ack: Box<IpcSignal>,
+        ready: AnySignal,
+        ack: AnySignal,
     },
     SignalRaw {
         ready: u64,
@@ -437,7 +445,7 @@ impl<'m> Producer<'m> {
         let sync = match mode {
             Mode::EventCrate => {
                 let mine = typed_mine.unwrap();
-                let theirs = IpcEvent::open(ctx, &shared.consumer_event.load()).unwrap();
+                let theirs = ImportedEvent::open(ctx, &shared.consumer_event.load()).unwrap();
                 Sync::Events {
                     mine: std::ptr::null_mut(),
                     theirs: std::ptr::null_mut(),
@@ -450,12 +458,12 @@ impl<'m> Producer<'m> {
                 typed: None,
             },
             Mode::SignalCrate => Sync::SignalCrate {
-                ready: Box::new(IpcSignal::open(ctx, &shared.ready.load()).unwrap()),
+                ready: Box::new(ImportedSignal::open(ctx, &shared.ready.load()).unwrap()),
                 ack: Box::new(crate_signal.unwrap()),
             },
             Mode::SignalCrateWriterOwned => Sync::SignalCrate {
                 ready: Box::new(crate_signal.unwrap()),
-                ack: Box::new(IpcSignal::open(ctx, &shared.ack_signal.load()).unwrap()),
+                ack: Box::new(ImportedSignal::open(ctx, &shared.ack_signal.load()).unwrap()),
             },
             Mode::SignalRaw => Sync::SignalRaw {
                 ready: raw_open_mem(shared.raw_ready.load()),

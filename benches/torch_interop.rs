@@ -1,7 +1,7 @@
 //! Importing a PyTorch tensor's raw CUDA IPC handle into Rust, against the raw driver calls and
 //! against PyTorch's own receiver, in the same run:
 //!
-//! - `first_open`: `IpcBuffer::open_raw` + drop (a cold map and unmap each time: the checks,
+//! - `first_open`: `ImportedBuffer::open_raw` + drop (a cold map and unmap each time: the checks,
 //!   `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute`,
 //!   `cuIpcCloseMemHandle`) vs `cuIpcOpenMemHandle` + `cuIpcCloseMemHandle`;
 //! - `cached_reopen`: `open_raw` + drop while another view holds the mapping (an import-cache
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
-use cuda_ipc::{IpcBuffer, RawImport, RawMemHandle};
+use cuda_ipc::{ImportedBuffer, RawImport, RawMemHandle};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 const NUMEL: usize = 1 << 20;
@@ -84,7 +84,7 @@ fn main() {
     let open = || {
         // SAFETY: the Python exporter keeps the tensor alive until its stdin closes, after
         // every view here is gone; no GPU work is enqueued on the views.
-        let view = unsafe { IpcBuffer::<i32>::open_raw(&ctx, &import) };
+        let view = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &import) };
         drop(view.unwrap());
     };
 
@@ -96,7 +96,7 @@ fn main() {
         g.bench_function("first_open/cuda_ipc", |b| b.iter(open));
         g.bench_function("first_open/raw", |b| b.iter(raw_open_close));
         // SAFETY: as above.
-        let held = unsafe { IpcBuffer::<i32>::open_raw(&ctx, &import) }.unwrap();
+        let held = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &import) }.unwrap();
         g.bench_function("cached_reopen/cuda_ipc", |b| b.iter(open));
         drop(held);
         g.finish();
@@ -106,7 +106,7 @@ fn main() {
     if common::is_bench_run() {
         let (ours, raw) = common::sample_pair(31, 200, open, raw_open_close);
         // SAFETY: as above.
-        let held = unsafe { IpcBuffer::<i32>::open_raw(&ctx, &import) }.unwrap();
+        let held = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &import) }.unwrap();
         let hits = common::sample(31, 20_000, open);
         drop(held);
         let torch = Command::new("python3")

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_ipc::{
-    Error, GpuContext, IpcBuffer, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmCell, ShmOptions,
-    ShmSafe,
+    Error, GpuContext, GpuSlice, ImportedBuffer, ImportedSignal, IpcBuffer, IpcMemHandle,
+    IpcSignal, IpcSignalHandle, ShmCell, ShmOptions, ShmSafe,
 };
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -58,7 +58,7 @@ fn cudarc_side(ordinal: usize) -> Result<(GpuContext, Arc<CudaStream>, CudaFunct
 fn fill(
     stream: &CudaStream,
     kernel: &CudaFunction,
-    buf: &IpcBuffer<u8>,
+    buf: &GpuSlice<u8>,
     value: u8,
 ) -> Result<(), Failure> {
     let len = i32::try_from(buf.len())?;
@@ -149,9 +149,9 @@ fn consumer(region_name: &str, device: usize) -> Result<(), Failure> {
         std::thread::sleep(Duration::from_millis(1));
     }
     let (ctx, stream, kernel) = cudarc_side(device)?;
-    let data = IpcBuffer::open(&ctx, &region.data.load())?;
-    let ready = IpcSignal::open(&ctx, &region.ready.load())?;
-    let ack = IpcSignal::open(&ctx, &region.ack.load())?;
+    let data = ImportedBuffer::open(&ctx, &region.data.load())?;
+    let ready = ImportedSignal::open(&ctx, &region.ready.load())?;
+    let ack = ImportedSignal::open(&ctx, &region.ack.load())?;
     let mut host = vec![0u8; data.len()];
     // SAFETY: everything enqueued here (the wait, the copy into `host`, the kernel, the
     // signal) has completed when `stream.synchronize()` returns, before any of it drops and

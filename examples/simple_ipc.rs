@@ -36,10 +36,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cuda_ipc::{
-    BarrierState, Error, FdListener, FdSocket, GpuContext, GpuSlice, HandleType, IpcBuffer,
-    IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, IpcSignal, IpcSignalHandle, PeerGroup,
-    PeerPolicy, PoolBuffer, PoolHandle, ProcessBarrier, RawStream, ShmCell, ShmOptions, ShmSafe,
-    SocketName,
+    BarrierState, Error, FdListener, FdSocket, GpuContext, GpuSlice, HandleType, ImportedBuffer,
+    ImportedEvent, ImportedSignal, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool,
+    IpcSignal, IpcSignalHandle, PeerGroup, PeerPolicy, PoolBuffer, PoolHandle, ProcessBarrier,
+    RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 use cust::function::BlockSize;
 use cust::module::Module;
@@ -207,8 +207,8 @@ fn injected_failure(id: usize, step: usize) {
 
 /// How the children order their writes: simpleIPC's interprocess events, or signals.
 enum Sync {
-    Events(Vec<IpcEvent>),
-    Signals(Vec<IpcSignal>),
+    Events(Vec<ImportedEvent>),
+    Signals(Vec<ImportedSignal>),
 }
 
 fn child(region_name: &str, id: usize) -> Result<(), Failure> {
@@ -268,19 +268,19 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
             .collect::<Result<_, Error>>()?
     } else {
         (0..n)
-            .map(|i| Ok(Box::new(IpcBuffer::open(&ctx, &shared.mem[i].load())?) as Buffer))
+            .map(|i| Ok(Box::new(ImportedBuffer::open(&ctx, &shared.mem[i].load())?) as Buffer))
             .collect::<Result<_, Error>>()?
     };
     let sync = if shared.use_signals.load(Ordering::Acquire) == 1 {
         Sync::Signals(
             (0..n)
-                .map(|i| IpcSignal::open(&ctx, &shared.signals[i].load()))
+                .map(|i| ImportedSignal::open(&ctx, &shared.signals[i].load()))
                 .collect::<Result<Vec<_>, _>>()?,
         )
     } else {
         Sync::Events(
             (0..n)
-                .map(|i| IpcEvent::open(&ctx, &shared.events[i].load()))
+                .map(|i| ImportedEvent::open(&ctx, &shared.events[i].load()))
                 .collect::<Result<Vec<_>, _>>()?,
         )
     };

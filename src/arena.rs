@@ -706,7 +706,7 @@ impl ImportedArena {
     ///
     /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter); [`Error::DeviceNotReachable`];
     /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`];
-    /// then as [`IpcBuffer::open_fd`](crate::IpcBuffer::open_fd) for the descriptor.
+    /// then as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor.
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcArenaHandle, fd: OwnedFd) -> Result<Self> {
         let env = &handle.env;

@@ -107,16 +107,13 @@ enum Origin {
     Imported(Arc<Mapping>),
 }
 
-/// Device memory holding `len` values of `T` that other processes can map through a typed
-/// [`IpcMemHandle<T>`].
+/// Device memory this process allocated, holding `len` values of `T`, that other processes can
+/// map through a typed [`IpcMemHandle<T>`]: they open it as an [`ImportedBuffer<T>`].
 ///
 /// - [`new`](Self::new) allocates with `cuMemAlloc` (never stream-ordered pool memory, which
 ///   legacy IPC rejects) in a [`GpuContext`]; [`handle`](Self::handle) exports it.
-/// - [`open`](Self::open) maps a handle exported by another process, after validating the
-///   envelope (type, length, checksum, exporter alive and not us, device reachable, buffer not
-///   freed) and taking a lease; it maps with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. Opening the
-///   same export again in the same context returns a view of the same mapping without a driver
-///   call; the driver's close runs once, when the last view drops.
+/// - [`ImportedBuffer::open`] maps it in another process, after validating the handle and
+///   taking a lease (see there).
 /// - Dropping an exported buffer never waits: new opens of its handle are refused from then
 ///   on, and the memory is freed as soon as no importer maps it — at once, or later (see
 ///   [below](#dropping-an-exported-buffer)). [`close`](Self::close) waits for importers, up
@@ -126,7 +123,7 @@ enum Origin {
 /// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the
 /// `cudarc` feature), host copies (synchronous, or asynchronous on any [`AsStream`](crate::AsStream)), memset.
 ///
-/// `IpcBuffer<T>` is `Send` and `Sync`. Device memory is not Rust memory: methods take `&self`,
+/// `IpcBuffer<T>` is `Send` and `Sync` (so is `ImportedBuffer<T>`). Device memory is not Rust memory: methods take `&self`,
 /// and concurrent writes from several processes are a GPU data race for the caller to order
 /// (with [`IpcEvent`](crate::IpcEvent)s and barriers), not undefined behaviour in this process.
 ///
@@ -140,14 +137,14 @@ enum Origin {
 /// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for
 /// it. That is why they are `unsafe`: the caller keeps the buffer alive until the work has
 /// completed (synchronise the stream, or an event recorded after the work, before dropping).
-/// The same holds for [`IpcSignal::signal`](crate::IpcSignal::signal) and
-/// [`IpcSignal::wait`](crate::IpcSignal::wait).
+/// The same holds for [`IpcSignal::signal`](crate::GpuSignal::signal) and
+/// [`IpcSignal::wait`](crate::GpuSignal::wait).
 ///
 /// Safe code cannot enqueue work on a buffer and then drop it (this does not compile):
 ///
 /// ```compile_fail,E0133
-/// use cuda_ipc::IpcBuffer;
-/// ///
+/// use cuda_ipc::{AsStream, IpcBuffer};
+///
 /// fn copy_then_drop(dst: IpcBuffer<u32>, src: &IpcBuffer<u32>, stream: &(impl AsStream + ?Sized)) {
 ///     dst.copy_from_device_async(src, stream).ok(); // error: call to unsafe function
 ///     drop(dst); // would unmap or free `dst` while the copy may still be queued
@@ -167,7 +164,7 @@ enum Origin {
 /// # Examples
 ///
 /// ```no_run
-/// use cuda_ipc::{GpuContext, IpcBuffer, IpcMemHandle};
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// // Exporter:
@@ -176,14 +173,13 @@ enum Origin {
 /// let handle: IpcMemHandle<f32> = buf.handle()?; // put it in a ShmCell for the peer
 ///
 /// // Importer, in another process:
-/// let peer = IpcBuffer::open(&ctx, &handle)?;
+/// let peer = ImportedBuffer::open(&ctx, &handle)?;
 /// let mut host = vec![0f32; peer.len()];
 /// peer.copy_to_host(&mut host)?;
 /// # Ok(()) }
 /// ```
 pub struct IpcBuffer<T: Pod> {
-    slice: GpuSlice<T>,
-    origin: Origin,
+    core: BufferCore<T>,
 }
 
 impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
@@ -191,20 +187,8 @@ impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
 
     /// The buffer's memory: length, address, copies and memsets.
     fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
+        &self.core.slice
     }
-}
-
-fn byte_len_of<T>(len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>())
-        .filter(|&b| b > 0 && b <= isize::MAX as usize)
-        .ok_or_else(|| Error::InvalidArgument {
-            call: "IpcBuffer::new",
-            reason: format!(
-                "{len} elements of {} bytes is not a valid allocation size",
-                std::mem::size_of::<T>()
-            ),
-        })
 }
 
 impl<T: Pod> IpcBuffer<T> {
@@ -258,6 +242,381 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemCreate")]
     #[doc(alias = "cuMemMap")]
     pub fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
+        BufferCore::new_with(ctx, len, handle_type).map(|core| Self { core })
+    }
+
+    /// [`new`](Self::new), then fill with zero bytes; the zeroes are on the device when it
+    /// returns, so a handle exported next never shows another process the allocation's old
+    /// contents. The fill runs on a stream of its own that does not synchronise with other
+    /// streams (the memory is new: nothing else can be using it), so it does not wait behind
+    /// the caller's blocked streams either.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new), and [`Error::Cuda`] naming `cuStreamCreate`, `cuMemsetD8Async`
+    /// or `cuStreamSynchronize`.
+    #[doc(alias = "cuMemsetD8")]
+    pub fn zeroed(ctx: &GpuContext, len: usize) -> Result<Self> {
+        Self::zeroed_with(ctx, len, HandleType::Legacy)
+    }
+
+    /// [`new_with`](Self::new_with), then fill with zero bytes as [`zeroed`](Self::zeroed)
+    /// does (for a POSIX-fd buffer, the whole granularity-rounded allocation: a peer maps all
+    /// of it).
+    ///
+    /// # Errors
+    ///
+    /// As [`new_with`](Self::new_with) and [`zeroed`](Self::zeroed).
+    pub fn zeroed_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
+        BufferCore::zeroed_with(ctx, len, handle_type).map(|core| Self { core })
+    }
+
+    /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
+    ///
+    /// For a [`HandleType::PosixFd`] buffer the handle describes the memory but cannot map it:
+    /// use [`export_fd`](Self::export_fd) or
+    /// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer), which send a descriptor with it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; at the first export, a shared-memory error
+    /// creating the export's lease table.
+    #[doc(alias = "cuIpcGetMemHandle")]
+    pub fn handle(&self) -> Result<IpcMemHandle<T>> {
+        self.core.handle()
+    }
+
+    /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the
+    /// memory (`cuMemExportToShareableHandle`), to send together over a Unix socket
+    /// (`SCM_RIGHTS`; [`FdSocket::send`](crate::FdSocket::send) or any other). The receiver
+    /// opens them with [`open_fd`](ImportedBuffer::open_fd). Each call makes a new descriptor; dropping
+    /// it after sending is right (the receiver has its own).
+    ///
+    /// The descriptor is the capability: whoever holds it can map the memory, whatever uid or
+    /// namespace it runs in; the handle alone cannot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::Cuda`] naming
+    /// `cuMemExportToShareableHandle`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::os::fd::AsFd;
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, HandleType, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let socket: FdSocket = unimplemented!();
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<u32>::zeroed_with(&ctx, 4096, HandleType::PosixFd)?;
+    /// let (handle, fd) = buf.export_fd()?;
+    /// socket.send(handle.as_bytes(), &[fd.as_fd()], Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemExportToShareableHandle")]
+    pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
+        self.core.export_fd()
+    }
+
+    /// How this buffer's memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`]
+    /// (an `Auto` request resolved).
+    pub fn handle_type(&self) -> HandleType {
+        self.core.handle_type()
+    }
+
+    /// The raw legacy IPC handle of this exported buffer, for a peer that does not use this
+    /// crate (PyTorch, CuPy, C/C++; see [`RawExport`] for the layout and the
+    /// [`raw` module](crate::RawMemHandle) for what a foreign peer gets).
+    ///
+    /// What ends at this boundary: a foreign peer takes no lease, so this buffer's drop cannot
+    /// see it and frees the memory when the buffer drops, whether the peer still maps it or
+    /// not; nor can the peer detect that the buffer was freed (a raw handle has no export
+    /// token). Keep the buffer alive until the peer says it is done with the memory (a message,
+    /// a barrier, the peer's exit), and tell the peer the element type and count.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<f32>::zeroed(&ctx, 1 << 20)?;
+    /// let export = buf.raw_export()?;
+    /// // CuPy: cupy.cuda.runtime.ipcOpenMemHandle(bytes(export.handle.0)) + export.offset
+    /// println!("{} bytes at offset {}", export.bytes, export.offset);
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuIpcGetMemHandle")]
+    pub fn raw_export(&self) -> Result<RawExport> {
+        self.core.raw_export()
+    }
+
+    /// For an exported buffer: the pids of live importers (dead ones are reaped).
+    pub fn importers(&self) -> Vec<u32> {
+        self.core.importers()
+    }
+
+    /// Close the buffer and report what drop would hide: mark it closing (new opens are
+    /// refused from here on, whatever this returns), wait up to `timeout` for every importer
+    /// to unmap it (reaping importers that died), then free it. A POSIX-fd buffer is released
+    /// at once (the driver keeps the memory while importers map it).
+    ///
+    /// When importers remain, the buffer comes back in the error, still closing: call `close`
+    /// again to wait longer, or drop it (its free is then deferred until they unmap, see
+    /// [dropping an exported buffer](Self#dropping-an-exported-buffer)). `?` turns the error
+    /// into an [`Error`], dropping the buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeasesOutstanding`] naming the importers still mapping the memory after
+    /// `timeout`; [`Error::Cuda`] naming `cuMemFree`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{Error, GpuContext, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<u32>::zeroed(&ctx, 1024)?;
+    /// // ... export it; importers map it ...
+    /// match buf.close(Duration::from_secs(1)) {
+    ///     Ok(()) => println!("freed"),
+    ///     Err(e) => match e.error() {
+    ///         Error::LeasesOutstanding { pids, .. } => {
+    ///             println!("still mapped by {pids:?}; freed once they unmap");
+    ///             drop(e); // the buffer in it is dropped: its free is deferred
+    ///         }
+    ///         _ => return Err(e.into()),
+    ///     },
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemFree")]
+    pub fn close(self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
+        let mut core = self.core;
+        match core
+            .wait_for_importers(timeout)
+            .and_then(|()| core.release())
+        {
+            Ok(()) => Ok(()),
+            Err(error) => Err(CloseError::new(error, Self { core })),
+        }
+    }
+}
+
+/// Another process's [`IpcBuffer`] (or memory a foreign peer exported), mapped into this
+/// process: [`open`](Self::open) (legacy handles), [`open_fd`](Self::open_fd) (POSIX-fd
+/// buffers, with the descriptor their exporter sent), [`open_raw`](Self::open_raw) (PyTorch,
+/// CuPy, C/C++ peers). It reads and writes the memory as the exporter's buffer does (both
+/// dereference to [`GpuSlice<T>`]), and cannot be exported again (CUDA cannot re-export a
+/// mapping).
+///
+/// Opening checks the envelope before the driver sees it (type, length, checksum, exporter
+/// alive and not this process, device reachable, buffer not freed) and takes a lease, which
+/// keeps the exporter from freeing the memory while it is mapped here; legacy handles map with
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. Opening the same export again in the same context
+/// returns another view of the same mapping without a driver call; the driver's close runs
+/// once, when the last view drops, and then the lease is released.
+///
+/// `ImportedBuffer<T>` is `Send` and `Sync`; what holds for asynchronous work on an
+/// [`IpcBuffer`] holds here (see [asynchronous work](IpcBuffer#asynchronous-work)): dropping
+/// the last view unmaps the memory without waiting for queued GPU work on it.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcMemHandle, ShmCell};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// # let cell: &ShmCell<IpcMemHandle<f32>> = unimplemented!();
+/// let ctx = GpuContext::new(0)?;
+/// let handle: IpcMemHandle<f32> = cell.load(); // published by the exporter
+/// let peer = ImportedBuffer::open(&ctx, &handle)?;
+/// let mut host = vec![0f32; peer.len()];
+/// peer.copy_to_host(&mut host)?;
+/// println!("{} values from process {:?}", host.len(), peer.exporter().map(|e| e.pid()));
+/// # Ok(()) }
+/// ```
+///
+/// An import has no way to export the memory again (this does not compile):
+///
+/// ```compile_fail,E0599
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcMemHandle};
+///
+/// fn reexport(ctx: &GpuContext, handle: &IpcMemHandle<f32>) -> cuda_ipc::Result<()> {
+///     let peer = ImportedBuffer::open(ctx, handle)?;
+///     let again: IpcMemHandle<f32> = peer.handle()?; // error: no method `handle`
+///     Ok(())
+/// }
+/// ```
+pub struct ImportedBuffer<T: Pod> {
+    core: BufferCore<T>,
+}
+
+impl<T: Pod> std::ops::Deref for ImportedBuffer<T> {
+    type Target = GpuSlice<T>;
+
+    /// The mapped memory: length, address, copies and memsets.
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.core.slice
+    }
+}
+
+impl<T: Pod> ImportedBuffer<T> {
+    /// Map a buffer exported by another process into `ctx`.
+    ///
+    /// # Errors
+    ///
+    /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
+    /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens
+    /// only with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
+    /// [`Error::PeerGone`] (the exporter), [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
+    /// buffer was freed, even if a new one now sits at its address),
+    /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
+        BufferCore::open(ctx, handle).map(|core| Self { core })
+    }
+
+    /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its
+    /// exporter sent with it ([`export_fd`](IpcBuffer::export_fd); received over a Unix socket):
+    /// `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
+    /// for `ctx`'s device. `fd` is consumed (closed once imported, or on any error). Opening the
+    /// same export again in the same context shares the mapping, as for legacy handles; unlike
+    /// them, the exporting process may open its own handle.
+    ///
+    /// The mapping keeps the memory alive: an exporter that drops its buffer (or exits) after
+    /// this returns does not free it under this view; the driver frees it when the last
+    /// process unmaps it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open) for the handle (a freed buffer is [`Error::StaleHandle`], a dead
+    /// exporter [`Error::PeerGone`] (the exporter), before the descriptor is used);
+    /// [`Error::HandleTypeMismatch`] for a legacy handle; [`Error::Cuda`] naming
+    /// `cuMemImportFromShareableHandle` for a descriptor that is not CUDA memory;
+    /// [`Error::CorruptHandle`] when the descriptor's memory is not on the device the handle
+    /// names or the handle's size does not fit it; [`Error::Cuda`] naming `cuMemMap` (the
+    /// handle claims more than the allocation holds) or `cuMemSetAccess`.
+    #[doc(alias = "cuMemImportFromShareableHandle")]
+    pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
+        BufferCore::open_fd(ctx, handle, fd).map(|core| Self { core })
+    }
+
+    /// [`open`](Self::open), requiring exactly `len` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LengthMismatch`], or as [`open`](Self::open).
+    pub fn open_exact(ctx: &GpuContext, handle: &IpcMemHandle<T>, len: usize) -> Result<Self> {
+        BufferCore::open_exact(ctx, handle, len).map(|core| Self { core })
+    }
+
+    /// Open memory another process exported as a raw legacy IPC handle (PyTorch, CuPy, C/C++
+    /// peers): `import.len` elements of `T` at byte `import.offset` of the allocation the
+    /// handle maps, mapped with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. A second open of the same
+    /// handle in the same context (any range of it) shares the mapping, as for typed handles.
+    ///
+    /// Checked before the driver: the range is non-empty and does not overflow, the offset
+    /// suits `T`'s alignment, the handle is not one this process exported, and a named
+    /// exporter is alive. After mapping: the range lies inside the allocation
+    /// (`cuMemGetAddressRange`), and the memory's device is this context's or one it reaches
+    /// as a peer.
+    ///
+    /// # Safety
+    ///
+    /// A raw handle carries no type, length, exporter or export token, and takes no lease, so
+    /// the caller vouches for what this crate cannot check:
+    ///
+    /// - the exporter keeps the memory allocated **for this use** until every view from this
+    ///   open has dropped and all GPU work on them has completed: it must not free it, exit, or
+    ///   (PyTorch's caching allocator) hand the block to another tensor meanwhile — the driver
+    ///   would not stop it, and reads and writes through the view would then reach whatever
+    ///   the memory holds next;
+    /// - the range holds `T`s as the exporter lays them out (size, endianness), so that what is
+    ///   read is what the exporter meant (any bytes are a valid `T`, since `T: Pod`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty, overflowing or misaligned range;
+    /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the exporter) when
+    /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
+    /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
+    /// `cuMemGetAddressRange` when the range reaches past the allocation;
+    /// [`Error::DeviceNotReachable`] when the memory is on a device this context cannot reach.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, ImportedBuffer, RawImport, RawMemHandle};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let (torch_handle, storage_offset_bytes, numel, pid) = (vec![0u8; 66], 0u64, 1usize, 1u32);
+    /// let ctx = GpuContext::new(0)?;
+    /// // From a PyTorch peer: untyped_storage()._share_cuda_()[1] and [3], the tensor's numel.
+    /// let handle = RawMemHandle::from_torch(&torch_handle)?;
+    /// let import = RawImport::new(handle, storage_offset_bytes, numel).exporter_pid(pid);
+    /// // SAFETY: the PyTorch process keeps the tensor alive until we say we are done.
+    /// let tensor = unsafe { ImportedBuffer::<f32>::open_raw(&ctx, &import)? };
+    /// let mut host = vec![0.0; tensor.len()];
+    /// tensor.copy_to_host(&mut host)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
+        // SAFETY: the caller's duties, forwarded unchanged.
+        unsafe { BufferCore::open_raw(ctx, import) }.map(|core| Self { core })
+    }
+
+    /// How the memory is shared: [`HandleType::Legacy`] (including raw handles) or
+    /// [`HandleType::PosixFd`].
+    pub fn handle_type(&self) -> HandleType {
+        self.core.handle_type()
+    }
+
+    /// The exporting process; `None` for a raw handle whose exporter was not named
+    /// ([`RawImport::exporter_pid`]).
+    pub fn exporter(&self) -> Option<ProcessIdentity> {
+        self.core.exporter()
+    }
+}
+
+/// The memory of an [`IpcBuffer`] or an [`ImportedBuffer`] (and of a signal's counter and a
+/// channel's ring, which serve both roles): what it is and how it goes away.
+pub(crate) struct BufferCore<T: Pod> {
+    pub(crate) slice: GpuSlice<T>,
+    origin: Origin,
+}
+
+fn byte_len_of<T>(len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b > 0 && b <= isize::MAX as usize)
+        .ok_or_else(|| Error::InvalidArgument {
+            call: "IpcBuffer::new",
+            reason: format!(
+                "{len} elements of {} bytes is not a valid allocation size",
+                std::mem::size_of::<T>()
+            ),
+        })
+}
+
+impl<T: Pod> BufferCore<T> {
+    /// The work of [`IpcBuffer::new`].
+    pub(crate) fn new(ctx: &GpuContext, len: usize) -> Result<Self> {
+        Self::new_with(ctx, len, HandleType::Legacy)
+    }
+
+    /// The work of [`IpcBuffer::new_with`].
+    pub(crate) fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
         let bytes = byte_len_of::<T>(len)?;
         deferred::collect_if_pending();
         let vmm = match handle_type {
@@ -304,29 +663,12 @@ impl<T: Pod> IpcBuffer<T> {
         })
     }
 
-    /// [`new`](Self::new), then fill with zero bytes; the zeroes are on the device when it
-    /// returns, so a handle exported next never shows another process the allocation's old
-    /// contents. The fill runs on a stream of its own that does not synchronise with other
-    /// streams (the memory is new: nothing else can be using it), so it does not wait behind
-    /// the caller's blocked streams either.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new), and [`Error::Cuda`] naming `cuStreamCreate`, `cuMemsetD8Async`
-    /// or `cuStreamSynchronize`.
-    #[doc(alias = "cuMemsetD8")]
-    pub fn zeroed(ctx: &GpuContext, len: usize) -> Result<Self> {
-        Self::zeroed_with(ctx, len, HandleType::Legacy)
-    }
-
-    /// [`new_with`](Self::new_with), then fill with zero bytes as [`zeroed`](Self::zeroed)
-    /// does (for a POSIX-fd buffer, the whole granularity-rounded allocation: a peer maps all
-    /// of it).
-    ///
-    /// # Errors
-    ///
-    /// As [`new_with`](Self::new_with) and [`zeroed`](Self::zeroed).
-    pub fn zeroed_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
+    /// The work of [`IpcBuffer::zeroed_with`].
+    pub(crate) fn zeroed_with(
+        ctx: &GpuContext,
+        len: usize,
+        handle_type: HandleType,
+    ) -> Result<Self> {
         let buf = Self::new_with(ctx, len, handle_type)?;
         buf.fill_fresh(0)?;
         Ok(buf)
@@ -357,54 +699,14 @@ impl<T: Pod> IpcBuffer<T> {
         rc
     }
 
-    /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
-    ///
-    /// For a [`HandleType::PosixFd`] buffer the handle describes the memory but cannot map it:
-    /// use [`export_fd`](Self::export_fd) or
-    /// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer), which send a descriptor with it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidState`] on an imported buffer (CUDA cannot re-export a mapping);
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; at the first export, a shared-memory error
-    /// creating the export's lease table.
-    #[doc(alias = "cuIpcGetMemHandle")]
-    pub fn handle(&self) -> Result<IpcMemHandle<T>> {
+    /// The work of [`IpcBuffer::handle`].
+    pub(crate) fn handle(&self) -> Result<IpcMemHandle<T>> {
         let env = self.export_envelope(KIND_MEM, "IpcBuffer::handle")?;
         Ok(IpcMemHandle::from_envelope(env))
     }
 
-    /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the
-    /// memory (`cuMemExportToShareableHandle`), to send together over a Unix socket
-    /// (`SCM_RIGHTS`; [`FdSocket::send`](crate::FdSocket::send) or any other). The receiver
-    /// opens them with [`open_fd`](Self::open_fd). Each call makes a new descriptor; dropping
-    /// it after sending is right (the receiver has its own).
-    ///
-    /// The descriptor is the capability: whoever holds it can map the memory, whatever uid or
-    /// namespace it runs in; the handle alone cannot.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::InvalidState`] on an
-    /// imported buffer; [`Error::Cuda`] naming `cuMemExportToShareableHandle`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use std::os::fd::AsFd;
-    /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, HandleType, IpcBuffer};
-    ///
-    /// # fn main() -> cuda_ipc::Result<()> {
-    /// # let socket: FdSocket = unimplemented!();
-    /// let ctx = GpuContext::new(0)?;
-    /// let buf = IpcBuffer::<u32>::zeroed_with(&ctx, 4096, HandleType::PosixFd)?;
-    /// let (handle, fd) = buf.export_fd()?;
-    /// socket.send(handle.as_bytes(), &[fd.as_fd()], Duration::from_secs(5))?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "cuMemExportToShareableHandle")]
-    pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
+    /// The work of [`IpcBuffer::export_fd`].
+    pub(crate) fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
         let call = "IpcBuffer::export_fd";
         let memory = match &self.origin {
             Origin::Exported(Export { vmm: Some(m), .. }) => m,
@@ -429,9 +731,8 @@ impl<T: Pod> IpcBuffer<T> {
         Ok((IpcMemHandle::from_envelope(env), fd))
     }
 
-    /// How this buffer's memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`]
-    /// (an `Auto` request resolved), for exported and imported buffers alike.
-    pub fn handle_type(&self) -> HandleType {
+    /// The work of [`IpcBuffer::handle_type`].
+    pub(crate) fn handle_type(&self) -> HandleType {
         let vmm = match &self.origin {
             Origin::Exported(e) => e.vmm.is_some(),
             Origin::Imported(m) => m.vmm.is_some(),
@@ -494,43 +795,13 @@ impl<T: Pod> IpcBuffer<T> {
         Ok(handle)
     }
 
-    /// Map a buffer exported by another process into `ctx`.
-    ///
-    /// # Errors
-    ///
-    /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
-    /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens
-    /// only with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
-    /// [`Error::PeerGone`] (the exporter), [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
-    /// buffer was freed, even if a new one now sits at its address),
-    /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
-    #[doc(alias = "cuIpcOpenMemHandle")]
-    pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
+    /// The work of [`ImportedBuffer::open`].
+    pub(crate) fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
         Self::open_envelope(ctx, &handle.env, KIND_MEM)
     }
 
-    /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its
-    /// exporter sent with it ([`export_fd`](Self::export_fd); received over a Unix socket):
-    /// `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
-    /// for `ctx`'s device. `fd` is consumed (closed once imported, or on any error). Opening the
-    /// same export again in the same context shares the mapping, as for legacy handles; unlike
-    /// them, the exporting process may open its own handle.
-    ///
-    /// The mapping keeps the memory alive: an exporter that drops its buffer (or exits) after
-    /// this returns does not free it under this view; the driver frees it when the last
-    /// process unmaps it.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](Self::open) for the handle (a freed buffer is [`Error::StaleHandle`], a dead
-    /// exporter [`Error::PeerGone`] (the exporter), before the descriptor is used);
-    /// [`Error::HandleTypeMismatch`] for a legacy handle; [`Error::Cuda`] naming
-    /// `cuMemImportFromShareableHandle` for a descriptor that is not CUDA memory;
-    /// [`Error::CorruptHandle`] when the descriptor's memory is not on the device the handle
-    /// names or the handle's size does not fit it; [`Error::Cuda`] naming `cuMemMap` (the
-    /// handle claims more than the allocation holds) or `cuMemSetAccess`.
-    #[doc(alias = "cuMemImportFromShareableHandle")]
-    pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
+    /// The work of [`ImportedBuffer::open_fd`].
+    pub(crate) fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
         Self::open_checked(ctx, &handle.env, KIND_MEM, Some(fd))
     }
 
@@ -556,7 +827,7 @@ impl<T: Pod> IpcBuffer<T> {
                     handle: handle_type,
                     reason: "the handle arrived without its file descriptor: only a process \
                              the exporter sent the descriptor to can map the memory \
-                             (FdSocket::recv_buffer, IpcBuffer::open_fd)"
+                             (FdSocket::recv_buffer, ImportedBuffer::open_fd)"
                         .into(),
                 });
             }
@@ -641,12 +912,12 @@ impl<T: Pod> IpcBuffer<T> {
         Ok(Self::view(mapping, len))
     }
 
-    /// [`open`](Self::open), requiring exactly `len` elements.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LengthMismatch`], or as [`open`](Self::open).
-    pub fn open_exact(ctx: &GpuContext, handle: &IpcMemHandle<T>, len: usize) -> Result<Self> {
+    /// The work of [`ImportedBuffer::open_exact`].
+    pub(crate) fn open_exact(
+        ctx: &GpuContext,
+        handle: &IpcMemHandle<T>,
+        len: usize,
+    ) -> Result<Self> {
         if handle.env.len != len as u64 {
             handle.env.validate(KIND_MEM)?;
             return Err(Error::LengthMismatch {
@@ -669,36 +940,8 @@ impl<T: Pod> IpcBuffer<T> {
         }
     }
 
-    /// The raw legacy IPC handle of this exported buffer, for a peer that does not use this
-    /// crate (PyTorch, CuPy, C/C++; see [`RawExport`] for the layout and the
-    /// [`raw` module](crate::RawMemHandle) for what a foreign peer gets).
-    ///
-    /// What ends at this boundary: a foreign peer takes no lease, so this buffer's drop cannot
-    /// see it and frees the memory when the buffer drops, whether the peer still maps it or
-    /// not; nor can the peer detect that the buffer was freed (a raw handle has no export
-    /// token). Keep the buffer alive until the peer says it is done with the memory (a message,
-    /// a barrier, the peer's exit), and tell the peer the element type and count.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidState`] for an imported buffer; [`Error::Cuda`] naming
-    /// `cuIpcGetMemHandle`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcBuffer};
-    ///
-    /// # fn main() -> cuda_ipc::Result<()> {
-    /// let ctx = GpuContext::new(0)?;
-    /// let buf = IpcBuffer::<f32>::zeroed(&ctx, 1 << 20)?;
-    /// let export = buf.raw_export()?;
-    /// // CuPy: cupy.cuda.runtime.ipcOpenMemHandle(bytes(export.handle.0)) + export.offset
-    /// println!("{} bytes at offset {}", export.bytes, export.offset);
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "cuIpcGetMemHandle")]
-    pub fn raw_export(&self) -> Result<RawExport> {
+    /// The work of [`IpcBuffer::raw_export`].
+    pub(crate) fn raw_export(&self) -> Result<RawExport> {
         let Origin::Exported(export) = &self.origin else {
             return Err(Error::InvalidState {
                 call: "IpcBuffer::raw_export",
@@ -724,59 +967,9 @@ impl<T: Pod> IpcBuffer<T> {
         })
     }
 
-    /// Open memory another process exported as a raw legacy IPC handle (PyTorch, CuPy, C/C++
-    /// peers): `import.len` elements of `T` at byte `import.offset` of the allocation the
-    /// handle maps, mapped with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. A second open of the same
-    /// handle in the same context (any range of it) shares the mapping, as for typed handles.
-    ///
-    /// Checked before the driver: the range is non-empty and does not overflow, the offset
-    /// suits `T`'s alignment, the handle is not one this process exported, and a named
-    /// exporter is alive. After mapping: the range lies inside the allocation
-    /// (`cuMemGetAddressRange`), and the memory's device is this context's or one it reaches
-    /// as a peer.
-    ///
-    /// # Safety
-    ///
-    /// A raw handle carries no type, length, exporter or export token, and takes no lease, so
-    /// the caller vouches for what this crate cannot check:
-    ///
-    /// - the exporter keeps the memory allocated **for this use** until every view from this
-    ///   open has dropped and all GPU work on them has completed: it must not free it, exit, or
-    ///   (PyTorch's caching allocator) hand the block to another tensor meanwhile — the driver
-    ///   would not stop it, and reads and writes through the view would then reach whatever
-    ///   the memory holds next;
-    /// - the range holds `T`s as the exporter lays them out (size, endianness), so that what is
-    ///   read is what the exporter meant (any bytes are a valid `T`, since `T: Pod`).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty, overflowing or misaligned range;
-    /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the exporter) when
-    /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
-    /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
-    /// `cuMemGetAddressRange` when the range reaches past the allocation;
-    /// [`Error::DeviceNotReachable`] when the memory is on a device this context cannot reach.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcBuffer, RawImport, RawMemHandle};
-    ///
-    /// # fn main() -> cuda_ipc::Result<()> {
-    /// # let (torch_handle, storage_offset_bytes, numel, pid) = (vec![0u8; 66], 0u64, 1usize, 1u32);
-    /// let ctx = GpuContext::new(0)?;
-    /// // From a PyTorch peer: untyped_storage()._share_cuda_()[1] and [3], the tensor's numel.
-    /// let handle = RawMemHandle::from_torch(&torch_handle)?;
-    /// let import = RawImport::new(handle, storage_offset_bytes, numel).exporter_pid(pid);
-    /// // SAFETY: the PyTorch process keeps the tensor alive until we say we are done.
-    /// let tensor = unsafe { IpcBuffer::<f32>::open_raw(&ctx, &import)? };
-    /// let mut host = vec![0.0; tensor.len()];
-    /// tensor.copy_to_host(&mut host)?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "cuIpcOpenMemHandle")]
-    pub unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
-        let call = "IpcBuffer::open_raw";
+    /// The work of [`ImportedBuffer::open_raw`].
+    pub(crate) unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
+        let call = "ImportedBuffer::open_raw";
         let invalid = |reason: String| Error::InvalidArgument { call, reason };
         let size = std::mem::size_of::<T>() as u64;
         let bytes = (import.len as u64)
@@ -889,21 +1082,21 @@ impl<T: Pod> IpcBuffer<T> {
         Ok(Self::view_at(mapping, import.offset, import.len))
     }
 
-    /// Whether this buffer was opened from another process's handle.
-    pub fn is_imported(&self) -> bool {
+    /// Whether this buffer maps another process's export.
+    pub(crate) fn is_imported(&self) -> bool {
         matches!(self.origin, Origin::Imported(_))
     }
 
-    /// For an imported buffer: the exporting process.
-    pub fn exporter(&self) -> Option<ProcessIdentity> {
+    /// The work of [`ImportedBuffer::exporter`].
+    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
         match &self.origin {
             Origin::Imported(m) => m.exporter,
             Origin::Exported(_) => None,
         }
     }
 
-    /// For an exported buffer: the pids of live importers (dead ones are reaped).
-    pub fn importers(&self) -> Vec<u32> {
+    /// The work of [`IpcBuffer::importers`].
+    pub(crate) fn importers(&self) -> Vec<u32> {
         match &self.origin {
             Origin::Exported(e) => e.existing_leases().map_or_else(Vec::new, |l| l.holders()),
             Origin::Imported(_) => Vec::new(),
@@ -919,54 +1112,11 @@ impl<T: Pod> IpcBuffer<T> {
         }
     }
 
-    /// Close the buffer and report what drop would hide: for an exported buffer, mark it
-    /// closing (new opens are refused from here on, whatever this returns), wait up to
-    /// `timeout` for every importer to unmap it (reaping importers that died), then free it.
-    /// An imported buffer is unmapped (when this is its last view), a POSIX-fd export
-    /// released (the driver keeps the memory while importers map it); neither waits.
-    ///
-    /// When importers remain, the buffer comes back in the error, still closing: call `close`
-    /// again to wait longer, or drop it (its free is then deferred until they unmap, see
-    /// [dropping an exported buffer](Self#dropping-an-exported-buffer)). `?` turns the error
-    /// into an [`Error`], dropping the buffer.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeasesOutstanding`] naming the importers still mapping the memory after
-    /// `timeout`; [`Error::Cuda`] naming `cuMemFree`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use cuda_ipc::{Error, GpuContext, IpcBuffer};
-    ///
-    /// # fn main() -> cuda_ipc::Result<()> {
-    /// let ctx = GpuContext::new(0)?;
-    /// let buf = IpcBuffer::<u32>::zeroed(&ctx, 1024)?;
-    /// // ... export it; importers map it ...
-    /// match buf.close(Duration::from_secs(1)) {
-    ///     Ok(()) => println!("freed"),
-    ///     Err(e) => match e.error() {
-    ///         Error::LeasesOutstanding { pids, .. } => {
-    ///             println!("still mapped by {pids:?}; freed once they unmap");
-    ///             drop(e); // the buffer in it is dropped: its free is deferred
-    ///         }
-    ///         _ => return Err(e.into()),
-    ///     },
-    /// }
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "cuMemFree")]
-    #[doc(alias = "cuIpcCloseMemHandle")]
-    pub fn close(mut self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
-        match self
-            .wait_for_importers(timeout)
+    /// Wait for importers up to `timeout` and free (or unmap); on an error the buffer drops
+    /// (its free deferred) and the error is returned.
+    pub(crate) fn close(mut self, timeout: Duration) -> Result<()> {
+        self.wait_for_importers(timeout)
             .and_then(|()| self.release())
-        {
-            Ok(()) => Ok(()),
-            Err(error) => Err(CloseError::new(error, self)),
-        }
     }
 
     /// For a `cuMemAlloc` export: mark it closing and wait up to `timeout` until no importer
@@ -1206,38 +1356,65 @@ pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> 
     }
 }
 
-/// An `IpcBuffer` is a kernel argument of cudarc launches (feature `cudarc`), as its
-/// [`GpuSlice`] is: it passes the buffer's device address. cudarc's launch is `unsafe`; its
-/// caller keeps the buffer alive until the kernel has completed (see
-/// [asynchronous work](GpuSlice#asynchronous-work)).
-// SAFETY: pushes a reference to the buffer's `u64` device address, which lives as long as the
-// borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the kernel's pointer
-// parameter reads.
-#[cfg(feature = "cudarc")]
-unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b IpcBuffer<T>>
-    for cudarc::driver::LaunchArgs<'a>
-{
-    #[inline(always)]
-    fn arg(&mut self, arg: &'b IpcBuffer<T>) -> &mut Self {
-        self.arg(&arg.slice.ptr)
+impl<T: Pod> std::ops::Deref for BufferCore<T> {
+    type Target = GpuSlice<T>;
+
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
     }
 }
 
-impl<T: Pod> Drop for IpcBuffer<T> {
+impl<T: Pod> Drop for BufferCore<T> {
     fn drop(&mut self) {
-        // Never waits: freed now, or deferred while importers map it. A failed cuMemFree
-        // cannot be reported from drop; `close` reports it.
+        // Never waits: freed now, or deferred while importers map it; an import is unmapped
+        // when its mapping's last view goes. A failed cuMemFree cannot be reported from drop;
+        // `IpcBuffer::close` reports it.
         let _ = self.release();
     }
 }
+
+/// An `IpcBuffer` or `ImportedBuffer` is a kernel argument of cudarc launches (feature
+/// `cudarc`), as its [`GpuSlice`] is: it passes the buffer's device address. cudarc's launch is
+/// `unsafe`; its caller keeps the buffer alive until the kernel has completed (see
+/// [asynchronous work](GpuSlice#asynchronous-work)).
+macro_rules! cudarc_kernel_arg {
+    ($ty:ident) => {
+        // SAFETY: pushes a reference to the buffer's `u64` device address, which lives as long
+        // as the borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the
+        // kernel's pointer parameter reads.
+        #[cfg(feature = "cudarc")]
+        unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b $ty<T>>
+            for cudarc::driver::LaunchArgs<'a>
+        {
+            #[inline(always)]
+            fn arg(&mut self, arg: &'b $ty<T>) -> &mut Self {
+                self.arg(&arg.core.slice.ptr)
+            }
+        }
+    };
+}
+cudarc_kernel_arg!(IpcBuffer);
+cudarc_kernel_arg!(ImportedBuffer);
 
 impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcBuffer")
             .field("type", &std::any::type_name::<T>())
-            .field("len", &self.slice.len)
-            .field("device", &self.slice.ctx.ordinal())
-            .field("imported", &self.is_imported())
+            .field("len", &self.core.slice.len)
+            .field("device", &self.core.slice.ctx.ordinal())
+            .field("handle_type", &self.handle_type())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.core.slice.len)
+            .field("device", &self.core.slice.ctx.ordinal())
+            .field("handle_type", &self.handle_type())
+            .field("exporter", &self.exporter().map(|e| e.pid()))
             .finish_non_exhaustive()
     }
 }

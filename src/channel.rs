@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::buffer::IpcBuffer;
+use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::{Error, PeerRole, Result};
 use crate::handle::{IpcSignalHandle, KIND_MEM, check_element, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
-use crate::signal::IpcSignal;
+use crate::signal::GpuSignal;
 use crate::stream::AsStream;
 
 pub use batch::{BatchItem, BatchSlot, ReceivedBatch, SendBatch};
@@ -274,7 +274,7 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// # How it works
 ///
 /// The producer creates the channel: one device allocation of `slots × capacity` elements of
-/// `T` (each slot 256-byte aligned where `T` allows), two [`IpcSignal`] counters on its device
+/// `T` (each slot 256-byte aligned where `T` allows), two [`IpcSignal`](crate::IpcSignal) counters on its device
 /// (`sent`, written by the producer's streams; `released`, written by the consumer's), and a
 /// small shared-memory region for what the hosts need (item lengths, how far each side got,
 /// who the parties are). The consumer opens all of it through one [`IpcChannelHandle<T>`].
@@ -324,11 +324,11 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// [`Error::PeerGone`] (the exporter), a dead consumer [`Error::PeerGone`] (an importer), a dropped one
 /// [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either
 /// side first waits (bounded, 5 s) for the channel's operations on the user's streams to
-/// complete — releasing them with [`IpcSignal::signal_host`] if the other side is dead, so
+/// complete — releasing them with [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) if the other side is dead, so
 /// nothing stays blocked — and only then unmaps or frees the memory; if they do not complete
 /// it leaks the memory rather than free it under pending GPU work. The consumer unlinks the
 /// shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
-/// any [`IpcBuffer`] (dropping the sender while the consumer still maps the memory defers
+/// any [`IpcBuffer`](crate::IpcBuffer) (dropping the sender while the consumer still maps the memory defers
 /// its free until the consumer unmaps, as for an `IpcBuffer`), so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
 /// the consumer has attached (before that, a killed producer leaves one region for
 /// [`reclaim_stale`](crate::reclaim_stale)).
@@ -400,7 +400,7 @@ pub struct SendSlot<'a, T: Pod> {
 
 impl<T: Pod> IpcSender<T> {
     /// Create a channel of `slots` slots (1 to 64) of `capacity` elements of `T` each, in
-    /// `ctx`: the slots' memory (`cuMemAlloc`), the two counters ([`IpcSignal::new`]) and the
+    /// `ctx`: the slots' memory (`cuMemAlloc`), the two counters ([`IpcSignal::new`](crate::IpcSignal::new)) and the
     /// shared-memory region, all exported for [`handle`](Self::handle).
     ///
     /// # Errors
@@ -430,9 +430,9 @@ impl<T: Pod> IpcSender<T> {
         })?;
         let total = usize::try_from(stride * geometry.slots)
             .map_err(|_| invalid("the allocation does not fit this platform".into()))?;
-        let data = IpcBuffer::<T>::new(ctx, total)?;
-        let sent = IpcSignal::new(ctx)?;
-        let released = IpcSignal::new(ctx)?;
+        let data = BufferCore::<T>::new(ctx, total)?;
+        let sent = GpuSignal::new(ctx)?;
+        let released = GpuSignal::new(ctx)?;
         let (data_env, sent_env, released_env) = (
             data.export_envelope(KIND_MEM, "IpcSender::new")?,
             sent.handle()?.env,
@@ -746,7 +746,7 @@ pub struct Received<'a, T: Pod> {
 impl<T: Pod> IpcReceiver<T> {
     /// Open a channel created by another process, in `ctx`, and attach as its consumer. The
     /// handle, the region and every GPU handle in it are validated; then the slots' memory and
-    /// the counters are mapped (as [`IpcBuffer::open`] and [`IpcSignal::open`]: by peer access
+    /// the counters are mapped (as [`ImportedBuffer::open`](crate::ImportedBuffer::open) and [`ImportedSignal::open`](crate::ImportedSignal::open): by peer access
     /// when the producer's device is another), and the region's name is unlinked.
     ///
     /// # Errors
@@ -756,7 +756,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// gone; [`Error::NotFound`] when the region no longer exists (the producer closed, or a
     /// consumer attached and unlinked it); [`Error::Corrupt`] when the region does not match
     /// the handle; [`Error::ChannelInUse`] when another consumer attached first; the errors
-    /// of [`IpcBuffer::open`] and [`IpcSignal::open`].
+    /// of [`ImportedBuffer::open`](crate::ImportedBuffer::open) and [`ImportedSignal::open`](crate::ImportedSignal::open).
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
         let env = &handle.env;
@@ -821,7 +821,7 @@ impl<T: Pod> IpcReceiver<T> {
         };
         let data_env = s.data.load();
         by_producer(data_env.exporter_pid, "memory's exporter")?;
-        let data = IpcBuffer::<T>::open_envelope(ctx, &data_env, KIND_MEM)?;
+        let data = BufferCore::<T>::open_envelope(ctx, &data_env, KIND_MEM)?;
         if data.len() as u64 != stride * geometry.slots {
             return Err(Error::LengthMismatch {
                 expected: (stride * geometry.slots) as usize,
@@ -830,10 +830,10 @@ impl<T: Pod> IpcReceiver<T> {
         }
         let sent_env = s.sent_signal.load();
         by_producer(sent_env.exporter_pid, "send counter's exporter")?;
-        let sent = IpcSignal::open(ctx, &IpcSignalHandle { env: sent_env })?;
+        let sent = GpuSignal::open(ctx, &IpcSignalHandle { env: sent_env })?;
         let released_env = s.consumer[0].released_signal.load();
         by_producer(released_env.exporter_pid, "release counter's exporter")?;
-        let released = IpcSignal::open(ctx, &IpcSignalHandle { env: released_env })?;
+        let released = GpuSignal::open(ctx, &IpcSignalHandle { env: released_env })?;
         let held = Ring::new(s, geometry).attach(&me, || {})?;
         // Attached: nobody else needs the name, and a name left behind would outlive a kill.
         let _ = ring.unlink_shared();

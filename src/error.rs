@@ -34,8 +34,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// The object is not in a state (or role) where the call is possible: exporting an
-    /// imported buffer, event or signal again, initialising a barrier twice. Unlike
+    /// The object is not in a state where the call is possible: initialising a barrier twice
+    /// (internally also: re-exporting a mapping, which the public types rule out). Unlike
     /// [`Error::InvalidArgument`], no argument would have made the call succeed.
     #[error("{call} not possible: {reason}")]
     InvalidState {

@@ -3,8 +3,8 @@
 //! # When the other side dies
 //!
 //! An event is the driver's object: this crate adds no shared state beside it, so the only
-//! protocol is the exporter's liveness, checked by [`open`](IpcEvent::open) and by
-//! [`synchronize`](IpcEvent::synchronize). Where the other process can be preempted or
+//! protocol is the exporter's liveness, checked by [`open`](ImportedEvent::open) and by
+//! [`synchronize`](GpuEvent::synchronize). Where the other process can be preempted or
 //! `SIGKILL`ed, and what this side then sees:
 //!
 //! | The other side dies...                            | This side sees                       |
@@ -13,7 +13,7 @@
 //! | exporter, between the liveness check and `cuIpcOpenEventHandle` | the driver's answer: an error naming `cuIpcOpenEventHandle`, or an event that never completes again (then as the next row) |
 //! | exporter, after recording, before the work ends   | `synchronize`: `PeerGone` (exporter) within about 10 ms (its context and queued work are torn down), or `Ok` if the driver marks the event complete as it tears the context down — the test accepts both, and neither proves the work finished |
 //! | exporter, after the work ended                    | `synchronize`: `Ok` if its query comes first, else `PeerGone` (exporter). A death is not re-checked against a last query on purpose: the event alone cannot tell work that ended from a context torn down, and an error is safer than an `Ok` for work that never ran |
-//! | exporter, while an importer's stream waits on it (`wait_on`) | nothing on the host: the GPU cannot notice a dead recorder; bound it by synchronising with a deadline, as for [`IpcSignal::wait`](crate::IpcSignal::wait) |
+//! | exporter, while an importer's stream waits on it (`wait_on`) | nothing on the host: the GPU cannot notice a dead recorder; bound it by synchronising with a deadline, as for [`GpuSignal::wait`](crate::GpuSignal::wait) |
 //! | importer, at any point                            | nothing: an exported event keeps no per-importer state, and destroying it is always allowed |
 //!
 //! Covered by tests: a dead exporter at `open` and during `synchronize` (tests/event.rs,
@@ -33,18 +33,19 @@ use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
 /// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |
-/// CU_EVENT_DISABLE_TIMING`), exported with [`handle`](Self::handle) and opened in another
-/// process with [`open`](Self::open).
+/// CU_EVENT_DISABLE_TIMING`) created by this process, exported with [`handle`](Self::handle)
+/// and opened in another process as an [`ImportedEvent`]. Both dereference to [`GpuEvent`],
+/// which records, waits and synchronises.
 ///
-/// Unlike cust's `Stream::wait_event`, which consumes its event, [`wait_on`](Self::wait_on)
-/// borrows: a stream can be made to wait on the same event any number of times, as
-/// simpleIPC's loop does. [`synchronize`](Self::synchronize) takes a deadline and, for an opened
-/// event, notices a dead exporter instead of blocking forever.
+/// Unlike cust's `Stream::wait_event`, which consumes its event,
+/// [`wait_on`](GpuEvent::wait_on) borrows: a stream can be made to wait on the same event any
+/// number of times, as simpleIPC's loop does. [`synchronize`](GpuEvent::synchronize) takes a
+/// deadline and, for an opened event, notices a dead exporter instead of blocking forever.
 ///
 /// The event holds its context and destroys itself there on drop. Note that the driver keeps
 /// `cuda.shm.*` files in `/dev/shm` for interprocess events until the context is released.
 ///
-/// `IpcEvent` is `Send` and `Sync`.
+/// `IpcEvent` is `Send` and `Sync`, as are `ImportedEvent` and `GpuEvent`.
 ///
 /// # Examples
 ///
@@ -57,11 +58,71 @@ use crate::stream::AsStream;
 /// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
 /// let done = IpcEvent::new(&ctx)?;
 /// done.record(&stream)?;
-/// let handle = done.handle()?; // another process: IpcEvent::open(&its_ctx, &handle)?
+/// let handle = done.handle()?; // another process: ImportedEvent::open(&its_ctx, &handle)?
 /// done.synchronize(std::time::Duration::from_secs(5))?;
 /// # Ok(()) }
 /// ```
 pub struct IpcEvent {
+    event: GpuEvent,
+}
+
+impl std::ops::Deref for IpcEvent {
+    type Target = GpuEvent;
+
+    /// The event's operations.
+    fn deref(&self) -> &GpuEvent {
+        &self.event
+    }
+}
+
+/// Another process's [`IpcEvent`], opened in this process (`cuIpcOpenEventHandle`): record it,
+/// make streams wait on it and synchronise with it as the exporter does (it dereferences to
+/// [`GpuEvent`]); [`synchronize`](GpuEvent::synchronize) also notices the exporter's death. It
+/// cannot be exported again.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cust::stream::{Stream, StreamFlags};
+/// use cuda_ipc::{GpuContext, ImportedEvent, IpcEventHandle, ShmCell};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let cell: &ShmCell<IpcEventHandle> = unimplemented!();
+/// let ctx = GpuContext::new(0)?;
+/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// let written = ImportedEvent::open(&ctx, &cell.load())?;
+/// written.wait_on(&stream)?; // the exporter's last record, before our next work
+/// written.synchronize(Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+///
+/// It cannot be exported again (this does not compile):
+///
+/// ```compile_fail,E0599
+/// use cuda_ipc::{GpuContext, ImportedEvent, IpcEventHandle};
+///
+/// fn reexport(ctx: &GpuContext, handle: &IpcEventHandle) -> cuda_ipc::Result<IpcEventHandle> {
+///     ImportedEvent::open(ctx, handle)?.handle() // error: no method `handle`
+/// }
+/// ```
+pub struct ImportedEvent {
+    event: GpuEvent,
+    exporter: ProcessIdentity,
+}
+
+impl std::ops::Deref for ImportedEvent {
+    type Target = GpuEvent;
+
+    /// The event's operations.
+    fn deref(&self) -> &GpuEvent {
+        &self.event
+    }
+}
+
+/// The operations of an interprocess event, exported ([`IpcEvent`]) or opened
+/// ([`ImportedEvent`]): both dereference to it.
+pub struct GpuEvent {
     ctx: GpuContext,
     raw: sys::CUevent,
     generation: u64,
@@ -71,9 +132,9 @@ pub struct IpcEvent {
 
 // SAFETY: a CUevent handle may be used from any thread (the driver synchronises); the event is
 // destroyed once, in Drop.
-unsafe impl Send for IpcEvent {}
+unsafe impl Send for GpuEvent {}
 // SAFETY: as above; every method only passes the handle to thread-safe driver calls.
-unsafe impl Sync for IpcEvent {}
+unsafe impl Sync for GpuEvent {}
 
 impl IpcEvent {
     /// Create an interprocess event in `ctx`.
@@ -93,10 +154,12 @@ impl IpcEvent {
             )
         })?;
         Ok(Self {
-            ctx: ctx.clone(),
-            raw,
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            exporter: None,
+            event: GpuEvent {
+                ctx: ctx.clone(),
+                raw,
+                generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+                exporter: None,
+            },
         })
     }
 
@@ -104,34 +167,29 @@ impl IpcEvent {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidState`] on an opened event, [`Error::Cuda`] naming
-    /// `cuIpcGetEventHandle`.
+    /// [`Error::Cuda`] naming `cuIpcGetEventHandle`.
     #[doc(alias = "cuIpcGetEventHandle")]
     pub fn handle(&self) -> Result<IpcEventHandle> {
-        if self.exporter.is_some() {
-            return Err(Error::InvalidState {
-                call: "IpcEvent::handle",
-                reason: "an opened event cannot be exported again; share the original handle"
-                    .into(),
-            });
-        }
+        let event = &self.event;
         let mut raw = sys::CUipcHandle { reserved: [0; 64] };
         {
-            let _g = self.ctx.enter()?;
+            let _g = event.ctx.enter()?;
             // SAFETY: writes 64 bytes for an interprocess event created in this context.
             check("cuIpcGetEventHandle", unsafe {
-                sys::cuIpcGetEventHandle(&mut raw, self.raw)
+                sys::cuIpcGetEventHandle(&mut raw, event.raw)
             })?;
         }
         let env = Envelope::exported(
             KIND_EVENT,
-            self.generation,
-            self.ctx.ordinal(),
+            event.generation,
+            event.ctx.ordinal(),
             raw.reserved,
         );
         Ok(IpcEventHandle { env: env.seal() })
     }
+}
 
+impl ImportedEvent {
     /// Open an event exported by another process, in `ctx`.
     ///
     /// # Errors
@@ -156,13 +214,23 @@ impl IpcEvent {
             sys::cuIpcOpenEventHandle(&mut raw, sys::CUipcHandle { reserved: env.cuda })
         })?;
         Ok(Self {
-            ctx: ctx.clone(),
-            raw,
-            generation: env.generation,
-            exporter: Some(exporter),
+            event: GpuEvent {
+                ctx: ctx.clone(),
+                raw,
+                generation: env.generation,
+                exporter: Some(exporter),
+            },
+            exporter,
         })
     }
 
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.exporter
+    }
+}
+
+impl GpuEvent {
     /// Record the event on `stream` (`cuEventRecord`).
     ///
     /// # Errors
@@ -245,11 +313,6 @@ impl IpcEvent {
         }
     }
 
-    /// Whether this event was opened from another process's handle.
-    pub fn is_imported(&self) -> bool {
-        self.exporter.is_some()
-    }
-
     /// The context the event lives in.
     pub fn context(&self) -> &GpuContext {
         &self.ctx
@@ -265,7 +328,7 @@ impl IpcEvent {
     }
 }
 
-impl Drop for IpcEvent {
+impl Drop for GpuEvent {
     fn drop(&mut self) {
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: destroyed once, in its own context. Drop cannot report a failure.
@@ -274,11 +337,23 @@ impl Drop for IpcEvent {
     }
 }
 
+impl std::fmt::Debug for GpuEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuEvent")
+            .field("device", &self.ctx.ordinal())
+            .field("exporter", &self.exporter.map(|e| e.pid()))
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for IpcEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcEvent")
-            .field("device", &self.ctx.ordinal())
-            .field("imported", &self.is_imported())
-            .finish_non_exhaustive()
+        f.debug_tuple("IpcEvent").field(&self.event).finish()
+    }
+}
+
+impl std::fmt::Debug for ImportedEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ImportedEvent").field(&self.event).finish()
     }
 }

@@ -44,7 +44,7 @@ use rustix::io::Errno;
 use bytemuck::Pod;
 
 use crate::arena::{ImportedArena, IpcArena, IpcArenaHandle};
-use crate::buffer::IpcBuffer;
+use crate::buffer::{ImportedBuffer, IpcBuffer};
 use crate::context::GpuContext;
 use crate::error::{Error, Result};
 use crate::handle::{HandleType, IpcMemHandle};
@@ -455,7 +455,7 @@ impl FdSocket {
     }
 
     /// Receive a buffer sent with [`send_buffer`](Self::send_buffer) and map it into `ctx`
-    /// ([`IpcBuffer::open_fd`] with the descriptor that came with it, or [`IpcBuffer::open`]
+    /// ([`ImportedBuffer::open_fd`] with the descriptor that came with it, or [`ImportedBuffer::open`]
     /// for a legacy handle), waiting at most `timeout` for the message.
     ///
     /// Everything that arrives is checked before use: the payload must be exactly one handle
@@ -466,8 +466,8 @@ impl FdSocket {
     ///
     /// As [`recv`](Self::recv) (a peer that never sends is [`Error::Timeout`]);
     /// [`Error::CorruptHandle`] for a payload that is not a handle; [`Error::HandleTypeMismatch`]
-    /// when the descriptors do not match the handle's type; then as [`IpcBuffer::open_fd`] or
-    /// [`IpcBuffer::open`].
+    /// when the descriptors do not match the handle's type; then as [`ImportedBuffer::open_fd`] or
+    /// [`ImportedBuffer::open`].
     ///
     /// # Examples
     ///
@@ -484,7 +484,11 @@ impl FdSocket {
     /// # Ok(()) }
     /// ```
     #[doc(alias = "SCM_RIGHTS")]
-    pub fn recv_buffer<T: Pod>(&self, ctx: &GpuContext, timeout: Duration) -> Result<IpcBuffer<T>> {
+    pub fn recv_buffer<T: Pod>(
+        &self,
+        ctx: &GpuContext,
+        timeout: Duration,
+    ) -> Result<ImportedBuffer<T>> {
         let FdMessage { payload, mut fds } = self.recv(timeout)?;
         let handle = IpcMemHandle::<T>::from_bytes(&payload)?;
         match (handle.handle_type(), fds.len()) {
@@ -493,9 +497,9 @@ impl FdSocket {
                     what: "fd socket message",
                     reason: "a descriptor counted but missing".into(),
                 })?;
-                IpcBuffer::open_fd(ctx, &handle, fd)
+                ImportedBuffer::open_fd(ctx, &handle, fd)
             }
-            (HandleType::Legacy, 0) => IpcBuffer::open(ctx, &handle),
+            (HandleType::Legacy, 0) => ImportedBuffer::open(ctx, &handle),
             (handle_type, n) => Err(Error::HandleTypeMismatch {
                 handle: handle_type,
                 reason: format!(

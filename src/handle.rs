@@ -347,13 +347,13 @@ pub(crate) fn type_tag_of<T>() -> u64 {
 /// the exporter's pid, start time and boot id, a per-export random token and generation, and a
 /// checksum. Pass it to another process through a [`ShmCell`](crate::ShmCell) (it is `Pod`)
 /// or as bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)), and open it
-/// there with [`IpcBuffer::open`](crate::IpcBuffer::open).
+/// there with [`ImportedBuffer::open`](crate::ImportedBuffer::open).
 ///
 /// A handle of a [`HandleType::PosixFd`] buffer says what the memory is but cannot map it: the
 /// memory comes as a file descriptor, sent with the handle over an
 /// [`FdSocket`](crate::FdSocket) ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer)) or
 /// any other `SCM_RIGHTS` channel ([`IpcBuffer::export_fd`](crate::IpcBuffer::export_fd),
-/// [`IpcBuffer::open_fd`](crate::IpcBuffer::open_fd)).
+/// [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd)).
 ///
 /// `Debug` never prints the CUDA handle bytes: a legacy CUDA IPC handle is a bearer token that
 /// any local process can open.

@@ -556,7 +556,7 @@ pub mod __testing {
         ///
         /// # Errors
         ///
-        /// As `IpcBuffer::open`'s lease step.
+        /// As `ImportedBuffer::open`'s lease step.
         pub fn acquire(token: &[u8; 16]) -> Result<Self> {
             Lease::acquire(token, 0).map(Self)
         }

@@ -8,15 +8,15 @@
 //! | Concept | Type | Underlying calls |
 //! | ------- | ---- | ---------------- |
 //! | A device's context | [`GpuContext`] | `cuDevicePrimaryCtxRetain`, `cuCtxPushCurrent`/`PopCurrent` |
-//! | Shared GPU memory | [`IpcBuffer`], [`IpcMemHandle`] | `cuMemAlloc`, `cuIpcGetMemHandle`, `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`, `cuIpcCloseMemHandle`, `cuMemFree` |
-//! | Shared GPU events | [`IpcEvent`], [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
-//! | GPU-side signalling (counters) | [`IpcSignal`], [`IpcSignalHandle`] | `cuMemAlloc` + IPC as for buffers, `cuStreamWriteValue64`, `cuStreamWaitValue64(GEQ)`, `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` |
+//! | Shared GPU memory | [`IpcBuffer`] (this process's), [`ImportedBuffer`] (another's), [`IpcMemHandle`] | `cuMemAlloc`, `cuIpcGetMemHandle`, `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`, `cuIpcCloseMemHandle`, `cuMemFree` |
+//! | Shared GPU events | [`IpcEvent`], [`ImportedEvent`], [`GpuEvent`] (what both do), [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
+//! | GPU-side signalling (counters) | [`IpcSignal`], [`ImportedSignal`], [`GpuSignal`] (what both do), [`IpcSignalHandle`] | `cuMemAlloc` + IPC as for buffers, `cuStreamWriteValue64`, `cuStreamWaitValue64(GEQ)`, `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` |
 //! | A GPU queue between two processes | [`IpcSender`], [`IpcReceiver`], [`IpcChannelHandle`] | an [`IpcBuffer`] of slots, two [`IpcSignal`]s (`cuStreamWaitValue64`/`cuStreamWriteValue64`), a shared-memory ring, `cuEventRecord` |
 //! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
-//! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`], [`RawExport`], [`RawImport`], [`IpcBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute` |
-//! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`IpcBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
+//! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`], [`RawExport`], [`RawImport`], [`ImportedBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute` |
+//! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`ImportedBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
 //! | Many buffers through one import | [`IpcArena`], [`ArenaBuffer`], [`ArenaHandle`], [`ImportedArena`], [`ArenaView`] | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
 //! | Stream-ordered pools between processes | [`IpcPool`], [`PoolBuffer`], [`PoolHandle`], [`ImportedPool`], [`PoolView`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
 //! | Typed device memory, whoever owns it | [`GpuSlice`] | `cuMemcpy*`, `cuMemsetD8*` |
@@ -35,10 +35,13 @@
 //! - Nothing read from shared memory is trusted: the region header is checksummed and
 //!   validated field by field before the payload is mapped, and the barrier validates its
 //!   state on every read that could index or loop.
-//! - Every GPU resource holds its [`GpuContext`] and tears down in it. An exported
-//!   [`IpcBuffer`] is freed only when no live process maps it (leases): dropping it never
+//! - Every GPU resource holds its [`GpuContext`] and tears down in it. Each shared object has
+//!   one type per role: the exporter's ([`IpcBuffer`], [`IpcEvent`], [`IpcSignal`], [`IpcArena`],
+//!   [`IpcPool`]) and the importer's ([`ImportedBuffer`], [`ImportedEvent`], [`ImportedSignal`],
+//!   [`ImportedArena`], [`ImportedPool`]), so exporting an import or closing what another
+//!   process owns does not compile. An [`IpcBuffer`] is freed only when no live process maps it (leases): dropping it never
 //!   waits — the free is deferred until its last importer unmaps or dies, then done at the
-//!   next allocation, export or [`collect_deferred`] —; an imported one is one
+//!   next allocation, export or [`collect_deferred`] —; an [`ImportedBuffer`] is one
 //!   view of a per-process mapping that is closed when the last view drops. A handle names one
 //!   export: once that buffer is freed, opening the handle fails with [`Error::StaleHandle`],
 //!   even if a new buffer sits at the same address. A [`HandleType::PosixFd`] buffer's memory is
@@ -52,7 +55,7 @@
 //! # Threading
 //!
 //! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
-//! [`IpcSignal`], [`IpcSender`], [`IpcReceiver`], [`IpcArena`], [`IpcPool`] and their buffers
+//! [`IpcSignal`] (and their imported counterparts), [`IpcSender`], [`IpcReceiver`], [`IpcArena`], [`IpcPool`] and their buffers
 //! and views are `Send` and `Sync`. Shared memory is reached only through atomics
 //! ([`ShmSafe`]), so it can be read and written from any thread of any process.
 //!
@@ -143,7 +146,7 @@ pub use arena::{
     IpcArenaHandle,
 };
 pub use barrier::{BarrierState, BarrierWaitResult, ProcessBarrier};
-pub use buffer::IpcBuffer;
+pub use buffer::{ImportedBuffer, IpcBuffer};
 #[cfg(fuzzing)]
 pub use channel::__fuzz_reseal_channel;
 pub use channel::{
@@ -157,7 +160,7 @@ pub use device::{
     device_count, device_info, devices, uuid_string,
 };
 pub use error::{CloseError, Error, PeerRole, Result};
-pub use event::IpcEvent;
+pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use fd_socket::{
     FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,
 };
@@ -169,7 +172,7 @@ pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name};
-pub use signal::IpcSignal;
+pub use signal::{GpuSignal, ImportedSignal, IpcSignal};
 pub use slice::GpuSlice;
 pub use stream::{AsStream, RawStream};
 

@@ -287,7 +287,7 @@ fn gpu_checks(p: &mut Probe) {
                     Ok(false) => Finding::No(
                         "cuDeviceCanAccessPeer says no".into(),
                         "a process on the first device cannot map buffers of the second \
-                         (IpcBuffer::open fails across them)",
+                         (ImportedBuffer::open fails across them)",
                         "keep sharing processes on devices that reach each other (nvidia-smi \
                          topo -m), or stage through host memory",
                     ),

@@ -4,12 +4,12 @@
 //!
 //! A raw handle carries none of the envelope this crate's own handles have (element type,
 //! length, exporter identity, export token, checksum) and takes no lease, so most of what
-//! [`IpcBuffer::open`](crate::IpcBuffer::open) checks cannot be checked. What still is:
+//! [`ImportedBuffer::open`](crate::ImportedBuffer::open) checks cannot be checked. What still is:
 //! the byte range lies inside the allocation the driver mapped (`cuMemGetAddressRange`), its
 //! offset suits the element type's alignment, the memory's device is this context's or
 //! reachable from it as a peer, the handle is not one this process exported, and — if the
 //! caller names the exporting pid — the exporter is alive. The rest is what
-//! [`IpcBuffer::open_raw`](crate::IpcBuffer::open_raw)'s caller vouches for.
+//! [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw)'s caller vouches for.
 //!
 //! # The layout, for C and C++ peers
 //!
@@ -172,7 +172,7 @@ pub struct RawExport {
     pub exporter_pid: u32,
 }
 
-/// What [`IpcBuffer::open_raw`](crate::IpcBuffer::open_raw) opens: a raw handle, where the
+/// What [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw) opens: a raw handle, where the
 /// data lies in its allocation, and how many elements.
 ///
 /// # Examples

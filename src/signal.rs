@@ -5,8 +5,8 @@
 //!
 //! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its
 //! write leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
-//! [`IpcSignal::wait_host`] notices a dead exporter or lease holder within 10 ms and remembers
-//! it, after which GPU-side waits are refused; [`IpcSignal::signal_host`] releases this
+//! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder within 10 ms and remembers
+//! it, after which GPU-side waits are refused; [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this
 //! process's parked streams. A signal that fails leaves its value unused (retry with it). Tested
 //! in `tests/signal.rs` (dead exporter, dead importer, blocked streams).
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::buffer::IpcBuffer;
+use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, check, sys};
@@ -33,13 +33,15 @@ const LOST_EXPORTER: u64 = 1 << 32;
 const LOST_PEER: u64 = 2 << 32;
 
 /// A monotonically increasing 64-bit counter in device memory, shared between processes, that
-/// GPU streams write ([`signal`](Self::signal), `cuStreamWriteValue64`) and wait on
-/// ([`wait`](Self::wait), `cuStreamWaitValue64` with "greater or equal") without the host.
+/// GPU streams write ([`signal`](GpuSignal::signal), `cuStreamWriteValue64`) and wait on
+/// ([`wait`](GpuSignal::wait), `cuStreamWaitValue64` with "greater or equal") without the host.
 ///
 /// One process creates it with [`new`](Self::new) and exports a typed
-/// [`IpcSignalHandle`] with [`handle`](Self::handle); others [`open`](Self::open) it (the same
-/// envelope checks, leases and import cache as [`IpcBuffer`], whose IPC mapping it is: across
-/// two GPUs it is reached by peer access). The counter starts at 0.
+/// [`IpcSignalHandle`] with [`handle`](Self::handle); others open it as an [`ImportedSignal`]
+/// (the same envelope checks, leases and import cache as an
+/// [`ImportedBuffer`](crate::ImportedBuffer), whose IPC mapping it is: across two GPUs it is
+/// reached by peer access). The counter starts at 0. Both dereference to [`GpuSignal`], which
+/// has the operations.
 ///
 /// # Semantics
 ///
@@ -52,11 +54,11 @@ const LOST_PEER: u64 = 2 << 32;
 /// - `wait(stream, v)` enqueues "wait until counter ≥ `v`": later work on `stream` starts only
 ///   after it. Unlike an event, the waiter names the value it needs, so it can enqueue waits
 ///   for hand-offs that have not been signalled yet.
-/// - Values are `0..=`[`MAX_VALUE`](Self::MAX_VALUE) (2^63 − 1): CUDA compares as
+/// - Values are `0..=`[`MAX_VALUE`](GpuSignal::MAX_VALUE) (2^63 − 1): CUDA compares as
 ///   `(int64_t)(counter − v) >= 0`, which is plain `≥` in that range.
-/// - The host can [`value`](Self::value) the counter, [`wait_host`](Self::wait_host) with a
+/// - The host can [`value`](GpuSignal::value) the counter, [`wait_host`](GpuSignal::wait_host) with a
 ///   deadline (noticing a dead exporter or importer instead of hanging), and
-///   [`signal_host`](Self::signal_host). Host reads and writes go through a non-blocking
+///   [`signal_host`](GpuSignal::signal_host). Host reads and writes go through a non-blocking
 ///   stream of the signal's own, so they never queue behind the caller's streams (a blocked
 ///   stream would stall the legacy default stream that synchronous copies use).
 ///
@@ -81,30 +83,30 @@ const LOST_PEER: u64 = 2 << 32;
 ///
 /// Stream memory operations are invisible to CUDA's own dependency tracking, and a wait that
 /// is never satisfied blocks its stream for good: a GPU-side wait on a signal whose writer died
-/// never returns. Pair it with [`wait_host`](Self::wait_host) or a barrier, and unblock
-/// streams with [`signal_host`](Self::signal_host) when giving up.
+/// never returns. Pair it with [`wait_host`](GpuSignal::wait_host) or a barrier, and unblock
+/// streams with [`signal_host`](GpuSignal::signal_host) when giving up.
 ///
 /// # Blocking streams
 ///
 /// cust's `Stream::new` drops `StreamFlags::NON_BLOCKING`, so cust streams synchronise with
-/// the legacy default stream. While such a stream is parked in [`wait`](Self::wait), every
+/// the legacy default stream. While such a stream is parked in [`wait`](GpuSignal::wait), every
 /// synchronous call of this process that uses the legacy stream ([`IpcBuffer::copy_to_host`](crate::GpuSlice::copy_to_host),
 /// [`IpcBuffer::copy_from_host`](crate::GpuSlice::copy_from_host), [`IpcBuffer::memset_bytes`](crate::GpuSlice::memset_bytes), ...) blocks until the wait is
-/// satisfied. [`IpcSignal::new`] and [`IpcBuffer::zeroed`] use private non-blocking streams
-/// and are not affected, nor are the signal's own host calls ([`value`](Self::value),
-/// [`wait_host`](Self::wait_host), [`signal_host`](Self::signal_host)).
+/// satisfied. [`IpcSignal::new`] and [`IpcBuffer::zeroed`](crate::IpcBuffer::zeroed) use private non-blocking streams
+/// and are not affected, nor are the signal's own host calls ([`value`](GpuSignal::value),
+/// [`wait_host`](GpuSignal::wait_host), [`signal_host`](GpuSignal::signal_host)).
 ///
 /// Requires 64-bit stream memory operations on the device
 /// ([`can_use_stream_mem_ops`](crate::can_use_stream_mem_ops)) and a driver that has the CUDA
 /// 11.7 `_v2` entry points (R515 or newer; every Hopper driver is).
 ///
-/// `IpcSignal` is `Send` and `Sync`.
+/// `IpcSignal` is `Send` and `Sync`, as is `ImportedSignal`.
 ///
 /// # Examples
 ///
 /// ```no_run
 /// use cust::stream::{Stream, StreamFlags};
-/// use cuda_ipc::{GpuContext, IpcSignal};
+/// use cuda_ipc::{GpuContext, ImportedSignal, IpcSignal};
 /// use std::time::Duration;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -119,7 +121,7 @@ const LOST_PEER: u64 = 2 << 32;
 /// stream.synchronize()?;
 ///
 /// // Consumer, in another process: its stream waits for hand-off 1 on the GPU.
-/// let ready = IpcSignal::open(&ctx, &handle)?;
+/// let ready = ImportedSignal::open(&ctx, &handle)?;
 /// // SAFETY: as above: the stream is synchronised before `ready` drops.
 /// unsafe { ready.wait(&stream, 1)? };
 /// // ... enqueue work that reads the buffer ...
@@ -133,7 +135,7 @@ const LOST_PEER: u64 = 2 << 32;
 /// safe code cannot do it:
 ///
 /// ```compile_fail,E0133
-/// /// use cuda_ipc::IpcSignal;
+/// use cuda_ipc::{AsStream, IpcSignal};
 ///
 /// fn signal_then_drop(ready: IpcSignal, stream: &(impl AsStream + ?Sized)) {
 ///     ready.signal(stream, 1).ok(); // error: call to unsafe function
@@ -141,7 +143,163 @@ const LOST_PEER: u64 = 2 << 32;
 /// }
 /// ```
 pub struct IpcSignal {
-    counter: IpcBuffer<u64>,
+    signal: GpuSignal,
+}
+
+impl std::ops::Deref for IpcSignal {
+    type Target = GpuSignal;
+
+    /// The signal's operations.
+    fn deref(&self) -> &GpuSignal {
+        &self.signal
+    }
+}
+
+impl IpcSignal {
+    /// Create a signal in `ctx`, its counter at 0, ready to export.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] when the device cannot use 64-bit stream memory operations;
+    /// [`Error::Cuda`] naming `cuMemAlloc`, `cuStreamCreate`, `cuMemAllocHost`,
+    /// `cuMemcpyHtoDAsync` or `cuStreamSynchronize`;
+    /// a shared-memory error creating the lease table.
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn new(ctx: &GpuContext) -> Result<Self> {
+        GpuSignal::new(ctx).map(|signal| Self { signal })
+    }
+
+    /// Export: the typed handle another process opens (`cuIpcGetMemHandle` of the counter, in
+    /// an envelope of kind "signal").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; at the first export, a shared-memory error
+    /// creating the lease table.
+    pub fn handle(&self) -> Result<IpcSignalHandle> {
+        self.signal.handle()
+    }
+
+    /// The pids of live processes that have the signal open (dead ones are reaped).
+    pub fn importers(&self) -> Vec<u32> {
+        self.signal.importers()
+    }
+
+    /// Close the signal and report what drop would hide, as
+    /// [`IpcBuffer::close`](crate::IpcBuffer::close): wait up to `timeout` for its importers to
+    /// close it, then free its counter. Dropping never waits: the counter's free is then
+    /// deferred while importers map it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeasesOutstanding`] when importers remained (the signal comes back in the
+    /// error, closing), [`Error::Cuda`] naming `cuMemFree`.
+    #[doc(alias = "cuMemFree")]
+    pub fn close(self, timeout: Duration) -> Result<(), CloseError<Self>> {
+        let mut signal = self.signal;
+        match signal
+            .counter
+            .wait_for_importers(timeout)
+            .and_then(|()| signal.counter.release())
+        {
+            Ok(()) => Ok(()),
+            Err(error) => Err(CloseError::new(error, Self { signal })),
+        }
+    }
+}
+
+/// Another process's [`IpcSignal`], opened in this process: the same counter, with the same
+/// operations (it dereferences to [`GpuSignal`]); it cannot be exported again. Its host waits
+/// also notice the exporter's death.
+///
+/// `ImportedSignal` is `Send` and `Sync`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{GpuContext, ImportedSignal, IpcSignalHandle, ShmCell};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// # let cell: &ShmCell<IpcSignalHandle> = unimplemented!();
+/// let ctx = GpuContext::new(0)?;
+/// let ready = ImportedSignal::open(&ctx, &cell.load())?;
+/// ready.wait_host(1, Duration::from_secs(5))?; // the exporter's hand-off 1
+/// # Ok(()) }
+/// ```
+///
+/// It cannot be exported again (this does not compile):
+///
+/// ```compile_fail,E0624
+/// use cuda_ipc::{GpuContext, ImportedSignal, IpcSignalHandle};
+///
+/// fn reexport(ctx: &GpuContext, handle: &IpcSignalHandle) -> cuda_ipc::Result<IpcSignalHandle> {
+///     ImportedSignal::open(ctx, handle)?.handle() // error: `handle` is private
+/// }
+/// ```
+pub struct ImportedSignal {
+    signal: GpuSignal,
+    exporter: ProcessIdentity,
+}
+
+impl std::ops::Deref for ImportedSignal {
+    type Target = GpuSignal;
+
+    /// The signal's operations.
+    fn deref(&self) -> &GpuSignal {
+        &self.signal
+    }
+}
+
+impl ImportedSignal {
+    /// Open a signal exported by another process, in `ctx` (its counter is mapped with
+    /// `cuIpcOpenMemHandle`, by peer access when it lives on another device).
+    ///
+    /// # Errors
+    ///
+    /// Checked before the driver sees the handle: [`Error::CorruptHandle`] (also for a memory
+    /// or event handle), [`Error::SameProcess`], [`Error::PeerGone`] (the exporter),
+    /// [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the signal was dropped, even if
+    /// new memory now sits at its address), [`Error::TooManyImporters`],
+    /// [`Error::Unsupported`]. Then [`Error::Cuda`] naming the failed call.
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcSignalHandle) -> Result<Self> {
+        let signal = GpuSignal::open(ctx, handle)?;
+        // An envelope always names its exporter; the mapping keeps what it named.
+        let exporter = signal.exporter().ok_or(Error::Corrupt {
+            what: "IPC signal",
+            reason: "an opened counter without its exporter".into(),
+        })?;
+        Ok(Self { signal, exporter })
+    }
+
+    /// The exporting process.
+    pub fn exporter(&self) -> ProcessIdentity {
+        self.exporter
+    }
+}
+
+impl std::fmt::Debug for IpcSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("IpcSignal").field(&self.signal).finish()
+    }
+}
+
+impl std::fmt::Debug for ImportedSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ImportedSignal").field(&self.signal).finish()
+    }
+}
+
+/// The operations of a signal, exported ([`IpcSignal`]) or opened ([`ImportedSignal`]): both
+/// dereference to it. GPU streams write the counter ([`signal`](Self::signal),
+/// `cuStreamWriteValue64`) and wait on it ([`wait`](Self::wait), `cuStreamWaitValue64`); the
+/// host reads it, writes it and waits on it with a deadline. See [`IpcSignal`] for the
+/// semantics, what a dead party does to waits, and when to prefer an event.
+///
+/// `GpuSignal` is `Send` and `Sync`.
+pub struct GpuSignal {
+    counter: BufferCore<u64>,
     host: Mutex<HostPort>,
     /// The largest value this handle has signalled (0: none yet).
     last_signalled: Mutex<u64>,
@@ -243,14 +401,14 @@ fn require_stream_mem_ops(ctx: &GpuContext) -> Result<()> {
 
 /// Refuse a value outside `0..=MAX_VALUE`.
 fn check_value(call: &'static str, value: u64) -> Result<()> {
-    if value <= IpcSignal::MAX_VALUE {
+    if value <= GpuSignal::MAX_VALUE {
         Ok(())
     } else {
         Err(Error::InvalidArgument {
             call,
             reason: format!(
                 "signal value {value} is above the maximum {}",
-                IpcSignal::MAX_VALUE
+                GpuSignal::MAX_VALUE
             ),
         })
     }
@@ -284,29 +442,21 @@ fn advance(
 
 /// Whether a counter reading `counter` satisfies "≥ `value`" as the GPU decides it for
 /// `cuStreamWaitValue64(GEQ)`: `(int64_t)(counter − value) >= 0`. The same as plain `≥` for
-/// values up to [`IpcSignal::MAX_VALUE`], and what a peer kernel writing a larger value makes
+/// values up to [`GpuSignal::MAX_VALUE`], and what a peer kernel writing a larger value makes
 /// the GPU see.
 fn reached(counter: u64, value: u64) -> bool {
     counter.wrapping_sub(value) as i64 >= 0
 }
 
-impl IpcSignal {
+impl GpuSignal {
     /// The largest value a signal can carry, 2^63 − 1: CUDA's "greater or equal" compares the
     /// difference as a signed 64-bit number, which is plain `≥` only below 2^63.
     pub const MAX_VALUE: u64 = i64::MAX as u64;
 
-    /// Create a signal in `ctx`, its counter at 0, ready to export.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unsupported`] when the device cannot use 64-bit stream memory operations;
-    /// [`Error::Cuda`] naming `cuMemAlloc`, `cuStreamCreate`, `cuMemAllocHost`,
-    /// `cuMemcpyHtoDAsync` or `cuStreamSynchronize`;
-    /// a shared-memory error creating the lease table.
-    #[doc(alias = "cuStreamWriteValue64")]
-    pub fn new(ctx: &GpuContext) -> Result<Self> {
+    /// The work of [`IpcSignal::new`].
+    pub(crate) fn new(ctx: &GpuContext) -> Result<Self> {
         require_stream_mem_ops(ctx)?;
-        let signal = Self::with_counter(IpcBuffer::<u64>::new(ctx, 1)?)?;
+        let signal = Self::with_counter(BufferCore::<u64>::new(ctx, 1)?)?;
         // Zero through the signal's own stream: on the device when `new` returns (a peer that
         // opens the handle next must never see the allocation's old contents), and not
         // queued behind the caller's blocked streams.
@@ -314,7 +464,7 @@ impl IpcSignal {
         Ok(signal)
     }
 
-    fn with_counter(counter: IpcBuffer<u64>) -> Result<Self> {
+    fn with_counter(counter: BufferCore<u64>) -> Result<Self> {
         let host = HostPort::new(counter.context())?;
         Ok(Self {
             counter,
@@ -324,35 +474,19 @@ impl IpcSignal {
         })
     }
 
-    /// Export: the typed handle another process opens (`cuIpcGetMemHandle` of the counter, in
-    /// an envelope of kind "signal").
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidState`] on an opened signal (share the original handle);
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
-    pub fn handle(&self) -> Result<IpcSignalHandle> {
+    /// The work of [`IpcSignal::handle`].
+    pub(crate) fn handle(&self) -> Result<IpcSignalHandle> {
         let env = self
             .counter
             .export_envelope(KIND_SIGNAL, "IpcSignal::handle")?;
         Ok(IpcSignalHandle { env })
     }
 
-    /// Open a signal exported by another process, in `ctx` (its counter is mapped with
-    /// `cuIpcOpenMemHandle`, by peer access when it lives on another device).
-    ///
-    /// # Errors
-    ///
-    /// Checked before the driver sees the handle: [`Error::CorruptHandle`] (also for a memory
-    /// or event handle), [`Error::SameProcess`], [`Error::PeerGone`] (the exporter),
-    /// [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the signal was dropped, even if
-    /// new memory now sits at its address), [`Error::TooManyImporters`],
-    /// [`Error::Unsupported`]. Then [`Error::Cuda`] naming the failed call.
-    #[doc(alias = "cuIpcOpenMemHandle")]
-    pub fn open(ctx: &GpuContext, handle: &IpcSignalHandle) -> Result<Self> {
+    /// The work of [`ImportedSignal::open`].
+    pub(crate) fn open(ctx: &GpuContext, handle: &IpcSignalHandle) -> Result<Self> {
         handle.env.validate(KIND_SIGNAL)?;
         require_stream_mem_ops(ctx)?;
-        let counter = IpcBuffer::<u64>::open_envelope(ctx, &handle.env, KIND_SIGNAL)?;
+        let counter = BufferCore::<u64>::open_envelope(ctx, &handle.env, KIND_SIGNAL)?;
         Self::with_counter(counter)
     }
 
@@ -538,18 +672,13 @@ impl IpcSignal {
         self.known_loss()
     }
 
-    /// Whether this signal was opened from another process's handle.
-    pub fn is_imported(&self) -> bool {
-        self.counter.is_imported()
-    }
-
-    /// For an opened signal: the exporting process.
-    pub fn exporter(&self) -> Option<ProcessIdentity> {
+    /// The exporting process, for an opened signal.
+    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
         self.counter.exporter()
     }
 
-    /// For an exported signal: the pids of live processes that have it open.
-    pub fn importers(&self) -> Vec<u32> {
+    /// The work of [`IpcSignal::importers`].
+    pub(crate) fn importers(&self) -> Vec<u32> {
         self.counter.importers()
     }
 
@@ -565,32 +694,18 @@ impl IpcSignal {
         self.counter.as_raw_ptr()
     }
 
-    /// Close the signal and report what drop would hide, as [`IpcBuffer::close`]: an exported
-    /// signal waits up to `timeout` for its importers to close it, then frees its counter.
-    /// Dropping never waits: the counter's free is then deferred while importers map it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeasesOutstanding`] when importers remained (the signal comes back in the
-    /// error, closing), [`Error::Cuda`] naming `cuMemFree`.
-    #[doc(alias = "cuMemFree")]
-    pub fn close(mut self, timeout: Duration) -> Result<(), CloseError<Self>> {
-        match self
-            .counter
-            .wait_for_importers(timeout)
-            .and_then(|()| self.counter.release())
-        {
-            Ok(()) => Ok(()),
-            Err(error) => Err(CloseError::new(error, self)),
-        }
+    /// Wait for importers up to `timeout`, then free (or unmap) the counter; on an error the
+    /// signal drops (its free deferred).
+    pub(crate) fn close(self, timeout: Duration) -> Result<()> {
+        self.counter.close(timeout)
     }
 }
 
-impl std::fmt::Debug for IpcSignal {
+impl std::fmt::Debug for GpuSignal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcSignal")
+        f.debug_struct("GpuSignal")
             .field("device", &self.context().ordinal())
-            .field("imported", &self.is_imported())
+            .field("imported", &self.counter.is_imported())
             .field("last_signalled", &*self.last_signalled.lock())
             .finish_non_exhaustive()
     }
@@ -603,8 +718,8 @@ mod tests {
     #[test]
     fn values_above_the_signed_range_are_refused() {
         assert!(check_value("t", 0).is_ok());
-        assert!(check_value("t", IpcSignal::MAX_VALUE).is_ok());
-        let e = check_value("t", IpcSignal::MAX_VALUE + 1).unwrap_err();
+        assert!(check_value("t", GpuSignal::MAX_VALUE).is_ok());
+        let e = check_value("t", GpuSignal::MAX_VALUE + 1).unwrap_err();
         assert!(e.to_string().contains("above the maximum"), "{e}");
         assert!(check_value("t", u64::MAX).is_err());
     }
@@ -622,9 +737,9 @@ mod tests {
         let e = advance(&last, "t", 5, ok).unwrap_err();
         assert!(e.to_string().contains("must increase: 5 after 5"), "{e}");
         assert!(advance(&last, "t", 3, ok).is_err());
-        assert!(advance(&last, "t", IpcSignal::MAX_VALUE + 1, ok).is_err());
+        assert!(advance(&last, "t", GpuSignal::MAX_VALUE + 1, ok).is_err());
         assert_eq!(*last.lock(), 5);
-        advance(&last, "t", IpcSignal::MAX_VALUE, ok).unwrap();
+        advance(&last, "t", GpuSignal::MAX_VALUE, ok).unwrap();
     }
 
     /// Issue 11, defect 7: on 66d5eef the value was used up before the driver call, so a
@@ -654,7 +769,7 @@ mod tests {
     #[test]
     fn the_host_wait_decides_as_the_gpu_does() {
         assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
-        assert!(reached(IpcSignal::MAX_VALUE, 0));
+        assert!(reached(GpuSignal::MAX_VALUE, 0));
         // (int64_t)(2^63 + 4) < 0: a GPU-side wait for 1 does not pass, though 2^63 + 5 ≥ 1.
         assert!(!reached((1 << 63) + 5, 1));
         assert!(!reached(1 << 63, 0));

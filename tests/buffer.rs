@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{gpu, gpu_count, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, GpuContext, IpcBuffer, IpcMemHandle, PeerRole, ShmCell, ShmOptions, ShmRegion, ShmSafe,
+    Error, GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, ShmCell, ShmOptions,
+    ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -46,8 +47,7 @@ fn child_process() {
                 let device: u32 = args[1].parse().unwrap();
                 let ctx = GpuContext::new(device).unwrap();
                 let h = shared.mem.load();
-                let buf = IpcBuffer::open(&ctx, &h).unwrap();
-                assert!(buf.is_imported());
+                let buf = ImportedBuffer::open(&ctx, &h).unwrap();
                 let mut host = vec![0u32; buf.len()];
                 buf.copy_to_host(&mut host).unwrap();
                 assert_eq!(
@@ -64,8 +64,8 @@ fn child_process() {
             "open_twice" => {
                 let ctx = gpu();
                 let h = shared.mem.load();
-                let a = IpcBuffer::open(&ctx, &h).unwrap();
-                let b = IpcBuffer::open(&ctx, &h).unwrap();
+                let a = ImportedBuffer::open(&ctx, &h).unwrap();
+                let b = ImportedBuffer::open(&ctx, &h).unwrap();
                 assert_eq!(
                     a.as_raw_ptr(),
                     b.as_raw_ptr(),
@@ -80,7 +80,7 @@ fn child_process() {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 drop(b);
-                let again = IpcBuffer::open(&ctx, &h).unwrap(); // a fresh open after close
+                let again = ImportedBuffer::open(&ctx, &h).unwrap(); // a fresh open after close
                 again.copy_to_host(&mut host).unwrap();
                 assert_eq!(host, pattern(again.len(), 7));
                 report("ok");
@@ -88,7 +88,7 @@ fn child_process() {
             }
             "expect_stale" => {
                 let ctx = gpu();
-                match IpcBuffer::open(&ctx, &shared.mem.load()) {
+                match ImportedBuffer::open(&ctx, &shared.mem.load()) {
                     Err(Error::StaleHandle { .. }) => report("stale"),
                     other => report(format!("unexpected {:?}", other.map(|b| b.as_raw_ptr()))),
                 }
@@ -97,7 +97,7 @@ fn child_process() {
             "expect_unreachable" => {
                 // Run with CUDA_VISIBLE_DEVICES=0: the buffer's device 1 is not visible.
                 let ctx = gpu();
-                match IpcBuffer::open(&ctx, &shared.mem.load()) {
+                match ImportedBuffer::open(&ctx, &shared.mem.load()) {
                     Err(Error::DeviceNotReachable { reason, .. }) => {
                         report(format!("unreachable: {reason}"))
                     }
@@ -107,7 +107,7 @@ fn child_process() {
             }
             "expect_exporter_gone" => {
                 let ctx = gpu();
-                match IpcBuffer::open(&ctx, &shared.mem.load()) {
+                match ImportedBuffer::open(&ctx, &shared.mem.load()) {
                     Err(Error::PeerGone {
                         pid,
                         role: PeerRole::Exporter,
@@ -129,7 +129,7 @@ fn child_process() {
             // Open, announce, sleep until killed.
             "open_and_sleep" => {
                 let ctx = gpu();
-                let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
+                let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
                 shared.ptr.store(buf.as_raw_ptr(), Ordering::Release);
                 shared.done.store(1, Ordering::Release);
                 std::thread::sleep(Duration::from_secs(50));
@@ -142,19 +142,19 @@ fn child_process() {
                 let h = shared.mem.load();
                 let forged = with_len(&h, h.len() as u64 * 1024);
                 // Through the import cache (a real view is open): refused, not served.
-                let real = IpcBuffer::open(&ctx, &h).unwrap();
-                match IpcBuffer::open(&ctx, &forged) {
+                let real = ImportedBuffer::open(&ctx, &h).unwrap();
+                match ImportedBuffer::open(&ctx, &forged) {
                     Err(Error::CorruptHandle { reason }) => report(format!("hit: {reason}")),
                     other => report(format!("hit: unexpected {:?}", other.map(|b| b.len()))),
                 }
                 drop(real);
                 // A first open: held to the size the driver reports for the mapping.
-                match IpcBuffer::open(&ctx, &forged) {
+                match ImportedBuffer::open(&ctx, &forged) {
                     Err(Error::CorruptHandle { reason }) => report(format!("miss: {reason}")),
                     other => report(format!("miss: unexpected {:?}", other.map(|b| b.len()))),
                 }
                 // Nothing is left behind: the real handle still opens, with its real length.
-                let real = IpcBuffer::open(&ctx, &h).unwrap();
+                let real = ImportedBuffer::open(&ctx, &h).unwrap();
                 let mut host = vec![0u32; real.len()];
                 real.copy_to_host(&mut host).unwrap();
                 assert_eq!(host, pattern(real.len(), 7));
@@ -166,11 +166,11 @@ fn child_process() {
             "reopen_until_closing" => {
                 let ctx = gpu();
                 let h = shared.mem.load();
-                let held = IpcBuffer::open(&ctx, &h).unwrap();
+                let held = ImportedBuffer::open(&ctx, &h).unwrap();
                 shared.done.store(1, Ordering::Release);
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
                 let outcome = loop {
-                    match IpcBuffer::open(&ctx, &h) {
+                    match ImportedBuffer::open(&ctx, &h) {
                         Ok(view) => drop(view),
                         Err(e) => break format!("refused: {e:?}"),
                     }
@@ -341,7 +341,7 @@ fn opening_in_the_exporting_process_is_refused_before_cuda() {
     let buf = IpcBuffer::<u32>::new(&ctx, 16).unwrap();
     let h = buf.handle().unwrap();
     assert!(matches!(
-        IpcBuffer::open(&ctx, &h),
+        ImportedBuffer::open(&ctx, &h),
         Err(Error::SameProcess { pid }) if pid == std::process::id()
     ));
 }
@@ -354,7 +354,7 @@ fn wrong_type_and_wrong_length_are_refused() {
     let h = buf.handle().unwrap();
     let as_f32 = IpcMemHandle::<f32>::from_bytes(h.as_bytes()).unwrap();
     assert!(matches!(
-        IpcBuffer::open(&ctx, &as_f32),
+        ImportedBuffer::open(&ctx, &as_f32),
         Err(Error::TypeMismatch {
             found_size: 4,
             expected_size: 4,
@@ -363,7 +363,7 @@ fn wrong_type_and_wrong_length_are_refused() {
     ));
     let as_u64 = IpcMemHandle::<u64>::from_bytes(h.as_bytes()).unwrap();
     assert!(matches!(
-        IpcBuffer::open(&ctx, &as_u64),
+        ImportedBuffer::open(&ctx, &as_u64),
         Err(Error::TypeMismatch {
             found_size: 4,
             expected_size: 8,
@@ -371,7 +371,7 @@ fn wrong_type_and_wrong_length_are_refused() {
         })
     ));
     assert!(matches!(
-        IpcBuffer::open_exact(&ctx, &h, 17),
+        ImportedBuffer::open_exact(&ctx, &h, 17),
         Err(Error::LengthMismatch {
             expected: 17,
             found: 16
@@ -431,7 +431,7 @@ fn exporter_killed_while_mapped() {
         shared.done.load(Ordering::Acquire) == 1
     });
     let h = shared.mem.load();
-    let buf = IpcBuffer::open(&ctx, &h).unwrap();
+    let buf = ImportedBuffer::open(&ctx, &h).unwrap();
     let mut host = vec![0u32; buf.len()];
     buf.copy_to_host(&mut host).unwrap();
     assert_eq!(host, pattern(buf.len(), 7));

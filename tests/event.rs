@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerRole, ShmCell, ShmOptions,
-    ShmRegion, ShmSafe,
+    Error, ImportedBuffer, ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
+    PeerRole, ShmCell, ShmOptions, ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -95,9 +95,8 @@ fn an_event_orders_a_slow_kernel_before_the_readers_copy() {
     wait_for("writer ready", Duration::from_secs(60), || {
         shared.ready.load(Ordering::Acquire) == 1
     });
-    let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
-    let event = IpcEvent::open(&ctx, &shared.event.load()).unwrap();
-    assert!(event.is_imported());
+    let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
+    let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
     ctx.make_current().unwrap();
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     let mut host = vec![0u8; LEN];
@@ -145,7 +144,7 @@ fn synchronize_notices_a_dead_exporter() {
     wait_for("writer ready", Duration::from_secs(60), || {
         shared.ready.load(Ordering::Acquire) == 1
     });
-    let event = IpcEvent::open(&ctx, &shared.event.load()).unwrap();
+    let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
     wait_for("recorded", Duration::from_secs(30), || {
         shared.seq.load(Ordering::Acquire) == 1
     });
@@ -168,7 +167,7 @@ fn synchronize_notices_a_dead_exporter() {
     }
     // And a new open is refused before the driver is asked.
     assert!(matches!(
-        IpcEvent::open(&ctx, &shared.event.load()),
+        ImportedEvent::open(&ctx, &shared.event.load()),
         Err(Error::PeerGone {
             role: PeerRole::Exporter,
             ..
@@ -183,7 +182,7 @@ fn an_event_cannot_be_opened_by_its_exporter_or_reexported() {
     let event = IpcEvent::new(&ctx).unwrap();
     let h = event.handle().unwrap();
     assert!(matches!(
-        IpcEvent::open(&ctx, &h),
+        ImportedEvent::open(&ctx, &h),
         Err(Error::SameProcess { .. })
     ));
     assert!(matches!(

@@ -16,7 +16,8 @@ use common::{
     is_root, pattern, report, shm_entries, spawn, to_hex, watchdog,
 };
 use cuda_ipc::{
-    Error, GpuContext, HandleType, IpcBuffer, IpcMemHandle, PeerRole, RawImport, RawMemHandle,
+    Error, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, RawImport,
+    RawMemHandle,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -69,7 +70,7 @@ fn assert_fds_closed(before: &[String], consumed: usize, what: &str) {
 fn warm_up(ctx: &GpuContext) {
     let buf = IpcBuffer::<u8>::new_with(ctx, 1, HandleType::PosixFd).unwrap();
     let (handle, fd) = buf.export_fd().unwrap();
-    drop(IpcBuffer::open_fd(ctx, &handle, fd).unwrap());
+    drop(ImportedBuffer::open_fd(ctx, &handle, fd).unwrap());
 }
 
 /// The exporter child's tail after sending, by mode: what it does once the parent says
@@ -129,7 +130,7 @@ fn child_process() {
                 drop_privileges();
                 let ctx = GpuContext::new(0).unwrap();
                 let handle = IpcMemHandle::<u32>::from_bytes(&from_hex(&args[0])).unwrap();
-                match IpcBuffer::open(&ctx, &handle) {
+                match ImportedBuffer::open(&ctx, &handle) {
                     Err(Error::HandleTypeMismatch { .. }) => report("fd handle: no descriptor"),
                     other => report(format!("fd handle: unexpected {other:?}")),
                 }
@@ -142,7 +143,7 @@ fn child_process() {
                 let raw = RawMemHandle(from_hex(&args[1]).try_into().unwrap());
                 let import = RawImport::new(raw, 0, 1024).exporter_pid(pid);
                 // SAFETY: the parent keeps the buffer alive until this child exits.
-                match unsafe { IpcBuffer::<u32>::open_raw(&ctx, &import) } {
+                match unsafe { ImportedBuffer::<u32>::open_raw(&ctx, &import) } {
                     Ok(b) if contents(&b) == pattern(1024, 5) => report("legacy bytes: mapped"),
                     other => report(format!("legacy bytes: unexpected {other:?}")),
                 }
@@ -171,7 +172,6 @@ fn both_ways(exporter_device: u32, importer_device: u32) {
     let s = l.accept(T).unwrap();
     let buf = s.recv_buffer::<u32>(&ctx, T).unwrap();
     assert_eq!(buf.handle_type(), HandleType::PosixFd);
-    assert!(buf.is_imported());
     assert_eq!(buf.exporter().map(|e| e.pid()), Some(child.pid()));
     assert_eq!(buf.len(), len);
     assert_eq!(contents(&buf), pattern(len, 11), "every element across");
@@ -278,7 +278,7 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
     let msg = s.recv(T).unwrap();
     let handle = IpcMemHandle::<u32>::from_bytes(&msg.payload).unwrap();
     assert_eq!(handle.handle_type(), HandleType::PosixFd);
-    match IpcBuffer::open(&ctx, &handle) {
+    match ImportedBuffer::open(&ctx, &handle) {
         Err(Error::HandleTypeMismatch { handle, reason }) => {
             assert_eq!(handle, HandleType::PosixFd);
             assert!(reason.contains("without its file descriptor"), "{reason}");
@@ -341,7 +341,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     for path in ["/dev/null", "/proc/self/stat"] {
         let before = fd_links();
         let other = std::fs::File::open(path).unwrap();
-        match IpcBuffer::open_fd(&ctx, &handle, OwnedFd::from(other)) {
+        match ImportedBuffer::open_fd(&ctx, &handle, OwnedFd::from(other)) {
             Err(Error::Cuda { call, .. }) => assert_eq!(call, "cuMemImportFromShareableHandle"),
             other => panic!("expected a refused import, got {other:?}"),
         }
@@ -353,7 +353,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     let big = IpcBuffer::<u32>::zeroed_with(&ctx, 8 << 20, HandleType::PosixFd).unwrap();
     let (big_handle, _big_fd) = big.export_fd().unwrap();
     let before = fd_links();
-    match IpcBuffer::open_fd(&ctx, &big_handle, small_fd) {
+    match ImportedBuffer::open_fd(&ctx, &big_handle, small_fd) {
         Err(Error::Cuda { call, .. }) => assert_eq!(call, "cuMemMap"),
         other => panic!("expected cuMemMap to refuse, got {other:?}"),
     }
@@ -363,7 +363,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     let legacy = IpcBuffer::<u32>::zeroed(&ctx, 1024).unwrap();
     let dup = fd.try_clone().unwrap();
     assert!(matches!(
-        IpcBuffer::open_fd(&ctx, &legacy.handle().unwrap(), dup),
+        ImportedBuffer::open_fd(&ctx, &legacy.handle().unwrap(), dup),
         Err(Error::HandleTypeMismatch { .. })
     ));
     assert!(matches!(
@@ -375,7 +375,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
         Err(Error::HandleTypeMismatch { .. })
     ));
     assert!(matches!(
-        IpcBuffer::<f32>::open_fd(
+        ImportedBuffer::<f32>::open_fd(
             &ctx,
             &IpcMemHandle::from_bytes(handle.as_bytes()).unwrap(),
             fd.try_clone().unwrap()
@@ -412,7 +412,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     // A freed buffer's handle with a descriptor taken before the free: stale.
     let (stale_handle, stale_fd) = small.export_fd().unwrap();
     drop(small);
-    match IpcBuffer::open_fd(&ctx, &stale_handle, stale_fd) {
+    match ImportedBuffer::open_fd(&ctx, &stale_handle, stale_fd) {
         Err(Error::StaleHandle { .. }) => {}
         other => panic!("expected StaleHandle, got {other:?}"),
     }
@@ -449,8 +449,8 @@ fn opening_in_the_exporting_process_shares_one_mapping_and_soaks_clean() {
         buf.copy_from_host(&pattern(len, round)).unwrap();
         let (h1, fd1) = buf.export_fd().unwrap();
         let (h2, fd2) = buf.export_fd().unwrap();
-        let a = IpcBuffer::open_fd(&ctx, &h1, fd1).unwrap();
-        let b = IpcBuffer::open_fd(&ctx, &h2, fd2).unwrap();
+        let a = ImportedBuffer::open_fd(&ctx, &h1, fd1).unwrap();
+        let b = ImportedBuffer::open_fd(&ctx, &h2, fd2).unwrap();
         assert_eq!(a.as_raw_ptr(), b.as_raw_ptr(), "one mapping per export");
         assert_ne!(a.as_raw_ptr(), buf.as_raw_ptr(), "a mapping of its own");
         if round % 50 == 0 {

@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{from_hex, gpu, watchdog};
-use cuda_ipc::{Error, IpcBuffer, PeerRole, RawImport, RawMemHandle};
+use cuda_ipc::{Error, ImportedBuffer, IpcBuffer, PeerRole, RawImport, RawMemHandle};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 
@@ -135,7 +135,7 @@ fn open_check_write(peer: &mut Peer, e: &TorchExport, want: i32, write: i32) {
     let ctx = gpu();
     // SAFETY: the Python peer keeps the tensor alive until its stdin closes, after this view
     // is dropped; the synchronous copies leave no queued work.
-    let tensor = unsafe { IpcBuffer::<i32>::open_raw(&ctx, &import_of(e)) }.unwrap();
+    let tensor = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &import_of(e)) }.unwrap();
     assert_eq!(tensor.len() as u64, e.bytes / 4);
     let mut host = vec![0i32; tensor.len()];
     tensor.copy_to_host(&mut host).unwrap();
@@ -189,8 +189,8 @@ fn a_tensor_inside_a_caching_allocator_block_opens_at_its_offset() {
     // SAFETY: as in open_check_write; both views drop before the peer's stdin closes.
     let (a, b) = unsafe {
         (
-            IpcBuffer::<i32>::open_raw(&ctx, &imp).unwrap(),
-            IpcBuffer::<i32>::open_raw(&ctx, &RawImport::new(imp.handle, imp.offset + 64, 16))
+            ImportedBuffer::<i32>::open_raw(&ctx, &imp).unwrap(),
+            ImportedBuffer::<i32>::open_raw(&ctx, &RawImport::new(imp.handle, imp.offset + 64, 16))
                 .unwrap(),
         )
     };
@@ -209,7 +209,7 @@ fn a_range_past_the_block_or_misaligned_is_refused() {
     // The handle maps the whole caching-allocator block; ask for 1 GiB past its start.
     let past = RawImport::new(handle, e.offset, 1 << 28);
     // SAFETY: refused before any view exists.
-    match unsafe { IpcBuffer::<i32>::open_raw(&ctx, &past) } {
+    match unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &past) } {
         Err(Error::CorruptHandle { reason }) => {
             assert!(reason.contains("cuMemGetAddressRange"), "{reason}");
             eprintln!("interop: refused: {reason}");
@@ -218,7 +218,7 @@ fn a_range_past_the_block_or_misaligned_is_refused() {
     }
     let misaligned = RawImport::new(handle, e.offset + 2, 16);
     // SAFETY: refused before the driver is asked.
-    let r = unsafe { IpcBuffer::<i32>::open_raw(&ctx, &misaligned) };
+    let r = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &misaligned) };
     assert!(matches!(r, Err(Error::InvalidArgument { .. })));
     // Nothing was written: PyTorch still sees its values.
     peer.say("check 3");
@@ -260,7 +260,7 @@ fn a_dead_python_exporter_is_a_clear_error() {
     let ctx = gpu();
     // Named: refused before the driver is asked.
     // SAFETY: refused (nothing is mapped).
-    match unsafe { IpcBuffer::<i32>::open_raw(&ctx, &import_of(&e)) } {
+    match unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &import_of(&e)) } {
         Err(Error::PeerGone {
             pid,
             role: PeerRole::Exporter,
@@ -274,7 +274,7 @@ fn a_dead_python_exporter_is_a_clear_error() {
     let t = std::time::Instant::now();
     let unnamed = RawImport::new(RawMemHandle::from_torch(&e.handle).unwrap(), e.offset, 16);
     // SAFETY: expected to fail; if the driver mapped something, the view drops at once.
-    let r = unsafe { IpcBuffer::<i32>::open_raw(&ctx, &unnamed) };
+    let r = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &unnamed) };
     eprintln!(
         "interop: unnamed dead exporter after {:?}: {:?}",
         t.elapsed(),
@@ -295,6 +295,6 @@ fn opening_this_processs_own_raw_export_is_refused() {
     let e = buf.raw_export().unwrap();
     let import = RawImport::from_export::<u32>(&e).unwrap();
     // SAFETY: refused before the driver is asked.
-    let r = unsafe { IpcBuffer::<u32>::open_raw(&ctx, &import) };
+    let r = unsafe { ImportedBuffer::<u32>::open_raw(&ctx, &import) };
     assert!(matches!(r, Err(Error::SameProcess { .. })));
 }

@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use common::{fd_count, gpu, report, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    FdListener, FdSocket, HandleType, ImportedArena, IpcArena, IpcBuffer, IpcMemHandle, IpcPool,
-    PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
+    FdListener, FdSocket, HandleType, ImportedArena, ImportedBuffer, IpcArena, IpcBuffer,
+    IpcMemHandle, IpcPool, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe,
+    SocketName,
 };
 
 /// Serialises this binary's tests: they measure device-wide free memory.
@@ -239,7 +240,7 @@ fn child_process() {
             .expect("open region");
         let ctx = gpu();
         if role == "open_and_sleep" {
-            let buf = IpcBuffer::open(&ctx, &shared.mem.load()).unwrap();
+            let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
             shared.done.store(buf.as_raw_ptr(), Ordering::Release);
             std::thread::sleep(Duration::from_secs(50));
             return 1;
@@ -278,7 +279,7 @@ fn legacy_soak(deferred: bool) {
         }
         let (opened, closed) = steps(i, deferred);
         spin_until("exporter", || shared.seq.load(Ordering::Acquire) == opened);
-        let buf = IpcBuffer::open_exact(&ctx, &shared.mem.load(), LEN).unwrap();
+        let buf = ImportedBuffer::open_exact(&ctx, &shared.mem.load(), LEN).unwrap();
         if deferred {
             shared.ack.store(opened, Ordering::Release);
             // Once the exporter has dropped its buffer, our mapping still reads it.

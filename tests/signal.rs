@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use common::{gpu, gpu_count, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::driver::{error_name, sys};
 use cuda_ipc::{
-    Error, GpuContext, IpcBuffer, IpcMemHandle, IpcSignal, IpcSignalHandle, PeerRole, ShmCell,
-    ShmOptions, ShmRegion, ShmSafe,
+    Error, GpuContext, GpuSignal, GpuSlice, ImportedBuffer, ImportedSignal, IpcBuffer,
+    IpcMemHandle, IpcSignal, IpcSignalHandle, PeerRole, ShmCell, ShmOptions, ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -75,7 +75,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Copy `buf` to `host` on a fresh non-blocking stream: ordered after nothing else.
-fn read_unordered(buf: &IpcBuffer<u8>, host: &mut [u8]) {
+fn read_unordered(buf: &GpuSlice<u8>, host: &mut [u8]) {
     assert_eq!(host.len(), buf.len());
     let _ctx = buf.context().make_current();
     let mut s = std::ptr::null_mut();
@@ -121,7 +121,7 @@ fn child_process() {
                 wait_for("consumer", Duration::from_secs(30), || {
                     shared.consumer_up.load(Ordering::Acquire) == 1
                 });
-                let ack = IpcSignal::open(&ctx, &shared.ack.load()).unwrap();
+                let ack = ImportedSignal::open(&ctx, &shared.ack.load()).unwrap();
                 let ptr = data.as_raw_ptr();
                 for round in 1..=SLOW_ROUNDS {
                     // SAFETY: delay_fill(ptr, len, value, delay_ns) writes SLOW_LEN bytes of
@@ -158,7 +158,7 @@ fn child_process() {
                 wait_for("consumer", Duration::from_secs(30), || {
                     shared.consumer_up.load(Ordering::Acquire) == 1
                 });
-                let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
+                let ready = ImportedSignal::open(&ctx, &shared.ready.load()).unwrap();
                 let start = Instant::now();
                 for i in 1..=u64::from(HANDOFFS) {
                     // SAFETY: the stream is synchronised before the signals drop.
@@ -198,8 +198,7 @@ fn child_process() {
             // Open the parent's signal and idle until released or killed.
             "idle_importer" => {
                 let ctx = gpu();
-                let sig = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
-                assert!(sig.is_imported());
+                let _sig = ImportedSignal::open(&ctx, &shared.ready.load()).unwrap();
                 shared.consumer_up.store(1, Ordering::Release);
                 wait_for("release", Duration::from_secs(50), || {
                     shared.release.load(Ordering::Acquire) == 1
@@ -224,8 +223,8 @@ fn slow_producer_is_never_overtaken(producer_device: u32, consumer_device: u32) 
     wait_for("producer", Duration::from_secs(60), || {
         shared.producer_up.load(Ordering::Acquire) == 1
     });
-    let data = IpcBuffer::open(&ctx, &shared.data.load()).unwrap();
-    let ready = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
+    let data = ImportedBuffer::open(&ctx, &shared.data.load()).unwrap();
+    let ready = ImportedSignal::open(&ctx, &shared.ready.load()).unwrap();
     let ack = IpcSignal::new(&ctx).unwrap();
     shared.ack.store(ack.handle().unwrap());
     shared.consumer_up.store(1, Ordering::Release);
@@ -307,8 +306,8 @@ fn handoffs_without_lost_or_early_wakeups(producer_device: u32, consumer_device:
     wait_for("producer", Duration::from_secs(60), || {
         shared.producer_up.load(Ordering::Acquire) == 1
     });
-    let word = IpcBuffer::open(&ctx, &shared.words.load()).unwrap();
-    let ack = IpcSignal::open(&ctx, &shared.ack.load()).unwrap();
+    let word = ImportedBuffer::open(&ctx, &shared.words.load()).unwrap();
+    let ack = ImportedSignal::open(&ctx, &shared.ack.load()).unwrap();
     let ready = IpcSignal::new(&ctx).unwrap();
     let log = IpcBuffer::<u32>::zeroed(&ctx, HANDOFFS as usize + 1).unwrap();
     ctx.make_current().unwrap();
@@ -381,8 +380,8 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
     wait_for("exporter", Duration::from_secs(60), || {
         shared.producer_up.load(Ordering::Acquire) == 1
     });
-    let sig = IpcSignal::open(&ctx, &shared.ready.load()).unwrap();
-    assert_eq!(sig.exporter().map(|e| e.pid()), Some(child.pid()));
+    let sig = ImportedSignal::open(&ctx, &shared.ready.load()).unwrap();
+    assert_eq!(sig.exporter().pid(), child.pid());
     ctx.make_current().unwrap();
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     // Alive and silent: a plain timeout.
@@ -416,7 +415,7 @@ fn a_host_wait_notices_a_dead_exporter_before_its_deadline() {
     // it is open, a second open is a view of the same mapping).
     drop(sig);
     assert!(matches!(
-        IpcSignal::open(&ctx, &shared.ready.load()),
+        ImportedSignal::open(&ctx, &shared.ready.load()),
         Err(Error::PeerGone {
             role: PeerRole::Exporter,
             ..
@@ -474,7 +473,7 @@ fn wrong_and_stale_signal_handles_are_refused_before_cuda() {
     });
     // A dropped signal's handle: stale, even though its exporter lives.
     assert!(matches!(
-        IpcSignal::open(&ctx, &shared.dropped.load()),
+        ImportedSignal::open(&ctx, &shared.dropped.load()),
         Err(Error::StaleHandle { .. })
     ));
     // A buffer handle is not a signal handle, and the reverse.
@@ -504,12 +503,11 @@ fn wrong_and_stale_signal_handles_are_refused_before_cuda() {
     // Our own export, opened by us: refused (CUDA would fail it).
     let own = IpcSignal::new(&ctx).unwrap();
     assert!(matches!(
-        IpcSignal::open(&ctx, &own.handle().unwrap()),
+        ImportedSignal::open(&ctx, &own.handle().unwrap()),
         Err(Error::SameProcess { .. })
     ));
-    // The live one opens, and cannot be re-exported.
-    let opened = IpcSignal::open(&ctx, &live).unwrap();
-    assert!(matches!(opened.handle(), Err(Error::InvalidState { .. })));
+    // The live one opens (an `ImportedSignal` has no `handle()` to export it again).
+    let opened = ImportedSignal::open(&ctx, &live).unwrap();
     drop(opened);
     shared.release.store(1, Ordering::Release);
     child.expect_success(Duration::from_secs(60));
@@ -550,7 +548,7 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     let (again, too_big) = unsafe {
         (
             sig.signal(&stream, 1),
-            sig.wait(&stream, IpcSignal::MAX_VALUE + 1),
+            sig.wait(&stream, GpuSignal::MAX_VALUE + 1),
         )
     };
     assert!(matches!(again, Err(Error::InvalidArgument { .. })));

@@ -7,7 +7,7 @@ Use it as a module::
 
     export = torch_export(tensor)        # dict: handle (hex), offset, bytes, device, pid
     # ... send it to the Rust process, which opens it with
-    #     IpcBuffer::<f32>::open_raw(&ctx, &RawImport::new(
+    #     ImportedBuffer::<f32>::open_raw(&ctx, &RawImport::new(
     #         RawMemHandle::from_torch(&hex_decode(handle))?, offset, bytes / 4).exporter_pid(pid))
     # and keep `tensor` alive until the Rust side is done with it.
 

@@ -14,7 +14,7 @@
  *
  * The reverse (a C peer exporting to Rust): fill the same struct from cudaIpcGetMemHandle, the
  * data's offset from the cudaMalloc base and its size, your pid; the Rust side opens it with
- * IpcBuffer::<T>::open_raw(&ctx, &RawImport::from_export::<T>(&export)?).
+ * ImportedBuffer::<T>::open_raw(&ctx, &RawImport::from_export::<T>(&export)?).
  */
 #ifndef CUDA_IPC_RAW_H
 #define CUDA_IPC_RAW_H

@@ -10,11 +10,11 @@ use bytemuck::Pod;
 
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
-use crate::buffer::IpcBuffer;
+use crate::buffer::BufferCore;
 use crate::driver::{check, sys};
 use crate::error::{Error, Result};
 use crate::shm::ShmRegion;
-use crate::signal::IpcSignal;
+use crate::signal::GpuSignal;
 
 /// How long dropping or closing an end waits for the channel's GPU operations (and closing the
 /// producer, for the consumer to unmap) by default: see `set_drop_timeout`.
@@ -36,11 +36,11 @@ pub(crate) struct Endpoint<T: Pod> {
     pub(crate) stride: u64,
     /// Our owner word in the region (the producer's, or consumer 0's).
     pub(crate) held: u64,
-    pub(crate) data: ManuallyDrop<IpcBuffer<T>>,
+    pub(crate) data: ManuallyDrop<BufferCore<T>>,
     /// Written by the producer's streams, waited on by the consumer's.
-    pub(crate) sent: ManuallyDrop<IpcSignal>,
+    pub(crate) sent: ManuallyDrop<GpuSignal>,
     /// Written by the consumer's streams, waited on by the producer's.
-    pub(crate) released: ManuallyDrop<IpcSignal>,
+    pub(crate) released: ManuallyDrop<GpuSignal>,
     inflight: InFlight,
     /// The stream (its `cuStreamGetId`, if known) and value of our last counter write.
     last_signal: Option<(Option<u64>, u64)>,
@@ -58,7 +58,7 @@ impl<T: Pod> Endpoint<T> {
         geometry: Geometry,
         stride: u64,
         held: u64,
-        (data, sent, released): (IpcBuffer<T>, IpcSignal, IpcSignal),
+        (data, sent, released): (BufferCore<T>, GpuSignal, GpuSignal),
     ) -> Self {
         Self {
             role,
@@ -209,7 +209,7 @@ impl<T: Pod> Endpoint<T> {
             self.drain_timeout,
             || {
                 if !forced && Self::peer_gone(role, &ring) {
-                    forced = waited_on.signal_host(IpcSignal::MAX_VALUE).is_ok();
+                    forced = waited_on.signal_host(GpuSignal::MAX_VALUE).is_ok();
                 }
             },
             || false,
@@ -241,9 +241,9 @@ impl<T: Pod> Endpoint<T> {
         let deadline = Instant::now() + peer_wait;
         let left = || deadline.saturating_duration_since(Instant::now());
         let results = [
-            data.close(left()).map_err(Error::from),
-            sent.close(left()).map_err(Error::from),
-            released.close(left()).map_err(Error::from),
+            data.close(left()),
+            sent.close(left()),
+            released.close(left()),
         ];
         results.into_iter().collect::<Result<Vec<()>>>().map(drop)
     }
