@@ -12,7 +12,8 @@
 //! Freeing, reuse and lifetimes are documented on [`IpcArena`]; the shared protocol in
 //! `table.rs`.
 
-mod book;
+pub(crate) mod book;
+pub(crate) mod ledger;
 pub(crate) mod sealed;
 pub(crate) mod table;
 
@@ -956,12 +957,10 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 pub mod __testing {
     use super::*;
 
-    /// An arena owner without memory.
+    /// An arena owner without memory: the [`Ledger`](ledger::Ledger) that the export registry
+    /// uses, so the stress test drives that code.
     pub struct Owner {
-        table: ShmRegion<ArenaTable>,
-        leases: ExportLeases,
-        book: Book,
-        max_buffers: usize,
+        ledger: ledger::Ledger,
     }
 
     /// One allocation: (block index, generation, byte offset, bytes).
@@ -974,61 +973,35 @@ pub mod __testing {
         ///
         /// As the tables' creation.
         pub fn create(token: &[u8; 16], capacity: u64, max_buffers: usize) -> Result<Self> {
-            let table = ArenaTable::create(token, capacity)?;
             Ok(Self {
-                table,
-                leases: ExportLeases::create(token)?,
-                book: Book::new(capacity, max_buffers),
-                max_buffers,
+                ledger: ledger::Ledger::create(token, capacity, max_buffers)?,
             })
         }
 
         /// Allocate `bytes`, reclaiming (and reaping the dead) when short, as `IpcArena::alloc`.
         pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
-            let placed = match self.book.alloc(&self.table.blocks, bytes) {
-                Ok(p) => p,
-                Err(_) => {
-                    reclaim(
-                        &mut self.book,
-                        &self.table,
-                        &self.leases,
-                        self.max_buffers,
-                        false,
-                    );
-                    self.book.alloc(&self.table.blocks, bytes).ok()?
-                }
-            };
+            let placed = self.ledger.alloc(bytes)?;
             Some((placed.index, placed.generation, placed.offset, placed.bytes))
         }
 
         /// Free an allocation, as dropping an `ArenaBuffer`.
         pub fn free(&mut self, (index, generation, offset, bytes): Placement) {
-            self.book.free(
-                &self.table.blocks,
-                Placed {
-                    index,
-                    generation,
-                    offset,
-                    bytes,
-                },
-            );
+            self.ledger.free(Placed {
+                index,
+                generation,
+                offset,
+                bytes,
+            });
         }
 
         /// `IpcArena::collect`: the bytes still quarantined.
         pub fn collect(&mut self) -> u64 {
-            reclaim(
-                &mut self.book,
-                &self.table,
-                &self.leases,
-                self.max_buffers,
-                true,
-            );
-            self.book.quarantined_bytes()
+            self.ledger.collect()
         }
 
         /// Bytes free now.
         pub fn free_bytes(&self) -> u64 {
-            self.book.free_bytes()
+            self.ledger.free_bytes()
         }
     }
 

@@ -16,10 +16,10 @@ use crate::device;
 use crate::driver::{self, check, sys};
 use crate::error::{CloseError, Error, PeerRole, Result};
 use crate::handle::{Envelope, HandleType, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
-use crate::lease::{ExportLeases, Lease};
-use crate::os;
+use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
+use crate::registry::{self, Hold, Record};
 use crate::slice::GpuSlice;
 use crate::vmm::VmmMemory;
 
@@ -68,9 +68,9 @@ struct Mapping {
     /// For a POSIX-fd import: the imported allocation and its mapping (taken and torn down in
     /// `drop`); `None` for legacy handles, closed with `cuIpcCloseMemHandle`.
     vmm: Option<VmmMemory>,
-    // Dropped after `drop` has unmapped: the exporter may free once the lease is gone. Raw
-    // handles have no lease (a foreign exporter keeps no table).
-    lease: Option<Lease>,
+    // Dropped after `drop` has unmapped: the exporter may free once the hold is gone. Raw
+    // handles have none (a foreign exporter keeps no ledger).
+    hold: Option<Hold>,
 }
 
 impl Drop for Mapping {
@@ -91,12 +91,11 @@ impl Drop for Mapping {
 }
 
 struct Export {
-    token: [u8; 16],
-    generation: u64,
     uuid: [u8; 16],
-    /// Created at the first export (a buffer never exported has no table in `/dev/shm`);
-    /// shared with the deferred-free list when the buffer is dropped while mapped elsewhere.
-    leases: parking_lot::Mutex<Option<Arc<ExportLeases>>>,
+    /// The export's block in this process's registry, published at the first export (a
+    /// buffer never exported has none); moved to the deferred-free list when the buffer is
+    /// dropped while mapped elsewhere.
+    record: parking_lot::Mutex<Option<Record>>,
     released: bool,
     /// For a POSIX-fd buffer: the allocation (released in `release`); `None`: `cuMemAlloc`.
     vmm: Option<VmmMemory>,
@@ -192,13 +191,19 @@ impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
 }
 
 impl<T: Pod> IpcBuffer<T> {
-    /// The most processes that can map one export at a time (a further open is
-    /// [`Error::TooManyImporters`]); the same bound holds for events, signals, arenas and pools.
+    /// The most processes that can import from one exporting process at a time, across all its
+    /// exported buffers and signals (a further process's open is [`Error::TooManyImporters`]);
+    /// an arena or a pool has the same bound for its own importers.
     pub const MAX_IMPORTERS: usize = crate::lease::MAX_IMPORTERS;
 
+    /// The most buffers and signals one process can have exported at a time (live, or dropped
+    /// while importers still map them); a further first export is [`Error::TooManyBuffers`].
+    pub const MAX_EXPORTS: usize = crate::registry::MAX_EXPORTS;
+
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
-    /// a valid `T`: it is `Pod`). Nothing is created in `/dev/shm` until the first export (the
-    /// export's lease table).
+    /// a valid `T`: it is `Pod`). Nothing is created in `/dev/shm`: the first export of any
+    /// buffer of this process creates its export registry (two files, whatever the number of
+    /// exports), and each export takes a 32-byte block in it.
     ///
     /// # Errors
     ///
@@ -279,8 +284,9 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; at the first export, a shared-memory error
-    /// creating the export's lease table.
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; [`Error::TooManyBuffers`] when
+    /// [`MAX_EXPORTS`](Self::MAX_EXPORTS) buffers and signals of this process are exported; at
+    /// this process's first export, a shared-memory error creating its export registry.
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
         self.core.handle()
@@ -636,9 +642,6 @@ impl<T: Pod> BufferCore<T> {
                 true
             }
         };
-        let mut token = [0u8; 16];
-        token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
-        token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
         let uuid = device::uuid_of(ctx.device())?;
         let (ptr, vmm) = if vmm {
             let memory = VmmMemory::create(ctx, bytes)?;
@@ -653,10 +656,8 @@ impl<T: Pod> BufferCore<T> {
         Ok(Self {
             slice: GpuSlice::new(ctx.clone(), ptr, len),
             origin: Origin::Exported(Export {
-                token,
-                generation: GENERATION.fetch_add(1, Ordering::Relaxed),
                 uuid,
-                leases: parking_lot::Mutex::new(None),
+                record: parking_lot::Mutex::new(None),
                 released: false,
                 vmm,
             }),
@@ -755,8 +756,8 @@ impl<T: Pod> BufferCore<T> {
                     .into(),
             });
         };
-        // The table exists before any handle does: every importer finds it.
-        export.leases()?;
+        // The block is published before any handle exists: every importer finds it.
+        let (token, generation) = export.published()?;
         let (cuda, handle_type) = match &export.vmm {
             Some(memory) => {
                 let mut cuda = [0u8; 64];
@@ -771,9 +772,9 @@ impl<T: Pod> BufferCore<T> {
             type_tag: type_tag_of::<T>(),
             len: self.slice.len as u64,
             device_uuid: export.uuid,
-            token: export.token,
+            token,
             handle_type: handle_type.code(),
-            ..Envelope::exported(kind, export.generation, self.slice.ctx.ordinal(), cuda)
+            ..Envelope::exported(kind, generation, self.slice.ctx.ordinal(), cuda)
         };
         Ok(env.seal())
     }
@@ -849,8 +850,11 @@ impl<T: Pod> BufferCore<T> {
             reason: format!("length {} does not fit this platform", env.len),
         })?;
         let described = Described::Envelope(env.elem_size, env.elem_align, env.type_tag, env.len);
+        // The token names the exporter's ledger and block, the generation which export of
+        // that block: together, one export for ever.
         let mut token = [0u8; 64];
         token[..16].copy_from_slice(&env.token);
+        token[16..24].copy_from_slice(&env.generation.to_le_bytes());
         let key: Key = (token, ctx.as_raw() as usize, kind);
 
         let mut cache = loop {
@@ -882,8 +886,8 @@ impl<T: Pod> BufferCore<T> {
             });
         }
         let memory_device = check_reachable(ctx, &env.device_uuid)?;
-        let lease = Lease::acquire(&env.token, env.generation)?;
-        // On an error below the lease drops after the memory was unmapped again.
+        let hold = registry::enter(&env.token, env.generation, exporter)?;
+        // On an error below the hold drops after the memory was unmapped again.
         let (ptr, mapped, vmm) = match fd {
             Some(fd) => {
                 let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
@@ -905,7 +909,7 @@ impl<T: Pod> BufferCore<T> {
             exporter: Some(exporter),
             exporter_seen_alive: AtomicU64::new(0),
             vmm,
-            lease: Some(lease),
+            hold: Some(hold),
         });
         cache.insert(key, Arc::downgrade(&mapping));
         drop(cache);
@@ -1075,7 +1079,7 @@ impl<T: Pod> BufferCore<T> {
             exporter,
             exporter_seen_alive: AtomicU64::new(0),
             vmm: None,
-            lease: None,
+            hold: None,
         });
         cache.insert(key, Arc::downgrade(&mapping));
         drop(cache);
@@ -1098,17 +1102,21 @@ impl<T: Pod> BufferCore<T> {
     /// The work of [`IpcBuffer::importers`].
     pub(crate) fn importers(&self) -> Vec<u32> {
         match &self.origin {
-            Origin::Exported(e) => e.existing_leases().map_or_else(Vec::new, |l| l.holders()),
+            Origin::Exported(e) => e
+                .record
+                .lock()
+                .as_ref()
+                .map_or_else(Vec::new, Record::importers),
             Origin::Imported(_) => Vec::new(),
         }
     }
 
-    /// The first process other than this one that holds a lease on this export (has it
-    /// mapped) but has died without releasing it; slots are not reaped.
+    /// A process other than this one that holds this export (has it mapped) but has died
+    /// without letting go; nothing is reaped.
     pub(crate) fn dead_importer(&self) -> Option<u32> {
         match &self.origin {
-            Origin::Exported(e) => e.existing_leases()?.table().dead_holder(),
-            Origin::Imported(m) => m.lease.as_ref()?.table().dead_holder(),
+            Origin::Exported(e) => e.record.lock().as_ref()?.dead_importer(),
+            Origin::Imported(m) => m.hold.as_ref()?.dead_importer(),
         }
     }
 
@@ -1119,8 +1127,9 @@ impl<T: Pod> BufferCore<T> {
             .and_then(|()| self.release())
     }
 
-    /// For a `cuMemAlloc` export: mark it closing and wait up to `timeout` until no importer
-    /// maps it (then it may be freed). Other buffers have nothing to wait for.
+    /// For a `cuMemAlloc` export: retire it (new opens are stale) and wait up to `timeout`
+    /// until no importer maps it (then it may be freed), reaping importers proven dead. Other
+    /// buffers have nothing to wait for.
     pub(crate) fn wait_for_importers(&self, timeout: Duration) -> Result<()> {
         let Origin::Exported(export) = &self.origin else {
             return Ok(());
@@ -1128,14 +1137,29 @@ impl<T: Pod> BufferCore<T> {
         if export.released || export.vmm.is_some() {
             return Ok(());
         }
-        let Some(leases) = export.existing_leases() else {
+        let mut record = export.record.lock();
+        let Some(record) = record.as_mut() else {
             return Ok(()); // never exported with a handle: nobody can map it
         };
-        let (pids, waited) = leases.close_and_wait(timeout);
-        if pids.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::LeasesOutstanding { pids, waited })
+        if !record.retire() {
+            return Ok(());
+        }
+        let mut wait = Backoff::new(
+            timeout,
+            Duration::from_micros(100),
+            Duration::from_millis(20),
+        );
+        loop {
+            registry::collect();
+            if !record.is_held() {
+                return Ok(());
+            }
+            if let Err(waited) = wait.pause() {
+                return Err(Error::LeasesOutstanding {
+                    pids: record.importers(),
+                    waited,
+                });
+            }
         }
     }
 
@@ -1149,36 +1173,30 @@ impl<T: Pod> BufferCore<T> {
             return Ok(());
         }
         export.released = true;
-        let leases = export.existing_leases();
+        let record = export.record.lock().take();
         if let Some(memory) = export.vmm.take() {
-            // New opens fail from here on (StaleHandle); existing importers keep their
-            // mappings, which hold the memory: the driver frees it when the last one unmaps.
-            if let Some(leases) = leases {
-                leases.begin_close();
-            }
+            // Dropping the record retires the export: new opens fail from here on
+            // (StaleHandle); existing importers keep their mappings, which hold the memory:
+            // the driver frees it when the last one unmaps.
+            drop(record);
             drop(memory);
             return Ok(());
         }
         let bytes = self.slice.len * std::mem::size_of::<T>();
-        deferred::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, leases)
+        deferred::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, record)
     }
 }
 
 impl Export {
-    /// The lease table, created now if this is the first export.
-    fn leases(&self) -> Result<Arc<ExportLeases>> {
-        let mut leases = self.leases.lock();
-        if let Some(l) = &*leases {
-            return Ok(l.clone());
-        }
-        let created = Arc::new(ExportLeases::create(&self.token)?);
-        *leases = Some(created.clone());
-        Ok(created)
-    }
-
-    /// The lease table if the buffer was ever exported.
-    fn existing_leases(&self) -> Option<Arc<ExportLeases>> {
-        self.leases.lock().clone()
+    /// The token and generation of the export's block, published now if this is the first
+    /// export.
+    fn published(&self) -> Result<([u8; 16], u64)> {
+        let mut record = self.record.lock();
+        let record = match &mut *record {
+            Some(r) => r,
+            None => record.insert(Record::publish()?),
+        };
+        Ok((record.token(), record.generation()))
     }
 }
 
@@ -1187,11 +1205,11 @@ impl Mapping {
     /// for importers to go: no new views), the exporter is alive, and the envelope describes
     /// what the first open of this export described (and so fits the mapping).
     fn check_reuse(&self, described: Described) -> Result<()> {
-        if let Some(lease) = &self.lease
-            && lease.is_closing()
+        if let Some(hold) = &self.hold
+            && !hold.is_live()
         {
             return Err(Error::StaleHandle {
-                generation: lease.generation(),
+                generation: hold.generation(),
             });
         }
         // The exporter's liveness, polled at most once per LIVENESS_REUSE_NS per mapping: a

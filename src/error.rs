@@ -423,16 +423,19 @@ pub enum Error {
         max_buffers: usize,
     },
 
-    /// An [`IpcPool`](crate::IpcPool) already has the most buffers it tracks live (or freed
-    /// while importers still hold them); drop some, or let importers drop their views.
-    #[error("the pool already has {max} buffers live or waiting for importers")]
+    /// An [`IpcPool`](crate::IpcPool), or this process's exported buffers and signals (the
+    /// export registry), already has the most buffers it tracks live (or freed while importers
+    /// still hold them); drop some, or let importers drop their views.
+    #[error("already {max} buffers live or waiting for importers")]
     TooManyBuffers {
         /// The limit.
         max: usize,
     },
 
-    /// An exported buffer already has the most importer processes it can track.
-    #[error("exported buffer already has {max} importing processes")]
+    /// The exporter already has the most importing processes it can track: an arena or pool
+    /// counts its own importers; buffers and signals count every process importing any of
+    /// the exporting process's buffers and signals.
+    #[error("the exporter already has {max} importing processes")]
     TooManyImporters {
         /// The limit.
         max: usize,

@@ -111,7 +111,9 @@ pub(crate) struct Envelope {
     pub exporter_start: u64,
     pub boot_id: [u8; 16],
     pub device_uuid: [u8; 16],
-    /// Random id of this export: names the lease table and keys the import cache.
+    /// Memory and signals: the exporting process's registry (a random id, 12 bytes) and the
+    /// export's block in it (4 bytes, little-endian); with the generation, one export for ever.
+    /// Arenas and pools: a random id of the export. Names its tables; keys the import cache.
     pub token: [u8; 16],
     /// Legacy: the driver's 64-byte handle. POSIX fd: the bytes mapped (granularity-rounded,
     /// little-endian) in the first 8, then zeroes; the memory itself comes as a descriptor.

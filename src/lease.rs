@@ -1,11 +1,16 @@
-//! Leases: how an exporter learns which processes still map its buffer.
+//! Leases: which processes import from an exporter.
 //!
-//! Each exported buffer has a lease table in a [`ShmRegion`] named after the export's random
-//! token (`cuda-ipc-lease.<token>`). An importer claims a slot before it maps the memory and
-//! frees it after unmapping; the exporter, before `cuMemFree`, marks the table *closing* and
-//! waits until no live process holds a slot, reaping the slots of dead ones. Once the buffer is
-//! freed the table is unlinked, so a handle of a freed buffer finds no table: stale, even if a
-//! new buffer now sits at the same address.
+//! A lease table is a [`ShmRegion`] named after a random token (`cuda-ipc-lease.<token>`)
+//! with one slot per importing process: one table per exporting process for all its buffers
+//! and signals (beside the export registry's block table, `registry.rs`), and one per
+//! [`IpcArena`](crate::IpcArena) and per [`IpcPool`](crate::IpcPool). An importer claims a
+//! slot before it maps anything and frees it when it is done with the exporter; its slot
+//! number is its bit in the block table, where it marks each export it maps (the arena
+//! protocol, `arena/table.rs`). The exporter reaps the slots of importers proven dead.
+//!
+//! The table can also be *closed* (an arena's or pool's owner does it when dropped): claims
+//! after that fail, and a scan that finds no holder proves nobody maps anything and nobody can
+//! start to.
 //!
 //! # Protocol
 //!
@@ -36,7 +41,7 @@
 //! | importer, between the compare-exchange and `Held` | `Claiming(pid)`: a live holder while it runs; once it is dead, the exporter's close reaps it |
 //! | importer, after `Held`, before or after mapping | a holder; once dead, reaped by the close (its mapping died with it) |
 //! | importer, after unmapping, before release | a holder until it releases or dies: close waits, then reaps |
-//! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the last importer to release unlinks the table's name (the exporter keeps its mapping, and frees once its scan finds no holder) |
+//! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the last importer to release unlinks the table's name (the exporter keeps its mapping) |
 //! | exporter, killed at any point | its memory is freed by the driver with its context; importers see `PeerGone` (exporter) on later opens and waits |
 //!
 //! Tested by: a loom model of close against two claimers, one of which dies mid-claim
@@ -206,18 +211,24 @@ impl Slots<'_> {
         dead
     }
 
-    /// A process other than `me` that holds a slot but is dead. The slot is re-read after the
-    /// judgement: a holder that released and exited in between is not reported.
+    /// A process other than `me` in the slots of `mask` (bit `i`: slot `i`) that is dead. The
+    /// slot is re-read after the judgement: a holder that released and exited in between is
+    /// not reported.
     pub(crate) fn dead_holder(
         &self,
+        mask: u64,
         me: u32,
         alive: &dyn Fn(&ProcessIdentity) -> bool,
     ) -> Option<u32> {
-        self.slots.iter().find_map(|slot| {
-            let (owner, id) = slot.load_identity();
-            let dead = owner.state != OwnerState::Free && owner.pid != me && !alive(&id);
-            (dead && slot.load().word == owner.word).then_some(owner.pid)
-        })
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i < 64 && mask & (1 << i) != 0)
+            .find_map(|(_, slot)| {
+                let (owner, id) = slot.load_identity();
+                let dead = owner.state != OwnerState::Free && owner.pid != me && !alive(&id);
+                (dead && slot.load().word == owner.word).then_some(owner.pid)
+            })
     }
 }
 
@@ -229,15 +240,33 @@ impl LeaseTable {
         }
     }
 
-    /// The pid of a process other than this one that holds a lease but is dead (it died with
-    /// the export mapped), if any. Read-only: slots are reaped only by the exporter's close.
-    pub(crate) fn dead_holder(&self) -> Option<u32> {
-        self.slots()
-            .dead_holder(std::process::id(), &crate::process::is_alive_cached)
-    }
-
     fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst) != 0
+    }
+
+    /// The pids of the processes in the slots of `mask` (bit `i`: slot `i`) that `alive`
+    /// judges alive. Read-only.
+    pub(crate) fn holders_in(
+        &self,
+        mask: u64,
+        alive: &dyn Fn(&ProcessIdentity) -> bool,
+    ) -> Vec<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i < 64 && mask & (1 << i) != 0)
+            .filter_map(|(_, slot)| {
+                let (owner, id) = slot.load_identity();
+                (owner.state != OwnerState::Free && alive(&id)).then_some(owner.pid)
+            })
+            .collect()
+    }
+
+    /// A process other than this one in the slots of `mask` that is dead (it died holding
+    /// what the mask stands for). Read-only.
+    pub(crate) fn dead_holder_in(&self, mask: u64) -> Option<u32> {
+        self.slots()
+            .dead_holder(mask, std::process::id(), &crate::process::is_alive_cached)
     }
 
     fn exporter(&self) -> ProcessIdentity {
@@ -253,10 +282,12 @@ pub(crate) struct ExportLeases {
     region: ShmRegion<LeaseTable>,
 }
 
-/// Remove lease tables left in `/dev/shm` by exporters that died (a `SIGKILL`ed exporter
-/// cannot unlink its own, and unless an importer of it outlives it, nobody else would). Only
-/// tables of our uid with mode `0600` whose creator is dead are touched; returns how many were
-/// removed. Every process does this once, at its first export; call it to clean up sooner.
+/// Remove lease tables and block tables (`cuda-ipc-lease.*`, `cuda-ipc-arena.*`: export
+/// registries, arenas, pools) left in `/dev/shm` by exporters that died (a `SIGKILL`ed
+/// exporter cannot unlink its own, and unless an importer of it outlives it, nobody else
+/// would). Only tables of our uid with mode `0600` whose creator is dead are touched; returns
+/// how many were removed. Every process does this once, at its first export; call it to clean
+/// up sooner.
 ///
 /// # Examples
 ///
@@ -265,7 +296,7 @@ pub(crate) struct ExportLeases {
 /// println!("removed {removed} stale lease tables");
 /// ```
 pub fn reclaim_stale_lease_tables() -> usize {
-    crate::shm::reclaim_stale_prefixed(PREFIX)
+    crate::shm::reclaim_stale_prefixed(PREFIX) + crate::arena::table::reclaim_stale_tables()
 }
 
 fn reap_stale_tables() {
@@ -290,6 +321,11 @@ impl ExportLeases {
             Ok(())
         })?;
         Ok(Self { region })
+    }
+
+    /// The table's `/dev/shm` name.
+    pub(crate) fn name(&self) -> &str {
+        self.region.name()
     }
 
     /// The table itself.
@@ -366,7 +402,6 @@ impl ExportLeases {
 /// An importer's lease; frees its slot on drop.
 pub(crate) struct Lease {
     table: Arc<ShmRegion<LeaseTable>>,
-    generation: u64,
     slot: usize,
     /// Our slot word, released by compare-exchange against it.
     held: u64,
@@ -448,12 +483,7 @@ impl Lease {
         };
         let me = ProcessIdentity::current();
         match table.slots().claim_pausing(&me, pause) {
-            Claim::Granted(slot, held) => Ok(Self {
-                table,
-                generation,
-                slot,
-                held,
-            }),
+            Claim::Granted(slot, held) => Ok(Self { table, slot, held }),
             Claim::Closing => {
                 forget_table(token);
                 Err(stale())
@@ -465,16 +495,6 @@ impl Lease {
     /// The slot this lease holds (an arena importer's bit in the block table).
     pub(crate) fn slot(&self) -> usize {
         self.slot
-    }
-
-    /// The export generation named by the handle that took this lease.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// Whether the exporter has begun to close (no new views should be handed out).
-    pub(crate) fn is_closing(&self) -> bool {
-        self.table.is_closing()
     }
 
     /// The table this lease is held in.
@@ -516,6 +536,13 @@ pub mod __testing {
     /// The `/dev/shm` name of the lease table of export `token`.
     pub fn table_name(token: &[u8; 16]) -> String {
         region_name(token)
+    }
+
+    /// The `/dev/shm` names of this process's export registry (its block table and lease
+    /// table), empty before its first export: tests that check nothing is left in `/dev/shm`
+    /// leave these out (they live until the process exits).
+    pub fn registry_names() -> Vec<String> {
+        crate::registry::names()
     }
 
     /// An exporter's lease table (no memory behind it).
@@ -726,7 +753,7 @@ mod tests {
             slots.release(i, held);
             false
         };
-        assert_eq!(slots.dead_holder(1, &judge), None);
+        assert_eq!(slots.dead_holder(u64::MAX, 1, &judge), None);
     }
 
     #[test]

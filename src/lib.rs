@@ -133,6 +133,7 @@ mod pool;
 pub mod probe;
 mod process;
 mod raw;
+mod registry;
 mod shared;
 mod shm;
 mod signal;

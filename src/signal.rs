@@ -162,8 +162,7 @@ impl IpcSignal {
     ///
     /// [`Error::Unsupported`] when the device cannot use 64-bit stream memory operations;
     /// [`Error::Cuda`] naming `cuMemAlloc`, `cuStreamCreate`, `cuMemAllocHost`,
-    /// `cuMemcpyHtoDAsync` or `cuStreamSynchronize`;
-    /// a shared-memory error creating the lease table.
+    /// `cuMemcpyHtoDAsync` or `cuStreamSynchronize`.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn new(ctx: &GpuContext) -> Result<Self> {
         GpuSignal::new(ctx).map(|signal| Self { signal })
@@ -174,8 +173,8 @@ impl IpcSignal {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; at the first export, a shared-memory error
-    /// creating the lease table.
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; as
+    /// [`IpcBuffer::handle`](crate::IpcBuffer::handle) for the export registry.
     pub fn handle(&self) -> Result<IpcSignalHandle> {
         self.signal.handle()
     }

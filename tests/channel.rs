@@ -50,10 +50,15 @@ fn other_device() -> u32 {
     gpu_count().min(2) - 1
 }
 
-/// The channel regions and lease tables in `/dev/shm`.
+/// The channel regions, lease tables and block tables in `/dev/shm`, but for this process's
+/// export registry (it lives until the process exits).
 fn entries() -> HashSet<String> {
     let mut all: HashSet<String> = shm_entries("cuda-ipc-chan").into_iter().collect();
     all.extend(shm_entries("cuda-ipc-lease."));
+    all.extend(shm_entries("cuda-ipc-arena."));
+    for name in cuda_ipc::__lease_testing::registry_names() {
+        all.remove(&name);
+    }
     all
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     contents, drop_privileges, fd_connect, fd_count, fd_listener, from_hex, gpu, gpu_count,
-    is_root, pattern, report, shm_entries, spawn, to_hex, watchdog,
+    is_root, pattern, report, shm_entries_but_registry, spawn, to_hex, watchdog,
 };
 use cuda_ipc::{
     Error, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, RawImport,
@@ -334,7 +334,7 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     warm_up(&ctx);
     let fds = fd_links();
     let (free_before, _) = ctx.mem_info().unwrap();
-    let shm_before = shm_entries("cuda-ipc-lease.").len();
+    let shm_before = shm_entries_but_registry("cuda-ipc-lease.").len();
     let buf = IpcBuffer::<u32>::zeroed_with(&ctx, 1 << 20, HandleType::PosixFd).unwrap();
     let (handle, fd) = buf.export_fd().unwrap();
     // Not CUDA memory.
@@ -418,7 +418,10 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     }
     drop((fd, buf, big, legacy, _big_fd));
     assert_fds_closed(&fds, 0, "the whole test");
-    assert_eq!(shm_entries("cuda-ipc-lease.").len(), shm_before);
+    assert_eq!(
+        shm_entries_but_registry("cuda-ipc-lease.").len(),
+        shm_before
+    );
     let (free_after, _) = ctx.mem_info().unwrap();
     assert!(
         free_after + (2 << 20) >= free_before,
@@ -441,7 +444,7 @@ fn opening_in_the_exporting_process_shares_one_mapping_and_soaks_clean() {
     drop(auto);
     warm_up(&ctx);
     let fds = fd_count();
-    let shm_before = shm_entries("cuda-ipc-lease.").len();
+    let shm_before = shm_entries_but_registry("cuda-ipc-lease.").len();
     let (free_before, _) = ctx.mem_info().unwrap();
     let len = 300_000;
     for round in 0..200u32 {
@@ -465,7 +468,7 @@ fn opening_in_the_exporting_process_shares_one_mapping_and_soaks_clean() {
     }
     assert_eq!(fd_count(), fds, "descriptors");
     assert_eq!(
-        shm_entries("cuda-ipc-lease.").len(),
+        shm_entries_but_registry("cuda-ipc-lease.").len(),
         shm_before,
         "lease tables"
     );

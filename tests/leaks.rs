@@ -18,7 +18,10 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{fd_count, gpu, report, shm_entries, spawn, unique_name, wait_for, watchdog};
+use common::{
+    fd_count, gpu, report, shm_entries, shm_entries_but_registry, spawn, unique_name, wait_for,
+    watchdog,
+};
 use cuda_ipc::{
     FdListener, FdSocket, HandleType, ImportedArena, ImportedBuffer, IpcArena, IpcBuffer,
     IpcMemHandle, IpcPool, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe,
@@ -275,7 +278,7 @@ fn legacy_soak(deferred: bool) {
     let start = Instant::now();
     for i in 0..cycles {
         if i == WARMUP {
-            baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
+            baseline = Some((fd_count(), shm_entries_but_registry("cuda-ipc-lease").len()));
         }
         let (opened, closed) = steps(i, deferred);
         spin_until("exporter", || shared.seq.load(Ordering::Acquire) == opened);
@@ -296,7 +299,7 @@ fn legacy_soak(deferred: bool) {
     let elapsed = start.elapsed();
     let results = exporter.expect_success(Duration::from_secs(60));
     let (fds0, shm0) = baseline.unwrap();
-    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    let (fds1, shm1) = (fd_count(), shm_entries_but_registry("cuda-ipc-lease").len());
     // Device-wide free memory: before the exporter started, and after it exited.
     let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
     eprintln!(
@@ -330,37 +333,58 @@ fn two_thousand_buffers_dropped_while_mapped_are_freed_once_unmapped() {
     legacy_soak(true);
 }
 
-/// A buffer's lease table is made at its first export: 1,000 buffers never exported hold no
-/// file in `/dev/shm` and no descriptor; exporting one makes one table (once, however often it
-/// is exported), and dropping it removes it.
+/// Lease state costs two files per process, whatever the number of exports (issue 13, item
+/// 6): 1,000 buffers never exported hold nothing in `/dev/shm` and no descriptor; exporting
+/// all of them adds at most this process's export registry (its two files, once) and no
+/// descriptor; dropping them leaves the registry for later exports.
 #[test]
 #[ignore = "requires a CUDA device"]
-fn buffers_never_exported_create_nothing_in_dev_shm() {
+fn a_thousand_exports_cost_two_files_per_process() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let _dog = watchdog("never exported", Duration::from_secs(120));
+    let _dog = watchdog("thousand exports", Duration::from_secs(120));
     let ctx = gpu();
-    let tables = || shm_entries("cuda-ipc-lease.").len();
-    let (fds0, shm0) = (fd_count(), tables());
+    let entries = || shm_entries("cuda-ipc-").len();
+    let (fds0, shm0) = (fd_count(), entries());
     let t = Instant::now();
     let bufs: Vec<_> = (0..1000)
         .map(|_| IpcBuffer::<u8>::new(&ctx, 4096).unwrap())
         .collect();
     let per_new = t.elapsed() / 1000;
-    let (fds1, shm1) = (fd_count(), tables());
-    eprintln!("1,000 buffers never exported: {per_new:?} per new; fds {fds0}->{fds1}");
-    assert_eq!(shm1, shm0, "tables in /dev/shm for buffers never exported");
+    let (fds1, shm1) = (fd_count(), entries());
+    assert_eq!(shm1, shm0, "files in /dev/shm for buffers never exported");
     assert!(
         fds1 < fds0 + 100,
         "descriptors per buffer: {fds0} -> {fds1}"
     );
-    let first = bufs[7].handle().unwrap();
-    let again = bufs[7].handle().unwrap();
-    assert_eq!(first.as_bytes(), again.as_bytes());
-    assert_eq!(tables(), shm0 + 1, "one table for the exported buffer");
-    drop(bufs);
-    assert_eq!(tables(), shm0, "its table goes with it");
+    let had_registry = !cuda_ipc::__lease_testing::registry_names().is_empty();
+    let t = Instant::now();
+    let handles: Vec<_> = bufs.iter().map(|b| b.handle().unwrap()).collect();
+    let per_export = t.elapsed() / 1000;
+    assert_eq!(
+        handles[7].as_bytes(),
+        bufs[7].handle().unwrap().as_bytes(),
+        "exporting again gives the same handle"
+    );
+    let (fds2, shm2) = (fd_count(), entries());
+    eprintln!(
+        "1,000 buffers: {per_new:?} per new, {per_export:?} per first export; fds \
+         {fds0}->{fds1}->{fds2}; /dev/shm entries {shm0}->{shm1}->{shm2} (registry existed \
+         before: {had_registry})"
+    );
+    assert_eq!(cuda_ipc::__lease_testing::registry_names().len(), 2);
+    let expected = if had_registry { shm0 } else { shm0 + 2 };
+    assert_eq!(
+        shm2, expected,
+        "1,000 exports: at most the registry's two files"
+    );
+    assert!(
+        fds2 <= fds1,
+        "a descriptor kept per export: {fds1} -> {fds2}"
+    );
+    drop((handles, bufs));
+    assert_eq!(entries(), shm2, "the registry stays for later exports");
 }
 
 #[test]
@@ -382,7 +406,7 @@ fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
     let start = Instant::now();
     for i in 0..FD_CYCLES {
         if i == WARMUP {
-            baseline = Some((fd_count(), shm_entries("cuda-ipc-lease").len()));
+            baseline = Some((fd_count(), shm_entries_but_registry("cuda-ipc-lease").len()));
         }
         let buf = s.recv_buffer::<u8>(&ctx, T).unwrap();
         s.send(b"mapped", &[], T).unwrap();
@@ -399,7 +423,7 @@ fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
     let results = exporter.expect_success(Duration::from_secs(60));
     drop((s, listener));
     let (fds0, shm0) = baseline.unwrap();
-    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    let (fds1, shm1) = (fd_count(), shm_entries_but_registry("cuda-ipc-lease").len());
     let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
     eprintln!(
         "soak: {FD_CYCLES} POSIX-fd cycles in {:.2} s ({:.0} µs/cycle); importer fds \
@@ -465,8 +489,8 @@ fn a_thousand_arenas_with_imports_quarantine_and_views_leak_nothing() {
     let (free_start, _) = ctx.mem_info().unwrap();
     let entries = || {
         (
-            shm_entries("cuda-ipc-arena").len(),
-            shm_entries("cuda-ipc-lease").len(),
+            shm_entries_but_registry("cuda-ipc-arena").len(),
+            shm_entries_but_registry("cuda-ipc-lease").len(),
         )
     };
     let mut baseline = None;
@@ -563,7 +587,7 @@ fn two_thousand_pool_buffers_freed_while_held_leak_nothing() {
     drop(pool);
     drop((s, listener));
     let fds0 = baseline.unwrap();
-    let (fds1, shm1) = (fd_count(), shm_entries("cuda-ipc-lease").len());
+    let (fds1, shm1) = (fd_count(), shm_entries_but_registry("cuda-ipc-lease").len());
     let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
     eprintln!(
         "soak: {FD_CYCLES} pool cycles in {:.2} s ({:.0} µs/cycle); importer fds {fds0}->{fds1}, \

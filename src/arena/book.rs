@@ -150,6 +150,11 @@ impl Book {
         still
     }
 
+    /// Whether `placed` was freed and still waits for importers.
+    pub(crate) fn is_quarantined(&self, placed: &Placed) -> bool {
+        self.quarantine.contains(placed)
+    }
+
     /// Whether any freed block still waits for importers.
     pub(crate) fn has_quarantine(&self) -> bool {
         !self.quarantine.is_empty()

@@ -250,6 +250,16 @@ pub fn shm_entries(prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// [`shm_entries`] without this process's export registry, which lives until the process exits
+/// (created at its first export of a buffer or signal).
+pub fn shm_entries_but_registry(prefix: &str) -> Vec<String> {
+    let ours = cuda_ipc::__lease_testing::registry_names();
+    shm_entries(prefix)
+        .into_iter()
+        .filter(|n| !ours.contains(n))
+        .collect()
+}
+
 /// Whether `pid` names a running process, read from `/proc` (a killed child that its parent has
 /// not reaped yet is a zombie, which reads as dead): for shadow records that hold bare pids.
 pub fn pid_running(pid: u32) -> bool {
