@@ -300,6 +300,17 @@ fn imported(
     }
     let lease = Lease::acquire(token, generation)?;
     let table = ArenaTable::open(token, CAPACITY, generation)?;
+    // The ledger must be the exporter's own: a handle naming one process and another's
+    // ledger would hold the wrong process's memory.
+    if !table.creator().is_same_process(&exporter) {
+        return Err(Error::CorruptHandle {
+            reason: format!(
+                "the handle names process {} but an export registry of process {}",
+                exporter.pid(),
+                table.creator().pid()
+            ),
+        });
+    }
     let ledger = Arc::new(ImportedLedger {
         token: *token,
         table,
