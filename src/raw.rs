@@ -250,24 +250,37 @@ impl RawImport {
 /// go first.
 ///
 /// [`IpcBuffer::raw_export`]: crate::IpcBuffer::raw_export
-static OWN_EXPORTS: parking_lot::Mutex<Vec<RawMemHandle>> = parking_lot::const_mutex(Vec::new());
-const MAX_OWN_EXPORTS: usize = 4096;
+static OWN_EXPORTS: parking_lot::Mutex<OwnExports> = parking_lot::const_mutex(OwnExports {
+    set: std::collections::BTreeSet::new(),
+    order: std::collections::VecDeque::new(),
+});
+const MAX_OWN_EXPORTS: usize = 16_384;
+
+/// The handles this process exported, the oldest forgotten first past [`MAX_OWN_EXPORTS`]
+/// (their opens are then refused by the driver instead). A set, so that an export costs the
+/// same with 10,000 buffers exported as with one.
+struct OwnExports {
+    set: std::collections::BTreeSet<[u8; 64]>,
+    order: std::collections::VecDeque<[u8; 64]>,
+}
 
 /// Record a handle this process exported.
 pub(crate) fn remember_own(handle: RawMemHandle) {
     let mut own = OWN_EXPORTS.lock();
-    if own.contains(&handle) {
+    if !own.set.insert(handle.0) {
         return;
     }
-    if own.len() >= MAX_OWN_EXPORTS {
-        own.remove(0);
+    own.order.push_back(handle.0);
+    if own.order.len() > MAX_OWN_EXPORTS
+        && let Some(oldest) = own.order.pop_front()
+    {
+        own.set.remove(&oldest);
     }
-    own.push(handle);
 }
 
 /// Whether this process exported `handle`.
 pub(crate) fn is_own(handle: &RawMemHandle) -> bool {
-    OWN_EXPORTS.lock().contains(handle)
+    OWN_EXPORTS.lock().set.contains(&handle.0)
 }
 
 #[cfg(test)]

@@ -216,7 +216,7 @@ impl Drop for Record {
 /// hold, its generation and how many of our mappings use it.
 struct ImportedLedger {
     token: [u8; 16],
-    table: ShmRegion<ArenaTable>,
+    table: Arc<ShmRegion<ArenaTable>>,
     exporter: ProcessIdentity,
     bit: u64,
     held: Mutex<HashMap<u32, (u64, usize)>>,
@@ -228,6 +228,29 @@ struct ImportedLedger {
 /// exporter; dropped with the last).
 static IMPORTED: Mutex<Vec<([u8; 16], Weak<ImportedLedger>)>> =
     parking_lot::const_mutex(Vec::new());
+
+/// Block tables of exporters this process imported from, kept after the last import from one
+/// ends, so that importing from it again skips the open, `fstat` and `mmap` of its table
+/// (tens of µs, a cold open's worth of overhead). Tokens are random and never reused; an
+/// entry goes when its exporter is found dead (with the last import from it) or, past
+/// [`MAX_CACHED_TABLES`], oldest first.
+static TABLES: Mutex<Vec<(Token, Arc<ShmRegion<ArenaTable>>)>> =
+    parking_lot::const_mutex(Vec::new());
+type Token = [u8; 16];
+const MAX_CACHED_TABLES: usize = 64;
+
+fn cached_table(token: &[u8; 16], generation: u64) -> Result<Arc<ShmRegion<ArenaTable>>> {
+    let mut tables = TABLES.lock();
+    if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
+        return Ok(t.clone());
+    }
+    let table = Arc::new(ArenaTable::open(token, CAPACITY, generation)?);
+    if tables.len() >= MAX_CACHED_TABLES {
+        tables.remove(0);
+    }
+    tables.push((*token, table.clone()));
+    Ok(table)
+}
 
 /// An import's hold on its export's block: while it lives, the exporter does not free the
 /// memory. Drop it after unmapping.
@@ -299,7 +322,7 @@ fn imported(
         return Ok(ledger);
     }
     let lease = Lease::acquire(token, generation)?;
-    let table = ArenaTable::open(token, CAPACITY, generation)?;
+    let table = cached_table(token, generation)?;
     // The ledger must be the exporter's own: a handle naming one process and another's
     // ledger would hold the wrong process's memory.
     if !table.creator().is_same_process(&exporter) {
@@ -371,6 +394,7 @@ impl Drop for ImportedLedger {
         drop(self.lease.take());
         if exporter_dead && !others {
             let _ = self.table.unlink_shared();
+            TABLES.lock().retain(|(t, _)| *t != self.token);
         }
         let token = self.token;
         IMPORTED
