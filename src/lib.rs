@@ -171,6 +171,7 @@ pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, Poo
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};
+pub use registry::__testing as __registry_testing;
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name};
 pub use signal::{GpuSignal, ImportedSignal, IpcSignal};

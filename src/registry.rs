@@ -51,7 +51,10 @@
 //! model and replay tests in `arena/table.rs`, and `tests/arena_stress.rs`, whose owner is the
 //! same [`Ledger`] this registry uses, under random kills with a shadow record. The registry's
 //! own steps (one lease per exporter process shared by every import from it, per-block counts
-//! across mappings, handles naming blocks that were reused) have replay tests below.
+//! across mappings, handles naming blocks that were reused) have replay tests below, and
+//! `tests/registry_stress.rs` runs exports, drops, deferred frees and importer processes
+//! killed at random through this module, against a shadow record (an injected bug — a retired
+//! export reported free while held — is caught within the 8 s run).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -442,6 +445,79 @@ impl Drop for Hold {
                 }
             }
         }
+    }
+}
+
+/// The registry without a GPU, for the multi-process stress test (`tests/registry_stress.rs`):
+/// an exporter's records and an importer's holds, with no memory behind them. Not part of the
+/// API.
+#[doc(hidden)]
+pub mod __testing {
+    use super::*;
+
+    /// An export's record in this process's registry.
+    pub struct Export(Record);
+
+    impl Export {
+        /// Publish a block, as a buffer's first export does.
+        ///
+        /// # Errors
+        ///
+        /// As [`IpcBuffer::handle`](crate::IpcBuffer::handle) for the registry.
+        pub fn publish() -> Result<Self> {
+            Record::publish().map(Self)
+        }
+
+        /// The token a handle would carry.
+        pub fn token(&self) -> [u8; 16] {
+            self.0.token()
+        }
+
+        /// The generation a handle would carry.
+        pub fn generation(&self) -> u64 {
+            self.0.generation()
+        }
+
+        /// Retire it (as a drop does); whether an importer still holds it.
+        pub fn retire(&mut self) -> bool {
+            self.0.retire()
+        }
+
+        /// Whether an importer holds it (read after [`collect`]).
+        pub fn is_held(&self) -> bool {
+            self.0.is_held()
+        }
+    }
+
+    /// What a deferred-free sweep does first: give back blocks whose holders are gone,
+    /// reaping importers proven dead.
+    pub fn collect() {
+        super::collect();
+    }
+
+    /// An importer's hold on an export (leaves the block on drop).
+    pub struct Held(Hold);
+
+    impl Held {
+        /// Whether the export is still live.
+        pub fn is_live(&self) -> bool {
+            self.0.is_live()
+        }
+    }
+
+    /// Enter the export a handle names, as an open does before mapping, calling `pause`
+    /// between setting the bit and checking the generation.
+    ///
+    /// # Errors
+    ///
+    /// As an open's registry step: [`Error::StaleHandle`], [`Error::TooManyImporters`], ...
+    pub fn enter_pausing(
+        token: &[u8; 16],
+        generation: u64,
+        exporter: ProcessIdentity,
+        pause: impl FnOnce(),
+    ) -> Result<Held> {
+        super::enter_pausing(token, generation, exporter, pause).map(Held)
     }
 }
 
