@@ -147,7 +147,7 @@ impl ChannelEnvelope {
 /// the checks behind it); other lengths are left alone.
 #[cfg(fuzzing)]
 #[doc(hidden)]
-pub fn __fuzz_reseal_channel(bytes: &mut [u8]) {
+pub fn fuzz_reseal_channel(bytes: &mut [u8]) {
     if let Ok(env) = bytemuck::try_pod_read_unaligned::<ChannelEnvelope>(bytes) {
         let sum = checksum(env.body());
         let at = bytes.len() - 8;

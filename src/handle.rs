@@ -569,10 +569,11 @@ impl std::fmt::Debug for IpcSignalHandle {
     }
 }
 
-/// Recompute the checksum of envelope bytes in place (no-op for the wrong length), so that fuzz
-/// targets can reach the checks behind the checksum. Not part of the API.
+/// Recompute the checksum of envelope bytes in place (no-op for the wrong length), as a forger
+/// would: fuzz targets reach the checks behind the checksum with it, and tests forge handles
+/// whose checksum is valid. Not part of the API (`__private::reseal`).
 #[doc(hidden)]
-pub fn __fuzz_reseal(bytes: &mut [u8]) {
+pub fn reseal(bytes: &mut [u8]) {
     if bytes.len() == HANDLE_SIZE {
         let sum = checksum(&bytes[..HANDLE_SIZE - 8]);
         bytes[HANDLE_SIZE - 8..].copy_from_slice(&sum.to_le_bytes());

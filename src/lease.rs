@@ -538,13 +538,6 @@ pub mod __testing {
         region_name(token)
     }
 
-    /// The `/dev/shm` names of this process's export registry (its block table and lease
-    /// table), empty before its first export: tests that check nothing is left in `/dev/shm`
-    /// leave these out (they live until the process exits).
-    pub fn registry_names() -> Vec<String> {
-        crate::registry::names()
-    }
-
     /// An exporter's lease table (no memory behind it).
     pub struct Export(ExportLeases);
 

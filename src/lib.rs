@@ -142,17 +142,12 @@ mod stream;
 mod sync;
 mod vmm;
 
-pub use arena::{
-    __testing as __arena_testing, ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena,
-    IpcArenaHandle,
-};
+pub use arena::{ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena, IpcArenaHandle};
 pub use barrier::{BarrierState, BarrierWaitResult, ProcessBarrier};
 pub use buffer::{ImportedBuffer, IpcBuffer};
-#[cfg(fuzzing)]
-pub use channel::__fuzz_reseal_channel;
 pub use channel::{
-    __testing as __channel_testing, BatchItem, BatchSlot, IpcChannelHandle, IpcReceiver, IpcSender,
-    Received, ReceivedBatch, SendBatch, SendSlot,
+    BatchItem, BatchSlot, IpcChannelHandle, IpcReceiver, IpcSender, Received, ReceivedBatch,
+    SendBatch, SendSlot,
 };
 pub use context::GpuContext;
 pub use deferred::{DeferredFrees, collect_deferred};
@@ -165,18 +160,31 @@ pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use fd_socket::{
     FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,
 };
-pub use handle::{__fuzz_reseal, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
-pub use lease::{__testing as __lease_testing, reclaim_stale_lease_tables};
+pub use handle::{HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
+pub use lease::reclaim_stale_lease_tables;
 pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, PoolView};
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};
-pub use registry::__testing as __registry_testing;
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name};
 pub use signal::{GpuSignal, ImportedSignal, IpcSignal};
 pub use slice::GpuSlice;
 pub use stream::{AsStream, RawStream};
+
+/// Hooks for this crate's own tests, fuzz targets and benches: the shared-memory protocols
+/// without a GPU, and handle forgers. Not part of the API: no stability, no documentation
+/// promises.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::arena::__testing as arena;
+    pub use crate::channel::__testing as channel;
+    #[cfg(fuzzing)]
+    pub use crate::channel::fuzz_reseal_channel as reseal_channel;
+    pub use crate::handle::reseal;
+    pub use crate::lease::__testing as lease;
+    pub use crate::registry::__testing as registry;
+}
 
 /// The README's Rust examples, compiled as doc tests (so the README cannot drift from the API).
 #[cfg(doctest)]

@@ -338,7 +338,7 @@ fn forged_foreign_and_mistyped_handles_are_refused() {
     let forge = |field: std::ops::Range<usize>, value: u64| {
         let mut bytes = a2.handle().as_bytes().to_vec();
         bytes[field].copy_from_slice(&value.to_le_bytes());
-        cuda_ipc::__arena_testing::reseal_arena_handle(&mut bytes);
+        cuda_ipc::__private::arena::reseal_arena_handle(&mut bytes);
         ArenaHandle::<u32>::from_bytes(&bytes).unwrap()
     };
     let longer = forge(64..72, 100_000);

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Child, Rng, die, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::__arena_testing::{Importer, Owner, Placement};
+use cuda_ipc::__private::arena::{Importer, Owner, Placement};
 use cuda_ipc::{Error, IpcArena, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
 const BLOCKS: usize = 48;

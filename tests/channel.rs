@@ -56,7 +56,7 @@ fn entries() -> HashSet<String> {
     let mut all: HashSet<String> = shm_entries("cuda-ipc-chan").into_iter().collect();
     all.extend(shm_entries("cuda-ipc-lease."));
     all.extend(shm_entries("cuda-ipc-arena."));
-    for name in cuda_ipc::__lease_testing::registry_names() {
+    for name in cuda_ipc::__private::registry::names() {
         all.remove(&name);
     }
     all

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Rng, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::__channel_testing::{HostConsumer, HostProducer};
+use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
 use cuda_ipc::{Error, PeerRole, ShmCell, ShmOptions, ShmSafe};
 
 const SLOTS: usize = 4;

@@ -358,7 +358,7 @@ fn a_thousand_exports_cost_two_files_per_process() {
         fds1 < fds0 + 100,
         "descriptors per buffer: {fds0} -> {fds1}"
     );
-    let had_registry = !cuda_ipc::__lease_testing::registry_names().is_empty();
+    let had_registry = !cuda_ipc::__private::registry::names().is_empty();
     let t = Instant::now();
     let handles: Vec<_> = bufs.iter().map(|b| b.handle().unwrap()).collect();
     let per_export = t.elapsed() / 1000;
@@ -373,7 +373,7 @@ fn a_thousand_exports_cost_two_files_per_process() {
          {fds0}->{fds1}->{fds2}; /dev/shm entries {shm0}->{shm1}->{shm2} (registry existed \
          before: {had_registry})"
     );
-    assert_eq!(cuda_ipc::__lease_testing::registry_names().len(), 2);
+    assert_eq!(cuda_ipc::__private::registry::names().len(), 2);
     let expected = if had_registry { shm0 } else { shm0 + 2 };
     assert_eq!(
         shm2, expected,

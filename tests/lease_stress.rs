@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::__lease_testing::{Export, Held};
+use cuda_ipc::__private::lease::{Export, Held};
 use cuda_ipc::{Error, IpcBuffer, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
 const MAX_IMPORTERS: usize = IpcBuffer::<u8>::MAX_IMPORTERS;
@@ -153,7 +153,7 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) -> u64 {
         let _ = c.wait(Duration::from_secs(30)); // killed ones end by signal: fine
     }
     drop(export);
-    let name = cuda_ipc::__lease_testing::table_name(&token);
+    let name = cuda_ipc::__private::lease::table_name(&token);
     assert!(
         !std::path::Path::new("/dev/shm").join(&name).exists(),
         "run {run}: {name} left in /dev/shm"

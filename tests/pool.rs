@@ -89,7 +89,7 @@ fn child_process() {
                 // driver reported for the import).
                 let mut bytes = a.as_bytes().to_vec();
                 bytes[56..64].copy_from_slice(&(a.len() as u64 * 4).to_le_bytes());
-                cuda_ipc::__arena_testing::reseal_pool_handle(&mut bytes);
+                cuda_ipc::__private::arena::reseal_pool_handle(&mut bytes);
                 let longer = PoolHandle::<u32>::from_bytes(&bytes).unwrap();
                 let first = matches!(pool.open(&longer), Err(Error::CorruptHandle { .. }));
                 let va = pool.open(&a).unwrap();

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Child, Rng, die, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::__registry_testing::{Export, collect, enter_pausing};
+use cuda_ipc::__private::registry::{Export, collect, enter_pausing};
 use cuda_ipc::{Error, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
 /// Exports published at a time (slots in the world), and the registry's blocks.

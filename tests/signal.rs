@@ -497,7 +497,7 @@ fn wrong_and_stale_signal_handles_are_refused_before_cuda() {
     // A handle that says "signal" but describes a larger buffer, even with a valid checksum.
     let mut forged = buffer.as_bytes().to_vec();
     forged[6..8].copy_from_slice(&3u16.to_le_bytes()); // kind: signal
-    cuda_ipc::__fuzz_reseal(&mut forged);
+    cuda_ipc::__private::reseal(&mut forged);
     let err = IpcSignalHandle::from_bytes(&forged).unwrap_err();
     assert!(err.to_string().contains("one 8-byte counter"), "{err}");
     // Our own export, opened by us: refused (CUDA would fail it).

@@ -8,7 +8,7 @@
 //!   allocation overlaps a range a live importer holds a view of.
 #![no_main]
 
-use cuda_ipc::__arena_testing::{Books, Placement};
+use cuda_ipc::__private::arena::{Books, Placement};
 use cuda_ipc::IpcArena;
 use libfuzzer_sys::fuzz_target;
 

@@ -23,6 +23,6 @@ fn check(data: &[u8]) {
 fuzz_target!(|data: &[u8]| {
     check(data);
     let mut sealed = data.to_vec();
-    cuda_ipc::__fuzz_reseal_channel(&mut sealed);
+    cuda_ipc::__private::reseal_channel(&mut sealed);
     check(&sealed);
 });

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use cuda_ipc::__channel_testing::{HostConsumer, HostProducer, RING_STATE_BYTES};
+use cuda_ipc::__private::channel::{HostConsumer, HostProducer, RING_STATE_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "steps.rs"]

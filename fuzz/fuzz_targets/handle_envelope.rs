@@ -30,6 +30,6 @@ fn check(data: &[u8]) {
 fuzz_target!(|data: &[u8]| {
     check(data);
     let mut sealed = data.to_vec();
-    cuda_ipc::__fuzz_reseal(&mut sealed);
+    cuda_ipc::__private::reseal(&mut sealed);
     check(&sealed);
 });

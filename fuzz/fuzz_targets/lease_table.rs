@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use cuda_ipc::__lease_testing::{Export, Held, TABLE_BYTES, table_name};
+use cuda_ipc::__private::lease::{Export, Held, TABLE_BYTES, table_name};
 const MAX_IMPORTERS: usize = cuda_ipc::IpcBuffer::<u8>::MAX_IMPORTERS;
 use libfuzzer_sys::fuzz_target;
 

@@ -253,7 +253,7 @@ pub fn shm_entries(prefix: &str) -> Vec<String> {
 /// [`shm_entries`] without this process's export registry, which lives until the process exits
 /// (created at its first export of a buffer or signal).
 pub fn shm_entries_but_registry(prefix: &str) -> Vec<String> {
-    let ours = cuda_ipc::__lease_testing::registry_names();
+    let ours = cuda_ipc::__private::registry::names();
     shm_entries(prefix)
         .into_iter()
         .filter(|n| !ours.contains(n))
