@@ -310,7 +310,10 @@ mod tests {
             !is_own(&h(u32::MAX)),
             "the oldest is forgotten past the bound"
         );
-        assert!(is_own(&h(MAX_OWN_EXPORTS as u32 - 1)), "the newest is remembered");
+        assert!(
+            is_own(&h(MAX_OWN_EXPORTS as u32 - 1)),
+            "the newest is remembered"
+        );
     }
 
     #[test]
