@@ -957,7 +957,7 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 pub mod __testing {
     use super::*;
 
-    /// An arena owner without memory: the [`Ledger`](ledger::Ledger) that the export registry
+    /// An arena owner without memory: the `Ledger` (`arena/ledger.rs`) that the export registry
     /// uses, so the stress test drives that code.
     pub struct Owner {
         ledger: ledger::Ledger,
