@@ -2,8 +2,7 @@
 //! peer mapping, interprocess events and a barrier in shared memory.
 //!
 //! ```text
-//! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N] [--sync events|signal]
-//!                                              [--handles legacy|fd|pool]
+//! cargo run --release --example simple_ipc -- [--size BYTES] [--devices N] [--handles legacy|fd|pool]
 //! ```
 //!
 //! The parent picks every device that supports unified addressing, is in the default compute
@@ -17,10 +16,6 @@
 //! event, and meets the others at the barrier. At the end every buffer `id` must hold
 //! `(id + 1) % n`, which each child verifies byte by byte.
 //!
-//! `--sync signal` runs the same ring with one [`IpcSignal`] per buffer instead of its event:
-//! in step `i` the writer of buffer `b` waits (on the GPU) for `b`'s counter to reach `i`, and
-//! signals `i + 1` after its kernel; the check at the end waits for `n`.
-//!
 //! `--handles fd` allocates the buffers as virtual-memory allocations shared as POSIX file
 //! descriptors ([`HandleType::PosixFd`]) instead of legacy IPC handles: after the start barrier
 //! each child connects to the parent's Unix socket ([`FdListener`]) and receives every buffer
@@ -28,6 +23,10 @@
 //! could not map them. `--handles pool` allocates each buffer from a stream-ordered pool on its
 //! device ([`IpcPool`], `cuMemAllocFromPoolAsync`) and sends each child every pool (with its
 //! descriptor) and then each buffer's handle ([`ImportedPool::open`], `cuMemPoolImportPointer`).
+//!
+//! The same ring ordered by counters that the GPUs write and wait on themselves is
+//! `examples/signal_ring.rs`. What happens when a child fails or is killed at any step is
+//! `tests/simple_ipc_faults.rs`, which builds this file with a hook at each step.
 //!
 //! Exit status: 0 on success, 2 ("waived") when no device can do IPC, 1 on any failure.
 
@@ -37,9 +36,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cuda_ipc::{
     BarrierState, Error, FdListener, FdSocket, GpuContext, GpuSlice, HandleType, ImportedBuffer,
-    ImportedEvent, ImportedSignal, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool,
-    IpcSignal, IpcSignalHandle, PeerGroup, PeerPolicy, PoolBuffer, PoolHandle, ProcessBarrier,
-    RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
+    ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, PeerGroup,
+    PeerPolicy, PoolBuffer, PoolHandle, ProcessBarrier, RawStream, ShmCell, ShmOptions, ShmSafe,
+    SocketName,
 };
 use cust::function::BlockSize;
 use cust::module::Module;
@@ -63,9 +62,6 @@ struct Shared {
     devices: ShmCell<[u32; MAX_DEVICES]>,
     mem: [ShmCell<IpcMemHandle<u8>>; MAX_DEVICES],
     events: [ShmCell<IpcEventHandle>; MAX_DEVICES],
-    /// `--sync signal`: 1, and `signals` holds one signal per buffer.
-    use_signals: AtomicU32,
-    signals: [ShmCell<IpcSignalHandle>; MAX_DEVICES],
     /// How the buffers are shared: [`Handles`] as a number. For `fd` and `pool` they come over
     /// the parent's socket, not from `mem`.
     handles: AtomicU32,
@@ -79,7 +75,6 @@ struct Options {
     size: usize,
     max_devices: usize,
     timings: bool,
-    signals: bool,
     handles: Handles,
 }
 
@@ -116,7 +111,6 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         size: 64 << 20,
         max_devices: MAX_DEVICES,
         timings: false,
-        signals: false,
         handles: Handles::Legacy,
     };
     let mut it = args.iter();
@@ -130,11 +124,6 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--size" => opts.size = value("--size")?,
             "--devices" => opts.max_devices = value("--devices")?.min(MAX_DEVICES),
             "--timings" => opts.timings = true,
-            "--sync" => match it.next().map(String::as_str) {
-                Some("events") => opts.signals = false,
-                Some("signal") => opts.signals = true,
-                _ => return Err("--sync takes events or signal".into()),
-            },
             "--handles" => match it.next().map(String::as_str) {
                 Some("legacy") => opts.handles = Handles::Legacy,
                 Some("fd") => opts.handles = Handles::Fd,
@@ -186,32 +175,12 @@ impl Phases {
     }
 }
 
-/// Fault injection for the tests: `SIMPLE_IPC_FAIL=ID:STEP` makes child ID exit with status 3
-/// at step STEP, as a failing child would; `ID:STEP:kill` makes it SIGKILL itself, as a crash.
-fn injected_failure(id: usize, step: usize) {
-    let Ok(spec) = std::env::var("SIMPLE_IPC_FAIL") else {
-        return;
-    };
-    if spec == format!("{id}:{step}") {
-        eprintln!("Process {id}: injected failure at step {step}");
-        std::process::exit(3);
-    }
-    if spec == format!("{id}:{step}:kill") {
-        eprintln!("Process {id}: killing itself at step {step}");
-        let _ = Command::new("kill")
-            .args(["-KILL", &std::process::id().to_string()])
-            .status();
-        std::thread::sleep(Duration::from_secs(5)); // the signal arrives meanwhile
-    }
-}
+/// Called by each child at the start of each step with its id and the step. `main` passes a
+/// no-op; `tests/simple_ipc_faults.rs` builds this file with a hook that makes a child fail or
+/// die there.
+pub type StepHook = fn(usize, usize);
 
-/// How the children order their writes: simpleIPC's interprocess events, or signals.
-enum Sync {
-    Events(Vec<ImportedEvent>),
-    Signals(Vec<ImportedSignal>),
-}
-
-fn child(region_name: &str, id: usize) -> Result<(), Failure> {
+fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure> {
     let origin = std::env::var("SIMPLE_IPC_TIMINGS")
         .ok()
         .and_then(|t| t.parse().ok())
@@ -271,49 +240,29 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
             .map(|i| Ok(Box::new(ImportedBuffer::open(&ctx, &shared.mem[i].load())?) as Buffer))
             .collect::<Result<_, Error>>()?
     };
-    let sync = if shared.use_signals.load(Ordering::Acquire) == 1 {
-        Sync::Signals(
-            (0..n)
-                .map(|i| ImportedSignal::open(&ctx, &shared.signals[i].load()))
-                .collect::<Result<Vec<_>, _>>()?,
-        )
-    } else {
-        Sync::Events(
-            (0..n)
-                .map(|i| ImportedEvent::open(&ctx, &shared.events[i].load()))
-                .collect::<Result<Vec<_>, _>>()?,
-        )
-    };
+    let events = (0..n)
+        .map(|i| ImportedEvent::open(&ctx, &shared.events[i].load()))
+        .collect::<Result<Vec<_>, _>>()?;
     phases.mark("open");
     barrier.wait()?; // everyone has opened everything
     phases.mark("barrier");
 
-    // From the first enqueued wait until the stream is synchronised, GPU work of this process
-    // may be queued on the buffers and signals: they must not be dropped before it ends
-    // (`IpcSignal::wait` is unsafe for this reason), and a wait on a dead peer's counter never
-    // ends. So a failure in this phase exits the process without dropping them: the driver
-    // tears the context down with the process.
+    // From the first kernel until the stream is synchronised, GPU work of this process may be
+    // queued on the buffers: they must not be unmapped before it ends. So a failure in this
+    // phase exits the process without dropping them: the driver tears the context down with
+    // the process.
     let mut gpu_phase = || -> Result<(), Failure> {
         for i in 0..n {
-            injected_failure(id, i);
+            at_step(id, i);
             let target = (i + id) % n;
             let buf = &buffers[target];
-            // Buffer `target` was written in step i - 1 (its counter says i), not yet in step i.
-            match &sync {
-                Sync::Events(events) => events[target].wait_on(&stream)?,
-                // SAFETY: the stream is synchronised before the signals drop (or the process
-                // exits without dropping them, see `gpu_phase`).
-                Sync::Signals(signals) => unsafe { signals[target].wait(&stream, i as u64)? },
-            }
+            // Buffer `target` was last written in step i - 1; its event was recorded after.
+            events[target].wait_on(&stream)?;
             let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
             // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
             // buffer, which stays mapped until the stream is synchronised below.
             unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
-            match &sync {
-                Sync::Events(events) => events[target].record(&stream)?,
-                // SAFETY: as for the wait above.
-                Sync::Signals(signals) => unsafe { signals[target].signal(&stream, i as u64 + 1)? },
-            }
+            events[target].record(&stream)?;
             barrier.wait()?;
             if id == 0 {
                 println!("Step {i} done");
@@ -321,12 +270,7 @@ fn child(region_name: &str, id: usize) -> Result<(), Failure> {
         }
 
         // The last write of this child's buffer is complete (bounded: a dead peer is an error).
-        match &sync {
-            Sync::Events(events) => events[id].synchronize(Duration::from_secs(60))?,
-            Sync::Signals(signals) => {
-                signals[id].wait_host(n as u64, Duration::from_secs(60))?;
-            }
-        }
+        events[id].synchronize(Duration::from_secs(60))?;
         phases.mark("steps");
         println!("Process {id}: verifying...");
         if buffers[id].len() != host.len() {
@@ -384,15 +328,6 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
         return Ok(None);
     }
     let n = group.devices.len();
-    if opts.signals
-        && let Some(d) = group.devices.iter().find(|d| !d.stream_mem_ops)
-    {
-        println!(
-            "Waived: device {} cannot use 64-bit stream memory operations (--sync signal)",
-            d.ordinal
-        );
-        return Ok(None);
-    }
     phases.mark("select");
     let region = ShmOptions::new("simple_ipc")
         .random_suffix(true)
@@ -406,8 +341,6 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
                 *slot = d.ordinal;
             }
             s.devices.store(devices);
-            s.use_signals
-                .store(u32::from(opts.signals), Ordering::Release);
             s.handles.store(opts.handles as u32, Ordering::Release);
             Ok(())
         })?;
@@ -507,13 +440,12 @@ enum Exported {
 /// done with it.
 struct Published {
     buffer: Exported,
-    _event: Option<IpcEvent>,
-    _signal: Option<IpcSignal>,
+    _event: IpcEvent,
     _context: GpuContext,
 }
 
-/// Peer access, then one buffer and one event (or signal) per device, their handles stored in
-/// the region.
+/// Peer access, then one buffer and one event per device, their handles stored in the region
+/// (or, for `--handles fd|pool`, the buffers sent later over the socket).
 fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Published>, Failure> {
     let contexts = group.enable_peer_access()?;
     println!("Peer access enabled among {} device(s)", contexts.len());
@@ -535,20 +467,11 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
                 Exported::Buffer(buffer)
             }
         };
-        let (mut event, mut signal) = (None, None);
-        if opts.signals {
-            let s = IpcSignal::new(&context)?;
-            region.signals[i].store(s.handle()?);
-            signal = Some(s);
-        } else {
-            let e = IpcEvent::new(&context)?;
-            region.events[i].store(e.handle()?);
-            event = Some(e);
-        }
+        let event = IpcEvent::new(&context)?;
+        region.events[i].store(event.handle()?);
         published.push(Published {
             buffer,
             _event: event,
-            _signal: signal,
             _context: context,
         });
     }
@@ -580,15 +503,20 @@ fn wait_children(mut children: Vec<(usize, Child)>, region: &Shared) -> Vec<Stri
 }
 
 fn main() -> ExitCode {
+    run(std::env::args().skip(1).collect(), |_, _| {})
+}
+
+/// The whole program: the parent, or with `--child REGION ID` one child (the parent runs this
+/// executable again for each), calling `at_step` at the start of each of its steps.
+pub fn run(args: Vec<String>, at_step: StepHook) -> ExitCode {
     let start = Instant::now();
     let origin_ns = epoch_ns();
-    let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
         let (Some(name), Some(id)) = (args.get(1), args.get(2).and_then(|s| s.parse().ok())) else {
             eprintln!("usage: simple_ipc --child REGION ID");
             return ExitCode::from(1);
         };
-        return match child(name, id) {
+        return match child(name, id, at_step) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("Process {id}: error: {}", chain(e.as_ref()));
@@ -599,12 +527,9 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "simple_ipc: NVIDIA's simpleIPC sample on cuda-ipc\n\n\
-             usage: simple_ipc [--size BYTES] [--devices N] [--sync events|signal]\n\
-             \x20                 [--handles legacy|fd|pool] [--timings]\n\
+             usage: simple_ipc [--size BYTES] [--devices N] [--handles legacy|fd|pool] [--timings]\n\
              \x20 --size BYTES   bytes per device buffer (default 67108864 = 64 MiB)\n\
              \x20 --devices N    use at most N devices (default and maximum {MAX_DEVICES})\n\
-             \x20 --sync events  order the writes with interprocess events (simpleIPC; default)\n\
-             \x20 --sync signal  order them with IpcSignal counters (GPU-side stream memory ops)\n\
              \x20 --handles legacy  share the buffers as legacy IPC handles (default)\n\
              \x20 --handles fd   share them as POSIX file descriptors over a Unix socket\n\
              \x20 --handles pool allocate them from stream-ordered pools, sent over a socket\n\
@@ -623,8 +548,7 @@ fn main() -> ExitCode {
     match parent(&opts, origin_ns) {
         Ok(Some((devices, bytes))) => {
             println!(
-                "simple_ipc: {devices} device(s), {} sync, {} handles, {bytes} bytes verified, {:.3} s",
-                if opts.signals { "signal" } else { "event" },
+                "simple_ipc: {devices} device(s), {} handles, {bytes} bytes verified, {:.3} s",
                 opts.handles,
                 start.elapsed().as_secs_f64()
             );
