@@ -2,37 +2,30 @@
 //! role), the "no GPU, nothing to measure" exit, and the same-run summary table.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const ROLE_ENV: &str = "CUDA_IPC_BENCH_ROLE";
-const ARG_ENV: &str = "CUDA_IPC_BENCH_ARG";
+/// The re-exec harness shared with the tests (`tests/common/mod.rs`).
+#[path = "../../tests/common/mod.rs"]
+mod process;
+#[allow(unused_imports)] // not every bench waits for its helper
+pub use process::wait_for;
 
 /// In a helper process: its role and argument.
 pub fn role() -> Option<(String, String)> {
-    let role = std::env::var(ROLE_ENV).ok()?;
-    Some((role, std::env::var(ARG_ENV).unwrap_or_default()))
+    process::helper_role().map(|(role, args)| (role, args.into_iter().next().unwrap_or_default()))
 }
 
-/// A helper process, killed and reaped on drop.
-pub struct Helper(Child);
+/// A helper process, killed and reaped on drop; then the tables a killed exporter could not
+/// unlink are reclaimed.
+pub struct Helper(Option<process::Child>);
 
 pub fn spawn(role: &str, arg: &str) -> Helper {
-    let exe = std::env::current_exe().expect("current_exe");
-    Helper(
-        Command::new(exe)
-            .env(ROLE_ENV, role)
-            .env(ARG_ENV, arg)
-            .spawn()
-            .expect("spawn helper"),
-    )
+    Helper(Some(process::spawn_helper(role, &[arg])))
 }
 
 impl Drop for Helper {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        // A killed exporter cannot unlink its buffers' lease tables.
+        drop(self.0.take()); // killed and reaped
         cuda_ipc::reclaim_stale_lease_tables();
     }
 }
@@ -56,15 +49,6 @@ pub fn gpu_or_skip(bench: &str) -> Option<cuda_ipc::GpuContext> {
 /// Whether this is a real benchmark run (`cargo bench`), not `cargo test --benches`.
 pub fn is_bench_run() -> bool {
     std::env::args().any(|a| a == "--bench")
-}
-
-/// Poll until `cond`, at most `limit`.
-pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
 }
 
 /// Per-call times (ns) of `batches` batches of `per_batch` calls, sorted.

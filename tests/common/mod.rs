@@ -11,7 +11,9 @@
 //! ```
 //!
 //! which does nothing in a normal run and, in a child started by [`spawn`], runs the role and
-//! exits with its status.
+//! exits with its status. Binaries without libtest (`harness = false`: the benches, through
+//! `benches/common/mod.rs`, which includes this file) start helpers with [`spawn_helper`] and
+//! read their role in `main` with [`helper_role`]: the same environment, no test filter.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Read;
@@ -37,18 +39,24 @@ pub fn unique_name(test: &str) -> String {
     )
 }
 
-/// In a child: run `role` with its arguments and exit with the returned code. In the parent
-/// test run: return at once.
-pub fn child_main(run: impl FnOnce(&str, &[String]) -> i32) {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    let args: Vec<String> = std::env::var(ARGS_ENV)
+/// In a child or helper: its role and arguments; `None` in the process that started it.
+pub fn helper_role() -> Option<(String, Vec<String>)> {
+    let role = std::env::var(ROLE_ENV).ok()?;
+    let args = std::env::var(ARGS_ENV)
         .unwrap_or_default()
         .split('\x1f')
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect();
+    Some((role, args))
+}
+
+/// In a child: run `role` with its arguments and exit with the returned code. In the parent
+/// test run: return at once.
+pub fn child_main(run: impl FnOnce(&str, &[String]) -> i32) {
+    let Some((role, args)) = helper_role() else {
+        return;
+    };
     // A child must never outlive a broken test.
     std::thread::spawn(|| {
         std::thread::sleep(CHILD_LIFETIME);
@@ -89,6 +97,24 @@ pub fn spawn_env(role: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn child");
+    Child {
+        inner,
+        role: role.to_owned(),
+        reaped: false,
+    }
+}
+
+/// Start this `harness = false` binary again as a helper running `role` (its `main` reads
+/// [`helper_role`]), its output going to ours; killed and reaped on drop.
+pub fn spawn_helper(role: &str, args: &[&str]) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let inner = Command::new(exe)
+        .env(ROLE_ENV, role)
+        .env(ARGS_ENV, args.join("\x1f"))
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn helper");
     Child {
         inner,
         role: role.to_owned(),
