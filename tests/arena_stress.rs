@@ -22,7 +22,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Child, Rng, die, pid_running, spawn, unique_name, watchdog};
+use common::{Child, Crew, Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::arena::{Importer, Owner, Placement};
 use cuda_ipc::{Error, IpcArena, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
@@ -162,11 +162,11 @@ fn random_kills_never_let_the_owner_reuse_a_range_under_a_view() {
     let capacity = (UNITS as u64) * IpcArena::ALIGN;
     let mut owner = Owner::create(&token, capacity, BLOCKS).unwrap();
 
-    let start_importer = |k: usize| -> Child { spawn("importer", &[&name, &k.to_string()]) };
-    let mut importers: Vec<Child> = (0..IMPORTERS).map(start_importer).collect();
+    let mut importers = Crew::start(IMPORTERS, "an importer", |k: usize| -> Child {
+        spawn("importer", &[&name, &k.to_string()])
+    });
     let mut live: Vec<Placement> = Vec::new();
     let mut rng = Rng(0x5eed_1234_5678_9abd);
-    let mut kills = 0u32;
     let mut allocs = 0u64;
     let mut frees_under_views = 0u64;
     let began = Instant::now();
@@ -197,33 +197,15 @@ fn random_kills_never_let_the_owner_reuse_a_range_under_a_view() {
         // Kill an importer now and then (wherever it is), reap it, start another in its place.
         if last_kill.elapsed() > Duration::from_millis(40) {
             last_kill = Instant::now();
-            let k = (rng.next() % IMPORTERS as u64) as usize;
-            importers[k].signal(libc::SIGKILL);
-            let old = std::mem::replace(&mut importers[k], start_importer(k));
-            let _ = old.wait(Duration::from_secs(10));
-            kills += 1;
+            importers.kill_and_replace((rng.next() % IMPORTERS as u64) as usize);
         }
         // Importers that killed themselves: reap and replace.
-        for (k, importer) in importers.iter_mut().enumerate() {
-            if !pid_running(importer.pid()) {
-                let old = std::mem::replace(importer, start_importer(k));
-                let (status, _) = old.wait(Duration::from_secs(10));
-                assert!(
-                    status.code().is_none_or(|c| c == 0),
-                    "an importer failed: {status}"
-                );
-            }
-        }
+        importers.replace_dead();
         std::thread::sleep(Duration::from_micros(rng.next() % 200));
     }
     world.stop.store(1, Ordering::SeqCst);
-    for child in importers {
-        let (status, _) = child.wait(Duration::from_secs(20));
-        assert!(
-            status.code().is_none_or(|c| c == 0),
-            "an importer failed: {status}"
-        );
-    }
+    let kills = importers.kills;
+    importers.finish();
     for p in live.drain(..) {
         world.pub_gen[p.0 as usize].store(0, Ordering::Release);
         owner.free(p);

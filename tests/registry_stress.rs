@@ -26,7 +26,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Child, Rng, die, pid_running, spawn, unique_name, watchdog};
+use common::{Child, Crew, Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::registry::{Export, collect, enter_pausing};
 use cuda_ipc::{Error, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
@@ -172,14 +172,15 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
     let me = ProcessIdentity::current();
     world.exporter.store([u64::from(me.pid()), me.start_time()]);
 
-    let start_importer = |k: usize| -> Child { spawn("importer", &[&name, &k.to_string()]) };
-    let mut importers: Vec<Child> = (0..IMPORTERS).map(start_importer).collect();
+    let mut importers = Crew::start(IMPORTERS, "an importer", |k: usize| -> Child {
+        spawn("importer", &[&name, &k.to_string()])
+    });
     let mut live: Vec<Live> = Vec::new();
     let mut deferred: Vec<(Export, usize)> = Vec::new();
     let mut next_m = 0usize;
     let mut free_slots: Vec<usize> = (0..SLOTS).collect();
     let mut rng = Rng(0x5eed_4321_8765_cafe);
-    let (mut kills, mut exports, mut deferrals) = (0u32, 0u64, 0u64);
+    let (mut exports, mut deferrals) = (0u64, 0u64);
     let free = |world: &World, e: &Export, m: usize| {
         check_free(world, stamp(&e.token(), e.generation()));
         world.memory[m].store(0, Ordering::SeqCst);
@@ -232,34 +233,18 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
                 false
             });
         }
+        // Kill an importer now and then (wherever it is), reap it, start another in its place.
         if last_kill.elapsed() > Duration::from_millis(40) {
             last_kill = Instant::now();
-            let k = (rng.next() % IMPORTERS as u64) as usize;
-            importers[k].signal(libc::SIGKILL);
-            let old = std::mem::replace(&mut importers[k], start_importer(k));
-            let _ = old.wait(Duration::from_secs(10));
-            kills += 1;
+            importers.kill_and_replace((rng.next() % IMPORTERS as u64) as usize);
         }
-        for (k, importer) in importers.iter_mut().enumerate() {
-            if !pid_running(importer.pid()) {
-                let old = std::mem::replace(importer, start_importer(k));
-                let (status, _) = old.wait(Duration::from_secs(10));
-                assert!(
-                    status.code().is_none_or(|c| c == 0),
-                    "an importer failed: {status}"
-                );
-            }
-        }
+        // Importers that killed themselves: reap and replace.
+        importers.replace_dead();
         std::thread::sleep(Duration::from_micros(rng.next() % 200));
     }
     world.stop.store(1, Ordering::SeqCst);
-    for child in importers {
-        let (status, _) = child.wait(Duration::from_secs(20));
-        assert!(
-            status.code().is_none_or(|c| c == 0),
-            "an importer failed: {status}"
-        );
-    }
+    let kills = importers.kills;
+    importers.finish();
     for Live {
         mut export,
         slot,

@@ -185,6 +185,68 @@ impl Drop for Child {
     }
 }
 
+/// The children of one role that a random-kill stress test keeps running: slot `k` always
+/// holds a process started by `start(k)`; the test kills members at random
+/// ([`kill_and_replace`](Self::kill_and_replace)), members may kill themselves
+/// ([`replace_dead`](Self::replace_dead)), and at the end every member must have exited 0 or
+/// by a signal ([`finish`](Self::finish)).
+pub struct Crew<F: Fn(usize) -> Child> {
+    members: Vec<Child>,
+    start: F,
+    /// What a member is, for failure messages ("an importer").
+    what: &'static str,
+    /// Members killed by [`kill_and_replace`](Self::kill_and_replace).
+    pub kills: u32,
+}
+
+impl<F: Fn(usize) -> Child> Crew<F> {
+    /// Start `n` members.
+    pub fn start(n: usize, what: &'static str, start: F) -> Self {
+        Self {
+            members: (0..n).map(&start).collect(),
+            start,
+            what,
+            kills: 0,
+        }
+    }
+
+    /// `SIGKILL` member `k` wherever it is, reap it, and start another in its place.
+    pub fn kill_and_replace(&mut self, k: usize) {
+        self.members[k].signal(libc::SIGKILL);
+        let old = std::mem::replace(&mut self.members[k], (self.start)(k));
+        let _ = old.wait(Duration::from_secs(10));
+        self.kills += 1;
+    }
+
+    /// Reap and replace the members that died by themselves; each must have exited 0 or by a
+    /// signal.
+    pub fn replace_dead(&mut self) {
+        for k in 0..self.members.len() {
+            if !pid_running(self.members[k].pid()) {
+                let old = std::mem::replace(&mut self.members[k], (self.start)(k));
+                let (status, _) = old.wait(Duration::from_secs(10));
+                assert!(
+                    status.code().is_none_or(|c| c == 0),
+                    "{} failed: {status}",
+                    self.what
+                );
+            }
+        }
+    }
+
+    /// Wait for every member (told to stop by the test); each must exit 0 or by a signal.
+    pub fn finish(self) {
+        for child in self.members {
+            let (status, _) = child.wait(Duration::from_secs(20));
+            assert!(
+                status.code().is_none_or(|c| c == 0),
+                "{} failed: {status}",
+                self.what
+            );
+        }
+    }
+}
+
 /// A child's report: print one line the parent collects.
 pub fn report(line: impl std::fmt::Display) {
     println!("RESULT {line}");
