@@ -23,7 +23,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use common::{Child, Crew, Rng, die, pid_running, spawn, unique_name, watchdog};
@@ -44,7 +44,7 @@ struct World {
     entered: AtomicU64,
     stale: AtomicU64,
     /// Published exports: token (two words), generation, memory word; generation 0: none.
-    published: [ShmCell<[u64; 4]>; SLOTS],
+    published: [Published; SLOTS],
     /// Per export: its stamp while allocated, 0 once freed.
     memory: [AtomicU64; MEMORY],
     /// Per importer: the stamp it holds in each slot (0: none).
@@ -53,6 +53,45 @@ struct World {
 }
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for World {}
+
+/// One published export, written by the exporter alone, read by importers whole: a sequence
+/// number, odd while the four words change, around them (a seqlock). A `ShmCell` would not
+/// do: its loads may tear, and a torn read pairs one export's token with another export's
+/// memory word, which the importer's check then reports as memory freed under a holder (the
+/// first run of this test on a 32-core machine did exactly that).
+#[repr(C)]
+struct Published {
+    seq: AtomicU64,
+    words: [AtomicU64; 4],
+}
+// SAFETY: repr(C), integer atomics only.
+unsafe impl ShmSafe for Published {}
+
+impl Published {
+    /// Exporter (the one writer).
+    fn store(&self, words: [u64; 4]) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (w, v) in self.words.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+
+    /// Importers: the four words of one store, never a mix of two.
+    fn load(&self) -> [u64; 4] {
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            let words = self.words.each_ref().map(|w| w.load(Ordering::Relaxed));
+            fence(Ordering::Acquire);
+            if before % 2 == 0 && self.seq.load(Ordering::Relaxed) == before {
+                return words;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
 
 fn pack(e: &Export, m: usize) -> [u64; 4] {
     let token = e.token();
@@ -124,8 +163,8 @@ fn child_process() {
                 let found = world.memory[m].load(Ordering::SeqCst);
                 if found != want {
                     eprintln!(
-                        "importer {me} holding export {want:#x} ({when}): its memory reads \
-                         {found:#x}: freed (or reused) under a holder"
+                        "importer {me} holding export {want:#x} ({when}): its memory (word \
+                         {m}) reads {found:#x}: freed (or reused) under a holder"
                     );
                     world.violations.fetch_add(1, Ordering::SeqCst);
                 }
