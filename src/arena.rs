@@ -28,10 +28,8 @@ use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{Error, PeerRole, Result};
-use crate::handle::{
-    Envelope, HandleType, KIND_ARENA, check_element, envelope_from_bytes, type_tag_of,
-};
+use crate::error::{Error, Result};
+use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
@@ -346,7 +344,7 @@ impl IpcArena {
         }
         .seal();
         let fd = owner.memory.export_fd()?;
-        Ok((IpcArenaHandle { env }, fd))
+        Ok((Handle::from_envelope(env), fd))
     }
 
     /// The arena's size in bytes (the request rounded up to the allocation granularity).
@@ -605,48 +603,14 @@ impl<T> std::fmt::Debug for ArenaHandle<T> {
     }
 }
 
-/// An exported [`IpcArena`]: the envelope that travels with its file descriptor
+/// An exported [`IpcArena`]: the [`Handle`] that travels with its file descriptor
 /// ([`IpcArena::export_fd`]), 184 bytes. Without the descriptor it maps nothing.
-#[derive(Clone)]
-pub struct IpcArenaHandle {
-    env: Envelope,
-}
+pub type IpcArenaHandle = Handle<IpcArena>;
 
-impl IpcArenaHandle {
-    /// The envelope's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::bytes_of(&self.env)
-    }
-
-    /// A handle from bytes another process sent, structurally checked.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env = envelope_from_bytes(bytes)?;
-        env.validate(KIND_ARENA)?;
-        Ok(Self { env })
-    }
-
+impl Handle<IpcArena> {
     /// The arena's size in bytes.
     pub fn capacity(&self) -> usize {
-        self.env.len as usize
-    }
-
-    /// The exporting process.
-    pub fn exporter(&self) -> ProcessIdentity {
-        self.env.exporter()
-    }
-}
-
-impl std::fmt::Debug for IpcArenaHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcArenaHandle")
-            .field("capacity", &self.env.len)
-            .field("exporter", &self.env.exporter_pid)
-            .field("device", &device::uuid_string(&self.env.device_uuid))
-            .finish()
+        usize::try_from(self.env.len).unwrap_or(usize::MAX)
     }
 }
 
@@ -710,9 +674,8 @@ impl ImportedArena {
     /// then as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor.
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcArenaHandle, fd: OwnedFd) -> Result<Self> {
+        let exporter = handle.admit(true)?;
         let env = &handle.env;
-        env.validate(KIND_ARENA)?;
-        let exporter = env.exporter_this_boot()?;
         let key: ImportKey = (env.token, ctx.as_raw() as usize);
         {
             let imports = IMPORTS.lock();
@@ -725,15 +688,7 @@ impl ImportedArena {
                 return Ok(Self { import });
             }
         }
-        if !exporter.is_same_process(&ProcessIdentity::current())
-            && !crate::process::is_alive_cached(&exporter)
-        {
-            return Err(Error::PeerGone {
-                pid: exporter.pid(),
-                role: PeerRole::Exporter,
-            });
-        }
-        let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;
+        let memory_device = handle.admit_live(ctx, &exporter)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let bit = 1u64 << lease.slot();
         let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;

@@ -15,7 +15,9 @@ use crate::deferred;
 use crate::device;
 use crate::driver::{self, check, sys};
 use crate::error::{CloseError, Error, PeerRole, Result};
-use crate::handle::{Envelope, HandleType, IpcMemHandle, KIND_MEM, check_element, type_tag_of};
+use crate::handle::{
+    Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
+};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
@@ -702,8 +704,7 @@ impl<T: Pod> BufferCore<T> {
 
     /// The work of [`IpcBuffer::handle`].
     pub(crate) fn handle(&self) -> Result<IpcMemHandle<T>> {
-        let env = self.export_envelope(KIND_MEM, "IpcBuffer::handle")?;
-        Ok(IpcMemHandle::from_envelope(env))
+        self.export_handle("IpcBuffer::handle")
     }
 
     /// The work of [`IpcBuffer::export_fd`].
@@ -727,9 +728,9 @@ impl<T: Pod> BufferCore<T> {
                 });
             }
         };
-        let env = self.export_envelope(KIND_MEM, call)?;
+        let handle = self.export_handle(call)?;
         let fd = memory.export_fd()?;
-        Ok((IpcMemHandle::from_envelope(env), fd))
+        Ok((handle, fd))
     }
 
     /// The work of [`IpcBuffer::handle_type`].
@@ -745,9 +746,9 @@ impl<T: Pod> BufferCore<T> {
         }
     }
 
-    /// The sealed envelope of kind `kind` that exports this buffer (`call` names the public
-    /// method in errors).
-    pub(crate) fn export_envelope(&self, kind: u16, call: &'static str) -> Result<Envelope> {
+    /// The handle of kind `K` (whose elements are `T`s: a buffer's, a signal's counter) that
+    /// exports this buffer (`call` names the public method in errors).
+    pub(crate) fn export_handle<K: HandleKind>(&self, call: &'static str) -> Result<Handle<K>> {
         deferred::collect_if_pending();
         let Origin::Exported(export) = &self.origin else {
             return Err(Error::InvalidState {
@@ -774,9 +775,9 @@ impl<T: Pod> BufferCore<T> {
             device_uuid: export.uuid,
             token,
             handle_type: handle_type.code(),
-            ..Envelope::exported(kind, generation, self.slice.ctx.ordinal(), cuda)
+            ..Envelope::exported(K::CODE, generation, self.slice.ctx.ordinal(), cuda)
         };
-        Ok(env.seal())
+        Ok(Handle::from_envelope(env.seal()))
     }
 
     /// The driver's legacy handle of this exported `cuMemAlloc` buffer (`cuIpcGetMemHandle`),
@@ -798,54 +799,28 @@ impl<T: Pod> BufferCore<T> {
 
     /// The work of [`ImportedBuffer::open`].
     pub(crate) fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
-        Self::open_envelope(ctx, &handle.env, KIND_MEM)
+        Self::open_handle(ctx, handle, None)
     }
 
     /// The work of [`ImportedBuffer::open_fd`].
     pub(crate) fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
-        Self::open_checked(ctx, &handle.env, KIND_MEM, Some(fd))
+        Self::open_handle(ctx, handle, Some(fd))
     }
 
-    /// [`open`](Self::open) for an envelope of kind `kind` (memory, or a signal's counter).
-    pub(crate) fn open_envelope(ctx: &GpuContext, env: &Envelope, kind: u16) -> Result<Self> {
-        Self::open_checked(ctx, env, kind, None)
-    }
-
-    /// Validate → lease → map, for either handle type: `fd` is the descriptor that came with
-    /// a POSIX-fd envelope (and must be absent for a legacy one).
-    fn open_checked(
+    /// Validate → lease → map, for a handle of `T`s (a buffer's, a signal's counter, a
+    /// channel's slots) of either handle type: `fd` is the descriptor that came with a POSIX-fd
+    /// handle (and must be absent for a legacy one).
+    pub(crate) fn open_handle<K: HandleKind>(
         ctx: &GpuContext,
-        env: &Envelope,
-        kind: u16,
+        handle: &Handle<K>,
         fd: Option<OwnedFd>,
     ) -> Result<Self> {
-        env.validate(kind)?;
+        let exporter = handle.admit(fd.is_some())?;
+        let env = &handle.env;
+        // `K`'s element type is `T` for every caller; checked again, as it is what makes the
+        // view sound.
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
-        let handle_type = env.handle_type();
-        match (handle_type, &fd) {
-            (HandleType::PosixFd, None) => {
-                return Err(Error::HandleTypeMismatch {
-                    handle: handle_type,
-                    reason: "the handle arrived without its file descriptor: only a process \
-                             the exporter sent the descriptor to can map the memory \
-                             (FdSocket::recv_buffer, ImportedBuffer::open_fd)"
-                        .into(),
-                });
-            }
-            (HandleType::Legacy, Some(_)) => {
-                return Err(Error::HandleTypeMismatch {
-                    handle: handle_type,
-                    reason: "a file descriptor arrived with a legacy handle; refusing both".into(),
-                });
-            }
-            _ => {}
-        }
-        let exporter = if fd.is_some() {
-            // A POSIX-fd handle may be opened by its own exporter.
-            env.exporter_this_boot()?
-        } else {
-            env.foreign_exporter()?
-        };
+        let kind = K::CODE;
         let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
             reason: format!("length {} does not fit this platform", env.len),
         })?;
@@ -877,15 +852,7 @@ impl<T: Pod> BufferCore<T> {
                 None => break cache,
             }
         };
-        if !exporter.is_same_process(&ProcessIdentity::current())
-            && !crate::process::is_alive_cached(&exporter)
-        {
-            return Err(Error::PeerGone {
-                pid: exporter.pid(),
-                role: PeerRole::Exporter,
-            });
-        }
-        let memory_device = check_reachable(ctx, &env.device_uuid)?;
+        let memory_device = handle.admit_live(ctx, &exporter)?;
         let hold = registry::enter(&env.token, env.generation, exporter)?;
         // On an error below the hold drops after the memory was unmapped again.
         let (ptr, mapped, vmm) = match fd {
@@ -923,7 +890,7 @@ impl<T: Pod> BufferCore<T> {
         len: usize,
     ) -> Result<Self> {
         if handle.env.len != len as u64 {
-            handle.env.validate(KIND_MEM)?;
+            handle.check_structure()?;
             return Err(Error::LengthMismatch {
                 expected: len,
                 found: handle.env.len,
@@ -1345,32 +1312,6 @@ fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
                 ctx.ordinal()
             ),
         })
-    }
-}
-
-/// The ordinal of the device with `uuid`, if `ctx` can map its memory: it is `ctx`'s device or
-/// one it reaches as a peer.
-pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
-    let unreachable = |reason: String| Error::DeviceNotReachable {
-        uuid: device::uuid_string(uuid),
-        from: ctx.ordinal(),
-        reason,
-    };
-    match device::ordinal_of_uuid(uuid)? {
-        None => Err(unreachable(
-            "the device is not visible to this process".into(),
-        )),
-        Some(o) if o == ctx.ordinal() => Ok(o),
-        Some(o) => {
-            if device::can_access_peer(ctx.ordinal(), o)? {
-                Ok(o)
-            } else {
-                Err(unreachable(format!(
-                    "no peer access from device {} to device {o}",
-                    ctx.ordinal()
-                )))
-            }
-        }
     }
 }
 

@@ -18,7 +18,7 @@ use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::{Error, PeerRole, Result};
-use crate::handle::{IpcSignalHandle, KIND_MEM, check_element, checksum, type_tag_of};
+use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::signal::GpuSignal;
@@ -434,7 +434,8 @@ impl<T: Pod> IpcSender<T> {
         let sent = GpuSignal::new(ctx)?;
         let released = GpuSignal::new(ctx)?;
         let (data_env, sent_env, released_env) = (
-            data.export_envelope(KIND_MEM, "IpcSender::new")?,
+            data.export_handle::<crate::IpcBuffer<T>>("IpcSender::new")?
+                .env,
             sent.handle()?.env,
             released.handle()?.env,
         );
@@ -821,7 +822,8 @@ impl<T: Pod> IpcReceiver<T> {
         };
         let data_env = s.data.load();
         by_producer(data_env.exporter_pid, "memory's exporter")?;
-        let data = BufferCore::<T>::open_envelope(ctx, &data_env, KIND_MEM)?;
+        let data =
+            BufferCore::<T>::open_handle(ctx, &IpcMemHandle::<T>::from_envelope(data_env), None)?;
         if data.len() as u64 != stride * geometry.slots {
             return Err(Error::LengthMismatch {
                 expected: (stride * geometry.slots) as usize,
@@ -830,10 +832,10 @@ impl<T: Pod> IpcReceiver<T> {
         }
         let sent_env = s.sent_signal.load();
         by_producer(sent_env.exporter_pid, "send counter's exporter")?;
-        let sent = GpuSignal::open(ctx, &IpcSignalHandle { env: sent_env })?;
+        let sent = GpuSignal::open(ctx, &IpcSignalHandle::from_envelope(sent_env))?;
         let released_env = s.consumer[0].released_signal.load();
         by_producer(released_env.exporter_pid, "release counter's exporter")?;
-        let released = GpuSignal::open(ctx, &IpcSignalHandle { env: released_env })?;
+        let released = GpuSignal::open(ctx, &IpcSignalHandle::from_envelope(released_env))?;
         let held = Ring::new(s, geometry).attach(&me, || {})?;
         // Attached: nobody else needs the name, and a name left behind would outlive a kill.
         let _ = ring.unlink_shared();

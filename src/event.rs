@@ -27,7 +27,7 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
 use crate::error::{Error, PeerRole, Result};
-use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
+use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT, check_exporter_alive};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
@@ -163,11 +163,12 @@ impl IpcEvent {
         })
     }
 
-    /// Export (`cuIpcGetEventHandle` in a checksummed envelope).
+    /// Export (`cuIpcGetEventHandle` in a checksummed envelope that also names the event's
+    /// device, [`Handle::device_uuid`](crate::Handle::device_uuid)).
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming `cuIpcGetEventHandle`.
+    /// [`Error::Cuda`] naming `cuIpcGetEventHandle` or `cuDeviceGetUuid`.
     #[doc(alias = "cuIpcGetEventHandle")]
     pub fn handle(&self) -> Result<IpcEventHandle> {
         let event = &self.event;
@@ -179,13 +180,16 @@ impl IpcEvent {
                 sys::cuIpcGetEventHandle(&mut raw, event.raw)
             })?;
         }
-        let env = Envelope::exported(
-            KIND_EVENT,
-            event.generation,
-            event.ctx.ordinal(),
-            raw.reserved,
-        );
-        Ok(IpcEventHandle { env: env.seal() })
+        let env = Envelope {
+            device_uuid: device::uuid_of(event.ctx.device())?,
+            ..Envelope::exported(
+                KIND_EVENT,
+                event.generation,
+                event.ctx.ordinal(),
+                raw.reserved,
+            )
+        };
+        Ok(IpcEventHandle::from_envelope(env.seal()))
     }
 }
 
@@ -198,15 +202,9 @@ impl ImportedEvent {
     /// before the driver sees the handle), then [`Error::Cuda`] naming `cuIpcOpenEventHandle`.
     #[doc(alias = "cuIpcOpenEventHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
+        let exporter = handle.admit(false)?;
+        check_exporter_alive(&exporter)?;
         let env = &handle.env;
-        env.validate(KIND_EVENT)?;
-        let exporter = env.foreign_exporter()?;
-        if !crate::process::is_alive_cached(&exporter) {
-            return Err(Error::PeerGone {
-                pid: exporter.pid(),
-                role: PeerRole::Exporter,
-            });
-        }
         let _g = ctx.enter()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one event handle; the driver validates the handle bytes.

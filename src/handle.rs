@@ -1,5 +1,6 @@
-//! Typed, validated envelopes around CUDA's 64-byte IPC handles: [`IpcMemHandle<T>`],
-//! [`IpcEventHandle`] and [`IpcSignalHandle`].
+//! [`Handle<K>`]: one typed, validated envelope around CUDA's 64-byte IPC handles (and the
+//! descriptions of file-descriptor exports) for every kind of export — [`IpcMemHandle<T>`],
+//! [`IpcEventHandle`], [`IpcSignalHandle`], and the arena's and pool's handles.
 //!
 //! A raw CUDA IPC handle says nothing about what it names: not the element type, not the
 //! length, not whether the buffer still exists. The envelope carries all of that and a
@@ -11,6 +12,8 @@ use std::marker::PhantomData;
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::context::GpuContext;
+use crate::device;
 use crate::error::{Error, PeerRole, Result};
 use crate::process::ProcessIdentity;
 use crate::shared::fnv1a64;
@@ -342,190 +345,182 @@ pub(crate) fn type_tag_of<T>() -> u64 {
     fnv1a64(std::any::type_name::<T>().as_bytes())
 }
 
-/// An exported [`IpcBuffer<T>`](crate::IpcBuffer): CUDA's memory handle in a typed,
-/// checksummed envelope, 184 bytes of plain data.
+/// A handle of an export: the CUDA handle (or, for file-descriptor exports, a description of
+/// the memory that comes as a descriptor) in a typed, checksummed envelope, 184 bytes of plain
+/// data. `K` is what it names — [`IpcBuffer<T>`](crate::IpcBuffer),
+/// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
+/// [`IpcArena`](crate::IpcArena) or [`IpcPool`](crate::IpcPool) — and each has a short name:
+/// [`IpcMemHandle<T>`], [`IpcEventHandle`], [`IpcSignalHandle`],
+/// [`IpcArenaHandle`](crate::IpcArenaHandle), [`IpcPoolHandle`](crate::IpcPoolHandle).
 ///
-/// It carries the element size, alignment and type tag of `T`, the length, the device UUID,
-/// the exporter's pid, start time and boot id, a per-export random token and generation, and a
-/// checksum. Pass it to another process through a [`ShmCell`](crate::ShmCell) (it is `Pod`)
-/// or as bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)), and open it
-/// there with [`ImportedBuffer::open`](crate::ImportedBuffer::open).
+/// Every handle carries the same fields, checked the same way: the kind (a memory handle is
+/// refused where an event handle is expected, and every other pair), the element size,
+/// alignment and type tag (a `Handle<IpcBuffer<f32>>` does not open as `u32`), the length,
+/// the UUID of the device that holds the memory or records the event, the exporter's pid,
+/// start time and boot id (a dead or rebooted exporter is refused before the driver sees the
+/// bytes), the export's token and generation (a dropped export's handle is stale, never
+/// another export's), and a checksum over all of it. Every `open` runs the same checks in the
+/// same order — validate, then lease, then map — so a bad handle costs no lease and no
+/// mapping.
 ///
-/// A handle of a [`HandleType::PosixFd`] buffer says what the memory is but cannot map it: the
-/// memory comes as a file descriptor, sent with the handle over an
-/// [`FdSocket`](crate::FdSocket) ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer)) or
-/// any other `SCM_RIGHTS` channel ([`IpcBuffer::export_fd`](crate::IpcBuffer::export_fd),
-/// [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd)).
+/// Pass a handle to another process through a [`ShmCell`](crate::ShmCell) (it is `Pod`) or as
+/// bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). A handle of a
+/// [`HandleType::PosixFd`] export says what the memory is but cannot map it: the memory comes
+/// as a file descriptor, sent with the handle over an [`FdSocket`](crate::FdSocket) or any
+/// other `SCM_RIGHTS` channel.
 ///
-/// `Debug` never prints the CUDA handle bytes: a legacy CUDA IPC handle is a bearer token that
-/// any local process can open.
+/// `Debug` never prints the CUDA bytes: a legacy CUDA IPC handle is a bearer token that any
+/// local process can open.
+///
+/// # Examples
+///
+/// Code that moves handles works for every kind:
+///
+/// ```
+/// use cuda_ipc::{Handle, HandleKind, IpcEventHandle, IpcMemHandle};
+///
+/// fn to_wire<K: HandleKind>(handle: &Handle<K>) -> Vec<u8> {
+///     handle.as_bytes().to_vec()
+/// }
+///
+/// fn from_wire<K: HandleKind>(bytes: &[u8]) -> cuda_ipc::Result<Handle<K>> {
+///     Handle::from_bytes(bytes)
+/// }
+///
+/// // Bytes that are not a handle, or a handle of another kind, are refused.
+/// assert!(from_wire::<cuda_ipc::IpcEvent>(&[0u8; IpcEventHandle::SIZE]).is_err());
+/// # let _ = to_wire::<cuda_ipc::IpcBuffer<f32>>;
+/// # let _: Option<IpcMemHandle<f32>> = None;
+/// ```
 #[repr(transparent)]
-pub struct IpcMemHandle<T> {
+pub struct Handle<K: HandleKind> {
     pub(crate) env: Envelope,
-    _elem: PhantomData<fn() -> T>,
+    _kind: PhantomData<fn() -> K>,
 }
 
-impl<T> Clone for IpcMemHandle<T> {
+/// A handle of an [`IpcBuffer<T>`](crate::IpcBuffer), opened with
+/// [`ImportedBuffer::open`](crate::ImportedBuffer::open) (or
+/// [`open_fd`](crate::ImportedBuffer::open_fd) with its descriptor).
+pub type IpcMemHandle<T> = Handle<crate::IpcBuffer<T>>;
+
+/// A handle of an [`IpcEvent`](crate::IpcEvent), opened with
+/// [`ImportedEvent::open`](crate::ImportedEvent::open).
+pub type IpcEventHandle = Handle<crate::IpcEvent>;
+
+/// A handle of an [`IpcSignal`](crate::IpcSignal), opened with
+/// [`ImportedSignal::open`](crate::ImportedSignal::open).
+pub type IpcSignalHandle = Handle<crate::IpcSignal>;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What a [`Handle`] can name: [`IpcBuffer<T>`](crate::IpcBuffer),
+/// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
+/// [`IpcArena`](crate::IpcArena) and [`IpcPool`](crate::IpcPool). Sealed: the envelope's
+/// checks are this crate's.
+pub trait HandleKind: sealed::Sealed {
+    /// The handle's short name, as `Debug` prints it (`"IpcMemHandle"`, `"IpcEventHandle"`, ...).
+    const NAME: &'static str;
+    /// The envelope's kind code.
+    #[doc(hidden)]
+    const CODE: u16;
+    /// Refuse an element layout that is not this kind's (memory and signals; others have none
+    /// to check).
+    #[doc(hidden)]
+    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
+        let _ = (size, align, tag);
+        Ok(())
+    }
+    /// The element type's name, for memory handles.
+    #[doc(hidden)]
+    fn element_type() -> Option<&'static str> {
+        None
+    }
+}
+
+impl<T: Pod> sealed::Sealed for crate::IpcBuffer<T> {}
+impl<T: Pod> HandleKind for crate::IpcBuffer<T> {
+    const NAME: &'static str = "IpcMemHandle";
+    const CODE: u16 = KIND_MEM;
+    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
+        check_element::<T>(size, align, tag)
+    }
+    fn element_type() -> Option<&'static str> {
+        Some(std::any::type_name::<T>())
+    }
+}
+
+impl sealed::Sealed for crate::IpcEvent {}
+impl HandleKind for crate::IpcEvent {
+    const NAME: &'static str = "IpcEventHandle";
+    const CODE: u16 = KIND_EVENT;
+}
+
+impl sealed::Sealed for crate::IpcSignal {}
+impl HandleKind for crate::IpcSignal {
+    const NAME: &'static str = "IpcSignalHandle";
+    const CODE: u16 = KIND_SIGNAL;
+    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
+        check_element::<u64>(size, align, tag)
+    }
+}
+
+impl sealed::Sealed for crate::IpcArena {}
+impl HandleKind for crate::IpcArena {
+    const NAME: &'static str = "IpcArenaHandle";
+    const CODE: u16 = KIND_ARENA;
+}
+
+impl sealed::Sealed for crate::IpcPool {}
+impl HandleKind for crate::IpcPool {
+    const NAME: &'static str = "IpcPoolHandle";
+    const CODE: u16 = KIND_POOL;
+}
+
+impl<K: HandleKind> Clone for Handle<K> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<T> Copy for IpcMemHandle<T> {}
-impl<T> PartialEq for IpcMemHandle<T> {
+impl<K: HandleKind> Copy for Handle<K> {}
+impl<K: HandleKind> PartialEq for Handle<K> {
     fn eq(&self, other: &Self) -> bool {
         self.env == other.env
     }
 }
-impl<T> Eq for IpcMemHandle<T> {}
+impl<K: HandleKind> Eq for Handle<K> {}
 
 // SAFETY: repr(transparent) over `Envelope` (Zeroable) and a zero-sized PhantomData.
-unsafe impl<T: 'static> Zeroable for IpcMemHandle<T> {}
+unsafe impl<K: HandleKind + 'static> Zeroable for Handle<K> {}
 // SAFETY: repr(transparent) over `Envelope`, which is Pod (no padding, all integers and byte
 // arrays); the PhantomData adds no bytes. Any bit pattern is a value (validated on open).
-unsafe impl<T: 'static> Pod for IpcMemHandle<T> {}
+unsafe impl<K: HandleKind + 'static> Pod for Handle<K> {}
 
-impl<T> IpcMemHandle<T> {
-    /// The size of a handle's bytes ([`as_bytes`](Self::as_bytes)).
+impl<K: HandleKind> Handle<K> {
+    /// The size of a handle's bytes ([`as_bytes`](Self::as_bytes)), the same for every kind.
     pub const SIZE: usize = HANDLE_SIZE;
 
     pub(crate) fn from_envelope(env: Envelope) -> Self {
         Self {
             env,
-            _elem: PhantomData,
+            _kind: PhantomData,
         }
     }
 
-    /// The envelope's bytes.
+    /// The envelope's bytes, to send to a peer.
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.env)
     }
 
     /// Rebuild a handle from bytes received from another process, checking length, magic,
-    /// version, kind, checksum and layout (the type and the exporter are checked on open).
+    /// version, kind, checksum and layout (the element type, the exporter and the export are
+    /// checked again on open).
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env = envelope_from_bytes(bytes)?;
-        env.validate(KIND_MEM)?;
-        Ok(Self::from_envelope(env))
-    }
-
-    /// Number of elements of the exported buffer (as the envelope says).
-    pub fn len(&self) -> usize {
-        usize::try_from(self.env.len).unwrap_or(usize::MAX)
-    }
-
-    /// Whether the envelope claims zero elements (never true for a valid handle).
-    pub fn is_empty(&self) -> bool {
-        self.env.len == 0
-    }
-
-    /// The exporting process.
-    pub fn exporter(&self) -> ProcessIdentity {
-        self.env.exporter()
-    }
-
-    /// The UUID of the device that holds the memory.
-    pub fn device_uuid(&self) -> [u8; 16] {
-        self.env.device_uuid
-    }
-
-    /// The exporter's per-process export counter.
-    pub fn generation(&self) -> u64 {
-        self.env.generation
-    }
-
-    /// How the memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`] (never
-    /// `Auto`).
-    pub fn handle_type(&self) -> HandleType {
-        self.env.handle_type()
-    }
-}
-
-impl<T> std::fmt::Debug for IpcMemHandle<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcMemHandle")
-            .field("type", &std::any::type_name::<T>())
-            .field("handle_type", &self.env.handle_type())
-            .field("len", &self.env.len)
-            .field("exporter_pid", &self.env.exporter_pid)
-            .field("generation", &self.env.generation)
-            .field("device", &self.env.device_ordinal)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An exported [`IpcEvent`](crate::IpcEvent): CUDA's event handle in a checksummed envelope
-/// (same layout as [`IpcMemHandle`], kind "event"). `Debug` never prints the CUDA bytes.
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
-pub struct IpcEventHandle {
-    pub(crate) env: Envelope,
-}
-
-impl IpcEventHandle {
-    /// The size of a handle's bytes.
-    pub const SIZE: usize = HANDLE_SIZE;
-
-    /// The envelope's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::bytes_of(&self.env)
-    }
-
-    /// Rebuild a handle from bytes, checking length, magic, version, kind and checksum.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env = envelope_from_bytes(bytes)?;
-        env.validate(KIND_EVENT)?;
-        Ok(Self { env })
-    }
-
-    /// The exporting process.
-    pub fn exporter(&self) -> ProcessIdentity {
-        self.env.exporter()
-    }
-}
-
-impl std::fmt::Debug for IpcEventHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcEventHandle")
-            .field("exporter_pid", &self.env.exporter_pid)
-            .field("generation", &self.env.generation)
-            .field("device", &self.env.device_ordinal)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An exported [`IpcSignal`](crate::IpcSignal): the memory handle of its 8-byte counter in
-/// a checksummed envelope of kind "signal" (same layout and rules as [`IpcMemHandle`]: exporter
-/// identity, device UUID, per-export token and generation). A memory or event handle is refused
-/// where a signal handle is expected, and the reverse. `Debug` never prints the CUDA bytes.
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
-pub struct IpcSignalHandle {
-    pub(crate) env: Envelope,
-}
-
-impl IpcSignalHandle {
-    /// The size of a handle's bytes.
-    pub const SIZE: usize = HANDLE_SIZE;
-
-    /// The envelope's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::bytes_of(&self.env)
-    }
-
-    /// Rebuild a handle from bytes, checking length, magic, version, kind, checksum and that
-    /// it describes one 8-byte counter (the exporter is checked on open).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
+    /// [`Error::CorruptHandle`] saying what is wrong (another kind's handle included);
+    /// [`Error::TypeMismatch`] for a memory handle of another element type.
     ///
     /// # Examples
     ///
@@ -538,9 +533,61 @@ impl IpcSignalHandle {
     /// ));
     /// ```
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env = envelope_from_bytes(bytes)?;
-        env.validate(KIND_SIGNAL)?;
-        Ok(Self { env })
+        let handle = Self::from_envelope(envelope_from_bytes(bytes)?);
+        handle.check_structure()?;
+        Ok(handle)
+    }
+
+    /// The checks that need nothing but the bytes: structure (magic, version, kind, checksum,
+    /// reserved bytes, layout) and the element type.
+    pub(crate) fn check_structure(&self) -> Result<()> {
+        let env = &self.env;
+        env.validate(K::CODE)?;
+        K::check_element(env.elem_size, env.elem_align, env.type_tag)
+    }
+
+    /// Every check an open makes before it looks at its cache, takes a lease or maps anything,
+    /// short of asking the system: the structure and element type; that the handle type and
+    /// the descriptor agree (`with_fd`: one came with the handle) — a POSIX-fd export maps
+    /// only with its descriptor, a legacy one never comes with one —; and that the exporter
+    /// ran since this boot and, for a handle without a descriptor, is not this process (CUDA
+    /// refuses to open a legacy handle or an event where it was exported). Returns the
+    /// exporter. [`admit_live`](Self::admit_live) then asks the system.
+    pub(crate) fn admit(&self, with_fd: bool) -> Result<ProcessIdentity> {
+        self.check_structure()?;
+        let handle = self.env.handle_type();
+        match (handle, with_fd) {
+            (HandleType::PosixFd, false) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle,
+                    reason: "the handle arrived without its file descriptor: only a process \
+                             the exporter sent the descriptor to can map the memory \
+                             (FdSocket::recv_buffer, ImportedBuffer::open_fd)"
+                        .into(),
+                });
+            }
+            (HandleType::Legacy, true) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle,
+                    reason: "a file descriptor arrived with a legacy handle; refusing both".into(),
+                });
+            }
+            _ => {}
+        }
+        if with_fd {
+            self.env.exporter_this_boot()
+        } else {
+            self.env.foreign_exporter()
+        }
+    }
+
+    /// The checks of an open that ask the system, after [`admit`](Self::admit) and before the
+    /// lease: the exporter is alive (unless it is this process), and the memory's device is
+    /// visible here and reachable from `ctx` (its own device, or a peer with access). Returns
+    /// the memory's device ordinal.
+    pub(crate) fn admit_live(&self, ctx: &GpuContext, exporter: &ProcessIdentity) -> Result<u32> {
+        check_exporter_alive(exporter)?;
+        check_reachable(ctx, &self.env.device_uuid)
     }
 
     /// The exporting process.
@@ -548,23 +595,93 @@ impl IpcSignalHandle {
         self.env.exporter()
     }
 
-    /// The UUID of the device that holds the counter.
+    /// The UUID of the device that holds the memory (buffers, signals, arenas, pools) or on
+    /// which the event was created (events open in a context of any device, as NVIDIA's
+    /// `simpleIPC` does: each process waits on every device's events).
     pub fn device_uuid(&self) -> [u8; 16] {
         self.env.device_uuid
     }
 
-    /// The exporter's per-process export counter.
+    /// The export's generation in its exporter: with the token, it names one export for ever
+    /// (a handle of a dropped export is stale, never another export's).
     pub fn generation(&self) -> u64 {
         self.env.generation
     }
 }
 
-impl std::fmt::Debug for IpcSignalHandle {
+/// Refuse an exporter that is not alive (or was replaced by another process with its pid),
+/// unless it is this process.
+pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity) -> Result<()> {
+    if exporter.is_same_process(&ProcessIdentity::current())
+        || crate::process::is_alive_cached(exporter)
+    {
+        return Ok(());
+    }
+    Err(Error::PeerGone {
+        pid: exporter.pid(),
+        role: PeerRole::Exporter,
+    })
+}
+
+/// Refuse memory on a device this process cannot see, or cannot reach from `ctx`'s device
+/// (no peer access); the memory's device ordinal otherwise.
+pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
+    let unreachable = |reason: String| Error::DeviceNotReachable {
+        uuid: device::uuid_string(uuid),
+        from: ctx.ordinal(),
+        reason,
+    };
+    match device::ordinal_of_uuid(uuid)? {
+        None => Err(unreachable(
+            "the device is not visible to this process".into(),
+        )),
+        Some(o) if o == ctx.ordinal() => Ok(o),
+        Some(o) => {
+            if device::can_access_peer(ctx.ordinal(), o)? {
+                Ok(o)
+            } else {
+                Err(unreachable(format!(
+                    "no peer access from device {} to device {o}",
+                    ctx.ordinal()
+                )))
+            }
+        }
+    }
+}
+
+impl<T: Pod> Handle<crate::IpcBuffer<T>> {
+    /// Number of elements of the exported buffer (as the envelope says).
+    pub fn len(&self) -> usize {
+        usize::try_from(self.env.len).unwrap_or(usize::MAX)
+    }
+
+    /// Whether the envelope claims zero elements (never true for a valid handle).
+    pub fn is_empty(&self) -> bool {
+        self.env.len == 0
+    }
+
+    /// How the memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`] (never
+    /// `Auto`).
+    pub fn handle_type(&self) -> HandleType {
+        self.env.handle_type()
+    }
+}
+
+impl<K: HandleKind> std::fmt::Debug for Handle<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcSignalHandle")
-            .field("exporter_pid", &self.env.exporter_pid)
-            .field("generation", &self.env.generation)
-            .field("device", &self.env.device_ordinal)
+        let env = &self.env;
+        let mut d = f.debug_struct(K::NAME);
+        if let Some(t) = K::element_type() {
+            d.field("type", &t)
+                .field("handle_type", &env.handle_type())
+                .field("len", &env.len);
+        }
+        if K::CODE == KIND_ARENA {
+            d.field("capacity", &env.len);
+        }
+        d.field("exporter_pid", &env.exporter_pid)
+            .field("generation", &env.generation)
+            .field("device", &device::uuid_string(&env.device_uuid))
             .finish_non_exhaustive()
     }
 }
@@ -714,6 +831,76 @@ mod tests {
         .seal()
     }
 
+    /// A valid sealed envelope of each kind, as its exporter would make it.
+    fn one_of_each() -> [(u16, Envelope); 5] {
+        let mut arena = fd_sample(4 << 20);
+        arena.kind = KIND_ARENA;
+        (arena.elem_size, arena.elem_align, arena.len) = (1, 1, 4 << 20);
+        arena.type_tag = type_tag_of::<u8>();
+        let mut pool = fd_sample(0);
+        pool.kind = KIND_POOL;
+        (pool.elem_size, pool.elem_align, pool.len, pool.cuda) = (1, 1, 1, [0; 64]);
+        pool.type_tag = type_tag_of::<u8>();
+        let mut event = sample();
+        event.kind = KIND_EVENT;
+        (event.elem_size, event.elem_align, event.len, event.type_tag) = (0, 0, 0, 0);
+        [
+            (KIND_MEM, sample()),
+            (KIND_EVENT, event.seal()),
+            (KIND_SIGNAL, signal_sample()),
+            (KIND_ARENA, arena.seal()),
+            (KIND_POOL, pool.seal()),
+        ]
+    }
+
+    /// `from_bytes` of kind `K` on each kind's bytes: which kinds it accepted.
+    fn accepted<K: HandleKind>() -> Vec<u16> {
+        one_of_each()
+            .iter()
+            .filter(|(_, env)| Handle::<K>::from_bytes(bytemuck::bytes_of(env)).is_ok())
+            .map(|(kind, _)| *kind)
+            .collect()
+    }
+
+    #[test]
+    fn one_handle_type_accepts_its_own_kind_only() {
+        assert_eq!(accepted::<crate::IpcBuffer<f32>>(), [KIND_MEM]);
+        assert_eq!(accepted::<crate::IpcEvent>(), [KIND_EVENT]);
+        assert_eq!(accepted::<crate::IpcSignal>(), [KIND_SIGNAL]);
+        assert_eq!(accepted::<crate::IpcArena>(), [KIND_ARENA]);
+        assert_eq!(accepted::<crate::IpcPool>(), [KIND_POOL]);
+        // The element type is part of a memory handle's kind.
+        assert_eq!(accepted::<crate::IpcBuffer<u32>>(), Vec::<u16>::new());
+        let err =
+            Handle::<crate::IpcBuffer<u32>>::from_bytes(bytemuck::bytes_of(&sample())).unwrap_err();
+        assert!(matches!(err, Error::TypeMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn debug_names_the_kind_and_never_the_cuda_bytes() {
+        for (kind, env) in one_of_each() {
+            let text = match kind {
+                KIND_MEM => format!("{:?}", IpcMemHandle::<f32>::from_envelope(env)),
+                KIND_EVENT => format!("{:?}", IpcEventHandle::from_envelope(env)),
+                KIND_SIGNAL => format!("{:?}", IpcSignalHandle::from_envelope(env)),
+                KIND_ARENA => format!("{:?}", Handle::<crate::IpcArena>::from_envelope(env)),
+                _ => format!("{:?}", Handle::<crate::IpcPool>::from_envelope(env)),
+            };
+            let name = [
+                "IpcMemHandle",
+                "IpcEventHandle",
+                "IpcSignalHandle",
+                "IpcArenaHandle",
+            ]
+            .get(usize::from(kind) - 1)
+            .copied()
+            .unwrap_or("IpcPoolHandle");
+            assert!(text.starts_with(name), "{text}");
+            assert!(text.contains("02020202-0202"), "the device UUID: {text}");
+            assert!(!text.contains("[4, 4"), "{text}");
+        }
+    }
+
     #[test]
     fn arena_and_pool_envelopes_are_file_descriptors_and_nothing_else() {
         let mut arena = fd_sample(4 << 20);
@@ -752,9 +939,7 @@ mod tests {
 
     #[test]
     fn signal_handles_round_trip_and_are_not_buffers_or_events() {
-        let h = IpcSignalHandle {
-            env: signal_sample(),
-        };
+        let h = IpcSignalHandle::from_envelope(signal_sample());
         assert_eq!(IpcSignalHandle::from_bytes(h.as_bytes()).unwrap(), h);
         let err = IpcMemHandle::<u64>::from_bytes(h.as_bytes()).unwrap_err();
         assert!(

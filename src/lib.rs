@@ -20,6 +20,7 @@
 //! | Many buffers through one import | [`IpcArena`], [`ArenaBuffer`], [`ArenaHandle`], [`ImportedArena`], [`ArenaView`] | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
 //! | Stream-ordered pools between processes | [`IpcPool`], [`PoolBuffer`], [`PoolHandle`], [`ImportedPool`], [`PoolView`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
 //! | Typed device memory, whoever owns it | [`GpuSlice`] | `cuMemcpy*`, `cuMemsetD8*` |
+//! | A handle of any export, every check in one place | [`Handle<K>`](Handle) ([`HandleKind`]: `IpcBuffer<T>`, `IpcEvent`, `IpcSignal`, `IpcArena`, `IpcPool`), with the short names [`IpcMemHandle`], [`IpcEventHandle`], [`IpcSignalHandle`], [`IpcArenaHandle`], [`IpcPoolHandle`] | a checksummed 184-byte envelope around the driver's 64-byte handle |
 //! | Passing file descriptors (and buffers) | [`FdListener`], [`FdSocket`], [`FdSocket::send_buffer`], [`FdSocket::recv_buffer`] | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
 //! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
 //! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
@@ -160,7 +161,7 @@ pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use fd_socket::{
     FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,
 };
-pub use handle::{HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
+pub use handle::{Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use lease::reclaim_stale_lease_tables;
 pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, PoolView};
 pub use probe::{Probe, probe};

@@ -24,10 +24,8 @@ use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
-use crate::error::{Error, PeerRole, Result};
-use crate::handle::{
-    Envelope, HandleType, KIND_POOL, check_element, envelope_from_bytes, type_tag_of,
-};
+use crate::error::{Error, Result};
+use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
 use crate::process::ProcessIdentity;
@@ -369,7 +367,9 @@ impl IpcPool {
             });
         }
         // SAFETY: the driver opened this descriptor for us; nothing else owns it.
-        Ok((IpcPoolHandle { env }, unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok((Handle::from_envelope(env), unsafe {
+            OwnedFd::from_raw_fd(fd)
+        }))
     }
 
     /// Free the allocations of freed buffers that no importer holds any more, reaping importers
@@ -684,44 +684,9 @@ impl<T> std::fmt::Debug for PoolHandle<T> {
     }
 }
 
-/// An exported [`IpcPool`]: the envelope that travels with its descriptor
-/// ([`IpcPool::export_fd`]). Without the descriptor it opens nothing.
-#[derive(Clone)]
-pub struct IpcPoolHandle {
-    env: Envelope,
-}
-
-impl IpcPoolHandle {
-    /// The envelope's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::bytes_of(&self.env)
-    }
-
-    /// A handle from bytes another process sent, structurally checked.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env = envelope_from_bytes(bytes)?;
-        env.validate(KIND_POOL)?;
-        Ok(Self { env })
-    }
-
-    /// The exporting process.
-    pub fn exporter(&self) -> ProcessIdentity {
-        self.env.exporter()
-    }
-}
-
-impl std::fmt::Debug for IpcPoolHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcPoolHandle")
-            .field("exporter", &self.env.exporter_pid)
-            .field("device", &device::uuid_string(&self.env.device_uuid))
-            .finish()
-    }
-}
+/// An exported [`IpcPool`]: the [`Handle`] that travels with the pool's file descriptor
+/// ([`IpcPool::export_fd`]), 184 bytes. Without the descriptor it maps nothing.
+pub type IpcPoolHandle = Handle<IpcPool>;
 
 /// One imported allocation in this process: its generation, pointer, the size the driver
 /// reports for it, and how many views are alive.
@@ -790,9 +755,8 @@ impl ImportedPool {
     /// `cuMemPoolSetAccess`.
     #[doc(alias = "cuMemPoolImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
+        let exporter = handle.admit(true)?;
         let env = &handle.env;
-        env.validate(KIND_POOL)?;
-        let exporter = env.exporter_this_boot()?;
         let key: ImportKey = (env.token, ctx.as_raw() as usize);
         if let Some(import) = IMPORTS
             .lock()
@@ -803,15 +767,7 @@ impl ImportedPool {
         {
             return Ok(Self { import });
         }
-        if !exporter.is_same_process(&ProcessIdentity::current())
-            && !crate::process::is_alive_cached(&exporter)
-        {
-            return Err(Error::PeerGone {
-                pid: exporter.pid(),
-                role: PeerRole::Exporter,
-            });
-        }
-        let memory_device = crate::buffer::check_reachable(ctx, &env.device_uuid)?;
+        let memory_device = handle.admit_live(ctx, &exporter)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let table = ArenaTable::open(&env.token, 0, env.generation)?;
         let _g = ctx.enter()?;

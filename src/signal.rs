@@ -20,7 +20,7 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, check, sys};
 use crate::error::{CloseError, Error, PeerRole, Result};
-use crate::handle::{IpcSignalHandle, KIND_SIGNAL};
+use crate::handle::IpcSignalHandle;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
@@ -475,17 +475,14 @@ impl GpuSignal {
 
     /// The work of [`IpcSignal::handle`].
     pub(crate) fn handle(&self) -> Result<IpcSignalHandle> {
-        let env = self
-            .counter
-            .export_envelope(KIND_SIGNAL, "IpcSignal::handle")?;
-        Ok(IpcSignalHandle { env })
+        self.counter.export_handle("IpcSignal::handle")
     }
 
     /// The work of [`ImportedSignal::open`].
     pub(crate) fn open(ctx: &GpuContext, handle: &IpcSignalHandle) -> Result<Self> {
-        handle.env.validate(KIND_SIGNAL)?;
+        handle.check_structure()?;
         require_stream_mem_ops(ctx)?;
-        let counter = BufferCore::<u64>::open_envelope(ctx, &handle.env, KIND_SIGNAL)?;
+        let counter = BufferCore::<u64>::open_handle(ctx, handle, None)?;
         Self::with_counter(counter)
     }
 

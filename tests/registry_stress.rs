@@ -85,7 +85,7 @@ impl Published {
             let before = self.seq.load(Ordering::Acquire);
             let words = self.words.each_ref().map(|w| w.load(Ordering::Relaxed));
             fence(Ordering::Acquire);
-            if before % 2 == 0 && self.seq.load(Ordering::Relaxed) == before {
+            if before.is_multiple_of(2) && self.seq.load(Ordering::Relaxed) == before {
                 return words;
             }
             std::hint::spin_loop();

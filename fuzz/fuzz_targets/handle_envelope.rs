@@ -4,10 +4,31 @@
 //! element layout, length) are reached too.
 #![no_main]
 
-use cuda_ipc::{IpcEventHandle, IpcMemHandle, IpcSignalHandle};
+use cuda_ipc::{
+    Handle, HandleKind, IpcArena, IpcEventHandle, IpcMemHandle, IpcPool, IpcSignalHandle,
+};
 use libfuzzer_sys::fuzz_target;
 
+/// Accepted as kind `K`: the bytes round-trip and `Debug` works.
+fn accepted<K: HandleKind>(data: &[u8]) -> bool {
+    let Ok(h) = Handle::<K>::from_bytes(data) else {
+        return false;
+    };
+    assert_eq!(h.as_bytes(), data);
+    let _ = format!("{h:?}");
+    true
+}
+
 fn check(data: &[u8]) {
+    // One kind at most: the kinds never overlap.
+    let kinds = [
+        accepted::<cuda_ipc::IpcBuffer<u8>>(data),
+        accepted::<cuda_ipc::IpcEvent>(data),
+        accepted::<cuda_ipc::IpcSignal>(data),
+        accepted::<IpcArena>(data),
+        accepted::<IpcPool>(data),
+    ];
+    assert!(kinds.iter().filter(|&&k| k).count() <= 1);
     if let Ok(h) = IpcMemHandle::<u8>::from_bytes(data) {
         assert_eq!(h.as_bytes(), data);
         assert!(!h.is_empty());
