@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -474,6 +474,7 @@ impl<T: Pod> std::fmt::Debug for ArenaBuffer<T> {
 const ARENA_FORMAT: sealed::Format = sealed::Format {
     magic: u32::from_le_bytes(*b"CIPA"),
     version: 1,
+    versions: &[1],
     what: "an arena handle",
 };
 
@@ -746,9 +747,12 @@ impl ImportedArena {
         // this crate; the rest is checked here.
         let h = &handle.raw;
         check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
-        let corrupt = |reason: String| Error::CorruptHandle { reason };
+        let corrupt = |detail: String| Error::corrupt_handle(HandleDefect::Layout { detail });
+        let memory = |detail: String| Error::corrupt_handle(HandleDefect::Memory { detail });
         if h.token != import.key.0 {
-            return Err(corrupt("the handle names another arena".into()));
+            return Err(Error::corrupt_handle(HandleDefect::Names {
+                detail: "the handle names another arena".into(),
+            }));
         }
         let bytes = h
             .len
@@ -764,14 +768,16 @@ impl ImportedArena {
         }
         let len = usize::try_from(h.len).map_err(|_| corrupt("length overflows".into()))?;
         let Some(block) = import.table.block(h.index) else {
-            return Err(corrupt(format!("block {} out of range", h.index)));
+            return Err(Error::corrupt_handle(HandleDefect::Names {
+                detail: format!("block {} out of range", h.index),
+            }));
         };
         let stale = Error::StaleHandle {
             generation: h.generation,
         };
         let mut views = import.views.lock();
         let range_mismatch = |offset: u64, published: u64| {
-            corrupt(format!(
+            memory(format!(
                 "the handle says bytes {}..+{bytes}; the owner published {offset}..+{published}",
                 h.offset
             ))

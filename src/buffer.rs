@@ -14,7 +14,7 @@ use crate::context::GpuContext;
 use crate::deferred;
 use crate::device;
 use crate::driver::{self, check, sys};
-use crate::error::{CloseError, Error, PeerRole, Result};
+use crate::error::{CloseError, Error, HandleDefect, PeerRole, Result};
 use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
 };
@@ -821,8 +821,10 @@ impl<T: Pod> BufferCore<T> {
         // view sound.
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let kind = K::CODE;
-        let len = usize::try_from(env.len).map_err(|_| Error::CorruptHandle {
-            reason: format!("length {} does not fit this platform", env.len),
+        let len = usize::try_from(env.len).map_err(|_| {
+            Error::corrupt_handle(HandleDefect::Layout {
+                detail: format!("length {} does not fit this platform", env.len),
+            })
         })?;
         let described = Described::Envelope(env.elem_size, env.elem_align, env.type_tag, env.len);
         // The token names the exporter's ledger and block, the generation which export of
@@ -973,13 +975,13 @@ impl<T: Pod> BufferCore<T> {
             if end <= mapped as u64 {
                 Ok(())
             } else {
-                Err(Error::CorruptHandle {
-                    reason: format!(
+                Err(Error::corrupt_handle(HandleDefect::Memory {
+                    detail: format!(
                         "bytes {}..{end} reach past the allocation the handle maps, {mapped} \
                          bytes (cuMemGetAddressRange)",
                         import.offset
                     ),
-                })
+                }))
             }
         };
         let key: Key = (import.handle.0, ctx.as_raw() as usize, KIND_RAW);
@@ -1204,18 +1206,18 @@ impl Mapping {
                 Described::Envelope(first_size, _, _, first_len),
             ) = (described, self.described)
             else {
-                return Err(Error::CorruptHandle {
-                    reason: "a raw handle and an envelope name the same mapping".into(),
-                });
+                return Err(Error::corrupt_handle(HandleDefect::Memory {
+                    detail: "a raw handle and an envelope name the same mapping".into(),
+                }));
             };
-            return Err(Error::CorruptHandle {
-                reason: format!(
+            return Err(Error::corrupt_handle(HandleDefect::Memory {
+                detail: format!(
                     "the handle describes {len} elements of {size} bytes, but this process \
                      already maps the same export as {first_len} elements of {first_size} \
                      bytes ({} bytes mapped)",
                     self.mapped
                 ),
-            });
+            }));
         }
         Ok(())
     }
@@ -1247,12 +1249,12 @@ fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64
         if wanted <= mapped {
             Ok(mapped)
         } else {
-            Err(Error::CorruptHandle {
-                reason: format!(
+            Err(Error::corrupt_handle(HandleDefect::Memory {
+                detail: format!(
                     "the handle describes {wanted} bytes, but the memory it maps is {mapped} \
                      bytes (cuMemGetAddressRange)"
                 ),
-            })
+            }))
         }
     });
     if mapped.is_err() {

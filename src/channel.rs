@@ -17,7 +17,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::driver::sys;
-use crate::error::{Error, PeerRole, Result};
+use crate::error::{Error, HandleDefect, PeerRole, Result};
 use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
@@ -79,40 +79,42 @@ impl ChannelEnvelope {
 
     /// Structural checks on bytes from another process; the region name and geometry.
     fn validate(&self) -> Result<(Geometry, u64, String)> {
-        let bad = |reason: String| Err(Error::CorruptHandle { reason });
+        let bad = |defect| Err(Error::corrupt_handle(defect));
+        let bad_layout = |detail: String| bad(HandleDefect::Layout { detail });
         if self.magic != MAGIC {
-            return bad(format!(
-                "bad magic {:#x} (not a channel handle)",
-                self.magic
-            ));
+            return bad(HandleDefect::Magic {
+                what: "a channel handle",
+                found: u64::from(self.magic),
+            });
         }
         if self.version != VERSION {
-            return bad(format!(
-                "channel handle version {} (this build reads {VERSION})",
-                self.version
-            ));
+            return bad(HandleDefect::Version {
+                what: "channel handle",
+                found: u32::from(self.version),
+                supported: &[VERSION as u32],
+            });
         }
         let sum = checksum(self.body());
         if sum != self.checksum {
-            return bad(format!(
-                "checksum {:#x} does not match contents ({sum:#x})",
-                self.checksum
-            ));
+            return bad(HandleDefect::Checksum {
+                stored: self.checksum,
+                computed: sum,
+            });
         }
         if self.flags != 0 {
-            return bad(format!("unknown flags {:#x}", self.flags));
+            return bad(HandleDefect::Reserved);
         }
         if self.consumers != CONSUMERS {
-            return bad(format!(
+            return bad_layout(format!(
                 "{} consumers (this build serves {CONSUMERS})",
                 self.consumers
             ));
         }
         if self.slots == 0 || self.slots as usize > MAX_SLOTS {
-            return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slots));
+            return bad_layout(format!("{} slots (1 to {MAX_SLOTS})", self.slots));
         }
         if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align) {
-            return bad(format!(
+            return bad_layout(format!(
                 "element size {} / alignment {} is not a valid layout",
                 self.elem_size, self.elem_align
             ));
@@ -124,7 +126,7 @@ impl ChannelEnvelope {
         match layout(geometry, u64::from(self.elem_size)) {
             Some(stride) if stride == self.stride => {}
             _ => {
-                return bad(format!(
+                return bad_layout(format!(
                     "{} slots of {} elements (stride {}) of {} bytes is not a channel this \
                      build makes",
                     self.slots, self.capacity, self.stride, self.elem_size
@@ -136,8 +138,10 @@ impl ChannelEnvelope {
             .get(..self.name_len as usize)
             .and_then(|n| std::str::from_utf8(n).ok())
             .filter(|n| n.starts_with(NAME_PREFIX))
-            .ok_or_else(|| Error::CorruptHandle {
-                reason: "the channel's region name is not one this crate makes".into(),
+            .ok_or_else(|| {
+                Error::corrupt_handle(HandleDefect::Names {
+                    detail: "the channel's region name is not one this crate makes".into(),
+                })
             })?;
         Ok((geometry, self.stride, name.to_owned()))
     }
@@ -220,14 +224,13 @@ impl<T> IpcChannelHandle<T> {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env: ChannelEnvelope =
-            bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
-                reason: format!(
-                    "{} bytes, expected {}",
-                    bytes.len(),
-                    std::mem::size_of::<ChannelEnvelope>()
-                ),
-            })?;
+        let env: ChannelEnvelope = bytemuck::try_pod_read_unaligned(bytes).map_err(|_| {
+            Error::corrupt_handle(HandleDefect::Size {
+                what: "a channel handle",
+                expected: std::mem::size_of::<ChannelEnvelope>(),
+                found: bytes.len(),
+            })
+        })?;
         env.validate()?;
         Ok(Self {
             env,
@@ -1146,36 +1149,63 @@ mod tests {
     #[test]
     fn forged_handles_are_refused() {
         type Forge = Box<dyn Fn(&mut ChannelEnvelope)>;
-        let cases: Vec<(&str, Forge)> = vec![
-            ("bad magic", Box::new(|e| e.magic = 0)),
-            ("version", Box::new(|e| e.version = 9)),
-            ("slots", Box::new(|e| e.slots = 65)),
-            ("slots", Box::new(|e| e.slots = 0)),
-            ("consumers", Box::new(|e| e.consumers = 2)),
-            ("stride", Box::new(|e| e.stride = 100)),
-            ("not a channel", Box::new(|e| e.capacity = 0)),
-            ("valid layout", Box::new(|e| e.elem_align = 3)),
-            ("region name", Box::new(|e| e.name_len = 200)),
-            ("region name", Box::new(|e| e.name[0] = b'x')),
-            ("flags", Box::new(|e| e.flags = 1)),
+        type Want = fn(&HandleDefect) -> bool;
+        let layout: Want = |d| matches!(d, HandleDefect::Layout { .. });
+        let names: Want = |d| matches!(d, HandleDefect::Names { .. });
+        let cases: Vec<(Want, Forge)> = vec![
+            (
+                |d| matches!(d, HandleDefect::Magic { found: 0, .. }),
+                Box::new(|e| e.magic = 0),
+            ),
+            (
+                |d| matches!(d, HandleDefect::Version { found: 9, .. }),
+                Box::new(|e| e.version = 9),
+            ),
+            (layout, Box::new(|e| e.slots = 65)),
+            (layout, Box::new(|e| e.slots = 0)),
+            (layout, Box::new(|e| e.consumers = 2)),
+            (layout, Box::new(|e| e.stride = 100)),
+            (layout, Box::new(|e| e.capacity = 0)),
+            (layout, Box::new(|e| e.elem_align = 3)),
+            (names, Box::new(|e| e.name_len = 200)),
+            (names, Box::new(|e| e.name[0] = b'x')),
+            (
+                |d| matches!(d, HandleDefect::Reserved),
+                Box::new(|e| e.flags = 1),
+            ),
         ];
-        for (want, forge) in cases {
+        for (i, (want, forge)) in cases.into_iter().enumerate() {
             let mut env = sealed();
             forge(&mut env);
-            let resealed = if want == "bad magic" || want == "version" {
-                env
-            } else {
-                env.seal()
-            };
-            let e = IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&resealed)).unwrap_err();
-            assert!(e.to_string().contains(want), "{want}: {e}");
+            // The magic and version are checked before the checksum: no reseal needed.
+            let resealed = if i < 2 { env } else { env.seal() };
+            match IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&resealed)) {
+                Err(Error::CorruptHandle { defect }) if want(&defect) => {}
+                other => panic!("case {i}: {:?}", other.map(|_| ())),
+            }
         }
         let mut flipped = sealed();
         flipped.capacity ^= 1;
         let e = IpcChannelHandle::<f32>::from_bytes(bytemuck::bytes_of(&flipped)).unwrap_err();
-        assert!(e.to_string().contains("checksum"), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::CorruptHandle {
+                    defect: HandleDefect::Checksum { .. }
+                }
+            ),
+            "{e}"
+        );
         let e = IpcChannelHandle::<f32>::from_bytes(&[0u8; 10]).unwrap_err();
-        assert!(e.to_string().contains("10 bytes"), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::CorruptHandle {
+                    defect: HandleDefect::Size { found: 10, .. }
+                }
+            ),
+            "{e}"
+        );
     }
 }
 

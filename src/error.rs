@@ -286,11 +286,12 @@ pub enum Error {
         name: String,
     },
 
-    /// Bytes offered as a handle are not a valid envelope.
-    #[error("corrupt IPC handle: {reason}")]
+    /// Bytes offered as a handle are not a valid handle, or the handle contradicts what it
+    /// names. [`HandleDefect`] says what is wrong.
+    #[error("corrupt IPC handle: {defect}")]
     CorruptHandle {
         /// What failed validation.
-        reason: String,
+        defect: HandleDefect,
     },
 
     /// A handle was opened in the process that exported it (CUDA refuses this with
@@ -470,6 +471,138 @@ impl Error {
                 source: io::Error::from_raw_os_error(err.raw_os_error()),
             },
         }
+    }
+}
+
+/// What is wrong with a handle refused as [`Error::CorruptHandle`]: match the variant to
+/// branch; `Display` says it in full.
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::{Error, HandleDefect, IpcEventHandle, IpcMemHandle};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// // Bytes that are not a handle at all.
+/// let err = IpcEventHandle::from_bytes(&[0u8; 10]).unwrap_err();
+/// assert!(matches!(
+///     err,
+///     Error::CorruptHandle { defect: HandleDefect::Size { expected: 184, found: 10, .. } }
+/// ));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandleDefect {
+    /// Not the size of this kind of handle.
+    Size {
+        /// The kind of handle expected.
+        what: &'static str,
+        /// Its size in bytes.
+        expected: usize,
+        /// The bytes offered.
+        found: usize,
+    },
+    /// Not a handle of this format: its magic number is wrong.
+    Magic {
+        /// The format expected.
+        what: &'static str,
+        /// The magic number found.
+        found: u64,
+    },
+    /// A format version this build does not read.
+    Version {
+        /// The format.
+        what: &'static str,
+        /// The version found.
+        found: u32,
+        /// The versions this build reads.
+        supported: &'static [u32],
+    },
+    /// A handle of another kind: a memory handle where an event handle was expected, and
+    /// every other pair.
+    Kind {
+        /// The kind expected (`"a memory"`, `"an event"`, `"a signal"`, `"an arena"`,
+        /// `"a pool"`).
+        expected: &'static str,
+        /// The kind found.
+        found: &'static str,
+    },
+    /// The checksum does not match the contents: damaged on the way, or not written by this
+    /// crate.
+    Checksum {
+        /// The checksum the handle carries.
+        stored: u64,
+        /// The checksum of its contents.
+        computed: u64,
+    },
+    /// Reserved bytes or flags are not zero.
+    Reserved,
+    /// A handle type this kind of handle cannot have, or one this build does not know.
+    HandleType {
+        /// What is wrong.
+        detail: String,
+    },
+    /// Fields that contradict each other or this platform: the element layout, the length,
+    /// the sizes.
+    Layout {
+        /// What is wrong.
+        detail: String,
+    },
+    /// It names something other than what it is opened through (another arena, pool or
+    /// process's export registry), or a block or generation no export can have.
+    Names {
+        /// What is wrong.
+        detail: String,
+    },
+    /// What it describes disagrees with the memory: the allocation the driver maps for it,
+    /// the descriptor that came with it, or this process's mapping of the same export.
+    Memory {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A foreign handle this crate cannot map (a PyTorch expandable segment).
+    Unsupported {
+        /// What it is, and what to do instead.
+        detail: String,
+    },
+}
+
+impl std::fmt::Display for HandleDefect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Size {
+                what,
+                expected,
+                found,
+            } => write!(f, "{what} is {expected} bytes, got {found}"),
+            Self::Magic { what, found } => write!(f, "bad magic {found:#x} (not {what})"),
+            Self::Version {
+                what,
+                found,
+                supported,
+            } => write!(f, "{what} version {found} (this build reads {supported:?})"),
+            Self::Kind { expected, found } => {
+                write!(f, "{found} handle where {expected} handle was expected")
+            }
+            Self::Checksum { stored, computed } => write!(
+                f,
+                "checksum {stored:#x} does not match contents ({computed:#x})"
+            ),
+            Self::Reserved => f.write_str("reserved bytes or flags are not zero"),
+            Self::HandleType { detail }
+            | Self::Layout { detail }
+            | Self::Names { detail }
+            | Self::Memory { detail }
+            | Self::Unsupported { detail } => f.write_str(detail),
+        }
+    }
+}
+
+impl Error {
+    /// [`Error::CorruptHandle`] of `defect`.
+    pub(crate) fn corrupt_handle(defect: HandleDefect) -> Self {
+        Self::CorruptHandle { defect }
     }
 }
 

@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{Error, PeerRole, Result};
+use crate::error::{Error, HandleDefect, PeerRole, Result};
 use crate::process::ProcessIdentity;
 use crate::shared::fnv1a64;
 
@@ -205,52 +205,49 @@ impl Envelope {
     /// Structural checks on bytes from another process: magic, version, kind, checksum,
     /// reserved bytes, and a plausible element layout.
     pub(crate) fn validate(&self, kind: u16) -> Result<()> {
-        let bad = |reason: String| Err(Error::CorruptHandle { reason });
+        let bad = |defect| Err(Error::corrupt_handle(defect));
+        let layout = |detail: String| bad(HandleDefect::Layout { detail });
+        let handle_type = |detail: String| bad(HandleDefect::HandleType { detail });
         if self.magic != MAGIC {
-            return bad(format!("bad magic {:#x}", self.magic));
+            return bad(HandleDefect::Magic {
+                what: "a cuda-ipc handle",
+                found: u64::from(self.magic),
+            });
         }
         if self.version != VERSION {
-            return bad(format!(
-                "version {} (this build reads {VERSION})",
-                self.version
-            ));
+            return bad(HandleDefect::Version {
+                what: "handle",
+                found: u32::from(self.version),
+                supported: &[VERSION as u32],
+            });
         }
         if self.kind != kind {
-            let what = |k| match k {
-                KIND_MEM => "a memory",
-                KIND_EVENT => "an event",
-                KIND_SIGNAL => "a signal",
-                KIND_ARENA => "an arena",
-                KIND_POOL => "a pool",
-                _ => "an unknown",
-            };
-            return bad(format!(
-                "{} handle where {} handle was expected",
-                what(self.kind),
-                what(kind)
-            ));
+            return bad(HandleDefect::Kind {
+                expected: kind_name(kind),
+                found: kind_name(self.kind),
+            });
         }
         let sum = checksum(self.body());
         if sum != self.checksum {
-            return bad(format!(
-                "checksum {:#x} does not match contents ({sum:#x})",
-                self.checksum
-            ));
+            return bad(HandleDefect::Checksum {
+                stored: self.checksum,
+                computed: sum,
+            });
         }
         if self.reserved != [0; 4] {
-            return bad("reserved bytes are not zero".into());
+            return bad(HandleDefect::Reserved);
         }
         match (kind, HandleType::from_code(self.handle_type)) {
-            (_, None) => return bad(format!("unknown handle type {}", self.handle_type)),
+            (_, None) => return handle_type(format!("unknown handle type {}", self.handle_type)),
             (KIND_POOL, Some(HandleType::PosixFd))
                 if self.cuda != [0; 64]
                     || (self.len, self.elem_size, self.elem_align) != (1, 1, 1) =>
             {
-                return bad("a pool handle carries no size or CUDA bytes".into());
+                return layout("a pool handle carries no size or CUDA bytes".into());
             }
             (KIND_POOL, Some(HandleType::PosixFd)) => {}
             (KIND_ARENA | KIND_POOL, Some(t)) if t != HandleType::PosixFd => {
-                return bad(format!(
+                return handle_type(format!(
                     "{t} handle type on an arena or pool (they are shared as file descriptors)"
                 ));
             }
@@ -258,7 +255,7 @@ impl Envelope {
                 let bytes = self.vmm_bytes();
                 let wanted = self.len.saturating_mul(u64::from(self.elem_size));
                 if self.cuda[8..] != [0; 56] || bytes < wanted || bytes > isize::MAX as u64 {
-                    return bad(format!(
+                    return layout(format!(
                         "a file-descriptor handle mapping {bytes} bytes for {} × {} bytes",
                         self.len, self.elem_size
                     ));
@@ -266,7 +263,7 @@ impl Envelope {
             }
             (KIND_MEM, Some(_)) => {}
             (_, Some(t)) if t != HandleType::Legacy => {
-                return bad(format!("{t} handle type on a non-memory handle"));
+                return handle_type(format!("{t} handle type on a non-memory handle"));
             }
             _ => {}
         }
@@ -274,13 +271,13 @@ impl Envelope {
             && (self.len, self.elem_size, self.elem_align, self.type_tag)
                 != (1, 8, 8, type_tag_of::<u64>())
         {
-            return bad(format!(
+            return layout(format!(
                 "a signal is one 8-byte counter, not {} × {} bytes",
                 self.len, self.elem_size
             ));
         }
         if kind == KIND_ARENA && (self.elem_size, self.elem_align) != (1, 1) {
-            return bad(format!(
+            return layout(format!(
                 "an arena is counted in bytes, not {}-byte elements",
                 self.elem_size
             ));
@@ -288,17 +285,29 @@ impl Envelope {
         if matches!(kind, KIND_MEM | KIND_SIGNAL | KIND_ARENA) {
             if !self.elem_align.is_power_of_two() || !self.elem_size.is_multiple_of(self.elem_align)
             {
-                return bad(format!(
+                return layout(format!(
                     "element size {} / alignment {} is not a valid layout",
                     self.elem_size, self.elem_align
                 ));
             }
             let bytes = self.len.checked_mul(u64::from(self.elem_size));
             if bytes.is_none_or(|b| b == 0 || b > isize::MAX as u64) {
-                return bad(format!("length {} × {} bytes", self.len, self.elem_size));
+                return layout(format!("length {} × {} bytes", self.len, self.elem_size));
             }
         }
         Ok(())
+    }
+}
+
+/// How errors name an envelope kind.
+fn kind_name(kind: u16) -> &'static str {
+    match kind {
+        KIND_MEM => "a memory",
+        KIND_EVENT => "an event",
+        KIND_SIGNAL => "a signal",
+        KIND_ARENA => "an arena",
+        KIND_POOL => "a pool",
+        _ => "an unknown",
     }
 }
 
@@ -699,9 +708,11 @@ pub fn reseal(bytes: &mut [u8]) {
 
 pub(crate) fn envelope_from_bytes(bytes: &[u8]) -> Result<Envelope> {
     if bytes.len() != HANDLE_SIZE {
-        return Err(Error::CorruptHandle {
-            reason: format!("{} bytes, expected {HANDLE_SIZE}", bytes.len()),
-        });
+        return Err(Error::corrupt_handle(HandleDefect::Size {
+            what: "a handle",
+            expected: HANDLE_SIZE,
+            found: bytes.len(),
+        }));
     }
     Ok(bytemuck::pod_read_unaligned(bytes))
 }
@@ -789,7 +800,11 @@ mod tests {
         // 1024 × 4 bytes do not fit in 4095 mapped bytes; 0 bytes; a size past isize::MAX.
         for bytes in [4095, 0, u64::MAX] {
             let err = fd_sample(bytes).validate(KIND_MEM).unwrap_err();
-            assert!(err.to_string().contains("file-descriptor handle"), "{err}");
+            assert!(
+                matches!(&err, Error::CorruptHandle { defect: HandleDefect::Layout { detail } }
+                    if detail.contains("file-descriptor handle")),
+                "{err}"
+            );
         }
         assert!(fd_sample(4096).validate(KIND_MEM).is_ok());
         // Bytes after the size must be zero.
@@ -806,7 +821,11 @@ mod tests {
         }
         .seal();
         let err = unknown.validate(KIND_MEM).unwrap_err();
-        assert!(err.to_string().contains("unknown handle type 7"), "{err}");
+        assert!(
+            matches!(&err, Error::CorruptHandle { defect: HandleDefect::HandleType { detail } }
+                if detail.contains("unknown handle type 7")),
+            "{err}"
+        );
         for kind in [KIND_EVENT, KIND_SIGNAL] {
             let env = Envelope {
                 kind,
@@ -815,7 +834,15 @@ mod tests {
             }
             .seal();
             let err = env.validate(kind).unwrap_err();
-            assert!(err.to_string().contains("non-memory handle"), "{err}");
+            assert!(
+                matches!(
+                    &err,
+                    Error::CorruptHandle {
+                        defect: HandleDefect::HandleType { .. }
+                    }
+                ),
+                "{err}"
+            );
         }
     }
 
@@ -943,9 +970,20 @@ mod tests {
         assert_eq!(IpcSignalHandle::from_bytes(h.as_bytes()).unwrap(), h);
         let err = IpcMemHandle::<u64>::from_bytes(h.as_bytes()).unwrap_err();
         assert!(
-            err.to_string()
-                .contains("a signal handle where a memory handle was expected"),
+            matches!(
+                err,
+                Error::CorruptHandle {
+                    defect: HandleDefect::Kind {
+                        expected: "a memory",
+                        found: "a signal"
+                    }
+                }
+            ),
             "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "corrupt IPC handle: a signal handle where a memory handle was expected"
         );
         assert!(IpcEventHandle::from_bytes(h.as_bytes()).is_err());
         let buffer = IpcMemHandle::<u64>::from_envelope(sample());

@@ -24,7 +24,7 @@ use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -467,6 +467,7 @@ impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
 const POOL_FORMAT: sealed::Format = sealed::Format {
     magic: u32::from_le_bytes(*b"CIPP"),
     version: 1,
+    versions: &[1],
     what: "a pool handle",
 };
 
@@ -848,9 +849,12 @@ impl ImportedPool {
         // this crate; the rest is checked here.
         let h = &handle.raw;
         check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
-        let corrupt = |reason: String| Error::CorruptHandle { reason };
+        let corrupt = |detail: String| Error::corrupt_handle(HandleDefect::Layout { detail });
+        let memory = |detail: String| Error::corrupt_handle(HandleDefect::Memory { detail });
         if h.token != import.key.0 {
-            return Err(corrupt("the handle names another pool".into()));
+            return Err(Error::corrupt_handle(HandleDefect::Names {
+                detail: "the handle names another pool".into(),
+            }));
         }
         let bytes = h
             .len
@@ -859,7 +863,9 @@ impl ImportedPool {
             .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
         let len = h.len as usize;
         let Some(block) = import.table.block(h.index) else {
-            return Err(corrupt(format!("block {} out of range", h.index)));
+            return Err(Error::corrupt_handle(HandleDefect::Names {
+                detail: format!("block {} out of range", h.index),
+            }));
         };
         let stale = Error::StaleHandle {
             generation: h.generation,
@@ -872,7 +878,7 @@ impl ImportedPool {
                 }
                 // A second handle of the allocation is held to the size the driver reported.
                 if entry.size < bytes {
-                    return Err(corrupt(format!(
+                    return Err(memory(format!(
                         "the handle claims {bytes} bytes; the allocation holds {} \
                          (cuMemGetAddressRange)",
                         entry.size
@@ -931,9 +937,9 @@ fn import_pointer(
 ) -> Result<(sys::CUdeviceptr, u64)> {
     let (_, published) = import.table.blocks[h.index as usize].range();
     if published < bytes {
-        return Err(Error::CorruptHandle {
-            reason: format!("the handle claims {bytes} bytes; the owner allocated {published}"),
-        });
+        return Err(Error::corrupt_handle(HandleDefect::Memory {
+            detail: format!("the handle claims {bytes} bytes; the owner allocated {published}"),
+        }));
     }
     let _g = import.ctx.enter()?;
     let mut ptr = 0;
@@ -950,12 +956,12 @@ fn import_pointer(
             let _ = unsafe { sys::cuMemFree_v2(ptr) };
             Err(match other {
                 Err(e) => e,
-                Ok(size) => Error::CorruptHandle {
-                    reason: format!(
+                Ok(size) => Error::corrupt_handle(HandleDefect::Memory {
+                    detail: format!(
                         "the handle claims {bytes} bytes; the allocation holds {size} \
                          (cuMemGetAddressRange)"
                     ),
-                },
+                }),
             })
         }
     }

@@ -32,7 +32,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 
 /// The 64 bytes of a legacy CUDA IPC memory handle (`cudaIpcMemHandle_t`, `CUipcMemHandle`).
 ///
@@ -53,7 +53,7 @@ pub struct RawMemHandle(pub [u8; 64]);
 
 /// The version bytes PyTorch's caching allocator writes in front of a shareable handle (torch 2.x:
 /// 2; torch 2.13: 3, same payload).
-const TORCH_HANDLE_VERSIONS: [u8; 2] = [2, 3];
+const TORCH_HANDLE_VERSIONS: [u32; 2] = [2, 3];
 /// PyTorch's type byte for a `cudaMalloc` block (a legacy IPC handle follows).
 const TORCH_CUDA_MALLOC: u8 = b'c';
 /// PyTorch's type byte for an expandable segment (not a legacy IPC handle).
@@ -67,8 +67,12 @@ impl RawMemHandle {
     ///
     /// [`Error::CorruptHandle`] for any other length.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let raw: [u8; 64] = bytes.try_into().map_err(|_| Error::CorruptHandle {
-            reason: format!("a raw CUDA IPC handle is 64 bytes, got {}", bytes.len()),
+        let raw: [u8; 64] = bytes.try_into().map_err(|_| {
+            Error::corrupt_handle(HandleDefect::Size {
+                what: "a raw CUDA IPC handle",
+                expected: 64,
+                found: bytes.len(),
+            })
         })?;
         Ok(Self(raw))
     }
@@ -99,32 +103,34 @@ impl RawMemHandle {
         }
         match bytes {
             [version, kind, rest @ ..] if rest.len() == 64 => {
-                if !TORCH_HANDLE_VERSIONS.contains(version) {
-                    return Err(Error::CorruptHandle {
-                        reason: format!(
-                            "PyTorch handle version {version} (known: {TORCH_HANDLE_VERSIONS:?})"
-                        ),
-                    });
+                if !TORCH_HANDLE_VERSIONS.contains(&u32::from(*version)) {
+                    return Err(Error::corrupt_handle(HandleDefect::Version {
+                        what: "PyTorch handle",
+                        found: u32::from(*version),
+                        supported: &TORCH_HANDLE_VERSIONS,
+                    }));
                 }
                 match *kind {
                     TORCH_CUDA_MALLOC => Self::from_bytes(rest),
-                    TORCH_EXPANDABLE_SEGMENT => Err(Error::CorruptHandle {
-                        reason: "a PyTorch expandable-segment handle (expandable_segments:True) \
+                    TORCH_EXPANDABLE_SEGMENT => {
+                        Err(Error::corrupt_handle(HandleDefect::Unsupported {
+                            detail:
+                                "a PyTorch expandable-segment handle (expandable_segments:True) \
                                  is virtual memory, not a legacy CUDA IPC handle; share the \
                                  tensor from a process without expandable segments"
-                            .into(),
-                    }),
-                    other => Err(Error::CorruptHandle {
-                        reason: format!("unknown PyTorch handle type byte {other:#04x}"),
-                    }),
+                                    .into(),
+                        }))
+                    }
+                    other => Err(Error::corrupt_handle(HandleDefect::HandleType {
+                        detail: format!("unknown PyTorch handle type byte {other:#04x}"),
+                    })),
                 }
             }
-            _ => Err(Error::CorruptHandle {
-                reason: format!(
-                    "a PyTorch CUDA handle is 66 bytes (or a bare 64), got {}",
-                    bytes.len()
-                ),
-            }),
+            _ => Err(Error::corrupt_handle(HandleDefect::Size {
+                what: "a PyTorch CUDA handle (or a bare 64-byte one)",
+                expected: 66,
+                found: bytes.len(),
+            })),
         }
     }
 
@@ -324,12 +330,30 @@ mod tests {
         h[0] = 3;
         assert!(RawMemHandle::from_torch(&h).is_ok());
         h[1] = b'e';
-        let e = RawMemHandle::from_torch(&h).unwrap_err().to_string();
-        assert!(e.contains("expandable"), "{e}");
+        let defect = |r: Result<RawMemHandle>| match r {
+            Err(Error::CorruptHandle { defect }) => defect,
+            other => panic!("{other:?}"),
+        };
+        let e = defect(RawMemHandle::from_torch(&h));
+        assert!(
+            matches!(&e, HandleDefect::Unsupported { detail } if detail.contains("expandable")),
+            "{e}"
+        );
+        h[1] = b'x';
+        assert!(matches!(
+            defect(RawMemHandle::from_torch(&h)),
+            HandleDefect::HandleType { .. }
+        ));
         h[1] = b'c';
         h[0] = 9;
-        assert!(RawMemHandle::from_torch(&h).is_err());
-        assert!(RawMemHandle::from_torch(&[0; 65]).is_err());
+        assert!(matches!(
+            defect(RawMemHandle::from_torch(&h)),
+            HandleDefect::Version { found: 9, .. }
+        ));
+        assert!(matches!(
+            defect(RawMemHandle::from_torch(&[0; 65])),
+            HandleDefect::Size { found: 65, .. }
+        ));
         assert!(RawMemHandle::from_torch(&[1; 64]).is_ok());
         assert!(RawMemHandle::from_bytes(&[0; 63]).is_err());
     }

@@ -64,7 +64,7 @@ use parking_lot::Mutex;
 use crate::arena::book::{ALIGN, Placed};
 use crate::arena::ledger::Ledger;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 use crate::lease::Lease;
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
@@ -271,9 +271,9 @@ fn split(token: &[u8; 16]) -> Result<([u8; 16], u32)> {
     index.copy_from_slice(&token[12..]);
     let index = u32::from_le_bytes(index);
     if index as usize >= MAX_EXPORTS {
-        return Err(Error::CorruptHandle {
-            reason: format!("export block {index} out of range (at most {MAX_EXPORTS})"),
-        });
+        return Err(Error::corrupt_handle(HandleDefect::Names {
+            detail: format!("export block {index} out of range (at most {MAX_EXPORTS})"),
+        }));
     }
     Ok((ledger, index))
 }
@@ -300,9 +300,9 @@ fn enter_pausing(
 ) -> Result<Hold> {
     let (ledger_token, index) = split(token)?;
     if generation.is_multiple_of(2) {
-        return Err(Error::CorruptHandle {
-            reason: format!("generation {generation} is not a live export's (odd)"),
-        });
+        return Err(Error::corrupt_handle(HandleDefect::Names {
+            detail: format!("generation {generation} is not a live export's (odd)"),
+        }));
     }
     let ledger = imported(&ledger_token, generation, exporter)?;
     ledger.enter(index, generation, pause)
@@ -329,13 +329,13 @@ fn imported(
     // The ledger must be the exporter's own: a handle naming one process and another's
     // ledger would hold the wrong process's memory.
     if !table.creator().is_same_process(&exporter) {
-        return Err(Error::CorruptHandle {
-            reason: format!(
+        return Err(Error::corrupt_handle(HandleDefect::Names {
+            detail: format!(
                 "the handle names process {} but an export registry of process {}",
                 exporter.pid(),
                 table.creator().pid()
             ),
-        });
+        }));
     }
     let ledger = Arc::new(ImportedLedger {
         token: *token,
@@ -353,9 +353,9 @@ impl ImportedLedger {
     fn enter(self: &Arc<Self>, index: u32, generation: u64, pause: impl FnOnce()) -> Result<Hold> {
         let stale = Error::StaleHandle { generation };
         let Some(block) = self.table.block(index) else {
-            return Err(Error::CorruptHandle {
-                reason: format!("export block {index} out of range"),
-            });
+            return Err(Error::corrupt_handle(HandleDefect::Names {
+                detail: format!("export block {index} out of range"),
+            }));
         };
         let mut held = self.held.lock();
         match held.get_mut(&index) {

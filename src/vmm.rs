@@ -26,7 +26,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{check, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 
 /// One physical allocation mapped in one context (see the module docs).
 pub(crate) struct VmmMemory {
@@ -222,22 +222,22 @@ impl VmmMemory {
             || prop.location.kind != sys::CU_MEM_LOCATION_TYPE_DEVICE
             || prop.location.id != expected
         {
-            return Err(release(Error::CorruptHandle {
-                reason: format!(
+            return Err(release(Error::corrupt_handle(HandleDefect::Memory {
+                detail: format!(
                     "the descriptor's memory (allocation type {}, location type {} id {}) is not \
                      pinned memory on device {expected}, where the handle says it is",
                     prop.kind, prop.location.kind, prop.location.id
                 ),
-            }));
+            })));
         }
         let gran = granularity(&prop).map_err(release)?;
         if size == 0 || !size.is_multiple_of(gran) {
-            return Err(release(Error::CorruptHandle {
-                reason: format!(
+            return Err(release(Error::corrupt_handle(HandleDefect::Layout {
+                detail: format!(
                     "the handle maps {size} bytes, not a multiple of the allocation \
                      granularity {gran}"
                 ),
-            }));
+            })));
         }
         let ptr = map(ctx, handle, size, gran).map_err(release)?;
         Ok(Self {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{gpu, gpu_count, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, ShmCell, ShmOptions,
-    ShmRegion, ShmSafe,
+    Error, GpuContext, HandleDefect, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, ShmCell,
+    ShmOptions, ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -144,13 +144,17 @@ fn child_process() {
                 // Through the import cache (a real view is open): refused, not served.
                 let real = ImportedBuffer::open(&ctx, &h).unwrap();
                 match ImportedBuffer::open(&ctx, &forged) {
-                    Err(Error::CorruptHandle { reason }) => report(format!("hit: {reason}")),
+                    Err(Error::CorruptHandle {
+                        defect: defect @ HandleDefect::Memory { .. },
+                    }) => report(format!("hit: {defect}")),
                     other => report(format!("hit: unexpected {:?}", other.map(|b| b.len()))),
                 }
                 drop(real);
                 // A first open: held to the size the driver reports for the mapping.
                 match ImportedBuffer::open(&ctx, &forged) {
-                    Err(Error::CorruptHandle { reason }) => report(format!("miss: {reason}")),
+                    Err(Error::CorruptHandle {
+                        defect: defect @ HandleDefect::Memory { .. },
+                    }) => report(format!("miss: {defect}")),
                     other => report(format!("miss: unexpected {:?}", other.map(|b| b.len()))),
                 }
                 // Nothing is left behind: the real handle still opens, with its real length.

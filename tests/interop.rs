@@ -13,7 +13,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{from_hex, gpu, watchdog};
-use cuda_ipc::{Error, ImportedBuffer, IpcBuffer, PeerRole, RawImport, RawMemHandle};
+use cuda_ipc::{Error, HandleDefect, ImportedBuffer, IpcBuffer, PeerRole, RawImport, RawMemHandle};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 
@@ -210,9 +210,14 @@ fn a_range_past_the_block_or_misaligned_is_refused() {
     let past = RawImport::new(handle, e.offset, 1 << 28);
     // SAFETY: refused before any view exists.
     match unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &past) } {
-        Err(Error::CorruptHandle { reason }) => {
-            assert!(reason.contains("cuMemGetAddressRange"), "{reason}");
-            eprintln!("interop: refused: {reason}");
+        Err(Error::CorruptHandle {
+            defect: defect @ HandleDefect::Memory { .. },
+        }) => {
+            assert!(
+                defect.to_string().contains("cuMemGetAddressRange"),
+                "{defect}"
+            );
+            eprintln!("interop: refused: {defect}");
         }
         other => panic!("expected CorruptHandle, got {:?}", other.map(|b| b.len())),
     }

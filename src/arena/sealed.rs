@@ -3,13 +3,15 @@
 
 use bytemuck::Pod;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 use crate::handle::checksum;
 
 /// A handle's fixed identity: its magic, its layout version, and what it is called in errors.
 pub(crate) struct Format {
     pub(crate) magic: u32,
     pub(crate) version: u16,
+    /// `[version]`, for errors.
+    pub(crate) versions: &'static [u32],
     pub(crate) what: &'static str,
 }
 
@@ -23,13 +25,12 @@ pub(crate) struct Header {
 
 /// A `R` from exactly `size_of::<R>()` bytes of another process.
 pub(crate) fn read<R: Pod>(bytes: &[u8], format: &Format) -> Result<R> {
-    bytemuck::try_pod_read_unaligned(bytes).map_err(|_| Error::CorruptHandle {
-        reason: format!(
-            "{} is {} bytes, got {}",
-            format.what,
-            std::mem::size_of::<R>(),
-            bytes.len()
-        ),
+    bytemuck::try_pod_read_unaligned(bytes).map_err(|_| {
+        Error::corrupt_handle(HandleDefect::Size {
+            what: format.what,
+            expected: std::mem::size_of::<R>(),
+            found: bytes.len(),
+        })
     })
 }
 
@@ -41,22 +42,29 @@ pub(crate) fn sum<R: Pod>(raw: &R) -> u64 {
 
 /// Magic, version, checksum (of `raw`) and reserved words, each its own error.
 pub(crate) fn check<R: Pod>(raw: &R, header: Header, format: &Format) -> Result<()> {
-    let bad = |reason: String| Err(Error::CorruptHandle { reason });
-    if header.magic != format.magic || header.version != format.version {
-        return bad(format!(
-            "not {} (magic {:#x}, version {})",
-            format.what, header.magic, header.version
-        ));
+    let bad = |defect| Err(Error::corrupt_handle(defect));
+    if header.magic != format.magic {
+        return bad(HandleDefect::Magic {
+            what: format.what,
+            found: u64::from(header.magic),
+        });
+    }
+    if header.version != format.version {
+        return bad(HandleDefect::Version {
+            what: format.what,
+            found: u32::from(header.version),
+            supported: format.versions,
+        });
     }
     let computed = sum(raw);
     if computed != header.checksum {
-        return bad(format!(
-            "checksum {:#x} does not match contents ({computed:#x})",
-            header.checksum
-        ));
+        return bad(HandleDefect::Checksum {
+            stored: header.checksum,
+            computed,
+        });
     }
     if !header.reserved_zero {
-        return bad("reserved bytes are not zero".into());
+        return bad(HandleDefect::Reserved);
     }
     Ok(())
 }

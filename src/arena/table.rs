@@ -57,7 +57,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, HandleDefect, Result};
 use crate::lease::{token_name, token_words};
 use crate::shared::ShmSafe;
 use crate::shm::{ShmOptions, ShmRegion};
@@ -243,9 +243,9 @@ impl ArenaTable {
             || table.token[1].load(Ordering::Relaxed) != words[1]
             || table.capacity.load(Ordering::Relaxed) != capacity
         {
-            return Err(Error::CorruptHandle {
-                reason: "the block table names another arena or pool, or another size".into(),
-            });
+            return Err(Error::corrupt_handle(HandleDefect::Names {
+                detail: "the block table names another arena or pool, or another size".into(),
+            }));
         }
         Ok(table)
     }
