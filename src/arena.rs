@@ -27,7 +27,6 @@ use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
-use crate::device;
 use crate::error::{Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
@@ -226,7 +225,7 @@ impl IpcArena {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
-        let uuid = device::uuid_of(ctx.device())?;
+        let uuid = crate::driver::device::uuid(ctx.device())?;
         let memory = VmmMemory::create(ctx, bytes)?;
         let capacity = memory.size() as u64;
         let table = ArenaTable::create(&token, capacity)?;
@@ -694,7 +693,7 @@ impl ImportedArena {
         let bit = 1u64 << lease.slot();
         let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;
         let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-        let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
+        let memory = VmmMemory::import(ctx, fd, bytes, crate::driver::device::get(memory_device)?)?;
         let import = Arc::new(Import {
             ctx: ctx.clone(),
             key,

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use crate::context::GpuContext;
 use crate::deferred;
 use crate::device;
-use crate::driver::{self, check, sys};
+use crate::driver::{self, sys};
 use crate::error::{CloseError, Error, HandleDefect, PeerRole, Result};
 use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
@@ -86,7 +86,7 @@ impl Drop for Mapping {
         } else if let Ok(_g) = self.ctx.enter() {
             // SAFETY: `ptr` came from cuIpcOpenMemHandle in this context and is closed exactly
             // once, here, when the last view is gone. Drop cannot report a failure.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+            let _ = unsafe { driver::ipc::close_mem_handle(self.ptr) };
         }
         drop(cache);
     }
@@ -644,16 +644,13 @@ impl<T: Pod> BufferCore<T> {
                 true
             }
         };
-        let uuid = device::uuid_of(ctx.device())?;
+        let uuid = crate::driver::device::uuid(ctx.device())?;
         let (ptr, vmm) = if vmm {
             let memory = VmmMemory::create(ctx, bytes)?;
             (memory.ptr(), Some(memory))
         } else {
             let _g = ctx.enter()?;
-            let mut ptr = 0;
-            // SAFETY: writes one device pointer; `bytes` is non-zero.
-            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
-            (ptr, None)
+            (driver::mem::alloc(bytes)?, None)
         };
         Ok(Self {
             slice: GpuSlice::new(ctx.clone(), ptr, len),
@@ -685,20 +682,17 @@ impl<T: Pod> BufferCore<T> {
             _ => self.byte_len(),
         };
         let _g = self.slice.ctx.enter()?;
-        let stream = driver::create_non_blocking_stream()?;
+        let stream = driver::stream::create_non_blocking()?;
         // SAFETY: the device range is this buffer's `bytes` bytes (its mapping, for a POSIX-fd
-        // buffer); the stream is live.
-        let mut rc = check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.slice.ptr, value, bytes, stream)
-        });
+        // buffer), which nothing else uses yet; the stream is live, and synchronised before
+        // the call returns.
+        let mut rc = unsafe { driver::mem::set_bytes_async(self.slice.ptr, value, bytes, stream) };
         if rc.is_ok() {
-            // SAFETY: a live stream.
-            rc = check("cuStreamSynchronize", unsafe {
-                sys::cuStreamSynchronize(stream)
-            });
+            // SAFETY: a live stream of this context.
+            rc = unsafe { driver::stream::synchronize(stream) };
         }
         // SAFETY: created above and destroyed once; its work is done (or never started).
-        let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+        let _ = unsafe { driver::stream::destroy(stream) };
         rc
     }
 
@@ -783,16 +777,13 @@ impl<T: Pod> BufferCore<T> {
     /// The driver's legacy handle of this exported `cuMemAlloc` buffer (`cuIpcGetMemHandle`),
     /// remembered as this process's own (so that opening it here is refused before CUDA).
     fn legacy_ipc_handle(&self) -> Result<RawMemHandle> {
-        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
-        {
+        let raw = {
             let _g = self.slice.ctx.enter()?;
-            // SAFETY: writes 64 bytes for a pointer this buffer allocated with cuMemAlloc (the
-            // callers refuse imported and POSIX-fd buffers first).
-            check("cuIpcGetMemHandle", unsafe {
-                sys::cuIpcGetMemHandle(&mut raw, self.slice.ptr)
-            })?;
-        }
-        let handle = RawMemHandle(raw.reserved);
+            // SAFETY: a pointer this buffer allocated with cuMemAlloc in this context, live
+            // while `self` is (the callers refuse imported and POSIX-fd buffers first).
+            unsafe { driver::ipc::get_mem_handle(self.slice.ptr) }?
+        };
+        let handle = RawMemHandle(raw);
         crate::raw::remember_own(handle);
         Ok(handle)
     }
@@ -860,7 +851,8 @@ impl<T: Pod> BufferCore<T> {
         let (ptr, mapped, vmm) = match fd {
             Some(fd) => {
                 let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-                let memory = VmmMemory::import(ctx, fd, bytes, device::handle(memory_device)?)?;
+                let memory =
+                    VmmMemory::import(ctx, fd, bytes, crate::driver::device::get(memory_device)?)?;
                 (memory.ptr(), memory.size(), Some(memory))
             }
             None => {
@@ -1017,15 +1009,7 @@ impl<T: Pod> BufferCore<T> {
             }
         };
         let _g = ctx.enter()?;
-        let mut ptr = 0;
-        let raw = sys::CUipcHandle {
-            reserved: import.handle.0,
-        };
-        // SAFETY: writes one device pointer; the handle bytes are passed by value and the
-        // driver validates them (a forged handle is an error code, not UB).
-        check("cuIpcOpenMemHandle", unsafe {
-            sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-        })?;
+        let ptr = driver::ipc::open_mem_handle(import.handle.0)?;
         let checked = mapped_bytes(ptr).and_then(|mapped| {
             in_range(mapped)?;
             check_memory_device(ctx, ptr)?;
@@ -1035,7 +1019,7 @@ impl<T: Pod> BufferCore<T> {
             Ok(m) => m,
             Err(e) => {
                 // SAFETY: opened just above in this context, closed once, never handed out.
-                let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+                let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
                 return Err(e);
             }
         };
@@ -1238,13 +1222,7 @@ fn liveness_clock() -> u64 {
 /// bytes mapped from it. On an error nothing stays mapped.
 fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64, usize)> {
     let _g = ctx.enter()?;
-    let mut ptr = 0;
-    let raw = sys::CUipcHandle { reserved: handle };
-    // SAFETY: writes one device pointer; the handle bytes are passed by value and the driver
-    // validates them (a forged handle is an error code, not UB).
-    check("cuIpcOpenMemHandle", unsafe {
-        sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-    })?;
+    let ptr = driver::ipc::open_mem_handle(handle)?;
     let mapped = mapped_bytes(ptr).and_then(|mapped| {
         if wanted <= mapped {
             Ok(mapped)
@@ -1259,7 +1237,7 @@ fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64
     });
     if mapped.is_err() {
         // SAFETY: opened just above in this context, closed once, never handed out.
-        let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+        let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
     }
     Ok((ptr, mapped?))
 }
@@ -1267,12 +1245,7 @@ fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64
 /// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuMemGetAddressRange`), in the
 /// current context.
 pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: writes one pointer and one size; any pointer value is accepted (an unknown one
-    // is an error code).
-    check("cuMemGetAddressRange", unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-    })?;
+    let (base, size) = driver::mem::address_range(ptr)?;
     let offset = usize::try_from(ptr.wrapping_sub(base)).unwrap_or(usize::MAX);
     if ptr < base || offset > size {
         return Err(Error::Corrupt {
@@ -1288,15 +1261,7 @@ pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
 /// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
 /// `ctx` can reach as a peer. `ctx` is current.
 fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
-    let mut ordinal: std::ffi::c_int = -1;
-    // SAFETY: writes one int for the attribute asked; any pointer value is accepted.
-    check("cuPointerGetAttribute", unsafe {
-        sys::cuPointerGetAttribute(
-            (&raw mut ordinal).cast(),
-            sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    })?;
+    let ordinal = driver::mem::device_ordinal_of(ptr)?;
     let Ok(ordinal) = u32::try_from(ordinal) else {
         return Err(Error::Corrupt {
             what: "IPC mapping",

@@ -1026,14 +1026,14 @@ impl<T: Pod> Received<'_, T> {
         // SAFETY: `out` holds `len` elements, the item's range is inside the mapping, and the
         // stream is live (borrowed by the item); `out` is returned only once the copy is done
         // and leaked otherwise (below).
-        crate::driver::check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
+        unsafe {
+            crate::driver::mem::copy_dtoh_async(
                 out.as_mut_ptr().cast(),
                 self.as_raw_ptr(),
                 std::mem::size_of_val(out.as_slice()),
                 self.stream,
             )
-        })?;
+        }?;
         let mut done = InFlight::new(data.context());
         let producer = data.exporter();
         let gone = std::cell::Cell::new(None);

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::driver::{self, check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 
 struct Inner {
@@ -20,9 +20,10 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // SAFETY: releases the retain taken in `GpuContext::new`; drop cannot report an error,
-        // and the only failure (an invalid device) cannot happen for a device we retained on.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+        // SAFETY: gives back the one retain taken in `GpuContext::new` (or `from_primary`);
+        // drop cannot report an error, and the only failure (an invalid device) cannot happen
+        // for a device we retained on.
+        let _ = unsafe { driver::ctx::primary_release(self.device) };
     }
 }
 
@@ -63,18 +64,14 @@ impl GpuContext {
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(ordinal: u32) -> Result<Self> {
         driver::init()?;
-        let ord = i32::try_from(ordinal).map_err(|_| Error::InvalidArgument {
-            call: "GpuContext::new",
-            reason: format!("device ordinal {ordinal} out of range"),
-        })?;
-        let mut device = 0;
-        // SAFETY: writes one CUdevice; an invalid ordinal is an error code.
-        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, ord) })?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes one CUcontext for a valid device.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut raw, device)
-        })?;
+        if i32::try_from(ordinal).is_err() {
+            return Err(Error::InvalidArgument {
+                call: "GpuContext::new",
+                reason: format!("device ordinal {ordinal} out of range"),
+            });
+        }
+        let device = driver::device::get(ordinal)?;
+        let raw = driver::ctx::primary_retain(device)?;
         let ctx = Self {
             inner: Arc::new(Inner {
                 raw,
@@ -119,17 +116,12 @@ impl GpuContext {
     #[cfg(any(feature = "cust", feature = "cudarc"))]
     unsafe fn from_primary(raw: sys::CUcontext, call: &'static str) -> Result<Self> {
         driver::init()?;
-        // SAFETY: pushing a live context (the caller's duty) and popping it again;
-        // cuCtxGetDevice writes one CUdevice.
-        let device = unsafe {
-            check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(raw))?;
-            let mut device = 0;
-            let rc = sys::cuCtxGetDevice(&mut device);
-            let mut popped = std::ptr::null_mut();
-            sys::cuCtxPopCurrent_v2(&mut popped);
-            check("cuCtxGetDevice", rc)?;
-            device
-        };
+        // SAFETY: `raw` is live (the caller's duty); pushed here and popped right after.
+        unsafe { driver::ctx::push(raw) }?;
+        let device = driver::ctx::current_device();
+        // SAFETY: pops what was pushed just above, on this thread.
+        let _ = unsafe { driver::ctx::pop() };
+        let device = device?;
         let ordinal = u32::try_from(device).map_err(|_| Error::InvalidArgument {
             call,
             reason: format!("device handle {device} is not an ordinal"),
@@ -152,29 +144,24 @@ impl GpuContext {
     /// [`Error::Cuda`] naming `cuCtxSetCurrent`.
     #[doc(alias = "cuCtxSetCurrent")]
     pub fn make_current(&self) -> Result<()> {
-        // SAFETY: the context is retained by `self`.
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(self.inner.raw)
-        })
+        // SAFETY: the context is retained by `self`; a thread's current context is the
+        // caller's to manage, as with cust's and cudarc's `set_current`.
+        unsafe { driver::ctx::set_current(self.inner.raw) }
     }
 
     /// Make this context current for the guard's lifetime, restoring the caller's on drop.
     /// When it already is current (the common case: [`GpuContext::new`] makes it so) nothing
     /// is pushed, and the guard pops nothing: one `cuCtxGetCurrent` instead of a push and a pop.
     pub(crate) fn enter(&self) -> Result<CtxGuard> {
-        let mut current = std::ptr::null_mut();
-        // SAFETY: writes one CUcontext (null when none is current).
-        let rc = unsafe { sys::cuCtxGetCurrent(&mut current) };
-        if rc == sys::CUDA_SUCCESS && current == self.inner.raw {
+        if driver::ctx::current() == Some(self.inner.raw) {
             return Ok(CtxGuard {
                 pushed: false,
                 _not_send: std::marker::PhantomData,
             });
         }
-        // SAFETY: the context is retained by `self`, and the guard pops exactly what it pushed.
-        check("cuCtxPushCurrent", unsafe {
-            sys::cuCtxPushCurrent_v2(self.inner.raw)
-        })?;
+        // SAFETY: the context is retained by `self`, and the guard
+        // pops exactly what it pushed, on this thread (it is not `Send`).
+        unsafe { driver::ctx::push(self.inner.raw) }?;
         Ok(CtxGuard {
             pushed: true,
             _not_send: std::marker::PhantomData,
@@ -219,12 +206,8 @@ impl GpuContext {
             return Ok(());
         }
         let _g = self.enter()?;
-        // SAFETY: both contexts are retained; flags must be 0.
-        let rc = unsafe { sys::cuCtxEnablePeerAccess(peer.inner.raw, 0) };
-        if rc == sys::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-            return Ok(());
-        }
-        check("cuCtxEnablePeerAccess", rc)
+        // SAFETY: `peer` retains its context.
+        unsafe { driver::ctx::enable_peer_access(peer.inner.raw) }
     }
 }
 
@@ -248,9 +231,8 @@ impl Drop for CtxGuard {
         if !self.pushed {
             return;
         }
-        let mut popped = std::ptr::null_mut();
         // SAFETY: pops the context this guard pushed; the thread's stack is otherwise untouched
         // between push and pop by this crate. Failure cannot be acted on in drop.
-        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        let _ = unsafe { driver::ctx::pop() };
     }
 }

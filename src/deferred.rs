@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
-use crate::driver::{check, sys};
+use crate::driver::sys;
 use crate::error::Result;
 use crate::registry::{self, Record};
 
@@ -108,7 +108,7 @@ fn free(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
     let _g = ctx.enter()?;
     // SAFETY: `ptr` was allocated by cuMemAlloc in `ctx` and is freed once: by its buffer, or
     // here after being moved off the list; its record is retired and no importer holds it.
-    check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) })
+    unsafe { crate::driver::mem::free(ptr) }
 }
 
 /// Collect if anything is pending (called when this process allocates or exports).

@@ -1,9 +1,7 @@
 //! Device capability queries and simpleIPC's device selection, as an API.
 
-use std::ffi::{c_char, c_int};
-
 use crate::context::GpuContext;
-use crate::driver::{self, check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 
 /// Compute mode of a device (`CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`).
@@ -75,40 +73,6 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
     )
 }
 
-pub(crate) fn handle(ordinal: u32) -> Result<sys::CUdevice> {
-    let ord = c_int::try_from(ordinal).map_err(|_| Error::InvalidArgument {
-        call: "cuDeviceGet",
-        reason: format!("ordinal {ordinal} out of range"),
-    })?;
-    let mut dev = 0;
-    // SAFETY: writes one CUdevice.
-    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ord) })?;
-    Ok(dev)
-}
-
-pub(crate) fn attribute(dev: sys::CUdevice, attr: c_int) -> Result<i32> {
-    let mut v = 0;
-    // SAFETY: writes one int for a valid device and attribute.
-    check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(&mut v, attr, dev)
-    })?;
-    Ok(v)
-}
-
-fn c_string(
-    call: &'static str,
-    f: impl FnOnce(*mut c_char, c_int) -> sys::CUresult,
-) -> Result<String> {
-    let mut buf = [0 as c_char; 256];
-    check(call, f(buf.as_mut_ptr(), buf.len() as c_int))?;
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
 /// The number of devices the driver shows this process (`cuDeviceGetCount`).
 ///
 /// # Errors
@@ -117,20 +81,7 @@ fn c_string(
 #[doc(alias = "cuDeviceGetCount")]
 pub fn device_count() -> Result<u32> {
     driver::init()?;
-    let mut n = 0;
-    // SAFETY: writes one int.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
-    Ok(u32::try_from(n).unwrap_or(0))
-}
-
-/// The UUID of a device handle.
-pub(crate) fn uuid_of(dev: sys::CUdevice) -> Result<[u8; 16]> {
-    let mut u = sys::CUuuid { bytes: [0; 16] };
-    // SAFETY: writes 16 bytes.
-    check("cuDeviceGetUuid", unsafe {
-        sys::cuDeviceGetUuid(&mut u, dev)
-    })?;
-    Ok(u.bytes)
+    driver::device::count()
 }
 
 /// Query one device.
@@ -151,16 +102,11 @@ pub(crate) fn uuid_of(dev: sys::CUdevice) -> Result<[u8; 16]> {
 #[doc(alias = "cuDeviceGetPCIBusId")]
 pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
     driver::init()?;
-    let dev = handle(ordinal)?;
-    let name = c_string("cuDeviceGetName", |p, len| {
-        // SAFETY: the driver writes at most `len` bytes, NUL included, into the buffer at `p`.
-        unsafe { sys::cuDeviceGetName(p, len, dev) }
-    })?;
-    let pci_bus_id = c_string("cuDeviceGetPCIBusId", |p, len| {
-        // SAFETY: as above.
-        unsafe { sys::cuDeviceGetPCIBusId(p, len, dev) }
-    })?;
-    let compute_mode = match attribute(dev, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)? {
+    let dev = driver::device::get(ordinal)?;
+    let name = driver::device::name(dev)?;
+    let pci_bus_id = driver::device::pci_bus_id(dev)?;
+    let compute_mode = match driver::device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)?
+    {
         0 => ComputeMode::Default,
         2 => ComputeMode::Prohibited,
         3 => ComputeMode::ExclusiveProcess,
@@ -169,11 +115,14 @@ pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
     Ok(DeviceInfo {
         ordinal,
         name,
-        uuid: uuid_of(dev)?,
+        uuid: driver::device::uuid(dev)?,
         pci_bus_id,
-        unified_addressing: attribute(dev, sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
+        unified_addressing: driver::device::attribute(
+            dev,
+            sys::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+        )? != 0,
         compute_mode,
-        multiprocessors: u32::try_from(attribute(
+        multiprocessors: u32::try_from(driver::device::attribute(
             dev,
             sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?)
@@ -186,12 +135,12 @@ pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
 /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`, or on an older driver that does not
 /// know it (`CUDA_ERROR_INVALID_VALUE`), the same number's CUDA 11 predecessor.
 pub(crate) fn stream_mem_ops_64(dev: sys::CUdevice) -> Result<bool> {
-    match attribute(dev, sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) {
+    match driver::device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) {
         Ok(v) => Ok(v != 0),
         Err(Error::Cuda {
             code: sys::CUDA_ERROR_INVALID_VALUE,
             ..
-        }) => Ok(attribute(
+        }) => Ok(driver::device::attribute(
             dev,
             sys::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1,
         )? != 0),
@@ -219,7 +168,7 @@ pub(crate) fn stream_mem_ops_64(dev: sys::CUdevice) -> Result<bool> {
 #[doc(alias = "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS")]
 pub fn can_use_stream_mem_ops(ordinal: u32) -> Result<bool> {
     driver::init()?;
-    stream_mem_ops_64(handle(ordinal)?)
+    stream_mem_ops_64(driver::device::get(ordinal)?)
 }
 
 /// Every device the driver shows this process.
@@ -243,13 +192,8 @@ pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
         return Ok(true);
     }
     driver::init()?;
-    let (a, b) = (handle(from)?, handle(to)?);
-    let mut can = 0;
-    // SAFETY: writes one int for two valid devices.
-    check("cuDeviceCanAccessPeer", unsafe {
-        sys::cuDeviceCanAccessPeer(&mut can, a, b)
-    })?;
-    Ok(can != 0)
+    let (a, b) = (driver::device::get(from)?, driver::device::get(to)?);
+    driver::device::can_access_peer(a, b)
 }
 
 /// The ordinal of the visible device with this UUID. The driver's device list is fixed for the
@@ -260,7 +204,7 @@ pub(crate) fn ordinal_of_uuid(uuid: &[u8; 16]) -> Result<Option<u32>> {
         Some(u) => u,
         None => {
             let list = (0..device_count()?)
-                .map(|o| uuid_of(handle(o)?))
+                .map(|o| driver::device::uuid(driver::device::get(o)?))
                 .collect::<Result<Vec<_>>>()?;
             UUIDS.get_or_init(|| list)
         }

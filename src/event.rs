@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::buffer::GENERATION;
 use crate::context::GpuContext;
-use crate::device;
-use crate::driver::{check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, PeerRole, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT, check_exporter_alive};
 use crate::poll::Backoff;
@@ -145,14 +144,7 @@ impl IpcEvent {
     #[doc(alias = "cuEventCreate")]
     pub fn new(ctx: &GpuContext) -> Result<Self> {
         let _g = ctx.enter()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes one event handle.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(
-                &mut raw,
-                sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING,
-            )
-        })?;
+        let raw = driver::event::create(sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING)?;
         Ok(Self {
             event: GpuEvent {
                 ctx: ctx.clone(),
@@ -172,22 +164,14 @@ impl IpcEvent {
     #[doc(alias = "cuIpcGetEventHandle")]
     pub fn handle(&self) -> Result<IpcEventHandle> {
         let event = &self.event;
-        let mut raw = sys::CUipcHandle { reserved: [0; 64] };
-        {
+        let cuda = {
             let _g = event.ctx.enter()?;
-            // SAFETY: writes 64 bytes for an interprocess event created in this context.
-            check("cuIpcGetEventHandle", unsafe {
-                sys::cuIpcGetEventHandle(&mut raw, event.raw)
-            })?;
-        }
+            // SAFETY: an interprocess event of this context, live while `self` is.
+            unsafe { driver::ipc::get_event_handle(event.raw) }?
+        };
         let env = Envelope {
-            device_uuid: device::uuid_of(event.ctx.device())?,
-            ..Envelope::exported(
-                KIND_EVENT,
-                event.generation,
-                event.ctx.ordinal(),
-                raw.reserved,
-            )
+            device_uuid: crate::driver::device::uuid(event.ctx.device())?,
+            ..Envelope::exported(KIND_EVENT, event.generation, event.ctx.ordinal(), cuda)
         };
         Ok(IpcEventHandle::from_envelope(env.seal()))
     }
@@ -206,11 +190,7 @@ impl ImportedEvent {
         check_exporter_alive(&exporter)?;
         let env = &handle.env;
         let _g = ctx.enter()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes one event handle; the driver validates the handle bytes.
-        check("cuIpcOpenEventHandle", unsafe {
-            sys::cuIpcOpenEventHandle(&mut raw, sys::CUipcHandle { reserved: env.cuda })
-        })?;
+        let raw = driver::ipc::open_event_handle(env.cuda)?;
         Ok(Self {
             event: GpuEvent {
                 ctx: ctx.clone(),
@@ -237,10 +217,8 @@ impl GpuEvent {
     #[doc(alias = "cuEventRecord")]
     pub fn record(&self, stream: &(impl AsStream + ?Sized)) -> Result<()> {
         let _g = self.ctx.enter()?;
-        // SAFETY: a live event and a live stream (borrowed).
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.raw, stream.as_cu_stream())
-        })
+        // SAFETY: a live event of this context, and a live stream (borrowed).
+        unsafe { driver::event::record(self.raw, stream.as_cu_stream()) }
     }
 
     /// Make `stream` wait for the event's most recent record (`cuStreamWaitEvent`). The event
@@ -252,10 +230,8 @@ impl GpuEvent {
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_on(&self, stream: &(impl AsStream + ?Sized)) -> Result<()> {
         let _g = self.ctx.enter()?;
-        // SAFETY: a live event and a live stream (borrowed); flags must be 0.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream.as_cu_stream(), self.raw, 0)
-        })
+        // SAFETY: a live event and a live stream (borrowed).
+        unsafe { driver::stream::wait_event(stream.as_cu_stream(), self.raw) }
     }
 
     /// Whether the work before the last record has completed (`cuEventQuery`).
@@ -267,11 +243,7 @@ impl GpuEvent {
     pub fn query(&self) -> Result<bool> {
         let _g = self.ctx.enter()?;
         // SAFETY: a live event.
-        match unsafe { sys::cuEventQuery(self.raw) } {
-            sys::CUDA_SUCCESS => Ok(true),
-            sys::CUDA_ERROR_NOT_READY => Ok(false),
-            rc => check("cuEventQuery", rc).map(|()| false),
-        }
+        unsafe { driver::event::query(self.raw) }
     }
 
     /// Wait until the event completes, at most `timeout`. Polls `cuEventQuery` with a short
@@ -322,7 +294,7 @@ impl GpuEvent {
     ///
     /// [`Error::Cuda`] naming `cuDeviceGetUuid`.
     pub fn device_uuid(&self) -> Result<[u8; 16]> {
-        device::uuid_of(self.ctx.device())
+        crate::driver::device::uuid(self.ctx.device())
     }
 }
 
@@ -330,7 +302,7 @@ impl Drop for GpuEvent {
     fn drop(&mut self) {
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: destroyed once, in its own context. Drop cannot report a failure.
-            let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+            let _ = unsafe { driver::event::destroy(self.raw) };
         }
     }
 }

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Weak};
 
@@ -22,8 +22,7 @@ use crate::arena::reap_dead_importers;
 use crate::arena::sealed;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
-use crate::device;
-use crate::driver::{check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
@@ -89,7 +88,7 @@ impl Owner {
                     if let Ok(_g) = self.ctx.enter() {
                         // SAFETY: our allocation, retired, every importer has freed its import
                         // (bit cleared after its cuMemFree); freed once, here.
-                        let _ = unsafe { sys::cuMemFree_v2(r.ptr) };
+                        let _ = unsafe { driver::mem::free(r.ptr) };
                     }
                     books.free.push(r.index);
                 } else {
@@ -127,7 +126,7 @@ impl Drop for Owner {
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: created in this context, destroyed once; the driver defers the release
             // while allocations (the leaked ones) are outstanding.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+            let _ = unsafe { driver::pool::destroy(self.pool) };
         }
     }
 }
@@ -195,9 +194,12 @@ impl IpcPool {
     #[doc(alias = "cuMemPoolCreate")]
     pub fn new(ctx: &GpuContext) -> Result<Self> {
         let dev = ctx.device();
-        let supported = device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
-        let types =
-            device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
+        let supported =
+            crate::driver::device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        let types = crate::driver::device::attribute(
+            dev,
+            sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+        )?;
         if supported == 0 || (types as u32) & sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
             return Err(Error::Unsupported {
                 device: ctx.ordinal(),
@@ -211,18 +213,14 @@ impl IpcPool {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
-        let uuid = device::uuid_of(dev)?;
+        let uuid = crate::driver::device::uuid(dev)?;
         let table = ArenaTable::create(&token, 0)?;
         let leases = ExportLeases::create(&token)?;
         let props = crate::vmm::pool_props(dev);
-        let mut pool = std::ptr::null_mut();
-        {
+        let pool = {
             let _g = ctx.enter()?;
-            // SAFETY: reads `props`, writes one pool handle.
-            check("cuMemPoolCreate", unsafe {
-                sys::cuMemPoolCreate(&mut pool, &props)
-            })?;
-        }
+            driver::pool::create(&props)?
+        };
         let pool = Self {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
@@ -349,17 +347,8 @@ impl IpcPool {
         }
         .seal();
         let _g = owner.ctx.enter()?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: writes one int (the POSIX-fd shareable type) for our live pool, created with
-        // that handle type.
-        check("cuMemPoolExportToShareableHandle", unsafe {
-            sys::cuMemPoolExportToShareableHandle(
-                (&raw mut fd).cast(),
-                owner.pool,
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
+        // SAFETY: our live pool, created with the POSIX-fd handle type.
+        let fd = unsafe { driver::pool::export_fd(owner.pool) }?;
         if fd < 0 {
             return Err(Error::Corrupt {
                 what: "exported descriptor",
@@ -406,29 +395,19 @@ fn alloc_on(
     stream: sys::CUstream,
 ) -> Result<(sys::CUdeviceptr, sys::CUevent)> {
     let _g = ctx.enter()?;
-    let mut ptr = 0;
-    // SAFETY: writes one device pointer; the pool is live, the stream the caller's (AsStream
-    // guarantees a live stream of this context or the legacy stream).
-    check("cuMemAllocFromPoolAsync", unsafe {
-        sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream)
-    })?;
+    // SAFETY: the pool is live, the stream the caller's (AsStream guarantees a live stream
+    // of this context or the legacy stream).
+    let ptr = unsafe { driver::pool::alloc_async(bytes, pool, stream) }?;
     let free = |e: Error| {
         // SAFETY: allocated above, never handed out; freed once, ordered on the same stream.
-        let _ = unsafe { sys::cuMemFreeAsync(ptr, stream) };
+        let _ = unsafe { driver::pool::free_async(ptr, stream) };
         e
     };
-    let mut event = std::ptr::null_mut();
-    // SAFETY: writes one event handle.
-    check("cuEventCreate", unsafe {
-        sys::cuEventCreate(&mut event, sys::CU_EVENT_DISABLE_TIMING)
-    })
-    .map_err(free)?;
-    // SAFETY: a live event and stream.
-    if let Err(e) = check("cuEventRecord", unsafe {
-        sys::cuEventRecord(event, stream)
-    }) {
+    let event = driver::event::create(sys::CU_EVENT_DISABLE_TIMING).map_err(free)?;
+    // SAFETY: a live event of this context and the caller's live stream.
+    if let Err(e) = unsafe { driver::event::record(event, stream) } {
         // SAFETY: created above, destroyed once.
-        let _ = unsafe { sys::cuEventDestroy_v2(event) };
+        let _ = unsafe { driver::event::destroy(event) };
         return Err(free(e));
     }
     Ok((ptr, event))
@@ -519,14 +498,9 @@ impl<T: Pod> PoolBuffer<T> {
     pub fn handle(&self) -> Result<PoolHandle<T>> {
         let _g = self.owner.ctx.enter()?;
         // SAFETY: our live event.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.ready)
-        })?;
-        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
-        // SAFETY: writes 64 bytes for our live allocation from an exportable pool.
-        check("cuMemPoolExportPointer", unsafe {
-            sys::cuMemPoolExportPointer(&mut data, self.slice.ptr)
-        })?;
+        unsafe { driver::event::synchronize(self.ready) }?;
+        // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
+        let export = unsafe { driver::pool::export_pointer(self.slice.ptr) }?;
         let mut raw = RawPoolHandle {
             magic: POOL_FORMAT.magic,
             version: POOL_FORMAT.version,
@@ -537,7 +511,7 @@ impl<T: Pod> PoolBuffer<T> {
             index: self.index,
             generation: self.generation,
             len: self.slice.len as u64,
-            export: data.reserved,
+            export,
             ..Zeroable::zeroed()
         };
         raw.checksum = sealed::sum(&raw);
@@ -569,7 +543,7 @@ impl<T: Pod> PoolBuffer<T> {
         let owner = &self.owner;
         let _g = owner.ctx.enter()?;
         // SAFETY: our live event, destroyed once (`freed` or drop, never both).
-        let _ = unsafe { sys::cuEventDestroy_v2(self.ready) };
+        let _ = unsafe { driver::event::destroy(self.ready) };
         let mut books = owner.books.lock();
         books.generations[self.index as usize] = self.generation + 1;
         if owner.table.blocks[self.index as usize].retire(self.generation) != 0 {
@@ -584,11 +558,9 @@ impl<T: Pod> PoolBuffer<T> {
         match stream {
             // SAFETY: our allocation, retired with no importer holding it; freed once, ordered
             // on the caller's live stream.
-            Some(s) => check("cuMemFreeAsync", unsafe {
-                sys::cuMemFreeAsync(self.slice.ptr, s)
-            }),
+            Some(s) => unsafe { driver::pool::free_async(self.slice.ptr, s) },
             // SAFETY: as above, freed once, now (queued work on it is the caller's duty).
-            None => check("cuMemFree", unsafe { sys::cuMemFree_v2(self.slice.ptr) }),
+            None => unsafe { driver::mem::free(self.slice.ptr) },
         }
     }
 }
@@ -728,7 +700,7 @@ impl Drop for Import {
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: imported in this context, destroyed once; every view (each holds the
             // import) has freed its pointer.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+            let _ = unsafe { driver::pool::destroy(self.pool) };
         }
     }
 }
@@ -772,30 +744,17 @@ impl ImportedPool {
         let lease = Lease::acquire(&env.token, env.generation)?;
         let table = ArenaTable::open(&env.token, 0, env.generation)?;
         let _g = ctx.enter()?;
-        let mut pool = std::ptr::null_mut();
-        // SAFETY: for a POSIX fd the shareable handle is the descriptor's number, passed as a
-        // pointer-sized value and never dereferenced; `fd` is open for the call. A descriptor
-        // that is not a pool is an error code.
-        check("cuMemPoolImportFromShareableHandle", unsafe {
-            sys::cuMemPoolImportFromShareableHandle(
-                &mut pool,
-                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
+        let pool = driver::pool::import_fd(fd.as_fd())?;
         drop(fd);
         if memory_device != ctx.ordinal() {
             let access = sys::CUmemAccessDesc {
                 location: crate::vmm::on_device(ctx.device()),
                 flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             };
-            // SAFETY: reads one access descriptor for our imported pool.
-            if let Err(e) = check("cuMemPoolSetAccess", unsafe {
-                sys::cuMemPoolSetAccess(pool, &access, 1)
-            }) {
+            // SAFETY: our imported pool, live.
+            if let Err(e) = unsafe { driver::pool::set_access(pool, &access) } {
                 // SAFETY: imported above, nothing allocated or imported from it; once.
-                let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+                let _ = unsafe { driver::pool::destroy(pool) };
                 return Err(e);
             }
         }
@@ -942,18 +901,14 @@ fn import_pointer(
         }));
     }
     let _g = import.ctx.enter()?;
-    let mut ptr = 0;
-    let mut data = sys::CUmemPoolPtrExportData { reserved: h.export };
-    // SAFETY: writes one device pointer; the export data is 64 bytes the driver validates
-    // against our imported pool (a forged one is an error code).
-    check("cuMemPoolImportPointer", unsafe {
-        sys::cuMemPoolImportPointer(&mut ptr, import.pool, &mut data)
-    })?;
+    // SAFETY: our imported pool, live while `import` is; the driver validates the export
+    // data against it (forged data is an error code).
+    let ptr = unsafe { driver::pool::import_pointer(import.pool, h.export) }?;
     match crate::buffer::mapped_bytes(ptr) {
         Ok(size) if size as u64 >= bytes => Ok((ptr, size as u64)),
         other => {
             // SAFETY: imported above, never handed out; freed once.
-            let _ = unsafe { sys::cuMemFree_v2(ptr) };
+            let _ = unsafe { driver::mem::free(ptr) };
             Err(match other {
                 Err(e) => e,
                 Ok(size) => Error::corrupt_handle(HandleDefect::Memory {
@@ -1017,7 +972,7 @@ impl<T: Pod> Drop for PoolView<T> {
                 let freed = self.import.ctx.enter().is_ok_and(|_g| {
                     // SAFETY: imported with cuMemPoolImportPointer in this context, freed once,
                     // when its last view goes; before the bit clears, as the guide requires.
-                    unsafe { sys::cuMemFree_v2(ptr) == 0 }
+                    unsafe { driver::mem::free(ptr) }.is_ok()
                 });
                 // An import that could not be freed keeps the bit: the owner then never frees
                 // the allocation under it (a leak, never a use-after-free).

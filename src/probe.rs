@@ -22,7 +22,7 @@ use std::fmt;
 
 use crate::context::GpuContext;
 use crate::device::{self, ComputeMode};
-use crate::driver::{self, check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::os;
 
@@ -392,40 +392,26 @@ fn device_checks(p: &mut Probe, ordinal: u32) {
 }
 
 fn attr(dev: sys::CUdevice, attribute: i32) -> Result<i32> {
-    device::attribute(dev, attribute)
+    crate::driver::device::attribute(dev, attribute)
 }
 
 /// `cuMemAlloc` + `cuIpcGetMemHandle`, and an interprocess event + `cuIpcGetEventHandle`.
 fn try_legacy_ipc(dev: sys::CUdevice) -> Finding {
     let tried = (|| -> Result<()> {
-        let mut ptr = 0;
-        // SAFETY: writes one device pointer, in the current (entered) context.
-        check("cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, 2 << 20)
-        })?;
-        let mut handle = sys::CUipcHandle { reserved: [0; 64] };
-        // SAFETY: `ptr` is a live cuMemAlloc allocation of this context; writes 64 bytes.
-        let exported = check("cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(&mut handle, ptr)
-        });
+        // In the current (entered) context.
+        let ptr = driver::mem::alloc(2 << 20)?;
+        // SAFETY: `ptr` is a live cuMemAlloc allocation of this context.
+        let exported = unsafe { driver::ipc::get_mem_handle(ptr) };
         // SAFETY: allocated above, freed once, nothing queued on it.
-        let freed = check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) });
+        let freed = unsafe { driver::mem::free(ptr) };
         exported.and(freed)?;
-        let mut event = std::ptr::null_mut();
-        // SAFETY: writes one event handle in the current context.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CU_EVENT_DISABLE_TIMING | sys::CU_EVENT_INTERPROCESS,
-            )
-        })?;
-        // SAFETY: `event` is a live interprocess event; writes 64 bytes.
-        let exported = check("cuIpcGetEventHandle", unsafe {
-            sys::cuIpcGetEventHandle(&mut handle, event)
-        });
+        let event =
+            driver::event::create(sys::CU_EVENT_DISABLE_TIMING | sys::CU_EVENT_INTERPROCESS)?;
+        // SAFETY: `event` is a live interprocess event of this context.
+        let exported = unsafe { driver::ipc::get_event_handle(event) };
         // SAFETY: created above, destroyed once, never recorded.
-        let destroyed = check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) });
-        exported.and(destroyed)
+        let destroyed = unsafe { driver::event::destroy(event) };
+        exported.and(destroyed).map(drop)
     })();
     match tried {
         Ok(()) => {
@@ -452,19 +438,13 @@ fn try_vmm_export(
 ) -> Result<()> {
     let prop = crate::vmm::pinned_prop(dev, handle_type);
     let granularity = crate::vmm::granularity(&prop)?;
-    let mut handle = 0;
-    // SAFETY: reads `prop`, writes one allocation handle; the size is the granularity.
-    check("cuMemCreate", unsafe {
-        sys::cuMemCreate(&mut handle, granularity, &prop, 0)
-    })?;
+    let handle = driver::vmm::create(granularity, &prop)?;
     // SAFETY: `handle` was created above with `handle_type` requested; `shareable` points to
     // storage of that type's size (the caller's int or 64-byte fabric handle).
-    let exported = check("cuMemExportToShareableHandle", unsafe {
-        sys::cuMemExportToShareableHandle(shareable, handle, handle_type, 0)
-    });
+    let exported = unsafe { driver::vmm::export_shareable(shareable, handle, handle_type) };
     // SAFETY: created above, never mapped, released once (an exported handle keeps the
     // memory alive until closed, which the caller does).
-    let released = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
+    let released = unsafe { driver::vmm::release(handle) };
     exported.and(released)
 }
 
@@ -514,14 +494,9 @@ fn try_pool(dev: sys::CUdevice) -> Finding {
         types.as_ref().map_or("?".into(), |t| format!("{t:#x}"))
     );
     let props = crate::vmm::pool_props(dev);
-    let mut pool = std::ptr::null_mut();
-    // SAFETY: reads `props`, writes one pool handle.
-    let created = check("cuMemPoolCreate", unsafe {
-        sys::cuMemPoolCreate(&mut pool, &props)
-    });
-    let tried = created.and_then(|()| {
+    let tried = driver::pool::create(&props).and_then(|pool| {
         // SAFETY: created above, no allocation from it, destroyed once.
-        check("cuMemPoolDestroy", unsafe { sys::cuMemPoolDestroy(pool) })
+        unsafe { driver::pool::destroy(pool) }
     });
     match tried {
         Ok(()) => Finding::Yes(format!(

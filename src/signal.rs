@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{self, check, sys};
+use crate::driver::{self, sys};
 use crate::error::{CloseError, Error, PeerRole, Result};
 use crate::handle::IpcSignalHandle;
 use crate::poll::Backoff;
@@ -320,15 +320,15 @@ unsafe impl Send for HostPort {}
 impl HostPort {
     fn new(ctx: &GpuContext) -> Result<Self> {
         let _g = ctx.enter()?;
-        let stream = driver::create_non_blocking_stream()?;
-        let mut word = std::ptr::null_mut();
-        // SAFETY: writes one host pointer to 8 page-locked bytes.
-        let rc = unsafe { sys::cuMemAllocHost_v2(&mut word, 8) };
-        if let Err(e) = check("cuMemAllocHost", rc) {
-            // SAFETY: created above, destroyed once; nothing was enqueued on it.
-            let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
-            return Err(e);
-        }
+        let stream = driver::stream::create_non_blocking()?;
+        let word = match driver::mem::alloc_host(8) {
+            Ok(word) => word,
+            Err(e) => {
+                // SAFETY: created above, destroyed once; nothing was enqueued on it.
+                let _ = unsafe { driver::stream::destroy(stream) };
+                return Err(e);
+            }
+        };
         Ok(Self {
             ctx: ctx.clone(),
             stream,
@@ -342,13 +342,9 @@ impl HostPort {
         let _g = self.ctx.enter()?;
         // SAFETY: the word is 8 page-locked bytes owned by this port, and the device range is
         // the signal's 8-byte counter, mapped while the signal lives.
-        check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(self.word.cast(), ptr, 8, self.stream)
-        })?;
+        unsafe { driver::mem::copy_dtoh_async(self.word.cast(), ptr, 8, self.stream) }?;
         // SAFETY: a live stream of this port.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.stream)
-        })?;
+        unsafe { driver::stream::synchronize(self.stream) }?;
         // SAFETY: the copy into the word has completed (synchronised above); the mutex keeps
         // other threads away; volatile because the device wrote it.
         Ok(unsafe { self.word.read_volatile() })
@@ -362,13 +358,9 @@ impl HostPort {
         // mutex keeps other threads away.
         unsafe { self.word.write_volatile(value) };
         // SAFETY: as in `read`, in the other direction.
-        check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(ptr, self.word.cast(), 8, self.stream)
-        })?;
+        unsafe { driver::mem::copy_htod_async(ptr, self.word.cast(), 8, self.stream) }?;
         // SAFETY: a live stream of this port.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.stream)
-        })
+        unsafe { driver::stream::synchronize(self.stream) }
     }
 }
 
@@ -378,8 +370,8 @@ impl Drop for HostPort {
             // SAFETY: created in `new` in this context, released once; every copy on the stream
             // was synchronised by the call that enqueued it. Drop cannot report a failure.
             unsafe {
-                let _ = sys::cuStreamDestroy_v2(self.stream);
-                let _ = sys::cuMemFreeHost(self.word.cast());
+                let _ = driver::stream::destroy(self.stream);
+                let _ = driver::mem::free_host(self.word.cast());
             }
         }
     }
@@ -518,14 +510,14 @@ impl GpuSignal {
             let _g = self.counter.context().enter()?;
             // SAFETY: the counter is an 8-byte aligned device word, mapped now; that it stays
             // mapped until the stream runs the write is the caller's duty (forwarded).
-            check("cuStreamWriteValue64", unsafe {
-                sys::cuStreamWriteValue64_v2(
+            unsafe {
+                driver::stream::write_value64(
                     stream.as_cu_stream(),
                     self.counter.as_raw_ptr(),
                     value,
                     sys::CU_STREAM_WRITE_VALUE_DEFAULT,
                 )
-            })
+            }
         })
     }
 
@@ -556,14 +548,14 @@ impl GpuSignal {
         let _g = self.counter.context().enter()?;
         // SAFETY: as in `signal` (the counter's lifetime until the wait completes is the
         // caller's duty); the wait only reads the counter.
-        check("cuStreamWaitValue64", unsafe {
-            sys::cuStreamWaitValue64_v2(
+        unsafe {
+            driver::stream::wait_value64(
                 stream.as_cu_stream(),
                 self.counter.as_raw_ptr(),
                 value,
                 sys::CU_STREAM_WAIT_VALUE_GEQ,
             )
-        })
+        }
     }
 
     /// The counter's current value, read by the host (a copy on the signal's own non-blocking

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::context::GpuContext;
-use crate::driver::{check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::stream::AsStream;
 
@@ -107,9 +107,7 @@ impl<T: Pod> GpuSlice<T> {
         self.check_len("GpuSlice::copy_from_host", src.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: `src` is valid for `byte_len` bytes, the device range is this buffer's.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast(), self.byte_len())
-        })?;
+        unsafe { driver::mem::copy_htod(self.ptr, src.as_ptr().cast(), self.byte_len()) }?;
         sync_legacy_stream()
     }
 
@@ -124,9 +122,7 @@ impl<T: Pod> GpuSlice<T> {
         self.check_len("GpuSlice::copy_to_host", dst.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: `dst` is valid for writes of `byte_len` bytes, and any bytes are a valid T.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, self.byte_len())
-        })
+        unsafe { driver::mem::copy_dtoh(dst.as_mut_ptr().cast(), self.ptr, self.byte_len()) }
     }
 
     /// Enqueue a host-to-device copy on `stream` (`cuMemcpyHtoDAsync`).
@@ -150,14 +146,14 @@ impl<T: Pod> GpuSlice<T> {
         self.check_len("GpuSlice::copy_from_host_async", src.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: lifetime of `src` until completion is the caller's duty (forwarded).
-        check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
+        unsafe {
+            driver::mem::copy_htod_async(
                 self.ptr,
                 src.as_ptr().cast(),
                 self.byte_len(),
                 stream.as_cu_stream(),
             )
-        })
+        }
     }
 
     /// Enqueue a device-to-host copy on `stream` (`cuMemcpyDtoHAsync`).
@@ -180,14 +176,14 @@ impl<T: Pod> GpuSlice<T> {
         self.check_len("GpuSlice::copy_to_host_async", dst.len())?;
         let _g = self.ctx.enter()?;
         // SAFETY: lifetime and exclusivity of `dst` until completion are the caller's duty.
-        check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
+        unsafe {
+            driver::mem::copy_dtoh_async(
                 dst.as_mut_ptr().cast(),
                 self.ptr,
                 self.byte_len(),
                 stream.as_cu_stream(),
             )
-        })
+        }
     }
 
     /// Copy another buffer's contents (same length) into this one, device to device
@@ -215,9 +211,9 @@ impl<T: Pod> GpuSlice<T> {
         let _g = self.ctx.enter()?;
         // SAFETY: both ranges are live device allocations of `byte_len` bytes now; that they
         // stay so until the copy completes is the caller's duty (forwarded).
-        check("cuMemcpyDtoDAsync", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(self.ptr, src.ptr, self.byte_len(), stream.as_cu_stream())
-        })
+        unsafe {
+            driver::mem::copy_dtod_async(self.ptr, src.ptr, self.byte_len(), stream.as_cu_stream())
+        }
     }
 
     /// Set every byte to `value` (`cuMemsetD8` on the legacy default stream, so after earlier
@@ -232,9 +228,7 @@ impl<T: Pod> GpuSlice<T> {
     pub fn memset_bytes(&self, value: u8) -> Result<()> {
         let _g = self.ctx.enter()?;
         // SAFETY: the device range is this buffer's `byte_len` bytes.
-        check("cuMemsetD8", unsafe {
-            sys::cuMemsetD8_v2(self.ptr, value, self.byte_len())
-        })?;
+        unsafe { driver::mem::set_bytes(self.ptr, value, self.byte_len()) }?;
         sync_legacy_stream()
     }
 
@@ -257,9 +251,9 @@ impl<T: Pod> GpuSlice<T> {
         let _g = self.ctx.enter()?;
         // SAFETY: the range is this buffer's `byte_len` bytes, live now; that it stays so until
         // the memset completes is the caller's duty (forwarded).
-        check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.ptr, value, self.byte_len(), stream.as_cu_stream())
-        })
+        unsafe {
+            driver::mem::set_bytes_async(self.ptr, value, self.byte_len(), stream.as_cu_stream())
+        }
     }
 }
 
@@ -267,9 +261,7 @@ impl<T: Pod> GpuSlice<T> {
 fn sync_legacy_stream() -> Result<()> {
     // SAFETY: the null stream is the current context's legacy default stream, always valid
     // while a context is current (the callers hold a pushed context).
-    check("cuStreamSynchronize", unsafe {
-        sys::cuStreamSynchronize(std::ptr::null_mut())
-    })
+    unsafe { driver::stream::synchronize(std::ptr::null_mut()) }
 }
 
 #[cfg(feature = "cust")]

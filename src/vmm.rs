@@ -21,11 +21,10 @@
 //! their mappings keep the memory alive.
 
 use std::ffi::c_uint;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use crate::context::GpuContext;
-use crate::device;
-use crate::driver::{check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result};
 
 /// One physical allocation mapped in one context (see the module docs).
@@ -78,11 +77,7 @@ pub(crate) fn pool_props(dev: sys::CUdevice) -> sys::CUmemPoolProps {
 
 /// The minimum granularity of allocations described by `prop` (a context is current).
 pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
-    let mut g = 0;
-    // SAFETY: reads `prop`, writes one size.
-    check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(&mut g, prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-    })?;
+    let g = driver::vmm::granularity(prop)?;
     if g == 0 || !g.is_power_of_two() {
         return Err(Error::Corrupt {
             what: "allocation granularity",
@@ -95,11 +90,11 @@ pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
 /// Whether `ordinal`'s device can create virtual-memory allocations exportable as POSIX file
 /// descriptors (the two device attributes; [`probe`](crate::probe) also tries one).
 pub(crate) fn supports_posix_fd(dev: sys::CUdevice) -> Result<bool> {
-    Ok(device::attribute(
+    Ok(crate::driver::device::attribute(
         dev,
         sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
     )? != 0
-        && device::attribute(
+        && crate::driver::device::attribute(
             dev,
             sys::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
         )? != 0)
@@ -114,34 +109,27 @@ fn map(
     size: usize,
     alignment: usize,
 ) -> Result<sys::CUdeviceptr> {
-    let mut ptr = 0;
-    // SAFETY: writes one address; any size and alignment are accepted or refused by code.
-    check("cuMemAddressReserve", unsafe {
-        sys::cuMemAddressReserve(&mut ptr, size, alignment, 0, 0)
-    })?;
-    // SAFETY: `ptr..ptr+size` was just reserved; `handle` is a live allocation handle whose
-    // size the driver checks against `size` (too large is an error code).
-    let mapped = check("cuMemMap", unsafe {
-        sys::cuMemMap(ptr, size, 0, handle, 0)
-    });
+    let ptr = driver::vmm::address_reserve(size, alignment)?;
+    // SAFETY: `ptr..ptr+size` was just reserved, nothing mapped in it; `handle` is a live
+    // allocation handle whose size the driver checks against `size` (too large is an error
+    // code).
+    let mapped = unsafe { driver::vmm::map(ptr, size, handle) };
     let accessible = mapped.and_then(|()| {
         let desc = sys::CUmemAccessDesc {
             location: on_device(ctx.device()),
             flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range is mapped just above; reads one access descriptor.
-        let rc = check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(ptr, size, &desc, 1)
-        });
+        // SAFETY: the range is ours, mapped just above.
+        let rc = unsafe { driver::vmm::set_access(ptr, size, &desc) };
         if rc.is_err() {
             // SAFETY: mapped above, unmapped once, never handed out.
-            let _ = unsafe { sys::cuMemUnmap(ptr, size) };
+            let _ = unsafe { driver::vmm::unmap(ptr, size) };
         }
         rc
     });
     if let Err(e) = accessible {
         // SAFETY: reserved above, freed once, nothing mapped in it any more.
-        let _ = unsafe { sys::cuMemAddressFree(ptr, size) };
+        let _ = unsafe { driver::vmm::address_free(ptr, size) };
         return Err(e);
     }
     Ok(ptr)
@@ -161,12 +149,7 @@ impl VmmMemory {
                 call: "IpcBuffer::new_with",
                 reason: format!("{bytes} bytes rounded up to the granularity {gran} overflow"),
             })?;
-        let mut handle = 0;
-        // SAFETY: reads `prop`, writes one allocation handle; `size` is a non-zero multiple of
-        // the granularity.
-        check("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, size, &prop, 0)
-        })?;
+        let handle = driver::vmm::create(size, &prop)?;
         match map(ctx, handle, size, gran) {
             Ok(ptr) => Ok(Self {
                 ctx: ctx.clone(),
@@ -176,7 +159,7 @@ impl VmmMemory {
             }),
             Err(e) => {
                 // SAFETY: created above, never mapped (map undid itself), released once.
-                let _ = unsafe { sys::cuMemRelease(handle) };
+                let _ = unsafe { driver::vmm::release(handle) };
                 Err(e)
             }
         }
@@ -193,31 +176,15 @@ impl VmmMemory {
         expected: sys::CUdevice,
     ) -> Result<Self> {
         let _g = ctx.enter()?;
-        let mut handle = 0;
-        // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the "shareable handle" is the
-        // descriptor's number itself, passed as a pointer-sized value and never dereferenced;
-        // `fd` is open for the whole call. A descriptor that is not a CUDA allocation is an
-        // error code.
-        check("cuMemImportFromShareableHandle", unsafe {
-            sys::cuMemImportFromShareableHandle(
-                &mut handle,
-                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        })?;
+        let handle = driver::vmm::import_fd(fd.as_fd())?;
         // The driver holds its own reference now.
         drop(fd);
         let release = |e: Error| {
             // SAFETY: imported above, not mapped, released once.
-            let _ = unsafe { sys::cuMemRelease(handle) };
+            let _ = unsafe { driver::vmm::release(handle) };
             e
         };
-        let mut prop = pinned_prop(0, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        // SAFETY: writes one property struct for a live handle.
-        check("cuMemGetAllocationPropertiesFromHandle", unsafe {
-            sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)
-        })
-        .map_err(release)?;
+        let prop = driver::vmm::properties(handle).map_err(release)?;
         if prop.kind != sys::CU_MEM_ALLOCATION_TYPE_PINNED
             || prop.location.kind != sys::CU_MEM_LOCATION_TYPE_DEVICE
             || prop.location.id != expected
@@ -252,17 +219,8 @@ impl VmmMemory {
     /// imports it with [`import`](Self::import).
     pub(crate) fn export_fd(&self) -> Result<OwnedFd> {
         let _g = self.ctx.enter()?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: writes one int (the POSIX-fd shareable type) for a live allocation created
-        // with that handle type requested.
-        check("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&raw mut fd).cast(),
-                self.handle,
-                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
+        // SAFETY: a live allocation of ours, created with the POSIX-fd handle type requested.
+        let fd = unsafe { driver::vmm::export_fd(self.handle) }?;
         if fd < 0 {
             return Err(Error::Corrupt {
                 what: "exported descriptor",
@@ -290,12 +248,14 @@ impl Drop for VmmMemory {
         // failing unmap leaks at most the address range, never touches memory of others.
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: mapped by create/import in this context, unmapped once, here.
-            let _ = unsafe { sys::cuMemUnmap(self.ptr, self.size) };
+            // No view is left (each holds this memory); work queued on it was its callers' to
+            // finish (the calls that queue work are unsafe for that reason).
+            let _ = unsafe { driver::vmm::unmap(self.ptr, self.size) };
             // SAFETY: reserved by create/import, freed once, after its mapping is gone.
-            let _ = unsafe { sys::cuMemAddressFree(self.ptr, self.size) };
+            let _ = unsafe { driver::vmm::address_free(self.ptr, self.size) };
             // SAFETY: created or imported once, released once; the driver frees the memory
             // when no process maps or holds it any more.
-            let _ = unsafe { sys::cuMemRelease(self.handle) };
+            let _ = unsafe { driver::vmm::release(self.handle) };
         }
     }
 }

@@ -11,7 +11,7 @@ use bytemuck::Pod;
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::BufferCore;
-use crate::driver::{check, sys};
+use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
@@ -124,7 +124,7 @@ impl<T: Pod> Endpoint<T> {
             Role::Consumer => self.released.as_raw_ptr(),
         };
         let _g = self.data.context().enter()?;
-        let id = crate::driver::stream_id(stream);
+        let id = crate::driver::stream::id(stream);
         let write = sys::CUstreamMemOpValue64 {
             operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
             address: counter,
@@ -148,16 +148,12 @@ impl<T: Pod> Endpoint<T> {
                 // mapped; `stream` is live (borrowed by the caller's slot or item); the event
                 // recorded right after lets teardown wait for both before the counter is
                 // unmapped or freed.
-                check("cuStreamBatchMemOp", unsafe {
-                    sys::cuStreamBatchMemOp_v2(stream, 2, ops.as_mut_ptr(), 0)
-                })?;
+                unsafe { driver::stream::batch_mem_op(stream, &mut ops) }?;
             }
             _ => {
                 // SAFETY: as above, one write; on the stream of the previous write (or the
                 // first write), which orders it after that one.
-                check("cuStreamWriteValue64", unsafe {
-                    sys::cuStreamWriteValue64_v2(stream, counter, value, write.flags)
-                })?;
+                unsafe { driver::stream::write_value64(stream, counter, value, write.flags) }?;
             }
         }
         self.last_signal = Some((id, value));

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::context::GpuContext;
-use crate::driver::{check, sys};
+use crate::driver::{self, sys};
 use crate::error::Result;
 
 /// Events recorded after the channel's operations, oldest first, and spare ones.
@@ -30,8 +30,7 @@ unsafe impl Send for InFlight {}
 /// since nothing will ever run in that context again.
 fn is_done(event: sys::CUevent) -> bool {
     // SAFETY: a live event created by this tracker.
-    let rc = unsafe { sys::cuEventQuery(event) };
-    rc != sys::CUDA_ERROR_NOT_READY
+    unsafe { driver::event::query(event) }.unwrap_or(true)
 }
 
 impl InFlight {
@@ -64,20 +63,13 @@ impl InFlight {
         let event = match self.spare.pop() {
             Some(e) => e,
             None => {
-                let mut e = std::ptr::null_mut();
-                // SAFETY: writes one event handle, created in the current (the channel's)
-                // context.
-                check("cuEventCreate", unsafe {
-                    sys::cuEventCreate(&mut e, sys::CU_EVENT_DISABLE_TIMING)
-                })?;
-                e
+                // In the current context: the channel's.
+                driver::event::create(sys::CU_EVENT_DISABLE_TIMING)?
             }
         };
         // SAFETY: a live event of this context; `stream` is a live stream of the caller's
         // (borrowed by the caller for the duration of this call).
-        if let Err(e) = check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event, stream)
-        }) {
+        if let Err(e) = unsafe { driver::event::record(event, stream) } {
             self.spare.push(event);
             return Err(e);
         }
@@ -134,7 +126,7 @@ impl Drop for InFlight {
                 // SAFETY: created by this tracker, destroyed once. Destroying an event that a
                 // stream has yet to reach is allowed (the driver releases it when reached).
                 // Drop cannot report a failure.
-                let _ = unsafe { sys::cuEventDestroy_v2(e) };
+                let _ = unsafe { driver::event::destroy(e) };
             }
         }
     }

@@ -1,11 +1,22 @@
-//! The CUDA driver layer: raw declarations ([`sys`]) and thin wrappers that turn each raw call
-//! into a `Result` naming the call and the code.
+//! The CUDA driver layer: raw declarations ([`sys`]), and above them one function per
+//! driver verb, grouped by concept (`ctx`, `device`, `mem`, `ipc`, `event`, `stream`, `vmm`,
+//! `pool`; crate-private), each returning a `Result` that names the call and keeps the code.
+//! The RAII types call those, never [`sys`]: every raw call, and the `unsafe` around it, is
+//! in this module once.
 //!
 //! Users never need this module, but it is public so that they can reach the raw functions with
 //! the same integer-return discipline.
 
+pub(crate) mod ctx;
+pub(crate) mod device;
+pub(crate) mod event;
+pub(crate) mod ipc;
 mod loader;
+pub(crate) mod mem;
+pub(crate) mod pool;
+pub(crate) mod stream;
 pub mod sys;
+pub(crate) mod vmm;
 
 pub use loader::{DEFAULT_LIBRARIES, LIBRARY_ENV, library_path};
 
@@ -111,29 +122,6 @@ fn no_driver() -> Error {
             reason: "the driver reported no library".into(),
         },
     }
-}
-
-/// A new stream in the current context that does not synchronise with the legacy default
-/// stream (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`), for the crate's own host-side copies;
-/// the caller destroys it (`cuStreamDestroy`).
-pub(crate) fn create_non_blocking_stream() -> Result<sys::CUstream> {
-    let mut stream = std::ptr::null_mut();
-    // SAFETY: writes one stream handle; fails cleanly without a current context.
-    check("cuStreamCreate", unsafe {
-        sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
-    })?;
-    Ok(stream)
-}
-
-/// The stream's process-unique id (`cuStreamGetId`), or `None` where the driver cannot say
-/// (older than CUDA 12.0, or the call failed): callers then assume a different stream. Unlike
-/// the handle, the id of a destroyed stream is never given to a new one.
-pub(crate) fn stream_id(stream: sys::CUstream) -> Option<u64> {
-    let mut id = 0u64;
-    // SAFETY: writes one integer; `stream` is a live stream of the current context (or one of
-    // the default-stream handles), as every caller's borrow guarantees.
-    let rc = unsafe { sys::cuStreamGetId(stream, &mut id) };
-    (rc == sys::CUDA_SUCCESS).then_some(id)
 }
 
 /// `cuInit(0)`, once per process (the result is remembered).

@@ -1,0 +1,67 @@
+//! Events: create, record, query, synchronize, destroy.
+
+use std::ffi::c_uint;
+use std::ptr;
+
+use super::{check, sys};
+use crate::error::Result;
+
+/// A new event in the current context with `flags` (`cuEventCreate`).
+pub(crate) fn create(flags: c_uint) -> Result<sys::CUevent> {
+    let mut event = ptr::null_mut();
+    // SAFETY: writes one event handle; without a current context, an error code.
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut event, flags)
+    })?;
+    Ok(event)
+}
+
+/// Destroy an event (`cuEventDestroy`), in its context (current). Destroying an event a
+/// stream has yet to reach is allowed: the driver releases it when reached.
+///
+/// # Safety
+///
+/// `event` is a live event of the current context, destroyed once and not used after.
+pub(crate) unsafe fn destroy(event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) })
+}
+
+/// Record `event` on `stream` (`cuEventRecord`).
+///
+/// # Safety
+///
+/// `event` is a live event and `stream` a live stream (or a default-stream handle), both of
+/// the current context.
+pub(crate) unsafe fn record(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuEventRecord", unsafe {
+        sys::cuEventRecord(event, stream)
+    })
+}
+
+/// Whether the work before `event`'s last record has completed (`cuEventQuery`).
+///
+/// # Safety
+///
+/// `event` is a live event.
+pub(crate) unsafe fn query(event: sys::CUevent) -> Result<bool> {
+    // SAFETY: the caller's duty.
+    match unsafe { sys::cuEventQuery(event) } {
+        sys::CUDA_SUCCESS => Ok(true),
+        sys::CUDA_ERROR_NOT_READY => Ok(false),
+        rc => check("cuEventQuery", rc).map(|()| false),
+    }
+}
+
+/// Block until the work before `event`'s last record has completed (`cuEventSynchronize`).
+///
+/// # Safety
+///
+/// `event` is a live event.
+pub(crate) unsafe fn synchronize(event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuEventSynchronize", unsafe {
+        sys::cuEventSynchronize(event)
+    })
+}

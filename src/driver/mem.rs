@@ -1,0 +1,193 @@
+//! Device memory: allocation, free, copies, memsets, what the driver knows about a pointer,
+//! and page-locked host memory.
+
+use std::ffi::{c_int, c_void};
+
+use super::{check, sys};
+use crate::error::Result;
+
+/// Allocate `bytes` of device memory in the current context (`cuMemAlloc`).
+pub(crate) fn alloc(bytes: usize) -> Result<sys::CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: writes one device pointer; a zero size or no current context is an error code.
+    check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+    Ok(ptr)
+}
+
+/// Free memory from [`alloc`] or from a pool (`cuMemFree`), in its context (current).
+///
+/// # Safety
+///
+/// `ptr` is an allocation of the current context that the caller owns and frees once, with
+/// no view of it left and no queued work that uses it.
+pub(crate) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) })
+}
+
+/// The allocation `ptr` lies in: its base and size (`cuMemGetAddressRange`).
+pub(crate) fn address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: writes one pointer and one size; any pointer value is accepted (an unknown one
+    // is an error code).
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    Ok((base, size))
+}
+
+/// The ordinal of the device holding the memory at `ptr` (`cuPointerGetAttribute`,
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`).
+pub(crate) fn device_ordinal_of(ptr: sys::CUdeviceptr) -> Result<c_int> {
+    let mut ordinal: c_int = -1;
+    // SAFETY: writes one int, the size of the attribute asked; any pointer value is accepted.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut ordinal).cast(),
+            sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    })?;
+    Ok(ordinal)
+}
+
+/// Copy `bytes` from host `src` to device `dst` (`cuMemcpyHtoD`).
+///
+/// # Safety
+///
+/// `src` is readable for `bytes` bytes; `dst..dst + bytes` is device memory the caller may
+/// write.
+pub(crate) unsafe fn copy_htod(
+    dst: sys::CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemcpyHtoD", unsafe {
+        sys::cuMemcpyHtoD_v2(dst, src, bytes)
+    })
+}
+
+/// Copy `bytes` from device `src` to host `dst` (`cuMemcpyDtoH`).
+///
+/// # Safety
+///
+/// `dst` is writable for `bytes` bytes, and any bytes are valid there; `src..src + bytes` is
+/// device memory.
+pub(crate) unsafe fn copy_dtoh(
+    dst: *mut c_void,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemcpyDtoH", unsafe {
+        sys::cuMemcpyDtoH_v2(dst, src, bytes)
+    })
+}
+
+/// Enqueue a copy of `bytes` from host `src` to device `dst` on `stream`
+/// (`cuMemcpyHtoDAsync`).
+///
+/// # Safety
+///
+/// As [`copy_htod`], for as long as the copy runs; `stream` is a live stream of the current
+/// context (or a default-stream handle).
+pub(crate) unsafe fn copy_htod_async(
+    dst: sys::CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)
+    })
+}
+
+/// Enqueue a copy of `bytes` from device `src` to host `dst` on `stream`
+/// (`cuMemcpyDtoHAsync`).
+///
+/// # Safety
+///
+/// As [`copy_dtoh`], for as long as the copy runs (and nothing else touches `dst`);
+/// `stream` is a live stream of the current context (or a default-stream handle).
+pub(crate) unsafe fn copy_dtoh_async(
+    dst: *mut c_void,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream)
+    })
+}
+
+/// Enqueue a device-to-device copy of `bytes` on `stream` (`cuMemcpyDtoDAsync`).
+///
+/// # Safety
+///
+/// Both ranges are device memory, `dst` the caller's to write, for as long as the copy
+/// runs; `stream` is a live stream of the current context (or a default-stream handle).
+pub(crate) unsafe fn copy_dtod_async(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemcpyDtoDAsync", unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+    })
+}
+
+/// Set `bytes` bytes at `dst` to `value` (`cuMemsetD8`, on the legacy default stream: it may
+/// return before the device is done).
+///
+/// # Safety
+///
+/// `dst..dst + bytes` is device memory the caller may write.
+pub(crate) unsafe fn set_bytes(dst: sys::CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemsetD8", unsafe {
+        sys::cuMemsetD8_v2(dst, value, bytes)
+    })
+}
+
+/// Enqueue setting `bytes` bytes at `dst` to `value` on `stream` (`cuMemsetD8Async`).
+///
+/// # Safety
+///
+/// As [`set_bytes`], for as long as the memset runs; `stream` is a live stream of the
+/// current context (or a default-stream handle).
+pub(crate) unsafe fn set_bytes_async(
+    dst: sys::CUdeviceptr,
+    value: u8,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemsetD8Async", unsafe {
+        sys::cuMemsetD8Async(dst, value, bytes, stream)
+    })
+}
+
+/// Allocate `bytes` of page-locked host memory in the current context (`cuMemAllocHost`).
+pub(crate) fn alloc_host(bytes: usize) -> Result<*mut c_void> {
+    let mut p = std::ptr::null_mut();
+    // SAFETY: writes one host pointer.
+    check("cuMemAllocHost", unsafe {
+        sys::cuMemAllocHost_v2(&mut p, bytes)
+    })?;
+    Ok(p)
+}
+
+/// Free memory from [`alloc_host`] (`cuMemFreeHost`).
+///
+/// # Safety
+///
+/// `p` came from [`alloc_host`], is freed once, and no copy into or out of it is queued.
+pub(crate) unsafe fn free_host(p: *mut c_void) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(p) })
+}

@@ -1,0 +1,150 @@
+//! Stream-ordered memory pools: create, destroy, share as a file descriptor, grant access,
+//! allocate and free on a stream, and export and import single allocations.
+
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr;
+
+use super::{check, sys};
+use crate::error::Result;
+
+/// A new pool as `props` describes (`cuMemPoolCreate`). Destroy it with [`destroy`].
+pub(crate) fn create(props: &sys::CUmemPoolProps) -> Result<sys::CUmemoryPool> {
+    let mut pool = ptr::null_mut();
+    // SAFETY: reads `props`, writes one pool handle.
+    check("cuMemPoolCreate", unsafe {
+        sys::cuMemPoolCreate(&mut pool, props)
+    })?;
+    Ok(pool)
+}
+
+/// Destroy a pool (`cuMemPoolDestroy`); the driver defers the release while allocations from
+/// it are outstanding.
+///
+/// # Safety
+///
+/// `pool` is a live pool (created or imported by the caller), destroyed once, not used after.
+pub(crate) unsafe fn destroy(pool: sys::CUmemoryPool) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemPoolDestroy", unsafe { sys::cuMemPoolDestroy(pool) })
+}
+
+/// Share a pool as a POSIX file descriptor (`cuMemPoolExportToShareableHandle`); the caller
+/// owns the descriptor returned (check it is not negative).
+///
+/// # Safety
+///
+/// `pool` is a live pool created with the POSIX-fd handle type.
+pub(crate) unsafe fn export_fd(pool: sys::CUmemoryPool) -> Result<c_int> {
+    let mut fd: c_int = -1;
+    // SAFETY: writes one int (the POSIX-fd shareable type); the pool is the caller's duty.
+    check("cuMemPoolExportToShareableHandle", unsafe {
+        sys::cuMemPoolExportToShareableHandle(
+            (&raw mut fd).cast(),
+            pool,
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Import a pool shared as a POSIX file descriptor (`cuMemPoolImportFromShareableHandle`);
+/// the caller may close `fd` after. Destroy it with [`destroy`].
+pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<sys::CUmemoryPool> {
+    let mut pool = ptr::null_mut();
+    // SAFETY: for a POSIX fd the shareable handle is the descriptor's number, passed as a
+    // pointer-sized value and never dereferenced; `fd` is open for the call. A descriptor
+    // that is not a pool is an error code.
+    check("cuMemPoolImportFromShareableHandle", unsafe {
+        sys::cuMemPoolImportFromShareableHandle(
+            &mut pool,
+            fd.as_raw_fd() as usize as *mut c_void,
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    Ok(pool)
+}
+
+/// Grant `desc`'s access to a pool's memory (`cuMemPoolSetAccess`).
+///
+/// # Safety
+///
+/// `pool` is a live pool.
+pub(crate) unsafe fn set_access(
+    pool: sys::CUmemoryPool,
+    desc: &sys::CUmemAccessDesc,
+) -> Result<()> {
+    // SAFETY: reads one access descriptor; the pool is the caller's duty.
+    check("cuMemPoolSetAccess", unsafe {
+        sys::cuMemPoolSetAccess(pool, desc, 1)
+    })
+}
+
+/// Enqueue an allocation of `bytes` from `pool` on `stream` (`cuMemAllocFromPoolAsync`).
+///
+/// # Safety
+///
+/// `pool` is a live pool and `stream` a live stream of the current context (or a
+/// default-stream handle).
+pub(crate) unsafe fn alloc_async(
+    bytes: usize,
+    pool: sys::CUmemoryPool,
+    stream: sys::CUstream,
+) -> Result<sys::CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: writes one device pointer; pool and stream are the caller's duty.
+    check("cuMemAllocFromPoolAsync", unsafe {
+        sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream)
+    })?;
+    Ok(ptr)
+}
+
+/// Enqueue freeing a pool allocation on `stream` (`cuMemFreeAsync`).
+///
+/// # Safety
+///
+/// As [`super::mem::free`] for `ptr`, ordered after the work on `stream`; `stream` is live.
+pub(crate) unsafe fn free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's duty.
+    check("cuMemFreeAsync", unsafe {
+        sys::cuMemFreeAsync(ptr, stream)
+    })
+}
+
+/// The data that names one allocation of an exportable pool to its importers
+/// (`cuMemPoolExportPointer`).
+///
+/// # Safety
+///
+/// `ptr` is a live allocation of ours from a pool created with a shareable handle type, its
+/// allocation complete.
+pub(crate) unsafe fn export_pointer(ptr: sys::CUdeviceptr) -> Result<[u8; 64]> {
+    let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+    // SAFETY: writes 64 bytes; the allocation is the caller's duty.
+    check("cuMemPoolExportPointer", unsafe {
+        sys::cuMemPoolExportPointer(&mut data, ptr)
+    })?;
+    Ok(data.reserved)
+}
+
+/// Open an allocation of an imported pool by its export data (`cuMemPoolImportPointer`).
+/// Free it with [`super::mem::free`] before the owner frees it.
+///
+/// # Safety
+///
+/// `pool` is a live pool imported with [`import_fd`].
+pub(crate) unsafe fn import_pointer(
+    pool: sys::CUmemoryPool,
+    data: [u8; 64],
+) -> Result<sys::CUdeviceptr> {
+    let mut ptr = 0;
+    let mut data = sys::CUmemPoolPtrExportData { reserved: data };
+    // SAFETY: writes one device pointer; the driver validates the 64 bytes against the pool
+    // (forged ones are an error code); the pool is the caller's duty.
+    check("cuMemPoolImportPointer", unsafe {
+        sys::cuMemPoolImportPointer(&mut ptr, pool, &mut data)
+    })?;
+    Ok(ptr)
+}
