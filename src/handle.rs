@@ -523,13 +523,13 @@ impl<K: HandleKind> Handle<K> {
     }
 
     /// Rebuild a handle from bytes received from another process, checking length, magic,
-    /// version, kind, checksum and layout (the element type, the exporter and the export are
-    /// checked again on open).
+    /// version, kind, checksum and layout. The element type, the exporter and the export are
+    /// checked on open (as for arena and pool buffer handles), so a handle can be read as
+    /// bytes and passed on by code that does not know its element type.
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`] saying what is wrong (another kind's handle included);
-    /// [`Error::TypeMismatch`] for a memory handle of another element type.
+    /// [`Error::CorruptHandle`] saying what is wrong (another kind's handle included).
     ///
     /// # Examples
     ///
@@ -547,12 +547,9 @@ impl<K: HandleKind> Handle<K> {
         Ok(handle)
     }
 
-    /// The checks that need nothing but the bytes: structure (magic, version, kind, checksum,
-    /// reserved bytes, layout) and the element type.
+    /// The structure: magic, version, kind, checksum, reserved bytes, layout.
     pub(crate) fn check_structure(&self) -> Result<()> {
-        let env = &self.env;
-        env.validate(K::CODE)?;
-        K::check_element(env.elem_size, env.elem_align, env.type_tag)
+        self.env.validate(K::CODE)
     }
 
     /// Every check an open makes before it looks at its cache, takes a lease or maps anything,
@@ -564,6 +561,8 @@ impl<K: HandleKind> Handle<K> {
     /// exporter. [`admit_live`](Self::admit_live) then asks the system.
     pub(crate) fn admit(&self, with_fd: bool) -> Result<ProcessIdentity> {
         self.check_structure()?;
+        let env = &self.env;
+        K::check_element(env.elem_size, env.elem_align, env.type_tag)?;
         let handle = self.env.handle_type();
         match (handle, with_fd) {
             (HandleType::PosixFd, false) => {
@@ -896,10 +895,10 @@ mod tests {
         assert_eq!(accepted::<crate::IpcSignal>(), [KIND_SIGNAL]);
         assert_eq!(accepted::<crate::IpcArena>(), [KIND_ARENA]);
         assert_eq!(accepted::<crate::IpcPool>(), [KIND_POOL]);
-        // The element type is part of a memory handle's kind.
-        assert_eq!(accepted::<crate::IpcBuffer<u32>>(), Vec::<u16>::new());
-        let err =
-            Handle::<crate::IpcBuffer<u32>>::from_bytes(bytemuck::bytes_of(&sample())).unwrap_err();
+        // The element type is checked on open (admission), not by `from_bytes`.
+        assert_eq!(accepted::<crate::IpcBuffer<u32>>(), [KIND_MEM]);
+        let as_u32 = Handle::<crate::IpcBuffer<u32>>::from_envelope(sample());
+        let err = as_u32.admit(false).unwrap_err();
         assert!(matches!(err, Error::TypeMismatch { .. }), "{err}");
     }
 
