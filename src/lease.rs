@@ -128,7 +128,7 @@ impl Slots<'_> {
         self.claim_pausing(me, || {})
     }
 
-    /// [`claim`](Self::claim), calling `pause` at its two windows: after the slot reads
+    /// `claim`, calling `pause` at its two windows: after the slot reads
     /// `Claiming` and after it reads `Held`, before the *closing* check. The stress test
     /// stalls or kills itself there; `claim` passes a no-op.
     pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, mut pause: impl FnMut()) -> Claim {
@@ -160,7 +160,7 @@ impl Slots<'_> {
         }
     }
 
-    /// Refuse every later claim (a read-modify-write: see [`claim`](Self::claim)).
+    /// Refuse every later claim (a read-modify-write: see `claim_pausing`).
     pub(crate) fn begin_close(&self) {
         self.closing.swap(1, Ordering::SeqCst);
     }

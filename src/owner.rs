@@ -155,7 +155,7 @@ impl OwnedSlot {
         self.claim_pausing(me, || {})
     }
 
-    /// [`claim`](Self::claim), calling `pause` between the two steps (while the slot reads
+    /// `claim`, calling `pause` between the two steps (while the slot reads
     /// `Claiming`): the stress test stalls or kills itself there. `claim` passes a no-op.
     pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, pause: impl FnOnce()) -> Option<u64> {
         self.claim_from(0, me, pause) // a free slot is the word 0

@@ -3,7 +3,7 @@
 //!
 //! # When a party stops
 //!
-//! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its
+//! The counter is an [`IpcBuffer`](crate::IpcBuffer) (leases, stale-handle checks). A writer killed before its
 //! write leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
 //! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder within 10 ms and remembers
 //! it, after which GPU-side waits are refused; [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this

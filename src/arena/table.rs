@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //!
-//! One [`ArenaTable`] per arena, in a [`ShmRegion`](crate::ShmRegion) named after the arena's
+//! One [`ArenaTable`] per arena, in a [`ShmRegion`] named after the arena's
 //! random token (`cuda-ipc-arena.<token>`), created by the owner. Each [`Block`] is four
 //! words: `state`, `holders`, `offset`, `bytes`.
 //!

@@ -96,7 +96,7 @@ impl Doorbell {
         }
     }
 
-    /// Ring after a store the other side waits for (the Dekker pair with [`sleep`]: both sides
+    /// Ring after a store the other side waits for (the Dekker pair with [`sleep`](Self::sleep): both sides
     /// use SeqCst, so either the sleeper sees the new word or the ringer sees the sleeper).
     fn ring(&self) {
         self.word.fetch_add(1, Ordering::SeqCst);
