@@ -367,8 +367,8 @@ pub(crate) fn type_tag_of<T>() -> u64 {
 /// alignment and type tag (a `Handle<IpcBuffer<f32>>` does not open as `u32`), the length,
 /// the UUID of the device that holds the memory (or where the event was created), the
 /// exporter's pid, start time and boot id (a dead or rebooted exporter is refused before the
-/// driver sees the bytes), the export's token and generation (a dropped export's handle is stale, never
-/// another export's), and a checksum over all of it. Every `open` runs the same checks in the
+/// driver sees the bytes), the export's token and generation (a dropped export's handle is
+/// stale, never another export's), and a checksum over all of it. Every `open` runs the same checks in the
 /// same order — validate, then lease (events take none), then map — so a bad handle costs no
 /// lease and no mapping.
 ///
