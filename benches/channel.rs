@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use cuda_ipc::driver::{error_name, sys};
+use cuda_ipc::driver::sys;
 use cuda_ipc::{
     Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, RawStream, ShmCell, ShmOptions,
     ShmRegion, ShmSafe,
@@ -78,10 +78,6 @@ struct Shared {
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
 
-fn ok(call: &str, rc: i32) {
-    assert_eq!(rc, 0, "{call}: {}", error_name(rc));
-}
-
 fn spin(what: &str, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();
     while !cond() {
@@ -94,7 +90,7 @@ fn stream_new() -> sys::CUstream {
     let mut s = std::ptr::null_mut();
     // SAFETY: writes one stream handle in the current context.
     unsafe {
-        ok(
+        common::ok(
             "cuStreamCreate",
             sys::cuStreamCreate(&mut s, sys::CU_STREAM_NON_BLOCKING),
         )
@@ -104,20 +100,20 @@ fn stream_new() -> sys::CUstream {
 
 fn sync(s: sys::CUstream) {
     // SAFETY: a live stream.
-    unsafe { ok("cuStreamSynchronize", sys::cuStreamSynchronize(s)) };
+    unsafe { common::ok("cuStreamSynchronize", sys::cuStreamSynchronize(s)) };
 }
 
 fn alloc(bytes: usize) -> u64 {
     let mut p = 0;
     // SAFETY: writes one device pointer; freed by the process's exit (bench code).
-    unsafe { ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut p, bytes)) };
+    unsafe { common::ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut p, bytes)) };
     p
 }
 
 fn ipc_handle(ptr: u64) -> [u8; 64] {
     let mut h = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: a cuMemAlloc pointer of this process.
-    unsafe { ok("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(&mut h, ptr)) };
+    unsafe { common::ok("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(&mut h, ptr)) };
     h.reserved
 }
 
@@ -125,7 +121,7 @@ fn ipc_open(bytes: [u8; 64]) -> u64 {
     let mut p = 0;
     // SAFETY: a handle from the parent, opened in the current context.
     unsafe {
-        ok(
+        common::ok(
             "cuIpcOpenMemHandle",
             sys::cuIpcOpenMemHandle_v2(
                 &mut p,
@@ -168,7 +164,7 @@ fn consumer(device: u32, region: &str) {
                         // SAFETY: copies the item (inside the mapping until its release has
                         // run) into our own allocation.
                         unsafe {
-                            ok(
+                            common::ok(
                                 "cuMemcpyDtoDAsync",
                                 sys::cuMemcpyDtoDAsync_v2(dst, item.as_raw_ptr(), bytes, stream),
                             )
@@ -185,7 +181,7 @@ fn consumer(device: u32, region: &str) {
                 drop(rx);
                 if dst != 0 {
                     // SAFETY: allocated above, nothing queued on it (synchronised).
-                    unsafe { ok("cuMemFree", sys::cuMemFree_v2(dst)) };
+                    unsafe { common::ok("cuMemFree", sys::cuMemFree_v2(dst)) };
                 }
             }
             CMD_STREAM_BATCH => {
@@ -202,7 +198,7 @@ fn consumer(device: u32, region: &str) {
                         // SAFETY: copies the item (inside the mapping until the batch's release
                         // has run) into our own allocation.
                         unsafe {
-                            ok(
+                            common::ok(
                                 "cuMemcpyDtoDAsync",
                                 sys::cuMemcpyDtoDAsync_v2(dst, item.ptr, bytes, stream),
                             )
@@ -218,7 +214,7 @@ fn consumer(device: u32, region: &str) {
                 sync(stream);
                 drop(rx);
                 // SAFETY: allocated above, nothing queued on it (synchronised).
-                unsafe { ok("cuMemFree", sys::cuMemFree_v2(dst)) };
+                unsafe { common::ok("cuMemFree", sys::cuMemFree_v2(dst)) };
             }
             CMD_RAW => {
                 let (sent, released) =
@@ -236,7 +232,7 @@ fn consumer(device: u32, region: &str) {
                     // SAFETY: both counters are IPC mappings held until the stream is
                     // synchronised below.
                     unsafe {
-                        ok(
+                        common::ok(
                             "cuStreamWaitValue64",
                             sys::cuStreamWaitValue64_v2(
                                 stream,
@@ -245,7 +241,7 @@ fn consumer(device: u32, region: &str) {
                                 sys::CU_STREAM_WAIT_VALUE_GEQ,
                             ),
                         );
-                        ok(
+                        common::ok(
                             "cuStreamWriteValue64",
                             sys::cuStreamWriteValue64_v2(
                                 stream,
@@ -260,8 +256,8 @@ fn consumer(device: u32, region: &str) {
                 sync(stream);
                 // SAFETY: mapped above, nothing queued on them any more.
                 unsafe {
-                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(sent));
-                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(released));
+                    common::ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(sent));
+                    common::ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(released));
                 }
                 // The next command was already posted: the loop's top takes it.
                 continue;
@@ -273,7 +269,7 @@ fn consumer(device: u32, region: &str) {
                     for _ in 0..batch {
                         // SAFETY: both ranges are `bytes` long inside live allocations.
                         unsafe {
-                            ok(
+                            common::ok(
                                 "cuMemcpyDtoDAsync",
                                 sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream),
                             )
@@ -288,8 +284,8 @@ fn consumer(device: u32, region: &str) {
                     .store(t.elapsed().as_nanos() as u64, Ordering::Release);
                 // SAFETY: freed / unmapped once, nothing queued (synchronised above).
                 unsafe {
-                    ok("cuMemFree", sys::cuMemFree_v2(dst));
-                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(src));
+                    common::ok("cuMemFree", sys::cuMemFree_v2(dst));
+                    common::ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(src));
                 }
                 s.batches_done.fetch_add(1, Ordering::AcqRel);
             }
@@ -347,7 +343,7 @@ impl Bench<'_> {
         // SAFETY: our own counters, live for the bench; the stream is synchronised here.
         unsafe {
             if k > 1 {
-                ok(
+                common::ok(
                     "cuStreamWaitValue64",
                     sys::cuStreamWaitValue64_v2(
                         self.stream,
@@ -357,8 +353,8 @@ impl Bench<'_> {
                     ),
                 );
             }
-            ok("cuStreamSynchronize", sys::cuStreamSynchronize(self.stream));
-            ok(
+            common::ok("cuStreamSynchronize", sys::cuStreamSynchronize(self.stream));
+            common::ok(
                 "cuStreamWriteValue64",
                 sys::cuStreamWriteValue64_v2(
                     self.stream,
@@ -377,11 +373,11 @@ impl Bench<'_> {
         // the first write.
         // SAFETY: our own counters, nothing else queued on them (the stream is synchronised).
         unsafe {
-            ok(
+            common::ok(
                 "cuMemsetD8Async",
                 sys::cuMemsetD8Async(self.raw_sent, 0, 8, self.stream),
             );
-            ok(
+            common::ok(
                 "cuMemsetD8Async",
                 sys::cuMemsetD8Async(self.raw_released, 0, 8, self.stream),
             );

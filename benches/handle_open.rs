@@ -56,10 +56,6 @@ unsafe impl ShmSafe for Shared {}
 const COLD_POOL_OPENS: usize = 32;
 const COLD_POOL_BYTES: usize = 64 << 20;
 
-fn raw(call: &str, rc: i32) {
-    assert_eq!(rc, 0, "{call} failed: {}", cuda_ipc::driver::error_name(rc));
-}
-
 fn exporter(region: &str) {
     let shared = ShmOptions::new(region).open::<Shared>().unwrap();
     let ctx = GpuContext::new(0).unwrap();
@@ -72,19 +68,19 @@ fn exporter(region: &str) {
     let mut ev = std::ptr::null_mut();
     // SAFETY: raw driver calls with valid out-pointers, on the current context.
     unsafe {
-        raw(
+        common::ok(
             "cuIpcGetMemHandle",
             sys::cuIpcGetMemHandle(&mut h, buf.as_raw_ptr()),
         );
         shared.raw_mem.store(h.reserved);
-        raw(
+        common::ok(
             "cuEventCreate",
             sys::cuEventCreate(
                 &mut ev,
                 sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING,
             ),
         );
-        raw("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev));
+        common::ok("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev));
     }
     shared.raw_event.store(h.reserved);
     let fd_buf = IpcBuffer::<u8>::zeroed_with(&ctx, 64 << 20, HandleType::PosixFd).unwrap();
@@ -148,7 +144,7 @@ fn device0_granularity() -> usize {
     };
     let mut g = 0;
     // SAFETY: reads `prop`, writes one size; a context is current.
-    raw("cuMemGetAllocationGranularity", unsafe {
+    common::ok("cuMemGetAllocationGranularity", unsafe {
         sys::cuMemGetAllocationGranularity(&mut g, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
     });
     g
@@ -158,7 +154,7 @@ fn device0_granularity() -> usize {
 fn raw_import_pool(fd: &OwnedFd) -> sys::CUmemoryPool {
     let mut pool = std::ptr::null_mut();
     // SAFETY: the descriptor's number passed as the shareable handle; writes one pool handle.
-    raw("cuMemPoolImportFromShareableHandle", unsafe {
+    common::ok("cuMemPoolImportFromShareableHandle", unsafe {
         sys::cuMemPoolImportFromShareableHandle(
             &mut pool,
             fd.as_raw_fd() as usize as *mut std::ffi::c_void,
@@ -198,19 +194,8 @@ struct Fixture {
 
 impl Fixture {
     fn raw_open_close(&self) {
-        let mut p = 0;
-        // SAFETY: the helper's live handle, opened and closed on the current context.
-        unsafe {
-            raw(
-                "cuIpcOpenMemHandle",
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut p,
-                    self.raw_mem,
-                    sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
-                ),
-            );
-            raw("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(p));
-        }
+        // SAFETY: the helper's live handle, on the current context.
+        unsafe { common::raw_open_close(self.raw_mem) }
     }
     fn ours_open_close(&self) {
         drop(ImportedBuffer::open(&self.ctx, &self.mem).unwrap());
@@ -219,11 +204,11 @@ impl Fixture {
         let mut ev = std::ptr::null_mut();
         // SAFETY: the helper's live event handle; the opened event is destroyed at once.
         unsafe {
-            raw(
+            common::ok(
                 "cuIpcOpenEventHandle",
                 sys::cuIpcOpenEventHandle(&mut ev, self.raw_event),
             );
-            raw("cuEventDestroy", sys::cuEventDestroy_v2(ev));
+            common::ok("cuEventDestroy", sys::cuEventDestroy_v2(ev));
         }
     }
     fn ours_event_open(&self) {
@@ -233,7 +218,7 @@ impl Fixture {
         let mut h = sys::CUipcHandle { reserved: [0; 64] };
         // SAFETY: a buffer this process allocated, on the current context.
         unsafe {
-            raw(
+            common::ok(
                 "cuIpcGetMemHandle",
                 sys::cuIpcGetMemHandle(&mut h, self.own.as_raw_ptr()),
             )
@@ -257,11 +242,11 @@ impl Fixture {
         // SAFETY: the helper's live allocation of a pool imported here; imported and freed once
         // on the current context.
         unsafe {
-            raw(
+            common::ok(
                 "cuMemPoolImportPointer",
                 sys::cuMemPoolImportPointer(&mut p, self.raw_pool, &mut data),
             );
-            raw("cuMemFree", sys::cuMemFree_v2(p));
+            common::ok("cuMemFree", sys::cuMemFree_v2(p));
         }
     }
     fn ours_arena_open_close(&self) {
@@ -284,7 +269,7 @@ impl Fixture {
         // SAFETY: the helper's live allocation, imported from a descriptor we own, mapped into
         // a range reserved here, and torn down in order on the current context.
         unsafe {
-            raw(
+            common::ok(
                 "cuMemImportFromShareableHandle",
                 sys::cuMemImportFromShareableHandle(
                     &mut handle,
@@ -293,15 +278,15 @@ impl Fixture {
                 ),
             );
             drop(fd);
-            raw(
+            common::ok(
                 "cuMemAddressReserve",
                 sys::cuMemAddressReserve(&mut p, size, self.granularity, 0, 0),
             );
-            raw("cuMemMap", sys::cuMemMap(p, size, 0, handle, 0));
-            raw("cuMemSetAccess", sys::cuMemSetAccess(p, size, &access, 1));
-            raw("cuMemUnmap", sys::cuMemUnmap(p, size));
-            raw("cuMemAddressFree", sys::cuMemAddressFree(p, size));
-            raw("cuMemRelease", sys::cuMemRelease(handle));
+            common::ok("cuMemMap", sys::cuMemMap(p, size, 0, handle, 0));
+            common::ok("cuMemSetAccess", sys::cuMemSetAccess(p, size, &access, 1));
+            common::ok("cuMemUnmap", sys::cuMemUnmap(p, size));
+            common::ok("cuMemAddressFree", sys::cuMemAddressFree(p, size));
+            common::ok("cuMemRelease", sys::cuMemRelease(handle));
         }
     }
 }

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use cuda_ipc::driver::{error_name, sys};
+use cuda_ipc::driver::sys;
 use cuda_ipc::{
     GpuContext, GpuSignal, ImportedBuffer, ImportedEvent, ImportedSignal, IpcBuffer, IpcEvent,
     IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmCell, ShmOptions, ShmRegion,
@@ -108,10 +108,6 @@ struct Shared {
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
 
-fn ok(call: &str, rc: i32) {
-    assert_eq!(rc, 0, "{call}: {}", error_name(rc));
-}
-
 /// Spin until `cond`. A consumer idles here while the other modes are measured, so the limit
 /// only catches a partner that is gone for good.
 fn spin(cond: impl Fn() -> bool) {
@@ -128,7 +124,7 @@ fn spin(cond: impl Fn() -> bool) {
 fn raw_event(flags: u32) -> sys::CUevent {
     let mut ev = std::ptr::null_mut();
     // SAFETY: writes one event handle on the current context.
-    unsafe { ok("cuEventCreate", sys::cuEventCreate(&mut ev, flags)) };
+    unsafe { common::ok("cuEventCreate", sys::cuEventCreate(&mut ev, flags)) };
     ev
 }
 
@@ -136,7 +132,7 @@ fn raw_ipc_event() -> (sys::CUevent, [u8; 64]) {
     let ev = raw_event(sys::CU_EVENT_INTERPROCESS | sys::CU_EVENT_DISABLE_TIMING);
     let mut h = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: an interprocess event of the current context.
-    unsafe { ok("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev)) };
+    unsafe { common::ok("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(&mut h, ev)) };
     (ev, h.reserved)
 }
 
@@ -144,7 +140,7 @@ fn raw_open_event(h: [u8; 64]) -> sys::CUevent {
     let mut ev = std::ptr::null_mut();
     // SAFETY: a live handle from the partner process.
     unsafe {
-        ok(
+        common::ok(
             "cuIpcOpenEventHandle",
             sys::cuIpcOpenEventHandle(&mut ev, sys::CUipcHandle { reserved: h }),
         )
@@ -158,9 +154,9 @@ fn raw_counter() -> (u64, [u8; 64]) {
     let mut h = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: raw allocation on the current context, zeroed, exported.
     unsafe {
-        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut ptr, 8));
-        ok("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, 8));
-        ok("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(&mut h, ptr));
+        common::ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut ptr, 8));
+        common::ok("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, 8));
+        common::ok("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(&mut h, ptr));
     }
     (ptr, h.reserved)
 }
@@ -169,7 +165,7 @@ fn raw_open_mem(h: [u8; 64]) -> u64 {
     let mut ptr = 0;
     // SAFETY: the partner's live handle.
     unsafe {
-        ok(
+        common::ok(
             "cuIpcOpenMemHandle",
             sys::cuIpcOpenMemHandle_v2(
                 &mut ptr,
@@ -185,13 +181,13 @@ fn raw_write(s: sys::CUstream, addr: u64, v: u64) {
     // SAFETY: a live stream and an 8-byte device counter mapped for the bench's lifetime.
     let rc =
         unsafe { sys::cuStreamWriteValue64_v2(s, addr, v, sys::CU_STREAM_WRITE_VALUE_DEFAULT) };
-    ok("cuStreamWriteValue64", rc);
+    common::ok("cuStreamWriteValue64", rc);
 }
 
 fn raw_wait(s: sys::CUstream, addr: u64, v: u64) {
     // SAFETY: as in `raw_write`.
     let rc = unsafe { sys::cuStreamWaitValue64_v2(s, addr, v, sys::CU_STREAM_WAIT_VALUE_GEQ) };
-    ok("cuStreamWaitValue64", rc);
+    common::ok("cuStreamWaitValue64", rc);
 }
 
 /// The consumer loop (helper process): `REGION:MODE:DEVICE`.
@@ -211,7 +207,7 @@ fn consumer(arg: &str) {
     let mut host = [0u8; 64];
     let mut scratch = 0;
     // SAFETY: a 64-byte device scratch buffer for the signal protocol's read.
-    unsafe { ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut scratch, 64)) };
+    unsafe { common::ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut scratch, 64)) };
     let done = |k: u64| shared.stop_at.load(Ordering::Acquire) == k;
     let mut k = 0u64;
     match mode {
@@ -230,7 +226,7 @@ fn consumer(arg: &str) {
                     let rc = unsafe {
                         sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), buf.as_raw_ptr(), 64, s)
                     };
-                    ok("cuMemcpyDtoHAsync", rc);
+                    common::ok("cuMemcpyDtoHAsync", rc);
                 }
                 mine.record(&stream).unwrap();
                 stream.synchronize().unwrap();
@@ -251,15 +247,15 @@ fn consumer(arg: &str) {
                 spin(|| shared.seq.load(Ordering::Acquire) >= k);
                 // SAFETY: live events, stream and mapping; `host` outlives the synchronize.
                 unsafe {
-                    ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s, theirs, 0));
+                    common::ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s, theirs, 0));
                     if work {
-                        ok(
+                        common::ok(
                             "cuMemcpyDtoHAsync",
                             sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, 64, s),
                         );
                     }
-                    ok("cuEventRecord", sys::cuEventRecord(mine, s));
-                    ok("cuStreamSynchronize", sys::cuStreamSynchronize(s));
+                    common::ok("cuEventRecord", sys::cuEventRecord(mine, s));
+                    common::ok("cuStreamSynchronize", sys::cuStreamSynchronize(s));
                 }
                 shared.ack.store(k, Ordering::Release);
                 if done(k) {
@@ -294,7 +290,7 @@ fn consumer(arg: &str) {
                 if work {
                     // SAFETY: both device ranges are live; the stream orders the copy.
                     let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, buf.as_raw_ptr(), 64, s) };
-                    ok("cuMemcpyDtoDAsync", rc);
+                    common::ok("cuMemcpyDtoDAsync", rc);
                 }
                 // SAFETY: as above.
                 unsafe { ack.signal(&stream, k).unwrap() };
@@ -317,7 +313,7 @@ fn consumer(arg: &str) {
                 if work {
                     // SAFETY: as above.
                     let rc = unsafe { sys::cuMemcpyDtoDAsync_v2(scratch, ptr, 64, s) };
-                    ok("cuMemcpyDtoDAsync", rc);
+                    common::ok("cuMemcpyDtoDAsync", rc);
                 }
                 raw_write(s, ack, k);
                 if done(k) {
@@ -389,7 +385,7 @@ impl<'m> Producer<'m> {
             let mut mh = sys::CUipcHandle { reserved: [0; 64] };
             // SAFETY: a raw allocation of this process on the current context.
             unsafe {
-                ok(
+                common::ok(
                     "cuIpcGetMemHandle",
                     sys::cuIpcGetMemHandle(&mut mh, raw_ptr),
                 )
@@ -512,11 +508,13 @@ impl<'m> Producer<'m> {
             Sync::Events { mine, theirs, .. } => {
                 if k > 1 {
                     // SAFETY: live event and stream.
-                    unsafe { ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(sr, *theirs, 0)) };
+                    unsafe {
+                        common::ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(sr, *theirs, 0))
+                    };
                 }
                 launch();
                 // SAFETY: live event and stream.
-                unsafe { ok("cuEventRecord", sys::cuEventRecord(*mine, sr)) };
+                unsafe { common::ok("cuEventRecord", sys::cuEventRecord(*mine, sr)) };
                 shared.seq.store(k, Ordering::Release);
                 spin(|| shared.ack.load(Ordering::Acquire) == k);
             }
@@ -543,7 +541,7 @@ impl<'m> Producer<'m> {
     /// Record the local event and spin until the stream has passed it.
     fn await_stream(&self, s: sys::CUstream) {
         // SAFETY: a live local event and stream.
-        unsafe { ok("cuEventRecord", sys::cuEventRecord(self.done, s)) };
+        unsafe { common::ok("cuEventRecord", sys::cuEventRecord(self.done, s)) };
         let t = Instant::now();
         loop {
             // SAFETY: a live event.
@@ -556,7 +554,7 @@ impl<'m> Producer<'m> {
                     );
                     std::hint::spin_loop();
                 }
-                rc => ok("cuEventQuery", rc),
+                rc => common::ok("cuEventQuery", rc),
             }
         }
     }
@@ -569,19 +567,19 @@ impl<'m> Producer<'m> {
         self.stream.synchronize().unwrap();
         // SAFETY: the stream is idle, so nothing uses these any more; each is released once.
         unsafe {
-            ok("cuEventDestroy", sys::cuEventDestroy_v2(self.done));
+            common::ok("cuEventDestroy", sys::cuEventDestroy_v2(self.done));
             match self.sync {
                 Sync::Events {
                     mine,
                     theirs,
                     typed: None,
                 } => {
-                    ok("cuEventDestroy", sys::cuEventDestroy_v2(mine));
-                    ok("cuEventDestroy", sys::cuEventDestroy_v2(theirs));
+                    common::ok("cuEventDestroy", sys::cuEventDestroy_v2(mine));
+                    common::ok("cuEventDestroy", sys::cuEventDestroy_v2(theirs));
                 }
                 Sync::SignalRaw { ready, ack } => {
-                    ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ready));
-                    ok("cuMemFree", sys::cuMemFree_v2(ack));
+                    common::ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(ready));
+                    common::ok("cuMemFree", sys::cuMemFree_v2(ack));
                 }
                 Sync::Events { .. } | Sync::SignalCrate { .. } => {}
             }
@@ -602,7 +600,7 @@ fn main() {
     let own = IpcBuffer::<u8>::zeroed(&ctx, LEN).unwrap();
     let mut raw_ptr = 0;
     // SAFETY: a raw allocation for the raw protocols, freed at the end.
-    unsafe { ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw_ptr, LEN)) };
+    unsafe { common::ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw_ptr, LEN)) };
     let consumers: Vec<u32> = if cuda_ipc::device_count().unwrap() >= 2 {
         vec![0, 1]
     } else {
@@ -670,5 +668,5 @@ fn main() {
     c.final_summary();
     ctx.make_current().unwrap();
     // SAFETY: allocated above; the consumers that mapped it have exited.
-    unsafe { ok("cuMemFree", sys::cuMemFree_v2(raw_ptr)) };
+    unsafe { common::ok("cuMemFree", sys::cuMemFree_v2(raw_ptr)) };
 }

@@ -44,10 +44,6 @@ struct Shared {
 // SAFETY: repr(C), every field is ShmSafe.
 unsafe impl ShmSafe for Shared {}
 
-fn raw(call: &str, rc: i32) {
-    assert_eq!(rc, 0, "{call} failed: {}", cuda_ipc::driver::error_name(rc));
-}
-
 /// The helper: 10,000 buffers exported and kept live.
 fn exporter(region: &str) {
     let shared = ShmOptions::new(region).open::<Shared>().unwrap();
@@ -61,7 +57,7 @@ fn exporter(region: &str) {
     ctx.make_current().unwrap();
     let mut h = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: a buffer this process allocated, on the current context.
-    raw("cuIpcGetMemHandle", unsafe {
+    common::ok("cuIpcGetMemHandle", unsafe {
         sys::cuIpcGetMemHandle(&mut h, bufs[0].as_raw_ptr())
     });
     shared.raw.store(h.reserved);
@@ -114,7 +110,7 @@ impl Fixture {
     fn raw_export(buf: &IpcBuffer<u8>) -> sys::CUipcHandle {
         let mut h = sys::CUipcHandle { reserved: [0; 64] };
         // SAFETY: a buffer this process allocated, on the current context.
-        raw("cuIpcGetMemHandle", unsafe {
+        common::ok("cuIpcGetMemHandle", unsafe {
             sys::cuIpcGetMemHandle(&mut h, buf.as_raw_ptr())
         });
         h
@@ -125,19 +121,8 @@ impl Fixture {
     }
 
     fn raw_open_close(&self) {
-        let mut p = 0;
-        // SAFETY: the helper's live handle, opened and closed on the current context.
-        unsafe {
-            raw(
-                "cuIpcOpenMemHandle",
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut p,
-                    self.raw_handle,
-                    sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
-                ),
-            );
-            raw("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(p));
-        }
+        // SAFETY: the helper's live handle, on the current context.
+        unsafe { common::raw_open_close(self.raw_handle) }
     }
 
     /// Per-call times (ns) of first exports, ours and raw, each of a fresh buffer, alternating

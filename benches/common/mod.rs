@@ -108,6 +108,30 @@ pub fn sample_pair(
     (va, vb)
 }
 
+/// Panic unless a raw driver call of a baseline succeeded, naming the call and its code.
+pub fn ok(call: &str, rc: i32) {
+    assert_eq!(rc, 0, "{call} failed: {}", cuda_ipc::driver::error_name(rc));
+}
+
+/// The raw baseline of a cold legacy open: `cuIpcOpenMemHandle` (lazy peer access) and
+/// `cuIpcCloseMemHandle` of `handle` on the current context.
+///
+/// # Safety
+///
+/// `handle` is a live export of another process, and a context is current.
+pub unsafe fn raw_open_close(handle: cuda_ipc::driver::sys::CUipcHandle) {
+    use cuda_ipc::driver::sys;
+    let mut p = 0;
+    // SAFETY: the caller's duty; the pointer is closed once, right after it was opened.
+    unsafe {
+        ok(
+            "cuIpcOpenMemHandle",
+            sys::cuIpcOpenMemHandle_v2(&mut p, handle, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+        );
+        ok("cuIpcCloseMemHandle", sys::cuIpcCloseMemHandle(p));
+    }
+}
+
 pub fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
