@@ -688,7 +688,7 @@ impl ImportedArena {
                 return Ok(Self { import });
             }
         }
-        let memory_device = handle.admit_live(ctx, &exporter)?;
+        let memory_device = handle.admit_live(ctx, &exporter, true)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let bit = 1u64 << lease.slot();
         let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;

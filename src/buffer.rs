@@ -845,7 +845,7 @@ impl<T: Pod> BufferCore<T> {
                 None => break cache,
             }
         };
-        let memory_device = handle.admit_live(ctx, &exporter)?;
+        let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
         let hold = registry::enter(&env.token, env.generation, exporter)?;
         // On an error below the hold drops after the memory was unmapped again.
         let (ptr, mapped, vmm) = match fd {

@@ -26,7 +26,7 @@ use crate::buffer::GENERATION;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, PeerRole, Result};
-use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
+use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT, check_exporter_alive};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
@@ -187,14 +187,7 @@ impl ImportedEvent {
     #[doc(alias = "cuIpcOpenEventHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
         let exporter = handle.admit(false)?;
-        // `admit(false)` refused this process as the exporter, so the liveness check skips
-        // `check_exporter_alive`'s test for it (a `getpid` and a lock per open).
-        if !crate::process::is_alive_cached(&exporter) {
-            return Err(Error::PeerGone {
-                pid: exporter.pid(),
-                role: PeerRole::Exporter,
-            });
-        }
+        check_exporter_alive(&exporter, false)?;
         let env = &handle.env;
         let _g = ctx.enter()?;
         let raw = driver::ipc::open_event_handle(env.cuda)?;

@@ -589,12 +589,17 @@ impl<K: HandleKind> Handle<K> {
         }
     }
 
-    /// The checks of an open that ask the system, after [`admit`](Self::admit) and before the
-    /// lease: the exporter is alive (unless it is this process), and the memory's device is
-    /// visible here and reachable from `ctx` (its own device, or a peer with access). Returns
-    /// the memory's device ordinal.
-    pub(crate) fn admit_live(&self, ctx: &GpuContext, exporter: &ProcessIdentity) -> Result<u32> {
-        check_exporter_alive(exporter)?;
+    /// The checks of an open that ask the system, after [`admit`](Self::admit) with the same
+    /// `with_fd` and before the lease: the exporter is alive (see [`check_exporter_alive`]),
+    /// and the memory's device is visible here and reachable from `ctx` (its own device, or a
+    /// peer with access). Returns the memory's device ordinal.
+    pub(crate) fn admit_live(
+        &self,
+        ctx: &GpuContext,
+        exporter: &ProcessIdentity,
+        with_fd: bool,
+    ) -> Result<u32> {
+        check_exporter_alive(exporter, with_fd)?;
         check_reachable(ctx, &self.env.device_uuid)
     }
 
@@ -618,9 +623,12 @@ impl<K: HandleKind> Handle<K> {
 }
 
 /// Refuse an exporter that is not alive (or was replaced by another process with its pid),
-/// unless it is this process.
-pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity) -> Result<()> {
-    if exporter.is_same_process(&ProcessIdentity::current())
+/// unless it is this process — possible only for a handle that came with its descriptor
+/// (`with_fd`, as passed to [`Handle::admit`]).
+pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) -> Result<()> {
+    // Only a handle that came with its descriptor may name this process (`admit` refused it
+    // otherwise): only then is the question (a `getpid` and a lock) worth asking.
+    if (with_fd && exporter.is_same_process(&ProcessIdentity::current()))
         || crate::process::is_alive_cached(exporter)
     {
         return Ok(());

@@ -740,7 +740,7 @@ impl ImportedPool {
         {
             return Ok(Self { import });
         }
-        let memory_device = handle.admit_live(ctx, &exporter)?;
+        let memory_device = handle.admit_live(ctx, &exporter, true)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let table = ArenaTable::open(&env.token, 0, env.generation)?;
         let _g = ctx.enter()?;
