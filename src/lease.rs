@@ -121,7 +121,7 @@ pub(crate) struct Slots<'a> {
     pub(crate) slots: &'a [OwnedSlot],
 }
 
-impl Slots<'_> {
+impl<'a> Slots<'a> {
     /// Claim a slot for `me` (see the module docs).
     #[cfg(test)]
     pub(crate) fn claim(&self, me: &ProcessIdentity) -> Claim {
@@ -211,6 +211,15 @@ impl Slots<'_> {
         dead
     }
 
+    /// The slots of `mask` (bit `i`: slot `i`).
+    fn in_mask(&self, mask: u64) -> impl Iterator<Item = &'a OwnedSlot> + use<'a> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| *i < 64 && mask & (1 << i) != 0)
+            .map(|(_, slot)| slot)
+    }
+
     /// A process other than `me` in the slots of `mask` (bit `i`: slot `i`) that is dead. The
     /// slot is re-read after the judgement: a holder that released and exited in between is
     /// not reported.
@@ -220,15 +229,11 @@ impl Slots<'_> {
         me: u32,
         alive: &dyn Fn(&ProcessIdentity) -> bool,
     ) -> Option<u32> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i < 64 && mask & (1 << i) != 0)
-            .find_map(|(_, slot)| {
-                let (owner, id) = slot.load_identity();
-                let dead = owner.state != OwnerState::Free && owner.pid != me && !alive(&id);
-                (dead && slot.load().word == owner.word).then_some(owner.pid)
-            })
+        self.in_mask(mask).find_map(|slot| {
+            let (owner, id) = slot.load_identity();
+            let dead = owner.state != OwnerState::Free && owner.pid != me && !alive(&id);
+            (dead && slot.load().word == owner.word).then_some(owner.pid)
+        })
     }
 }
 
@@ -251,11 +256,9 @@ impl LeaseTable {
         mask: u64,
         alive: &dyn Fn(&ProcessIdentity) -> bool,
     ) -> Vec<u32> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i < 64 && mask & (1 << i) != 0)
-            .filter_map(|(_, slot)| {
+        self.slots()
+            .in_mask(mask)
+            .filter_map(|slot| {
                 let (owner, id) = slot.load_identity();
                 (owner.state != OwnerState::Free && alive(&id)).then_some(owner.pid)
             })
