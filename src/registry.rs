@@ -315,8 +315,8 @@ fn imported(
     exporter: ProcessIdentity,
 ) -> Result<Arc<ImportedLedger>> {
     // Held across the open, so that two threads importing from one exporter share one lease.
+    // (Entries of dropped ledgers are removed by their drop.)
     let mut imported = IMPORTED.lock();
-    imported.retain(|(_, w)| w.strong_count() > 0);
     if let Some(ledger) = imported
         .iter()
         .filter(|(t, _)| t == token)
