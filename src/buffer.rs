@@ -411,10 +411,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemFree")]
     pub fn close(self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
         let mut core = self.core;
-        match core
-            .wait_for_importers(timeout)
-            .and_then(|()| core.release())
-        {
+        match core.close_in_place(timeout) {
             Ok(()) => Ok(()),
             Err(error) => Err(CloseError::new(error, Self { core })),
         }
@@ -1076,6 +1073,12 @@ impl<T: Pod> BufferCore<T> {
     /// Wait for importers up to `timeout` and free (or unmap); on an error the buffer drops
     /// (its free deferred) and the error is returned.
     pub(crate) fn close(mut self, timeout: Duration) -> Result<()> {
+        self.close_in_place(timeout)
+    }
+
+    /// [`close`](Self::close), keeping the buffer (retired, or released) for a caller that
+    /// hands it back on an error.
+    pub(crate) fn close_in_place(&mut self, timeout: Duration) -> Result<()> {
         self.wait_for_importers(timeout)
             .and_then(|()| self.release())
     }

@@ -196,11 +196,7 @@ impl IpcSignal {
     #[doc(alias = "cuMemFree")]
     pub fn close(self, timeout: Duration) -> Result<(), CloseError<Self>> {
         let mut signal = self.signal;
-        match signal
-            .counter
-            .wait_for_importers(timeout)
-            .and_then(|()| signal.counter.release())
-        {
+        match signal.counter.close_in_place(timeout) {
             Ok(()) => Ok(()),
             Err(error) => Err(CloseError::new(error, Self { signal })),
         }
