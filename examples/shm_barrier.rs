@@ -6,6 +6,7 @@
 //! cargo run --example shm_barrier -- [children (default 4)] [steps (default 3)]
 //! ```
 
+use cuda_ipc::StateDefect;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -33,8 +34,12 @@ fn child(name: &str, id: u64, steps: u64) -> cuda_ipc::Result<()> {
         let sum = region.sum.load(Ordering::Acquire);
         if sum < expected {
             return Err(cuda_ipc::Error::Corrupt {
-                what: "example sum",
-                reason: format!("step {step}: sum {sum} < {expected}"),
+                what: "the example's sum",
+                defect: StateDefect::Counter {
+                    field: "sum",
+                    found: sum,
+                    expected,
+                },
             });
         }
         if r.is_leader() {

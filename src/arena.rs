@@ -17,6 +17,7 @@ pub(crate) mod ledger;
 pub(crate) mod sealed;
 pub(crate) mod table;
 
+use crate::error::ArgumentDefect;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
@@ -204,13 +205,24 @@ impl IpcArena {
     /// As [`new`](Self::new); [`Error::InvalidArgument`] for `max_buffers` out of range.
     pub fn with_max_buffers(ctx: &GpuContext, bytes: usize, max_buffers: usize) -> Result<Self> {
         let call = "IpcArena::new";
-        if bytes == 0 || !(1..=MAX_ARENA_BUFFERS).contains(&max_buffers) {
+        if bytes == 0 {
             return Err(Error::InvalidArgument {
                 call,
-                reason: format!(
-                    "{bytes} bytes for up to {max_buffers} buffers (needs bytes > 0 and 1 to \
-                     {MAX_ARENA_BUFFERS} buffers)"
-                ),
+                defect: ArgumentDefect::AllocationSize {
+                    len: 0,
+                    elem_size: 1,
+                },
+            });
+        }
+        if !(1..=MAX_ARENA_BUFFERS).contains(&max_buffers) {
+            return Err(Error::InvalidArgument {
+                call,
+                defect: ArgumentDefect::OutOfRange {
+                    what: "max_buffers",
+                    value: max_buffers as u64,
+                    min: 1,
+                    max: MAX_ARENA_BUFFERS as u64,
+                },
             });
         }
         if !crate::vmm::supports_posix_fd(ctx.device())? {
@@ -272,15 +284,26 @@ impl IpcArena {
     /// ```
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
         let size = std::mem::size_of::<T>() as u64;
-        let bytes = (len as u64).checked_mul(size).filter(|&b| b > 0);
-        let Some(bytes) = bytes.filter(|_| std::mem::align_of::<T>() as u64 <= ARENA_ALIGN) else {
+        let call = "IpcArena::alloc";
+        let align = std::mem::align_of::<T>() as u64;
+        if align > ARENA_ALIGN {
             return Err(Error::InvalidArgument {
-                call: "IpcArena::alloc",
-                reason: format!(
-                    "{len} elements of {} ({size} bytes, aligned to {})",
-                    std::any::type_name::<T>(),
-                    std::mem::align_of::<T>()
-                ),
+                call,
+                defect: ArgumentDefect::OutOfRange {
+                    what: "element alignment",
+                    value: align,
+                    min: 1,
+                    max: ARENA_ALIGN,
+                },
+            });
+        }
+        let Some(bytes) = (len as u64).checked_mul(size).filter(|&b| b > 0) else {
+            return Err(Error::InvalidArgument {
+                call,
+                defect: ArgumentDefect::AllocationSize {
+                    len: len as u64,
+                    elem_size: size,
+                },
             });
         };
         let owner = &self.owner;

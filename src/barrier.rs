@@ -39,7 +39,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, PeerRole, Result};
+use crate::error::{ArgumentDefect, Error, ObjectState, PeerRole, Result, StateDefect};
 use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
 use crate::sync::{
@@ -200,13 +200,18 @@ impl BarrierState {
         if parties == 0 || parties > MAX_PARTIES {
             return Err(Error::InvalidArgument {
                 call: "BarrierState::init",
-                reason: format!("parties must be 1..={MAX_PARTIES}, got {parties}"),
+                defect: ArgumentDefect::OutOfRange {
+                    what: "parties",
+                    value: parties.into(),
+                    min: 1,
+                    max: MAX_PARTIES.into(),
+                },
             });
         }
         if self.config.0.magic.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidState {
                 call: "BarrierState::init",
-                reason: "barrier state is already initialised".into(),
+                state: ObjectState::AlreadyInitialised,
             });
         }
         self.config.0.parties.store(parties, Ordering::Relaxed);
@@ -223,11 +228,14 @@ impl BarrierState {
         let magic = self.config.0.magic.load(Ordering::Acquire);
         if magic != MAGIC {
             return Err(Error::Corrupt {
-                what: "barrier state",
-                reason: if magic == 0 {
-                    "not initialised (call BarrierState::init in the creator)".into()
+                what: "barrier state (initialised by BarrierState::init in its creator)",
+                defect: if magic == 0 {
+                    StateDefect::NotInitialised
                 } else {
-                    format!("bad magic {magic:#x}")
+                    StateDefect::UnknownValue {
+                        field: "magic",
+                        value: magic.into(),
+                    }
                 },
             });
         }
@@ -235,7 +243,12 @@ impl BarrierState {
         if parties == 0 || parties > MAX_PARTIES {
             return Err(Error::Corrupt {
                 what: "barrier state",
-                reason: format!("party count {parties} outside 1..={MAX_PARTIES}"),
+                defect: StateDefect::OutOfRange {
+                    field: "party count",
+                    value: parties.into(),
+                    min: 1,
+                    max: MAX_PARTIES.into(),
+                },
             });
         }
         Ok(parties)
@@ -296,7 +309,10 @@ impl BarrierState {
             },
             _ => Error::Corrupt {
                 what: "barrier state",
-                reason: format!("poisoned with unknown cause record {info:#x}"),
+                defect: StateDefect::UnknownValue {
+                    field: "poison record",
+                    value: info,
+                },
             },
         }
     }
@@ -516,7 +532,12 @@ impl<'a> ProcessBarrier<'a> {
         if arrived > parties {
             let e = Error::Corrupt {
                 what: "barrier state",
-                reason: format!("{arrived} arrivals for {parties} parties"),
+                defect: StateDefect::OutOfRange {
+                    field: "arrivals",
+                    value: arrived,
+                    min: 1,
+                    max: parties,
+                },
             };
             let _ = st.poison_with(KIND_EXPLICIT, self.slot, self.pid);
             return Err(WaitError::Failed(e));
@@ -631,8 +652,13 @@ impl<'a> ProcessBarrier<'a> {
             if count_of(s) == 0 {
                 // Impossible while our arrival is counted: someone wrote the word.
                 return Err(WaitError::Failed(Error::Corrupt {
-                    what: "barrier state",
-                    reason: "arrival count fell to zero under a waiter".into(),
+                    what: "barrier state (under a waiter, whose arrival it counts)",
+                    defect: StateDefect::OutOfRange {
+                        field: "arrivals",
+                        value: 0,
+                        min: 1,
+                        max: u64::from(self.parties),
+                    },
                 }));
             }
             match word.compare_exchange_weak(s, s - 1, Ordering::AcqRel, Ordering::Acquire) {

@@ -14,7 +14,10 @@ use crate::context::GpuContext;
 use crate::deferred;
 use crate::device;
 use crate::driver::{self, sys};
-use crate::error::{CloseError, Error, HandleDefect, PeerRole, Result};
+use crate::error::{
+    ArgumentDefect, CloseError, Error, HandleDefect, ObjectState, PeerRole, Result, StateDefect,
+    TypeConflict,
+};
 use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
 };
@@ -605,12 +608,12 @@ pub(crate) struct BufferCore<T: Pod> {
 fn byte_len_of<T>(len: usize) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
         .filter(|&b| b > 0 && b <= isize::MAX as usize)
-        .ok_or_else(|| Error::InvalidArgument {
+        .ok_or(Error::InvalidArgument {
             call: "IpcBuffer::new",
-            reason: format!(
-                "{len} elements of {} bytes is not a valid allocation size",
-                std::mem::size_of::<T>()
-            ),
+            defect: ArgumentDefect::AllocationSize {
+                len: len as u64,
+                elem_size: std::mem::size_of::<T>() as u64,
+            },
         })
 }
 
@@ -706,16 +709,13 @@ impl<T: Pod> BufferCore<T> {
             Origin::Exported(_) => {
                 return Err(Error::HandleTypeMismatch {
                     handle: HandleType::Legacy,
-                    reason: "a cuMemAlloc buffer has no file descriptor; allocate with \
-                             HandleType::PosixFd, or send its handle() bytes"
-                        .into(),
+                    conflict: TypeConflict::Needs(HandleType::PosixFd),
                 });
             }
             Origin::Imported(_) => {
                 return Err(Error::InvalidState {
                     call,
-                    reason: "an imported buffer cannot be exported again; share the original"
-                        .into(),
+                    state: ObjectState::Imported,
                 });
             }
         };
@@ -744,8 +744,7 @@ impl<T: Pod> BufferCore<T> {
         let Origin::Exported(export) = &self.origin else {
             return Err(Error::InvalidState {
                 call,
-                reason: "an imported object cannot be exported again; share the original handle"
-                    .into(),
+                state: ObjectState::Imported,
             });
         };
         // The block is published before any handle exists: every importer finds it.
@@ -907,16 +906,13 @@ impl<T: Pod> BufferCore<T> {
         let Origin::Exported(export) = &self.origin else {
             return Err(Error::InvalidState {
                 call: "IpcBuffer::raw_export",
-                reason: "an imported buffer cannot be exported again; share the original handle"
-                    .into(),
+                state: ObjectState::Imported,
             });
         };
         if export.vmm.is_some() {
             return Err(Error::HandleTypeMismatch {
                 handle: HandleType::PosixFd,
-                reason: "raw legacy handles exist only for cuMemAlloc memory; allocate with \
-                         HandleType::Legacy to share with PyTorch, CuPy or C/C++ peers"
-                    .into(),
+                conflict: TypeConflict::Needs(HandleType::Legacy),
             });
         }
         Ok(RawExport {
@@ -932,28 +928,29 @@ impl<T: Pod> BufferCore<T> {
     /// The work of [`ImportedBuffer::open_raw`].
     pub(crate) unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
         let call = "ImportedBuffer::open_raw";
-        let invalid = |reason: String| Error::InvalidArgument { call, reason };
+        let invalid = |defect| Error::InvalidArgument { call, defect };
         let size = std::mem::size_of::<T>() as u64;
         let bytes = (import.len as u64)
             .checked_mul(size)
             .filter(|&b| b > 0)
-            .ok_or_else(|| invalid(format!("{} elements of {size} bytes", import.len)))?;
-        if !import
-            .offset
-            .is_multiple_of(std::mem::align_of::<T>() as u64)
-        {
-            return Err(invalid(format!(
-                "offset {} is not a multiple of {}'s alignment {}",
-                import.offset,
-                std::any::type_name::<T>(),
-                std::mem::align_of::<T>()
-            )));
+            .ok_or_else(|| {
+                invalid(ArgumentDefect::AllocationSize {
+                    len: import.len as u64,
+                    elem_size: size,
+                })
+            })?;
+        let align = std::mem::align_of::<T>() as u64;
+        if !import.offset.is_multiple_of(align) {
+            return Err(invalid(ArgumentDefect::Misaligned {
+                offset: import.offset,
+                align,
+            }));
         }
         let end = import.offset.checked_add(bytes).ok_or_else(|| {
-            invalid(format!(
-                "offset {} + {bytes} bytes overflows",
-                import.offset
-            ))
+            invalid(ArgumentDefect::RangeOverflow {
+                offset: import.offset,
+                bytes,
+            })
         })?;
         if crate::raw::is_own(&import.handle) {
             return Err(Error::SameProcess {
@@ -1253,7 +1250,10 @@ pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
     if ptr < base || offset > size {
         return Err(Error::Corrupt {
             what: "IPC mapping",
-            reason: format!("{ptr:#x} lies outside the range the driver reports for it"),
+            defect: StateDefect::DriverAnswer {
+                call: "cuMemGetAddressRange",
+                value: i64::try_from(base).unwrap_or(i64::MAX),
+            },
         });
     }
     Ok(size - offset)
@@ -1268,7 +1268,10 @@ fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
     let Ok(ordinal) = u32::try_from(ordinal) else {
         return Err(Error::Corrupt {
             what: "IPC mapping",
-            reason: format!("the driver reports device {ordinal} for it"),
+            defect: StateDefect::DriverAnswer {
+                call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
+                value: ordinal.into(),
+            },
         });
     };
     if ordinal == ctx.ordinal() || device::can_access_peer(ctx.ordinal(), ordinal)? {
@@ -1277,10 +1280,7 @@ fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
         Err(Error::DeviceNotReachable {
             uuid: format!("(device {ordinal})"),
             from: ctx.ordinal(),
-            reason: format!(
-                "no peer access from device {} to device {ordinal}",
-                ctx.ordinal()
-            ),
+            peer: Some(ordinal),
         })
     }
 }

@@ -17,7 +17,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::driver::sys;
-use crate::error::{Error, HandleDefect, PeerRole, Result};
+use crate::error::{ArgumentDefect, Error, HandleDefect, PeerRole, Result, StateDefect};
 use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, checksum, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
@@ -414,25 +414,31 @@ impl<T: Pod> IpcSender<T> {
     /// error creating the region.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn new(ctx: &GpuContext, slots: usize, capacity: usize) -> Result<Self> {
-        let invalid = |reason: String| Error::InvalidArgument {
+        let invalid = |defect| Error::InvalidArgument {
             call: "IpcSender::new",
-            reason,
+            defect,
         };
         if slots == 0 || slots > MAX_SLOTS {
-            return Err(invalid(format!("{slots} slots (1 to {MAX_SLOTS})")));
+            return Err(invalid(ArgumentDefect::OutOfRange {
+                what: "slots",
+                value: slots as u64,
+                min: 1,
+                max: MAX_SLOTS as u64,
+            }));
         }
         let geometry = Geometry {
             slots: slots as u64,
             capacity: capacity as u64,
         };
         let size = std::mem::size_of::<T>() as u64;
-        let stride = layout(geometry, size).ok_or_else(|| {
-            invalid(format!(
-                "{slots} slots of {capacity} elements of {size} bytes is not a valid allocation"
-            ))
-        })?;
-        let total = usize::try_from(stride * geometry.slots)
-            .map_err(|_| invalid("the allocation does not fit this platform".into()))?;
+        let too_big = || {
+            invalid(ArgumentDefect::AllocationSize {
+                len: geometry.slots.saturating_mul(geometry.capacity),
+                elem_size: size,
+            })
+        };
+        let stride = layout(geometry, size).ok_or_else(too_big)?;
+        let total = usize::try_from(stride * geometry.slots).map_err(|_| too_big())?;
         let data = BufferCore::<T>::new(ctx, total)?;
         let sent = GpuSignal::new(ctx)?;
         let released = GpuSignal::new(ctx)?;
@@ -459,18 +465,20 @@ impl<T: Pod> IpcSender<T> {
                 s.data.store(data_env);
                 s.sent_signal.store(sent_env);
                 s.consumer[0].released_signal.store(released_env);
-                held = s
-                    .producer
-                    .claim_pausing(&me, || {})
-                    .ok_or_else(|| invalid("this process's pid cannot own a slot".into()))?;
+                held = s.producer.claim_pausing(&me, || {}).ok_or(Error::Corrupt {
+                    what: "IPC channel region (just created)",
+                    defect: StateDefect::Missing {
+                        what: "a free producer owner record",
+                    },
+                })?;
                 Ok(())
             })?;
         let name = ring.name().as_bytes();
         if name.len() > NAME_BYTES {
-            return Err(invalid(format!(
-                "region name {:?} is too long",
-                ring.name()
-            )));
+            return Err(Error::InvalidName {
+                name: ring.name().into(),
+                reason: "longer than a channel handle holds",
+            });
         }
         let mut name_bytes = [0u8; NAME_BYTES];
         name_bytes[..name.len()].copy_from_slice(name);
@@ -671,7 +679,12 @@ impl<T: Pod> SendSlot<'_, T> {
         if len as u64 > capacity {
             return Err(Error::InvalidArgument {
                 call: "SendSlot::send",
-                reason: format!("{len} elements do not fit a slot of {capacity}"),
+                defect: ArgumentDefect::OutOfRange {
+                    what: "item elements (up to the slot capacity)",
+                    value: len as u64,
+                    min: 0,
+                    max: capacity,
+                },
             });
         }
         let k = self.tx.next;
@@ -786,9 +799,9 @@ impl<T: Pod> IpcReceiver<T> {
         }
         let ring = ShmOptions::new(name).open::<RingState>()?;
         let s = ring.get();
-        let mismatch = |what: &str| Error::Corrupt {
+        let mismatch = |field: &'static str| Error::Corrupt {
             what: "IPC channel region",
-            reason: format!("its {what} does not match the handle's"),
+            defect: StateDefect::Mismatch { field },
         };
         if !ring.creator().is_same_process(&producer) {
             return Err(mismatch("creator"));
@@ -816,7 +829,7 @@ impl<T: Pod> IpcReceiver<T> {
                 return Err(mismatch(what));
             }
         }
-        let by_producer = |pid: u32, what: &str| {
+        let by_producer = |pid: u32, what: &'static str| {
             if pid == producer.pid() {
                 Ok(())
             } else {

@@ -1,6 +1,7 @@
 //! [`GpuContext`]: a device's primary CUDA context, reference-counted, that every GPU resource
 //! of this crate holds so that it can make it current for its own teardown.
 
+use crate::error::ArgumentDefect;
 use std::sync::Arc;
 
 use crate::driver::{self, sys};
@@ -67,7 +68,12 @@ impl GpuContext {
         if i32::try_from(ordinal).is_err() {
             return Err(Error::InvalidArgument {
                 call: "GpuContext::new",
-                reason: format!("device ordinal {ordinal} out of range"),
+                defect: ArgumentDefect::OutOfRange {
+                    what: "device ordinal",
+                    value: ordinal.into(),
+                    min: 0,
+                    max: i32::MAX as u64,
+                },
             });
         }
         let device = driver::device::get(ordinal)?;
@@ -122,16 +128,17 @@ impl GpuContext {
         // SAFETY: pops what was pushed just above, on this thread.
         let _ = unsafe { driver::ctx::pop() };
         let device = device?;
-        let ordinal = u32::try_from(device).map_err(|_| Error::InvalidArgument {
+        // A device handle that is no ordinal cannot be a primary context's.
+        let not_primary = Error::InvalidArgument {
             call,
-            reason: format!("device handle {device} is not an ordinal"),
-        })?;
+            defect: ArgumentDefect::NotPrimaryContext,
+        };
+        let Ok(ordinal) = u32::try_from(device) else {
+            return Err(not_primary);
+        };
         let ours = Self::new(ordinal)?;
         if ours.inner.raw != raw {
-            return Err(Error::InvalidArgument {
-                call,
-                reason: "the context is not the device's primary context".into(),
-            });
+            return Err(not_primary);
         }
         Ok(ours)
     }

@@ -248,7 +248,7 @@ mod tests {
         let r = sweep(&mut list, |_| {
             Err(crate::Error::InvalidArgument {
                 call: "test",
-                reason: "fails".into(),
+                defect: crate::ArgumentDefect::NotPrimaryContext,
             })
         });
         assert_eq!((r.freed, r.failed, r.pending), (0, 1, 0));

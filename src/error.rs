@@ -25,24 +25,24 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// An argument is out of its documented range.
-    #[error("invalid argument to {call}: {reason}")]
+    /// An argument is out of its documented range. [`ArgumentDefect`] says which and how.
+    #[error("invalid argument to {call}: {defect}")]
     InvalidArgument {
         /// The function that rejected the argument.
         call: &'static str,
         /// What was wrong.
-        reason: String,
+        defect: ArgumentDefect,
     },
 
     /// The object is not in a state where the call is possible: initialising a barrier twice
     /// (internally also: re-exporting a mapping, which the public types rule out). Unlike
     /// [`Error::InvalidArgument`], no argument would have made the call succeed.
-    #[error("{call} not possible: {reason}")]
+    #[error("{call} not possible: {state}")]
     InvalidState {
         /// The function that was called.
         call: &'static str,
-        /// Why the object cannot do it.
-        reason: String,
+        /// The state that rules it out.
+        state: ObjectState,
     },
 
     /// Exclusive create found the name already taken.
@@ -144,13 +144,15 @@ pub enum Error {
         found: u64,
     },
 
-    /// Shared state read from another process failed validation.
-    #[error("corrupt shared state in {what}: {reason}")]
+    /// Shared state read from another process (or an answer from the driver) failed
+    /// validation: a peer wrote what the protocol never writes, or something outside the
+    /// protocol wrote the memory. [`StateDefect`] says what was found.
+    #[error("corrupt shared state in {what}: {defect}")]
     Corrupt {
         /// Which structure.
         what: &'static str,
         /// What was wrong.
-        reason: String,
+        defect: StateDefect,
     },
 
     /// `/dev/shm` has no room for the region (`fallocate` reported `ENOSPC`).
@@ -334,14 +336,21 @@ pub enum Error {
 
     /// The memory's device cannot be reached from the opening context: not visible to this
     /// process, or no peer access between the two devices.
-    #[error("device {uuid} holding the IPC memory is not reachable from device {from}: {reason}")]
+    #[error(
+        "device {uuid} holding the IPC memory is not reachable from device {from}: {}",
+        match .peer {
+            None => "the device is not visible to this process".to_owned(),
+            Some(to) => format!("no peer access from device {from} to device {to}"),
+        }
+    )]
     DeviceNotReachable {
-        /// The exporting device's UUID.
+        /// The exporting device's UUID (or, where only its ordinal is known, `(device N)`).
         uuid: String,
         /// The opening context's device ordinal.
         from: u32,
-        /// Why.
-        reason: String,
+        /// The memory's device ordinal in this process; `None` when it is not visible to
+        /// this process (`CUDA_VISIBLE_DEVICES`, a container's device list).
+        peer: Option<u32>,
     },
 
     /// The buffer the handle named has been freed (or is being freed): opening it could map a
@@ -385,12 +394,12 @@ pub enum Error {
     /// what it does not: a POSIX-fd handle without its descriptor (only a process the exporter
     /// sent the descriptor to can map the memory), a legacy handle with descriptors attached,
     /// or a request only the other type supports.
-    #[error("{handle} handle: {reason}")]
+    #[error("{handle} handle: {conflict}")]
     HandleTypeMismatch {
         /// The handle type of the handle (or buffer) concerned.
         handle: crate::HandleType,
         /// What does not match.
-        reason: String,
+        conflict: TypeConflict,
     },
 
     /// An exported buffer still had importers when its owner's `close` gave up waiting: the
@@ -595,6 +604,308 @@ impl std::fmt::Display for HandleDefect {
             | Self::Names { detail }
             | Self::Memory { detail }
             | Self::Unsupported { detail } => f.write_str(detail),
+        }
+    }
+}
+
+/// What was wrong with an argument refused as [`Error::InvalidArgument`]: match the variant
+/// to branch; `Display` says it in full.
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::{ArgumentDefect, BarrierState, Error};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let refused = BarrierState::new(0);
+/// assert!(matches!(
+///     refused,
+///     Err(Error::InvalidArgument {
+///         defect: ArgumentDefect::OutOfRange { what: "parties", value: 0, min: 1, .. },
+///         ..
+///     })
+/// ));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ArgumentDefect {
+    /// A count, size, value, alignment or ordinal outside the range the call accepts.
+    OutOfRange {
+        /// What it is (`"parties"`, `"slots"`, `"signal value"`, ...).
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest value accepted.
+        min: u64,
+        /// The largest value accepted.
+        max: u64,
+    },
+    /// Two lengths that must agree do not: a host slice and the device slice it is copied
+    /// to or from, a batch and its item lengths.
+    LengthMismatch {
+        /// Which length.
+        what: &'static str,
+        /// The length required.
+        expected: u64,
+        /// The length given.
+        found: u64,
+    },
+    /// `len` elements of `elem_size` bytes make no allocation: zero bytes, or more than the
+    /// address space holds (also once rounded up to the allocation granularity).
+    AllocationSize {
+        /// Elements asked for.
+        len: u64,
+        /// Bytes per element.
+        elem_size: u64,
+    },
+    /// A byte count that is not a whole number of elements.
+    NotWholeElements {
+        /// The byte count.
+        bytes: u64,
+        /// Bytes per element.
+        elem_size: u64,
+    },
+    /// A byte offset that is not a multiple of the element type's alignment.
+    Misaligned {
+        /// The offset.
+        offset: u64,
+        /// The alignment required.
+        align: u64,
+    },
+    /// A byte range whose end does not fit in 64 bits.
+    RangeOverflow {
+        /// Where it starts.
+        offset: u64,
+        /// Its length in bytes.
+        bytes: u64,
+    },
+    /// A signal value not above the last one signalled (a signal is a counter).
+    NotIncreasing {
+        /// The value given.
+        value: u64,
+        /// The last value signalled.
+        last: u64,
+    },
+    /// A context that is not its device's primary context (this crate shares memory through
+    /// the primary contexts only).
+    NotPrimaryContext,
+    /// The process has no open descriptor of that number.
+    NoSuchDescriptor {
+        /// The process.
+        pid: u32,
+        /// The descriptor number.
+        fd: i32,
+    },
+}
+
+impl std::fmt::Display for ArgumentDefect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::OutOfRange {
+                what,
+                value,
+                min,
+                max,
+            } => write!(f, "{what} {value} is outside {min}..={max}"),
+            Self::LengthMismatch {
+                what,
+                expected,
+                found,
+            } => write!(f, "{what} is {found}, expected {expected}"),
+            Self::AllocationSize { len, elem_size } => write!(
+                f,
+                "{len} elements of {elem_size} bytes is not a valid allocation size"
+            ),
+            Self::NotWholeElements { bytes, elem_size } => write!(
+                f,
+                "{bytes} bytes are not a whole number of {elem_size}-byte elements"
+            ),
+            Self::Misaligned { offset, align } => write!(
+                f,
+                "offset {offset} is not a multiple of the element alignment {align}"
+            ),
+            Self::RangeOverflow { offset, bytes } => {
+                write!(f, "offset {offset} + {bytes} bytes overflows")
+            }
+            Self::NotIncreasing { value, last } => write!(
+                f,
+                "signal values must increase: {value} after {last} (a signal is a counter)"
+            ),
+            Self::NotPrimaryContext => {
+                f.write_str("the context is not its device's primary context")
+            }
+            Self::NoSuchDescriptor { pid, fd } => write!(f, "pid {pid} has no descriptor {fd}"),
+        }
+    }
+}
+
+/// What did not match in an [`Error::HandleTypeMismatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TypeConflict {
+    /// A handle (or a pool's export) arrived with the wrong number of file descriptors: a
+    /// POSIX-fd handle needs exactly one, a legacy handle none. Any that arrived are closed.
+    /// A POSIX-fd handle without its descriptor is a capability not granted: only a process
+    /// the exporter sent the descriptor to can map the memory.
+    Descriptors {
+        /// Descriptors the handle needs.
+        expected: usize,
+        /// Descriptors that came with it.
+        found: usize,
+    },
+    /// The call needs a buffer of the other handle type: a descriptor exists only for
+    /// [`HandleType::PosixFd`](crate::HandleType::PosixFd) memory; a raw legacy handle
+    /// (for PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::HandleType::Legacy)
+    /// memory.
+    Needs(crate::HandleType),
+}
+
+impl std::fmt::Display for TypeConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Self::Descriptors {
+                expected: 1,
+                found: 0,
+            } => f.write_str(
+                "the handle arrived without its file descriptor: only a process the exporter \
+                 sent the descriptor to can map the memory (FdSocket::recv_buffer, \
+                 ImportedBuffer::open_fd)",
+            ),
+            Self::Descriptors { expected, found } => write!(
+                f,
+                "{found} file descriptor(s) arrived with it where it needs {expected}; all closed"
+            ),
+            Self::Needs(crate::HandleType::PosixFd) => f.write_str(
+                "a cuMemAlloc buffer has no file descriptor; allocate with HandleType::PosixFd, \
+                 or send its handle() bytes",
+            ),
+            Self::Needs(crate::HandleType::Legacy) => f.write_str(
+                "raw legacy handles exist only for cuMemAlloc memory; allocate with \
+                 HandleType::Legacy to share with PyTorch, CuPy or C/C++ peers",
+            ),
+            Self::Needs(other) => write!(f, "the call needs {other} memory"),
+        }
+    }
+}
+
+/// The state of an object that refused a call as [`Error::InvalidState`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ObjectState {
+    /// It is initialised already ([`BarrierState::init`](crate::BarrierState::init) runs
+    /// once, in the region's creator).
+    AlreadyInitialised,
+    /// It was imported from another process: only the exporter's own object can be exported;
+    /// share the handle it was opened from.
+    Imported,
+}
+
+impl std::fmt::Display for ObjectState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::AlreadyInitialised => "it is already initialised",
+            Self::Imported => {
+                "an imported object cannot be exported again; share the original handle"
+            }
+        })
+    }
+}
+
+/// What was found in shared state refused as [`Error::Corrupt`]: match the variant to
+/// branch; `Display` says it in full. [`Error::Corrupt`]'s `what` names the structure.
+///
+/// Nothing a caller passes causes these: a peer process broke the protocol, something outside
+/// it wrote the shared memory, or the driver answered what no valid call returns. Report it;
+/// retrying reads the same state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StateDefect {
+    /// The structure was never initialised by its creator.
+    NotInitialised,
+    /// A field holds a value this build does not know: a magic number, a format version, a
+    /// record kind.
+    UnknownValue {
+        /// The field.
+        field: &'static str,
+        /// What it holds.
+        value: u64,
+    },
+    /// A field (or a difference of two) outside the range the protocol keeps it in.
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// What it holds.
+        value: u64,
+        /// The smallest valid value.
+        min: u64,
+        /// The largest valid value.
+        max: u64,
+    },
+    /// A counter that is not where this side's own count puts it: another process wrote it
+    /// out of turn.
+    Counter {
+        /// The counter.
+        field: &'static str,
+        /// What it holds.
+        found: u64,
+        /// What it should hold.
+        expected: u64,
+    },
+    /// A field that contradicts the handle that named the structure.
+    Mismatch {
+        /// The field.
+        field: &'static str,
+    },
+    /// Something the protocol guarantees is not there.
+    Missing {
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A socket message the kernel cut short: longer than any message of this crate, or
+    /// with more descriptors. The descriptors that did arrive are closed.
+    Truncated {
+        /// How many descriptors arrived (and were closed).
+        fds_closed: usize,
+    },
+    /// The driver answered with a value no valid call returns.
+    DriverAnswer {
+        /// The driver function.
+        call: &'static str,
+        /// Its answer.
+        value: i64,
+    },
+}
+
+impl std::fmt::Display for StateDefect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotInitialised => f.write_str("not initialised by its creator"),
+            Self::UnknownValue { field, value } => write!(f, "unknown {field} {value:#x}"),
+            Self::OutOfRange {
+                field,
+                value,
+                min,
+                max,
+            } => write!(f, "{field} {value} is outside {min}..={max}"),
+            Self::Counter {
+                field,
+                found,
+                expected,
+            } => write!(
+                f,
+                "{field} is {found} where this side's count says {expected}"
+            ),
+            Self::Mismatch { field } => write!(f, "its {field} does not match the handle's"),
+            Self::Missing { what } => write!(f, "{what} is missing"),
+            Self::Truncated { fds_closed } => write!(
+                f,
+                "a message cut short by the kernel (too long, or too many descriptors); the \
+                 {fds_closed} descriptor(s) that arrived are closed"
+            ),
+            Self::DriverAnswer { call, value } => {
+                write!(f, "{call} answered {value}, which no valid call returns")
+            }
         }
     }
 }

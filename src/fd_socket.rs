@@ -46,7 +46,7 @@ use bytemuck::Pod;
 use crate::arena::{ImportedArena, IpcArena, IpcArenaHandle};
 use crate::buffer::{ImportedBuffer, IpcBuffer};
 use crate::context::GpuContext;
-use crate::error::{Error, Result};
+use crate::error::{ArgumentDefect, Error, Result, StateDefect, TypeConflict};
 use crate::handle::{HandleType, IpcMemHandle};
 use crate::os::socket as sys;
 use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle};
@@ -326,15 +326,27 @@ impl FdSocket {
     #[doc(alias = "sendmsg")]
     #[doc(alias = "SCM_RIGHTS")]
     pub fn send(&self, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
-        if payload.is_empty() || payload.len() > MAX_PAYLOAD || fds.len() > MAX_FDS {
+        let call = "FdSocket::send";
+        if payload.is_empty() || payload.len() > MAX_PAYLOAD {
             return Err(Error::InvalidArgument {
-                call: "FdSocket::send",
-                reason: format!(
-                    "{} bytes and {} descriptors (1 to {MAX_PAYLOAD} bytes, at most {MAX_FDS} \
-                     descriptors)",
-                    payload.len(),
-                    fds.len()
-                ),
+                call,
+                defect: ArgumentDefect::OutOfRange {
+                    what: "payload bytes",
+                    value: payload.len() as u64,
+                    min: 1,
+                    max: MAX_PAYLOAD as u64,
+                },
+            });
+        }
+        if fds.len() > MAX_FDS {
+            return Err(Error::InvalidArgument {
+                call,
+                defect: ArgumentDefect::OutOfRange {
+                    what: "descriptors",
+                    value: fds.len() as u64,
+                    min: 0,
+                    max: MAX_FDS as u64,
+                },
             });
         }
         let mut framed = Vec::with_capacity(payload.len() + 1);
@@ -380,18 +392,19 @@ impl FdSocket {
                 Ok(r) if r.truncated => {
                     return Err(Error::Corrupt {
                         what: "fd socket message",
-                        reason: format!(
-                            "cut short by the kernel (over {MAX_PAYLOAD} bytes or {MAX_FDS} \
-                             descriptors); the {} descriptors that arrived are closed",
-                            r.fds.len()
-                        ),
+                        defect: StateDefect::Truncated {
+                            fds_closed: r.fds.len(),
+                        },
                     });
                 }
                 Ok(r) => {
                     if buf[0] != FRAME_VERSION {
                         return Err(Error::Corrupt {
                             what: "fd socket message",
-                            reason: format!("unknown frame version {}", buf[0]),
+                            defect: StateDefect::UnknownValue {
+                                field: "frame version",
+                                value: buf[0].into(),
+                            },
                         });
                     }
                     return Ok(FdMessage {
@@ -493,19 +506,21 @@ impl FdSocket {
         let handle = IpcMemHandle::<T>::from_bytes(&payload)?;
         match (handle.handle_type(), fds.len()) {
             (HandleType::PosixFd, 1) => {
-                let fd = fds.pop().ok_or_else(|| Error::Corrupt {
+                let fd = fds.pop().ok_or(Error::Corrupt {
                     what: "fd socket message",
-                    reason: "a descriptor counted but missing".into(),
+                    defect: StateDefect::Missing {
+                        what: "the descriptor counted in the message",
+                    },
                 })?;
                 ImportedBuffer::open_fd(ctx, &handle, fd)
             }
             (HandleType::Legacy, 0) => ImportedBuffer::open(ctx, &handle),
-            (handle_type, n) => Err(Error::HandleTypeMismatch {
+            (handle_type, found) => Err(Error::HandleTypeMismatch {
                 handle: handle_type,
-                reason: format!(
-                    "{n} file descriptor(s) arrived with it (a POSIX-fd handle needs exactly \
-                     one, a legacy handle none); all closed"
-                ),
+                conflict: TypeConflict::Descriptors {
+                    expected: usize::from(handle_type == HandleType::PosixFd),
+                    found,
+                },
             }),
         }
     }
@@ -554,23 +569,23 @@ impl FdSocket {
     /// ```
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv_arena(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedArena> {
-        let (payload, fd) = self.recv_with_one_fd(timeout, "an arena handle")?;
+        let (payload, fd) = self.recv_with_one_fd(timeout)?;
         ImportedArena::open_fd(ctx, &IpcArenaHandle::from_bytes(&payload)?, fd)
     }
 
-    /// One message that must carry exactly one descriptor (`what` names its payload in the
-    /// error); any other count is [`Error::HandleTypeMismatch`], the descriptors closed. The
-    /// payload is returned unchecked.
-    fn recv_with_one_fd(&self, timeout: Duration, what: &str) -> Result<(Vec<u8>, OwnedFd)> {
+    /// One message that must carry exactly one descriptor; any other count is
+    /// [`Error::HandleTypeMismatch`], the descriptors closed. The payload is returned
+    /// unchecked.
+    fn recv_with_one_fd(&self, timeout: Duration) -> Result<(Vec<u8>, OwnedFd)> {
         let FdMessage { payload, mut fds } = self.recv(timeout)?;
         match (fds.pop(), fds.len()) {
             (Some(fd), 0) => Ok((payload, fd)),
             (first, rest) => Err(Error::HandleTypeMismatch {
                 handle: HandleType::PosixFd,
-                reason: format!(
-                    "{} file descriptor(s) arrived with {what} (it needs exactly one); all closed",
-                    rest + usize::from(first.is_some())
-                ),
+                conflict: TypeConflict::Descriptors {
+                    expected: 1,
+                    found: rest + usize::from(first.is_some()),
+                },
             }),
         }
     }
@@ -601,7 +616,7 @@ impl FdSocket {
     /// [`ImportedPool::open_fd`].
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv_pool(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedPool> {
-        let (payload, fd) = self.recv_with_one_fd(timeout, "a pool handle")?;
+        let (payload, fd) = self.recv_with_one_fd(timeout)?;
         ImportedPool::open_fd(ctx, &IpcPoolHandle::from_bytes(&payload)?, fd)
     }
 }
@@ -647,7 +662,7 @@ pub fn take_fd_from_process(pid: u32, fd: i32) -> Result<OwnedFd> {
         Errno::PERM | Errno::ACCESS => Error::PtraceDenied { pid },
         Errno::BADF => Error::InvalidArgument {
             call: "take_fd_from_process",
-            reason: format!("pid {pid} has no descriptor {fd}"),
+            defect: ArgumentDefect::NoSuchDescriptor { pid, fd },
         },
         e => Error::Os {
             call: "pidfd_getfd",

@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{Error, HandleDefect, PeerRole, Result};
+use crate::error::{Error, HandleDefect, PeerRole, Result, TypeConflict};
 use crate::process::ProcessIdentity;
 use crate::shared::fnv1a64;
 
@@ -568,16 +568,19 @@ impl<K: HandleKind> Handle<K> {
             (HandleType::PosixFd, false) => {
                 return Err(Error::HandleTypeMismatch {
                     handle,
-                    reason: "the handle arrived without its file descriptor: only a process \
-                             the exporter sent the descriptor to can map the memory \
-                             (FdSocket::recv_buffer, ImportedBuffer::open_fd)"
-                        .into(),
+                    conflict: TypeConflict::Descriptors {
+                        expected: 1,
+                        found: 0,
+                    },
                 });
             }
             (HandleType::Legacy, true) => {
                 return Err(Error::HandleTypeMismatch {
                     handle,
-                    reason: "a file descriptor arrived with a legacy handle; refusing both".into(),
+                    conflict: TypeConflict::Descriptors {
+                        expected: 0,
+                        found: 1,
+                    },
                 });
             }
             _ => {}
@@ -642,24 +645,19 @@ pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) ->
 /// Refuse memory on a device this process cannot see, or cannot reach from `ctx`'s device
 /// (no peer access); the memory's device ordinal otherwise.
 pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
-    let unreachable = |reason: String| Error::DeviceNotReachable {
+    let unreachable = |peer| Error::DeviceNotReachable {
         uuid: device::uuid_string(uuid),
         from: ctx.ordinal(),
-        reason,
+        peer,
     };
     match device::ordinal_of_uuid(uuid)? {
-        None => Err(unreachable(
-            "the device is not visible to this process".into(),
-        )),
+        None => Err(unreachable(None)),
         Some(o) if o == ctx.ordinal() => Ok(o),
         Some(o) => {
             if device::can_access_peer(ctx.ordinal(), o)? {
                 Ok(o)
             } else {
-                Err(unreachable(format!(
-                    "no peer access from device {} to device {o}",
-                    ctx.ordinal()
-                )))
+                Err(unreachable(Some(o)))
             }
         }
     }

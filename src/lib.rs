@@ -156,7 +156,10 @@ pub use device::{
     ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,
     device_count, device_info, devices, uuid_string,
 };
-pub use error::{CloseError, Error, HandleDefect, PeerRole, Result};
+pub use error::{
+    ArgumentDefect, CloseError, Error, HandleDefect, ObjectState, PeerRole, Result, StateDefect,
+    TypeConflict,
+};
 pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use fd_socket::{
     FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,

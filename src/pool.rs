@@ -23,7 +23,7 @@ use crate::arena::sealed;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{Error, HandleDefect, Result};
+use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -281,12 +281,12 @@ impl IpcPool {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .filter(|&b| b > 0 && b <= isize::MAX as usize)
-            .ok_or_else(|| Error::InvalidArgument {
+            .ok_or(Error::InvalidArgument {
                 call: "IpcPool::alloc",
-                reason: format!(
-                    "{len} elements of {} bytes is not a valid allocation size",
-                    std::mem::size_of::<T>()
-                ),
+                defect: ArgumentDefect::AllocationSize {
+                    len: len as u64,
+                    elem_size: std::mem::size_of::<T>() as u64,
+                },
             })?;
         let owner = &self.owner;
         let index = {
@@ -352,7 +352,10 @@ impl IpcPool {
         if fd < 0 {
             return Err(Error::Corrupt {
                 what: "exported descriptor",
-                reason: format!("cuMemPoolExportToShareableHandle returned fd {fd}"),
+                defect: StateDefect::DriverAnswer {
+                    call: "cuMemPoolExportToShareableHandle",
+                    value: fd.into(),
+                },
             });
         }
         // SAFETY: the driver opened this descriptor for us; nothing else owns it.

@@ -30,6 +30,7 @@
 //! A C peer opens it with `cudaIpcOpenMemHandle(&base, *(cudaIpcMemHandle_t *)e.handle,
 //! cudaIpcMemLazyEnablePeerAccess)` and uses `(char *)base + e.offset`.
 
+use crate::error::ArgumentDefect;
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, HandleDefect, Result};
@@ -232,15 +233,18 @@ impl RawImport {
         if size == 0 || !export.bytes.is_multiple_of(size) {
             return Err(Error::InvalidArgument {
                 call: "RawImport::from_export",
-                reason: format!(
-                    "{} bytes are not a whole number of {size}-byte elements",
-                    export.bytes
-                ),
+                defect: ArgumentDefect::NotWholeElements {
+                    bytes: export.bytes,
+                    elem_size: size,
+                },
             });
         }
         let len = usize::try_from(export.bytes / size).map_err(|_| Error::InvalidArgument {
             call: "RawImport::from_export",
-            reason: format!("{} bytes do not fit this platform", export.bytes),
+            defect: ArgumentDefect::AllocationSize {
+                len: export.bytes / size,
+                elem_size: size,
+            },
         })?;
         Ok(Self {
             handle: export.handle,

@@ -19,6 +19,7 @@
 
 mod header;
 
+use crate::error::ArgumentDefect;
 use std::fs::File;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
@@ -92,7 +93,12 @@ fn layout_of<T>() -> Result<(usize, usize)> {
     if align > MAX_ALIGN {
         return Err(Error::InvalidArgument {
             call: "ShmRegion",
-            reason: format!("payload alignment {align} exceeds the page size {MAX_ALIGN}"),
+            defect: ArgumentDefect::OutOfRange {
+                what: "payload alignment (up to the page size)",
+                value: align as u64,
+                min: 1,
+                max: MAX_ALIGN as u64,
+            },
         });
     }
     let offset = HEADER_LEN.next_multiple_of(align);

@@ -19,7 +19,7 @@ use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, sys};
-use crate::error::{CloseError, Error, PeerRole, Result};
+use crate::error::{ArgumentDefect, CloseError, Error, PeerRole, Result, StateDefect};
 use crate::handle::IpcSignalHandle;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -263,7 +263,9 @@ impl ImportedSignal {
         // An envelope always names its exporter; the mapping keeps what it named.
         let exporter = signal.exporter().ok_or(Error::Corrupt {
             what: "IPC signal",
-            reason: "an opened counter without its exporter".into(),
+            defect: StateDefect::Missing {
+                what: "the opened counter's exporter",
+            },
         })?;
         Ok(Self { signal, exporter })
     }
@@ -393,10 +395,12 @@ fn check_value(call: &'static str, value: u64) -> Result<()> {
     } else {
         Err(Error::InvalidArgument {
             call,
-            reason: format!(
-                "signal value {value} is above the maximum {}",
-                GpuSignal::MAX_VALUE
-            ),
+            defect: ArgumentDefect::OutOfRange {
+                what: "signal value",
+                value,
+                min: 0,
+                max: GpuSignal::MAX_VALUE,
+            },
         })
     }
 }
@@ -416,10 +420,7 @@ fn advance(
     if value <= *last {
         return Err(Error::InvalidArgument {
             call,
-            reason: format!(
-                "signal values must increase: {value} after {} (a signal is a counter)",
-                *last
-            ),
+            defect: ArgumentDefect::NotIncreasing { value, last: *last },
         });
     }
     write()?;
@@ -704,7 +705,20 @@ mod tests {
         assert!(check_value("t", 0).is_ok());
         assert!(check_value("t", GpuSignal::MAX_VALUE).is_ok());
         let e = check_value("t", GpuSignal::MAX_VALUE + 1).unwrap_err();
-        assert!(e.to_string().contains("above the maximum"), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    call: "t",
+                    defect: ArgumentDefect::OutOfRange {
+                        what: "signal value",
+                        max: GpuSignal::MAX_VALUE,
+                        ..
+                    }
+                }
+            ),
+            "{e}"
+        );
         assert!(check_value("t", u64::MAX).is_err());
     }
 
@@ -719,6 +733,16 @@ mod tests {
         advance(&last, "t", 1, ok).unwrap();
         advance(&last, "t", 5, ok).unwrap();
         let e = advance(&last, "t", 5, ok).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    defect: ArgumentDefect::NotIncreasing { value: 5, last: 5 },
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("must increase: 5 after 5"), "{e}");
         assert!(advance(&last, "t", 3, ok).is_err());
         assert!(advance(&last, "t", GpuSignal::MAX_VALUE + 1, ok).is_err());

@@ -7,6 +7,7 @@
 //! dereference to it, so that these methods are written (and documented) once and every role
 //! offers the same data operations.
 
+use crate::error::ArgumentDefect;
 use std::marker::PhantomData;
 
 use bytemuck::Pod;
@@ -87,7 +88,11 @@ impl<T: Pod> GpuSlice<T> {
         } else {
             Err(Error::InvalidArgument {
                 call,
-                reason: format!("host slice has {n} elements, slice has {}", self.len),
+                defect: ArgumentDefect::LengthMismatch {
+                    what: "host slice length",
+                    expected: self.len as u64,
+                    found: n as u64,
+                },
             })
         }
     }

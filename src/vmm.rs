@@ -25,7 +25,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{Error, HandleDefect, Result};
+use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
 
 /// One physical allocation mapped in one context (see the module docs).
 pub(crate) struct VmmMemory {
@@ -81,7 +81,10 @@ pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
     if g == 0 || !g.is_power_of_two() {
         return Err(Error::Corrupt {
             what: "allocation granularity",
-            reason: format!("the driver reports {g} bytes"),
+            defect: StateDefect::DriverAnswer {
+                call: "cuMemGetAllocationGranularity",
+                value: i64::try_from(g).unwrap_or(i64::MAX),
+            },
         });
     }
     Ok(g)
@@ -145,9 +148,12 @@ impl VmmMemory {
         let size = bytes
             .checked_next_multiple_of(gran)
             .filter(|&s| s <= isize::MAX as usize)
-            .ok_or_else(|| Error::InvalidArgument {
+            .ok_or(Error::InvalidArgument {
                 call: "IpcBuffer::new_with",
-                reason: format!("{bytes} bytes rounded up to the granularity {gran} overflow"),
+                defect: ArgumentDefect::AllocationSize {
+                    len: bytes as u64,
+                    elem_size: 1,
+                },
             })?;
         let handle = driver::vmm::create(size, &prop)?;
         match map(ctx, handle, size, gran) {
@@ -224,7 +230,10 @@ impl VmmMemory {
         if fd < 0 {
             return Err(Error::Corrupt {
                 what: "exported descriptor",
-                reason: format!("cuMemExportToShareableHandle returned fd {fd}"),
+                defect: StateDefect::DriverAnswer {
+                    call: "cuMemExportToShareableHandle",
+                    value: fd.into(),
+                },
             });
         }
         // SAFETY: the driver opened this descriptor for us; nothing else owns it.

@@ -16,7 +16,8 @@ use common::{
     watchdog,
 };
 use cuda_ipc::{
-    ArenaHandle, ArenaView, Error, FdSocket, GpuContext, ImportedArena, IpcArena, IpcArenaHandle,
+    ArenaHandle, ArenaView, ArgumentDefect, Error, FdSocket, GpuContext, ImportedArena, IpcArena,
+    IpcArenaHandle, TypeConflict,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -357,7 +358,10 @@ fn forged_foreign_and_mistyped_handles_are_refused() {
     // Bad sizes and types.
     assert!(matches!(
         x.alloc::<u32>(0),
-        Err(Error::InvalidArgument { .. })
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::AllocationSize { len: 0, .. },
+            ..
+        })
     ));
     assert!(matches!(
         x.alloc::<u8>(x.capacity() + 1),
@@ -383,7 +387,13 @@ fn descriptors_that_do_not_match_the_arena_are_refused() {
     s.send(handle.as_bytes(), &[], T).unwrap();
     assert!(matches!(
         peer.recv_arena(&ctx, T),
-        Err(Error::HandleTypeMismatch { .. })
+        Err(Error::HandleTypeMismatch {
+            conflict: TypeConflict::Descriptors {
+                expected: 1,
+                found: 0
+            },
+            ..
+        })
     ));
     // A descriptor that is not CUDA memory.
     let null: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{die, gpu, gpu_count, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
-    Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, PeerRole, ShmCell, ShmOptions,
-    ShmRegion, ShmSafe,
+    ArgumentDefect, Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, PeerRole, ShmCell,
+    ShmOptions, ShmRegion, ShmSafe,
 };
 use cust::module::Module;
 use cust::prelude::*;
@@ -547,7 +547,20 @@ fn back_pressure_and_capacity() {
     assert!(tx.consumer().is_some());
     let slot = tx.acquire(&stream, WAIT).unwrap();
     let e = slot.send(4097).unwrap_err();
-    assert!(e.to_string().contains("do not fit a slot of 4096"), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                call: "SendSlot::send",
+                defect: ArgumentDefect::OutOfRange {
+                    value: 4097,
+                    max: 4096,
+                    ..
+                }
+            }
+        ),
+        "{e}"
+    );
     tx.acquire(&stream, WAIT).unwrap().send(4096).unwrap();
     tx.acquire(&stream, WAIT).unwrap().send(0).unwrap();
     assert!(

@@ -17,7 +17,7 @@ use common::{
 };
 use cuda_ipc::{
     Error, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, RawImport,
-    RawMemHandle,
+    RawMemHandle, TypeConflict,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -131,7 +131,10 @@ fn child_process() {
                 let ctx = GpuContext::new(0).unwrap();
                 let handle = IpcMemHandle::<u32>::from_bytes(&from_hex(&args[0])).unwrap();
                 match ImportedBuffer::open(&ctx, &handle) {
-                    Err(Error::HandleTypeMismatch { .. }) => report("fd handle: no descriptor"),
+                    Err(Error::HandleTypeMismatch {
+                        conflict: TypeConflict::Descriptors { found: 0, .. },
+                        ..
+                    }) => report("fd handle: no descriptor"),
                     other => report(format!("fd handle: unexpected {other:?}")),
                 }
                 let pid: u32 = args[2].parse().unwrap();
@@ -279,9 +282,15 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
     let handle = IpcMemHandle::<u32>::from_bytes(&msg.payload).unwrap();
     assert_eq!(handle.handle_type(), HandleType::PosixFd);
     match ImportedBuffer::open(&ctx, &handle) {
-        Err(Error::HandleTypeMismatch { handle, reason }) => {
+        Err(Error::HandleTypeMismatch { handle, conflict }) => {
             assert_eq!(handle, HandleType::PosixFd);
-            assert!(reason.contains("without its file descriptor"), "{reason}");
+            assert_eq!(
+                conflict,
+                TypeConflict::Descriptors {
+                    expected: 1,
+                    found: 0
+                }
+            );
         }
         other => panic!("expected HandleTypeMismatch, got {other:?}"),
     }
@@ -364,15 +373,27 @@ fn forged_and_mismatched_descriptors_are_refused_and_nothing_leaks() {
     let dup = fd.try_clone().unwrap();
     assert!(matches!(
         ImportedBuffer::open_fd(&ctx, &legacy.handle().unwrap(), dup),
-        Err(Error::HandleTypeMismatch { .. })
+        Err(Error::HandleTypeMismatch {
+            handle: HandleType::Legacy,
+            conflict: TypeConflict::Descriptors {
+                expected: 0,
+                found: 1
+            }
+        })
     ));
     assert!(matches!(
         legacy.export_fd(),
-        Err(Error::HandleTypeMismatch { .. })
+        Err(Error::HandleTypeMismatch {
+            conflict: TypeConflict::Needs(HandleType::PosixFd),
+            ..
+        })
     ));
     assert!(matches!(
         buf.raw_export(),
-        Err(Error::HandleTypeMismatch { .. })
+        Err(Error::HandleTypeMismatch {
+            conflict: TypeConflict::Needs(HandleType::Legacy),
+            ..
+        })
     ));
     assert!(matches!(
         ImportedBuffer::<f32>::open_fd(

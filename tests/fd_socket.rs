@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::{NOBODY, drop_privileges, fd_count, is_root, report, spawn, unique_name, watchdog};
-use cuda_ipc::{Error, FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::{ArgumentDefect, Error, FdListener, FdSocket, PeerPolicy, SocketName};
 
 const MAX_FDS: usize = FdSocket::MAX_FDS;
 const MAX_PAYLOAD: usize = FdSocket::MAX_PAYLOAD;
@@ -235,17 +235,36 @@ fn path_sockets_are_0600_and_unlinked_and_bad_sends_are_refused() {
     // Bad sends: refused before the kernel is asked.
     assert!(matches!(
         client.send(b"", &[], T),
-        Err(Error::InvalidArgument { .. })
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::OutOfRange {
+                value: 0,
+                min: 1,
+                ..
+            },
+            ..
+        })
     ));
     assert!(matches!(
         client.send(&vec![0; MAX_PAYLOAD + 1], &[], T),
-        Err(Error::InvalidArgument { .. })
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::OutOfRange {
+                what: "payload bytes",
+                ..
+            },
+            ..
+        })
     ));
     let f = memfd_with("x");
     let many: Vec<_> = (0..=MAX_FDS).map(|_| f.as_fd()).collect();
     assert!(matches!(
         client.send(b"too many", &many, T),
-        Err(Error::InvalidArgument { .. })
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::OutOfRange {
+                what: "descriptors",
+                ..
+            },
+            ..
+        })
     ));
     // The largest message and the most descriptors do cross.
     client
@@ -300,7 +319,10 @@ fn pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission() {
     assert_eq!(read_all(taken), "taken, not sent");
     assert!(matches!(
         cuda_ipc::take_fd_from_process(holder.pid(), 9999),
-        Err(Error::InvalidArgument { .. })
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::NoSuchDescriptor { fd: 9999, .. },
+            ..
+        })
     ));
     holder.signal(libc::SIGKILL);
     let _ = holder.wait(T);

@@ -13,7 +13,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{from_hex, gpu, watchdog};
-use cuda_ipc::{Error, HandleDefect, ImportedBuffer, IpcBuffer, PeerRole, RawImport, RawMemHandle};
+use cuda_ipc::{
+    ArgumentDefect, Error, HandleDefect, ImportedBuffer, IpcBuffer, PeerRole, RawImport,
+    RawMemHandle,
+};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 
@@ -224,7 +227,13 @@ fn a_range_past_the_block_or_misaligned_is_refused() {
     let misaligned = RawImport::new(handle, e.offset + 2, 16);
     // SAFETY: refused before the driver is asked.
     let r = unsafe { ImportedBuffer::<i32>::open_raw(&ctx, &misaligned) };
-    assert!(matches!(r, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        r,
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::Misaligned { align: 4, .. },
+            ..
+        })
+    ));
     // Nothing was written: PyTorch still sees its values.
     peer.say("check 3");
     assert_eq!(peer.line(), "OK");

@@ -17,6 +17,7 @@ use common::{
 };
 use cuda_ipc::{
     Error, FdSocket, GpuContext, ImportedPool, IpcPool, PeerRole, PoolHandle, RawStream,
+    TypeConflict,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -284,7 +285,13 @@ fn a_pool_from_a_dead_process_and_mismatched_descriptors_are_refused() {
     c.send(handle.as_bytes(), &[], T).unwrap();
     assert!(matches!(
         peer.recv_pool(&ctx, T),
-        Err(Error::HandleTypeMismatch { .. })
+        Err(Error::HandleTypeMismatch {
+            conflict: TypeConflict::Descriptors {
+                expected: 1,
+                found: 0
+            },
+            ..
+        })
     ));
     let null: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
     assert!(matches!(

@@ -9,6 +9,7 @@
 //! it. The shared-memory ring still moves one item at a time (the same protocol and kill
 //! points as single items), and batches mix freely with single items on either side.
 
+use crate::error::ArgumentDefect;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -73,7 +74,12 @@ fn check_count(call: &'static str, count: usize, slots: u64) -> Result<u64> {
         Ok(n) if (1..=slots).contains(&n) => Ok(n),
         _ => Err(Error::InvalidArgument {
             call,
-            reason: format!("a batch holds 1 to {slots} items (the ring's slots), not {count}"),
+            defect: ArgumentDefect::OutOfRange {
+                what: "batch items (1 to the ring's slots)",
+                value: count as u64,
+                min: 1,
+                max: slots,
+            },
         }),
     }
 }
@@ -157,13 +163,22 @@ impl<T: Pod> SendBatch<'_, T> {
         if lens.len() as u64 != self.count {
             return Err(Error::InvalidArgument {
                 call: "SendBatch::send",
-                reason: format!("{} lengths for a batch of {} slots", lens.len(), self.count),
+                defect: ArgumentDefect::LengthMismatch {
+                    what: "item lengths (one per batch item)",
+                    expected: self.count,
+                    found: lens.len() as u64,
+                },
             });
         }
         if let Some(&len) = lens.iter().find(|&&l| l as u64 > capacity) {
             return Err(Error::InvalidArgument {
                 call: "SendBatch::send",
-                reason: format!("{len} elements do not fit a slot of {capacity}"),
+                defect: ArgumentDefect::OutOfRange {
+                    what: "item elements (up to the slot capacity)",
+                    value: len as u64,
+                    min: 0,
+                    max: capacity,
+                },
             });
         }
         let first = self.tx.next;

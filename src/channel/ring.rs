@@ -61,6 +61,7 @@
 //! GPU waits on each consumer's counter), and each consumer keeps its own `received`. The
 //! handle format and the region layout stay as they are.
 
+use crate::error::StateDefect;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, PeerRole, Result};
@@ -226,10 +227,10 @@ fn alive(id: &ProcessIdentity) -> bool {
     id.pid() < crate::barrier::loom_support::DEAD_FROM
 }
 
-fn corrupt(reason: String) -> Error {
+fn corrupt(defect: StateDefect) -> Error {
     Error::Corrupt {
         what: "IPC channel state",
-        reason,
+        defect,
     }
 }
 
@@ -310,9 +311,12 @@ impl<'a> Ring<'a> {
         let released = self.entry().released.load(Ordering::Acquire);
         let sent = self.state.sent.load(Ordering::Relaxed);
         if released > sent {
-            return Err(corrupt(format!(
-                "the consumer released {released} items of {sent} sent"
-            )));
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "items released",
+                value: released,
+                min: 0,
+                max: sent,
+            }));
         }
         Ok(released + self.geometry.slots >= k)
     }
@@ -364,9 +368,11 @@ impl<'a> Ring<'a> {
     pub(crate) fn publish(&self, k: u64, len: u64) -> Result<()> {
         let sent = self.state.sent.load(Ordering::Relaxed);
         if sent != k - 1 {
-            return Err(corrupt(format!(
-                "publishing item {k}, but the region says {sent} were sent"
-            )));
+            return Err(corrupt(StateDefect::Counter {
+                field: "items sent",
+                found: sent,
+                expected: k - 1,
+            }));
         }
         self.state.lens[self.geometry.slot_of(k)].store(len, Ordering::Relaxed);
         self.state.sent.store(k, Ordering::Release);
@@ -397,7 +403,9 @@ impl<'a> Ring<'a> {
                 role: "producer",
             },
             OwnerState::Free => {
-                return Err(corrupt("the producer's owner word is free".into()));
+                return Err(corrupt(StateDefect::Missing {
+                    what: "the producer's owner record",
+                }));
             }
             OwnerState::Claiming | OwnerState::Held if alive(&id) => return Ok(()),
             OwnerState::Claiming | OwnerState::Held => {
@@ -428,17 +436,21 @@ impl<'a> Ring<'a> {
         let k = received + 1;
         let released = self.entry().released.load(Ordering::Relaxed);
         if sent - released > self.geometry.slots {
-            return Err(corrupt(format!(
-                "{sent} items sent with {released} released: more than the {} slots",
-                self.geometry.slots
-            )));
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "items sent and not released",
+                value: sent - released,
+                min: 0,
+                max: self.geometry.slots,
+            }));
         }
         let len = self.state.lens[self.geometry.slot_of(k)].load(Ordering::Relaxed);
         if len > self.geometry.capacity {
-            return Err(corrupt(format!(
-                "item {k} holds {len} elements, above the slot capacity {}",
-                self.geometry.capacity
-            )));
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "item elements",
+                value: len,
+                min: 0,
+                max: self.geometry.capacity,
+            }));
         }
         Ok(Some(len))
     }
@@ -464,9 +476,11 @@ impl<'a> Ring<'a> {
         let e = self.entry();
         let released = e.released.load(Ordering::Relaxed);
         if released != k - 1 {
-            return Err(corrupt(format!(
-                "releasing item {k}, but the region says {released} were released"
-            )));
+            return Err(corrupt(StateDefect::Counter {
+                field: "items released",
+                found: released,
+                expected: k - 1,
+            }));
         }
         e.released.store(k, Ordering::Release);
         e.released_bell.ring();
@@ -644,17 +658,58 @@ mod tests {
         let s = RingState::boxed();
         let r = ring(&s, 2);
         producer(&s);
+        let defect = |r: Result<_>| match r {
+            Err(Error::Corrupt { defect, .. }) => defect,
+            other => panic!("expected Corrupt, got {:?}", other.map(drop)),
+        };
         s.sent.store(3, Ordering::Relaxed); // 3 sent, 0 released, 2 slots
-        assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
+        assert_eq!(
+            defect(r.try_recv(0).map(drop)),
+            StateDefect::OutOfRange {
+                field: "items sent and not released",
+                value: 3,
+                min: 0,
+                max: 2
+            }
+        );
         s.sent.store(1, Ordering::Relaxed);
         s.lens[0].store(101, Ordering::Relaxed);
-        let e = r.try_recv(0).unwrap_err();
-        assert!(e.to_string().contains("above the slot capacity 100"), "{e}");
+        assert_eq!(
+            defect(r.try_recv(0).map(drop)),
+            StateDefect::OutOfRange {
+                field: "item elements",
+                value: 101,
+                min: 0,
+                max: 100
+            }
+        );
         s.consumer[0].released.store(5, Ordering::Relaxed);
-        assert!(matches!(r.try_acquire(2), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            defect(r.try_acquire(2).map(drop)),
+            StateDefect::OutOfRange {
+                field: "items released",
+                value: 5,
+                max: 1,
+                ..
+            }
+        ));
         s.consumer[0].released.store(0, Ordering::Relaxed);
-        assert!(matches!(r.publish(5, 1), Err(Error::Corrupt { .. })));
-        assert!(matches!(r.release(3), Err(Error::Corrupt { .. })));
+        assert_eq!(
+            defect(r.publish(5, 1)),
+            StateDefect::Counter {
+                field: "items sent",
+                found: 1,
+                expected: 4
+            }
+        );
+        assert_eq!(
+            defect(r.release(3)),
+            StateDefect::Counter {
+                field: "items released",
+                found: 0,
+                expected: 2
+            }
+        );
     }
 
     /// The doorbell wakes a consumer asleep on the futex (past the spin) promptly.

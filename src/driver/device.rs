@@ -1,5 +1,6 @@
 //! Devices: handles by ordinal, attributes, names, UUIDs and peer capability.
 
+use crate::error::ArgumentDefect;
 use std::ffi::{c_char, c_int};
 
 use super::{check, sys};
@@ -9,7 +10,12 @@ use crate::error::{Error, Result};
 pub(crate) fn get(ordinal: u32) -> Result<sys::CUdevice> {
     let ord = c_int::try_from(ordinal).map_err(|_| Error::InvalidArgument {
         call: "cuDeviceGet",
-        reason: format!("ordinal {ordinal} out of range"),
+        defect: ArgumentDefect::OutOfRange {
+            what: "device ordinal",
+            value: ordinal.into(),
+            min: 0,
+            max: c_int::MAX as u64,
+        },
     })?;
     let mut dev = 0;
     // SAFETY: writes one CUdevice; an invalid ordinal is an error code.
