@@ -17,7 +17,6 @@ pub(crate) mod ledger;
 pub(crate) mod sealed;
 pub(crate) mod table;
 
-use crate::error::ArgumentDefect;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
@@ -28,7 +27,7 @@ use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
-use crate::error::{Error, HandleDefect, Result};
+use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -228,10 +227,8 @@ impl IpcArena {
         if !crate::vmm::supports_posix_fd(ctx.device())? {
             return Err(Error::Unsupported {
                 device: ctx.ordinal(),
-                what: "an IpcArena (virtual memory exported as POSIX file descriptors)",
-                reason: "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED or \
-                         CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0"
-                    .into(),
+                what: "hold an IpcArena (virtual memory exported as POSIX file descriptors)",
+                missing: Capability::VmmPosixFd,
             });
         }
         let mut token = [0u8; 16];

@@ -15,8 +15,8 @@ use crate::deferred;
 use crate::device;
 use crate::driver::{self, sys};
 use crate::error::{
-    ArgumentDefect, CloseError, Error, HandleDefect, ObjectState, PeerRole, Result, StateDefect,
-    TypeConflict,
+    ArgumentDefect, Capability, CloseError, Error, HandleDefect, ObjectState, PeerRole, Result,
+    StateDefect, TypeConflict,
 };
 use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
@@ -635,10 +635,7 @@ impl<T: Pod> BufferCore<T> {
                     return Err(Error::Unsupported {
                         device: ctx.ordinal(),
                         what: "export virtual memory as POSIX file descriptors",
-                        reason: "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED or \
-                                 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED \
-                                 is 0 (use HandleType::Legacy)"
-                            .into(),
+                        missing: Capability::VmmPosixFd,
                     });
                 }
                 true

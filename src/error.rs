@@ -379,15 +379,15 @@ pub enum Error {
         pid: u32,
     },
 
-    /// The device cannot do what was asked (a capability the driver reports as missing).
-    #[error("device {device} cannot {what}: {reason}")]
+    /// The device cannot do what was asked: the driver reports a [`Capability`] missing.
+    #[error("device {device} cannot {what}: {missing}")]
     Unsupported {
         /// The device ordinal.
         device: u32,
         /// The operation.
         what: &'static str,
-        /// What the driver reported.
-        reason: String,
+        /// The capability the driver reports missing.
+        missing: Capability,
     },
 
     /// A handle arrived without what its [`HandleType`](crate::HandleType) needs, or with
@@ -737,6 +737,45 @@ impl std::fmt::Display for ArgumentDefect {
             }
             Self::NoSuchDescriptor { pid, fd } => write!(f, "pid {pid} has no descriptor {fd}"),
         }
+    }
+}
+
+/// A device capability the driver reports missing, in an [`Error::Unsupported`]; what
+/// [`probe()`](crate::probe()) checks under the key named on each variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Capability {
+    /// Virtual memory exported as POSIX file descriptors
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED` and
+    /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`; probe key
+    /// `vmm_posix_fd`). Without it: [`HandleType::Legacy`](crate::HandleType::Legacy) buffers.
+    VmmPosixFd,
+    /// Stream-ordered memory pools exported as POSIX file descriptors
+    /// (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED` and the POSIX-fd bit of
+    /// `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`; probe key `pool_ipc`).
+    PoolPosixFd,
+    /// 64-bit stream memory operations (`CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`;
+    /// probe key `stream_mem_ops_64`). Without it: [`IpcEvent`](crate::IpcEvent) instead of
+    /// signals and channels.
+    StreamMemOps64,
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::VmmPosixFd => {
+                "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED or \
+                 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0 (use \
+                 HandleType::Legacy)"
+            }
+            Self::PoolPosixFd => {
+                "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 or \
+                 CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES lacks POSIX file descriptors"
+            }
+            Self::StreamMemOps64 => {
+                "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0 (use IpcEvent)"
+            }
+        })
     }
 }
 

@@ -23,7 +23,7 @@ use crate::arena::sealed;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
+use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -203,11 +203,8 @@ impl IpcPool {
         if supported == 0 || (types as u32) & sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
             return Err(Error::Unsupported {
                 device: ctx.ordinal(),
-                what: "an IpcPool (a stream-ordered pool exported as POSIX file descriptors)",
-                reason: format!(
-                    "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED {supported}, \
-                     CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES {types:#x}"
-                ),
+                what: "hold an IpcPool (a stream-ordered pool exported as POSIX file descriptors)",
+                missing: Capability::PoolPosixFd,
             });
         }
         let mut token = [0u8; 16];

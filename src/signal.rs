@@ -19,7 +19,7 @@ use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, sys};
-use crate::error::{ArgumentDefect, CloseError, Error, PeerRole, Result, StateDefect};
+use crate::error::{ArgumentDefect, Capability, CloseError, Error, PeerRole, Result, StateDefect};
 use crate::handle::IpcSignalHandle;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -383,7 +383,7 @@ fn require_stream_mem_ops(ctx: &GpuContext) -> Result<()> {
         Err(Error::Unsupported {
             device: ctx.ordinal(),
             what: "use 64-bit stream memory operations (IpcSignal)",
-            reason: "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0; use IpcEvent".into(),
+            missing: Capability::StreamMemOps64,
         })
     }
 }
