@@ -210,7 +210,7 @@ fn main() {
     if common::is_bench_run() {
         println!();
         println!(
-            "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 alternating batches), ratios of p50s to native"
+            "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 rounds of one batch per target, the order rotated every round), ratios of p50s to native"
         );
         println!(
             "{:<6} {:<6} {:>10} {:>24} {:>24} {:>24} {:>24} {:>7} {:>7} {:>7}",
@@ -238,18 +238,21 @@ fn main() {
                         };
                         (n as f64 * reps as f64) / t.as_secs_f64() / 1e9
                     };
-                    // Alternate mapped and native batches so drift lands on all.
-                    let (mut m, mut f, mut p, mut nat) =
-                        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                    for _ in 0..31 {
-                        m.push(batch(mapped));
-                        f.push(batch(fd_mapped));
-                        p.push(batch(pool_mapped));
-                        nat.push(batch(native));
+                    // Alternate mapped and native batches so drift lands on all, and rotate
+                    // their order every round so that no target always follows the same one
+                    // (a batch can inherit the state its predecessor left: caches, clocks).
+                    let targets = [mapped, fd_mapped, pool_mapped, native];
+                    let mut runs: [Vec<f64>; 4] = Default::default();
+                    for round in 0..31 {
+                        for k in 0..targets.len() {
+                            let t = (round + k) % targets.len();
+                            runs[t].push(batch(targets[t]));
+                        }
                     }
-                    for v in [&mut m, &mut f, &mut p, &mut nat] {
+                    for v in &mut runs {
                         v.sort_by(f64::total_cmp);
                     }
+                    let [m, f, p, nat] = runs;
                     let cell = |v: &[f64]| {
                         format!(
                             "{:.1} / {:.1} / {:.1}",
