@@ -234,7 +234,7 @@ impl IpcArena {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
-        let uuid = crate::driver::device::uuid(ctx.device())?;
+        let uuid = ctx.uuid();
         let memory = VmmMemory::create(ctx, bytes)?;
         let capacity = memory.size() as u64;
         let table = ArenaTable::create(&token, capacity)?;

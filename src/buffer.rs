@@ -641,7 +641,7 @@ impl<T: Pod> BufferCore<T> {
                 true
             }
         };
-        let uuid = crate::driver::device::uuid(ctx.device())?;
+        let uuid = ctx.uuid();
         let (ptr, vmm) = if vmm {
             let memory = VmmMemory::create(ctx, bytes)?;
             (memory.ptr(), Some(memory))

@@ -11,6 +11,8 @@ struct Inner {
     raw: sys::CUcontext,
     device: sys::CUdevice,
     ordinal: u32,
+    /// The device's UUID, asked once (every export carries it).
+    uuid: [u8; 16],
 }
 
 // SAFETY: a CUcontext handle may be used (made current, pushed, popped) from any thread; the
@@ -77,12 +79,14 @@ impl GpuContext {
             });
         }
         let device = driver::device::get(ordinal)?;
+        let uuid = driver::device::uuid(device)?;
         let raw = driver::ctx::primary_retain(device)?;
         let ctx = Self {
             inner: Arc::new(Inner {
                 raw,
                 device,
                 ordinal,
+                uuid,
             }),
         };
         ctx.make_current()?;
@@ -183,6 +187,11 @@ impl GpuContext {
     /// The driver's device handle.
     pub(crate) fn device(&self) -> sys::CUdevice {
         self.inner.device
+    }
+
+    /// The device's UUID (`cuDeviceGetUuid`, asked when the context was made).
+    pub(crate) fn uuid(&self) -> [u8; 16] {
+        self.inner.uuid
     }
 
     /// The raw `CUcontext`.

@@ -170,7 +170,7 @@ impl IpcEvent {
             unsafe { driver::ipc::get_event_handle(event.raw) }?
         };
         let env = Envelope {
-            device_uuid: crate::driver::device::uuid(event.ctx.device())?,
+            device_uuid: event.ctx.uuid(),
             ..Envelope::exported(KIND_EVENT, event.generation, event.ctx.ordinal(), cuda)
         };
         Ok(IpcEventHandle::from_envelope(env.seal()))
@@ -288,13 +288,10 @@ impl GpuEvent {
         &self.ctx
     }
 
-    /// The device UUID of the event's context.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Cuda`] naming `cuDeviceGetUuid`.
-    pub fn device_uuid(&self) -> Result<[u8; 16]> {
-        crate::driver::device::uuid(self.ctx.device())
+    /// The device UUID of the event's context (what its handle carries).
+    #[doc(alias = "cuDeviceGetUuid")]
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.ctx.uuid()
     }
 }
 

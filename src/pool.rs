@@ -210,7 +210,7 @@ impl IpcPool {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
-        let uuid = crate::driver::device::uuid(dev)?;
+        let uuid = ctx.uuid();
         let table = ArenaTable::create(&token, 0)?;
         let leases = ExportLeases::create(&token)?;
         let props = crate::vmm::pool_props(dev);
