@@ -293,24 +293,29 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
 
 /// Wait for every child; a failed child poisons both barriers so the others stop at their
 /// next wait instead of waiting for a peer that will never come. Returns the failures.
-fn wait_children(mut children: Vec<(usize, Child)>, region: &Shared) -> Vec<String> {
+fn wait_children(children: Vec<(usize, Child)>, region: &Shared) -> Vec<String> {
+    // One thread blocked in waitpid per child: each exit is seen the moment it happens.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let total = children.len();
+    for (id, mut c) in children {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let pid = c.id();
+            let _ = tx.send((id, pid, c.wait()));
+        });
+    }
+    drop(tx);
     let mut failed = Vec::new();
-    while !children.is_empty() {
-        let mut still = Vec::new();
-        for (id, mut c) in children {
-            match c.try_wait() {
-                Ok(Some(status)) if status.success() => {}
-                Ok(Some(status)) => {
-                    region.barrier.poison();
-                    region.start.poison();
-                    failed.push(format!("child {id} (pid {}) {status}", c.id()));
-                }
-                Ok(None) => still.push((id, c)),
-                Err(e) => failed.push(format!("child {id} (pid {}): {e}", c.id())),
+    for (id, pid, status) in rx.iter().take(total) {
+        match status {
+            Ok(status) if status.success() => {}
+            Ok(status) => {
+                region.barrier.poison();
+                region.start.poison();
+                failed.push(format!("child {id} (pid {pid}) {status}"));
             }
+            Err(e) => failed.push(format!("child {id} (pid {pid}): {e}")),
         }
-        children = still;
-        std::thread::sleep(Duration::from_millis(5));
     }
     failed
 }
