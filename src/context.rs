@@ -1,11 +1,13 @@
 //! [`GpuContext`]: a device's primary CUDA context, reference-counted, that every GPU resource
 //! of this crate holds so that it can make it current for its own teardown.
 
-use crate::error::ArgumentDefect;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentDefect, Error, Result};
 
 struct Inner {
     raw: sys::CUcontext,
@@ -192,6 +194,46 @@ impl GpuContext {
     /// The device's UUID (`cuDeviceGetUuid`, asked when the context was made).
     pub(crate) fn uuid(&self) -> [u8; 16] {
         self.inner.uuid
+    }
+
+    /// Keep this device's primary context until the process exits, as NVIDIA's runtime does
+    /// with the contexts it creates: one more retain (`cuDevicePrimaryCtxRetain`) that is never
+    /// given back, so the context outlives every `GpuContext` of it. A later
+    /// [`GpuContext::new`] on the device finds it alive (creating a context takes hundreds of
+    /// milliseconds on large GPUs), and the driver tears it down when the process ends — on
+    /// H200s faster than releasing it with the last `GpuContext` does (two contexts: about
+    /// 190 against 270 ms; `examples/simple_ipc.rs` uses this, BENCHMARKS.md has the
+    /// measurements). Calling it again for the same device changes nothing.
+    ///
+    /// Nothing else is kept: buffers, events, streams and the rest still free what they hold
+    /// when dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuDevicePrimaryCtxRetain`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::GpuContext;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// GpuContext::new(0)?.retain_until_exit()?;
+    /// // Dropped, yet the context lives on: this finds it instead of creating it again.
+    /// let ctx = GpuContext::new(0)?;
+    /// # let _ = ctx;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuDevicePrimaryCtxRetain")]
+    pub fn retain_until_exit(&self) -> Result<()> {
+        static KEPT: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+        let mut kept = KEPT.lock();
+        if !kept.contains(&self.inner.ordinal) {
+            // The same primary context as ours: a device has one, and ours keeps it alive.
+            driver::ctx::primary_retain(self.inner.device)?;
+            kept.insert(self.inner.ordinal);
+        }
+        Ok(())
     }
 
     /// The raw `CUcontext`.

@@ -86,6 +86,10 @@ fn a_library_without_the_entry_points_is_driver_too_old() {
 #[test]
 fn child_process() {
     common::child_main(|role, _args| {
+        if role == "retain_until_exit" {
+            retain_until_exit_child();
+            return 0;
+        }
         if role == "no_entry_points" {
             common::report(format!(
                 "loaded {}",
@@ -121,6 +125,53 @@ fn child_process() {
         common::report("host side works");
         0
     });
+}
+
+/// Whether device 0's primary context exists (`cuDevicePrimaryCtxGetState`).
+fn primary_active() -> bool {
+    use cuda_ipc::driver::sys;
+    let (mut dev, mut flags, mut active) = (0, 0, 0);
+    // SAFETY: out-pointers to locals; the driver is initialised (a GpuContext was made).
+    unsafe {
+        assert_eq!(sys::cuDeviceGet(&mut dev, 0), 0);
+        assert_eq!(
+            sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active),
+            0
+        );
+    }
+    active == 1
+}
+
+/// In a process of its own (no other test holds the context): dropping the last
+/// `GpuContext` ends the primary context, unless `retain_until_exit` kept it.
+fn retain_until_exit_child() {
+    let ctx = common::gpu();
+    assert!(primary_active());
+    drop(ctx);
+    common::report(format!("after the last drop: active {}", primary_active()));
+    let ctx = common::gpu();
+    ctx.retain_until_exit().unwrap();
+    ctx.retain_until_exit().unwrap(); // once per device: the second changes nothing
+    let raw = ctx.as_raw();
+    drop(ctx);
+    common::report(format!("kept, then dropped: active {}", primary_active()));
+    let again = common::gpu();
+    common::report(format!("found again: same {}", again.as_raw() == raw));
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_context_retained_until_exit_outlives_its_last_gpu_context() {
+    let lines =
+        common::spawn("retain_until_exit", &[]).expect_success(std::time::Duration::from_secs(60));
+    assert_eq!(
+        lines,
+        [
+            "after the last drop: active false",
+            "kept, then dropped: active true",
+            "found again: same true"
+        ]
+    );
 }
 
 #[test]

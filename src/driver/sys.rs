@@ -205,6 +205,8 @@ super::loader::driver_api! {
 
     fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int)
+        -> CUresult;
     fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
     fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
     fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
