@@ -14,7 +14,7 @@
 //! creation follows the parent's set-up instead of overlapping it.) In step `i` child `id` waits
 //! for the event of buffer `(i + id) % n`, writes `id` into every byte of it, records the
 //! event, and meets the others at the barrier. At the end every buffer `id` must hold
-//! `(id + 1) % n`, which each child verifies byte by byte (copied into page-locked memory).
+//! `(id + 1) % n`, which each child verifies byte by byte.
 //! Every process keeps its contexts until it exits ([`GpuContext::retain_until_exit`]), as
 //! NVIDIA's runtime does.
 //!
@@ -43,7 +43,6 @@ use cuda_ipc::{
     SocketName,
 };
 use cust::function::BlockSize;
-use cust::memory::LockedBuffer;
 use cust::module::Module;
 use cust::prelude::*;
 
@@ -195,6 +194,11 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
         return Err(format!("bad process count {n} for child {id}").into());
     }
     let size = usize::try_from(shared.size.load(Ordering::Acquire))?;
+    // The verification buffer, allocated and touched on another thread while this one brings
+    // up the context (page faults on 64 MiB would otherwise slow the copy down). Page-locked
+    // memory would copy faster, but pinning 64 MiB holds up the driver calls of the main
+    // thread (on one GPU, where the children come up last, the open waited 40 ms for it).
+    let host = std::thread::spawn(move || vec![0xFFu8; size]);
     let start = ProcessBarrier::join(&shared.start)?;
     let barrier = ProcessBarrier::join(&shared.barrier)?;
     let device = shared.devices.load()[id];
@@ -205,17 +209,6 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
     ctx.retain_until_exit()?;
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
     phases.mark("context");
-    // The verification buffer: page-locked host memory, which the copy engine writes directly
-    // (a pageable one is staged through the driver's bounce buffers at a fraction of the
-    // speed). Pinning 64 MiB takes a while: another thread does it while this one loads the
-    // module and waits for the parent.
-    let host = {
-        let ctx = ctx.clone();
-        std::thread::spawn(move || -> Result<LockedBuffer<u8>, String> {
-            ctx.make_current().map_err(|e| e.to_string())?;
-            LockedBuffer::new(&0xFFu8, size).map_err(|e| format!("cuMemAllocHost: {e}"))
-        })
-    };
     let module = Module::from_ptx(KERNELS, &[])?;
     let kernel = module.get_function("simple_kernel")?;
     let per_sm = kernel.max_active_blocks_per_multiprocessor(BlockSize::x(THREADS), 0)?;
@@ -223,9 +216,7 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
     phases.mark("module");
     start.wait()?; // the parent has published every handle
     phases.mark("start");
-    let mut host = host
-        .join()
-        .map_err(|_| "the allocating thread panicked")??;
+    let mut host = host.join().map_err(|_| "the allocating thread panicked")?;
 
     // Every kind of buffer is a `GpuSlice` to the code below.
     type Buffer = Box<dyn std::ops::Deref<Target = GpuSlice<u8>>>;
@@ -311,9 +302,6 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
         eprintln!("Process {id}: error: {}", chain(e.as_ref()));
         std::process::exit(1);
     }
-    // The page-locked buffer goes with the context at exit (unpinning 64 MiB one call at a
-    // time would only make this process end later).
-    std::mem::forget(host);
     barrier.wait()?; // no buffer is unmapped while another child may still read it
     start.wait()?; // every child verified: the parent frees while we exit
     println!("Process {id} complete!");
