@@ -477,7 +477,10 @@ impl<T: Pod> IpcSender<T> {
         if name.len() > NAME_BYTES {
             return Err(Error::InvalidName {
                 name: ring.name().into(),
-                reason: "longer than a channel handle holds",
+                defect: crate::NameDefect::TooLong {
+                    len: name.len(),
+                    max: NAME_BYTES,
+                },
             });
         }
         let mut name_bytes = [0u8; NAME_BYTES];

@@ -16,13 +16,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A shared-memory name was rejected before any system call was made.
-    #[error("invalid shared-memory name {name:?}: {reason}")]
+    /// A shared-memory name was rejected before any system call was made. [`NameDefect`]
+    /// says which rule it broke.
+    #[error("invalid shared-memory name {name:?}: {defect}")]
     InvalidName {
         /// The name as given.
         name: String,
-        /// Why it was rejected.
-        reason: &'static str,
+        /// The rule it broke.
+        defect: NameDefect,
     },
 
     /// An argument is out of its documented range. [`ArgumentDefect`] says which and how.
@@ -824,6 +825,43 @@ impl std::fmt::Display for TypeConflict {
                  HandleType::Legacy to share with PyTorch, CuPy or C/C++ peers",
             ),
             Self::Needs(other) => write!(f, "the call needs {other} memory"),
+        }
+    }
+}
+
+/// The rule a shared-memory name broke, in an [`Error::InvalidName`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NameDefect {
+    /// Nothing after the optional leading `/`.
+    Empty,
+    /// Longer than a name may be: `NAME_MAX` (255 bytes) less any random suffix, or what a
+    /// channel handle holds.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// A `/` after the optional leading one.
+    Slash,
+    /// A NUL byte.
+    Nul,
+    /// `.` or `..`.
+    Dots,
+}
+
+impl std::fmt::Display for NameDefect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Empty => f.write_str("empty"),
+            Self::TooLong { len, max } => write!(
+                f,
+                "{len} bytes, longer than the {max} allowed (with room for any random suffix)"
+            ),
+            Self::Slash => f.write_str("contains '/' after the optional leading one"),
+            Self::Nul => f.write_str("contains a NUL byte"),
+            Self::Dots => f.write_str("is '.' or '..'"),
         }
     }
 }

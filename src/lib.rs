@@ -157,8 +157,8 @@ pub use device::{
     device_count, device_info, devices, uuid_string,
 };
 pub use error::{
-    ArgumentDefect, Capability, CloseError, Error, HandleDefect, ObjectState, PeerRole, Result,
-    StateDefect, TypeConflict,
+    ArgumentDefect, Capability, CloseError, Error, HandleDefect, NameDefect, ObjectState, PeerRole,
+    Result, StateDefect, TypeConflict,
 };
 pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use fd_socket::{

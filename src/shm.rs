@@ -19,7 +19,6 @@
 
 mod header;
 
-use crate::error::ArgumentDefect;
 use std::fs::File;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
@@ -29,7 +28,7 @@ use memmap2::{MmapOptions, MmapRaw};
 pub use header::HeaderFields;
 use header::{Expected, HEADER_LEN, MAGIC, RawHeader, VERSION};
 
-use crate::error::{Error, Result};
+use crate::error::{ArgumentDefect, Error, NameDefect, Result};
 use crate::os::{self, FileInfo};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -64,25 +63,28 @@ pub fn validate_name(name: &str) -> Result<&str> {
 }
 
 fn validate_name_within(name: &str, max: usize) -> Result<&str> {
-    let invalid = |reason| Error::InvalidName {
+    let invalid = |defect| Error::InvalidName {
         name: name.to_owned(),
-        reason,
+        defect,
     };
     let bare = name.strip_prefix('/').unwrap_or(name);
     if bare.is_empty() {
-        return Err(invalid("empty"));
+        return Err(invalid(NameDefect::Empty));
     }
     if bare.len() > max {
-        return Err(invalid("longer than 255 bytes (with any random suffix)"));
+        return Err(invalid(NameDefect::TooLong {
+            len: bare.len(),
+            max,
+        }));
     }
     if bare.contains('/') {
-        return Err(invalid("contains '/' after the optional leading one"));
+        return Err(invalid(NameDefect::Slash));
     }
     if bare.contains('\0') {
-        return Err(invalid("contains a NUL byte"));
+        return Err(invalid(NameDefect::Nul));
     }
     if bare == "." || bare == ".." {
-        return Err(invalid("is '.' or '..'"));
+        return Err(invalid(NameDefect::Dots));
     }
     Ok(bare)
 }

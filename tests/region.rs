@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{report, shm_exists, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{Error, HeaderFields, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::{Error, HeaderFields, NameDefect, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
 #[repr(C)]
 struct Shared {
@@ -126,7 +126,10 @@ fn random_suffix_names_differ_and_are_valid() {
         ShmOptions::new(too_long)
             .random_suffix(true)
             .create::<AtomicU64>(),
-        Err(Error::InvalidName { .. })
+        Err(Error::InvalidName {
+            defect: NameDefect::TooLong { len: 239, max: 238 },
+            ..
+        })
     ));
 }
 
@@ -486,15 +489,23 @@ fn ownership_can_be_handed_over() {
 
 #[test]
 fn invalid_names_fail_before_any_syscall() {
-    for bad in ["", "a/b", "x\0y", "..", &"n".repeat(300)] {
-        assert!(matches!(
-            ShmRegion::<Shared>::create(bad),
-            Err(Error::InvalidName { .. })
-        ));
-        assert!(matches!(
-            ShmRegion::<Shared>::open(bad),
-            Err(Error::InvalidName { .. })
-        ));
+    let long = "n".repeat(300);
+    for (bad, rule) in [
+        ("", NameDefect::Empty),
+        ("a/b", NameDefect::Slash),
+        ("x\0y", NameDefect::Nul),
+        ("..", NameDefect::Dots),
+        (long.as_str(), NameDefect::TooLong { len: 300, max: 255 }),
+    ] {
+        for result in [
+            ShmRegion::<Shared>::create(bad).map(drop),
+            ShmRegion::<Shared>::open(bad).map(drop),
+        ] {
+            match result {
+                Err(Error::InvalidName { defect, .. }) => assert_eq!(defect, rule, "{bad:?}"),
+                other => panic!("{bad:?}: expected InvalidName, got {other:?}"),
+            }
+        }
     }
 }
 
