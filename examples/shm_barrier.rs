@@ -6,12 +6,11 @@
 //! cargo run --example shm_barrier -- [children (default 4)] [steps (default 3)]
 //! ```
 
-use cuda_ipc::StateDefect;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe};
+use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe, StateDefect};
 
 #[repr(C)]
 struct Shared {

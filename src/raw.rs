@@ -30,10 +30,9 @@
 //! A C peer opens it with `cudaIpcOpenMemHandle(&base, *(cudaIpcMemHandle_t *)e.handle,
 //! cudaIpcMemLazyEnablePeerAccess)` and uses `(char *)base + e.offset`.
 
-use crate::error::ArgumentDefect;
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::{Error, HandleDefect, Result};
+use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
 
 /// The 64 bytes of a legacy CUDA IPC memory handle (`cudaIpcMemHandle_t`, `CUipcMemHandle`).
 ///

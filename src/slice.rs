@@ -7,14 +7,13 @@
 //! dereference to it, so that these methods are written (and documented) once and every role
 //! offers the same data operations.
 
-use crate::error::ArgumentDefect;
 use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentDefect, Error, Result};
 use crate::stream::AsStream;
 
 /// `len` values of `T` at a device address, in a context: the data half of every buffer type

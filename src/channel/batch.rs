@@ -9,7 +9,6 @@
 //! it. The shared-memory ring still moves one item at a time (the same protocol and kill
 //! points as single items), and batches mix freely with single items on either side.
 
-use crate::error::ArgumentDefect;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use bytemuck::Pod;
 
 use super::{IpcReceiver, IpcSender, wait_limit};
 use crate::driver::sys;
-use crate::error::{Error, PeerRole, Result};
+use crate::error::{ArgumentDefect, Error, PeerRole, Result};
 use crate::stream::AsStream;
 
 /// Consecutive slots the producer holds, between [`IpcSender::acquire_batch`] and

@@ -61,10 +61,9 @@
 //! GPU waits on each consumer's counter), and each consumer keeps its own `received`. The
 //! handle format and the region layout stay as they are.
 
-use crate::error::StateDefect;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, PeerRole, Result};
+use crate::error::{Error, PeerRole, Result, StateDefect};
 use crate::handle::Envelope;
 use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;

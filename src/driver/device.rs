@@ -1,10 +1,9 @@
 //! Devices: handles by ordinal, attributes, names, UUIDs and peer capability.
 
-use crate::error::ArgumentDefect;
 use std::ffi::{c_char, c_int};
 
 use super::{check, sys};
-use crate::error::{Error, Result};
+use crate::error::{ArgumentDefect, Error, Result};
 
 /// The device with `ordinal` (`cuDeviceGet`).
 pub(crate) fn get(ordinal: u32) -> Result<sys::CUdevice> {
