@@ -280,7 +280,6 @@ impl IpcArena {
     /// # Ok(()) }
     /// ```
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
-        let size = std::mem::size_of::<T>() as u64;
         let call = "IpcArena::alloc";
         let align = std::mem::align_of::<T>() as u64;
         if align > ARENA_ALIGN {
@@ -294,15 +293,7 @@ impl IpcArena {
                 },
             });
         }
-        let Some(bytes) = (len as u64).checked_mul(size).filter(|&b| b > 0) else {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::AllocationSize {
-                    len: len as u64,
-                    elem_size: size,
-                },
-            });
-        };
+        let bytes = crate::buffer::allocation_bytes::<T>(call, len)? as u64;
         let owner = &self.owner;
         let mut book = owner.book.lock();
         let placed = match book.alloc(&owner.table.blocks, bytes) {

@@ -605,11 +605,13 @@ pub(crate) struct BufferCore<T: Pod> {
     origin: Origin,
 }
 
-fn byte_len_of<T>(len: usize) -> Result<usize> {
+/// The bytes of an allocation of `len` `T`s, for `call` (which allocates): more than 0 and at
+/// most `isize::MAX`, else [`ArgumentDefect::AllocationSize`].
+pub(crate) fn allocation_bytes<T>(call: &'static str, len: usize) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
         .filter(|&b| b > 0 && b <= isize::MAX as usize)
         .ok_or(Error::InvalidArgument {
-            call: "IpcBuffer::new",
+            call,
             defect: ArgumentDefect::AllocationSize {
                 len: len as u64,
                 elem_size: std::mem::size_of::<T>() as u64,
@@ -625,7 +627,7 @@ impl<T: Pod> BufferCore<T> {
 
     /// The work of [`IpcBuffer::new_with`].
     pub(crate) fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
-        let bytes = byte_len_of::<T>(len)?;
+        let bytes = allocation_bytes::<T>("IpcBuffer::new", len)?;
         deferred::collect_if_pending();
         let vmm = match handle_type {
             HandleType::Legacy => false,

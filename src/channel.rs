@@ -678,18 +678,7 @@ impl<T: Pod> SendSlot<'_, T> {
     /// [`Error::Corrupt`] when the shared state is inconsistent.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn send(mut self, len: usize) -> Result<()> {
-        let capacity = self.tx.end.geometry.capacity;
-        if len as u64 > capacity {
-            return Err(Error::InvalidArgument {
-                call: "SendSlot::send",
-                defect: ArgumentDefect::OutOfRange {
-                    what: "item elements (up to the slot capacity)",
-                    value: len as u64,
-                    min: 0,
-                    max: capacity,
-                },
-            });
-        }
+        self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
         let k = self.tx.next;
         let recorded = self.tx.end.signal(self.stream, k)?;
         self.waited = false;

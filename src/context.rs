@@ -64,22 +64,13 @@ impl GpuContext {
     ///
     /// # Errors
     ///
-    /// [`Error::NoDevice`] when the driver has no usable GPU, [`Error::Cuda`] naming
-    /// `cuDeviceGet`/`cuDevicePrimaryCtxRetain`/`cuCtxSetCurrent` otherwise.
+    /// [`Error::NoDevice`] when the driver has no usable GPU; [`Error::InvalidArgument`]
+    /// naming `cuDeviceGet` for an ordinal beyond the driver's `int`; [`Error::Cuda`] naming
+    /// `cuDeviceGet` (`CUDA_ERROR_INVALID_DEVICE` for an ordinal with no device),
+    /// `cuDevicePrimaryCtxRetain` or `cuCtxSetCurrent` otherwise.
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(ordinal: u32) -> Result<Self> {
         driver::init()?;
-        if i32::try_from(ordinal).is_err() {
-            return Err(Error::InvalidArgument {
-                call: "GpuContext::new",
-                defect: ArgumentDefect::OutOfRange {
-                    what: "device ordinal",
-                    value: ordinal.into(),
-                    min: 0,
-                    max: i32::MAX as u64,
-                },
-            });
-        }
         let device = driver::device::get(ordinal)?;
         let uuid = driver::device::uuid(device)?;
         let raw = driver::ctx::primary_retain(device)?;

@@ -23,7 +23,7 @@ use crate::arena::sealed;
 use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result, StateDefect};
+use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
@@ -275,16 +275,7 @@ impl IpcPool {
         len: usize,
         stream: &(impl AsStream + ?Sized),
     ) -> Result<PoolBuffer<T>> {
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|&b| b > 0 && b <= isize::MAX as usize)
-            .ok_or(Error::InvalidArgument {
-                call: "IpcPool::alloc",
-                defect: ArgumentDefect::AllocationSize {
-                    len: len as u64,
-                    elem_size: std::mem::size_of::<T>() as u64,
-                },
-            })?;
+        let bytes = crate::buffer::allocation_bytes::<T>("IpcPool::alloc", len)?;
         let owner = &self.owner;
         let index = {
             let mut books = owner.books.lock();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use cuda_ipc::{Error, GpuContext, PeerGroup};
+use cuda_ipc::{ArgumentDefect, Error, GpuContext, PeerGroup};
 
 /// Runs everywhere: on a machine without a GPU (CI) every entry point reports `NoDevice`
 /// naming the driver's code; where a GPU is required (`CUDA_IPC_REQUIRE_GPU=1`), finding
@@ -199,4 +199,38 @@ fn peer_group_selects_every_h200_and_enables_peer_access() {
         "driver version {}",
         cuda_ipc::driver::driver_version().unwrap()
     );
+}
+
+/// An ordinal with no device is the driver's `CUDA_ERROR_INVALID_DEVICE` from `cuDeviceGet`;
+/// one beyond the driver's `int` is refused before the call, naming it.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_context_of_a_device_that_does_not_exist_is_refused() {
+    let n = common::gpu_count();
+    match GpuContext::new(n) {
+        Err(Error::Cuda { call, code, name }) => {
+            assert_eq!(call, "cuDeviceGet");
+            assert_eq!(code, cuda_ipc::driver::sys::CUDA_ERROR_INVALID_DEVICE, "{name}");
+            assert_eq!(name, "CUDA_ERROR_INVALID_DEVICE");
+        }
+        other => panic!("ordinal {n} of {n} devices: {other:?}"),
+    }
+    match GpuContext::new(u32::MAX) {
+        Err(Error::InvalidArgument {
+            call: "cuDeviceGet",
+            defect:
+                ArgumentDefect::OutOfRange {
+                    what: "device ordinal",
+                    value,
+                    max,
+                    ..
+                },
+        }) => {
+            assert_eq!(value, u64::from(u32::MAX));
+            assert_eq!(max, i32::MAX as u64);
+        }
+        other => panic!("ordinal u32::MAX: {other:?}"),
+    }
+    // The GPUs that exist still work afterwards.
+    GpuContext::new(n - 1).unwrap();
 }

@@ -158,7 +158,6 @@ impl<T: Pod> SendBatch<'_, T> {
     /// when the shared state is inconsistent.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn send(mut self, lens: &[usize]) -> Result<()> {
-        let capacity = self.tx.end.geometry.capacity;
         if lens.len() as u64 != self.count {
             return Err(Error::InvalidArgument {
                 call: "SendBatch::send",
@@ -169,16 +168,8 @@ impl<T: Pod> SendBatch<'_, T> {
                 },
             });
         }
-        if let Some(&len) = lens.iter().find(|&&l| l as u64 > capacity) {
-            return Err(Error::InvalidArgument {
-                call: "SendBatch::send",
-                defect: ArgumentDefect::OutOfRange {
-                    what: "item elements (up to the slot capacity)",
-                    value: len as u64,
-                    min: 0,
-                    max: capacity,
-                },
-            });
+        for &len in lens {
+            self.tx.end.geometry.check_item_len("SendBatch::send", len)?;
         }
         let first = self.tx.next;
         let last = first + self.count - 1;

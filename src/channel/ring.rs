@@ -63,7 +63,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, PeerRole, Result, StateDefect};
+use crate::error::{ArgumentDefect, Error, PeerRole, Result, StateDefect};
 use crate::handle::Envelope;
 use crate::owner::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
@@ -213,6 +213,22 @@ impl Geometry {
     pub(crate) fn slot_of(&self, k: u64) -> usize {
         // `slots` ≤ MAX_SLOTS, so the remainder fits.
         ((k - 1) % self.slots) as usize
+    }
+
+    /// Check, for `call` (a send), that an item of `len` elements fits a slot.
+    pub(crate) fn check_item_len(&self, call: &'static str, len: usize) -> Result<()> {
+        if len as u64 > self.capacity {
+            return Err(Error::InvalidArgument {
+                call,
+                defect: ArgumentDefect::OutOfRange {
+                    what: "item elements (up to the slot capacity)",
+                    value: len as u64,
+                    min: 0,
+                    max: self.capacity,
+                },
+            });
+        }
+        Ok(())
     }
 }
 
