@@ -13,7 +13,8 @@
 //!   per buffer; the goal is ≥ 50× under a legacy cold open and ≤ 1 µs p50);
 //! - an [`IpcPool`] buffer's open + drop (`ImportedPool::open`: checks, block entry,
 //!   `cuMemPoolImportPointer`, `cuMemGetAddressRange`; drop: `cuMemFree`) against raw
-//!   `cuMemPoolImportPointer` + `cuMemFree` on a raw import of the same pool; then the same
+//!   `cuMemPoolImportPointer` + `cuMemFree` on a raw import of the same pool, and against those
+//!   raw calls plus `cuMemGetAddressRange` (the check a sound import cannot skip); then the same
 //!   for buffers opened once each (each import maps memory new to the process: what a first
 //!   open of a buffer costs), one sample per open, alternating sides.
 //!
@@ -249,6 +250,26 @@ impl Fixture {
             common::ok("cuMemFree", sys::cuMemFree_v2(p));
         }
     }
+    /// The raw calls plus the one check a sound import cannot skip: the size the driver
+    /// reports for the imported allocation (`cuMemGetAddressRange`), since a handle's length
+    /// is not trusted. The floor under `ours_pool_open_close`.
+    fn raw_checked_pool_open_close(&self) {
+        let mut data = self.raw_pooled;
+        let (mut p, mut base, mut size) = (0, 0, 0);
+        // SAFETY: as in `raw_pool_open_close_of`; the range query writes two words.
+        unsafe {
+            common::ok(
+                "cuMemPoolImportPointer",
+                sys::cuMemPoolImportPointer(&mut p, self.raw_pool, &mut data),
+            );
+            common::ok(
+                "cuMemGetAddressRange",
+                sys::cuMemGetAddressRange_v2(&mut base, &mut size, p),
+            );
+            assert!(size >= 1 << 20, "{size} bytes");
+            common::ok("cuMemFree", sys::cuMemFree_v2(p));
+        }
+    }
     fn ours_arena_open_close(&self) {
         drop(std::hint::black_box(self.arena.open(&self.block).unwrap()));
     }
@@ -389,6 +410,13 @@ fn summary(f: &Fixture) {
         || f.raw_pool_open_close(),
     );
     common::row("pool buffer open + close", &ours, &base);
+    let (ours, checked) = common::sample_pair(
+        31,
+        1_000,
+        || f.ours_pool_open_close(),
+        || f.raw_checked_pool_open_close(),
+    );
+    common::row("pool open vs raw + size check", &ours, &checked);
     // Each buffer once: the import maps memory new to this process (one sample per open).
     let (mut ours, mut base) = (Vec::new(), Vec::new());
     for (i, pair) in f.cold_pooled.chunks_exact(2).enumerate() {

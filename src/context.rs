@@ -7,7 +7,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::driver::{self, sys};
-use crate::error::{ArgumentDefect, Error, Result};
+use crate::error::Result;
+#[cfg(any(feature = "cust", feature = "cudarc"))]
+use crate::error::ArgumentDefect;
+// Without the interop features only the docs name `Error`.
+#[cfg(any(doc, feature = "cust", feature = "cudarc"))]
+use crate::error::Error;
 
 struct Inner {
     raw: sys::CUcontext,

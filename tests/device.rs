@@ -210,7 +210,11 @@ fn a_context_of_a_device_that_does_not_exist_is_refused() {
     match GpuContext::new(n) {
         Err(Error::Cuda { call, code, name }) => {
             assert_eq!(call, "cuDeviceGet");
-            assert_eq!(code, cuda_ipc::driver::sys::CUDA_ERROR_INVALID_DEVICE, "{name}");
+            assert_eq!(
+                code,
+                cuda_ipc::driver::sys::CUDA_ERROR_INVALID_DEVICE,
+                "{name}"
+            );
             assert_eq!(name, "CUDA_ERROR_INVALID_DEVICE");
         }
         other => panic!("ordinal {n} of {n} devices: {other:?}"),

@@ -168,8 +168,9 @@ impl<T: Pod> SendBatch<'_, T> {
                 },
             });
         }
+        let geometry = &self.tx.end.geometry;
         for &len in lens {
-            self.tx.end.geometry.check_item_len("SendBatch::send", len)?;
+            geometry.check_item_len("SendBatch::send", len)?;
         }
         let first = self.tx.next;
         let last = first + self.count - 1;
