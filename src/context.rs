@@ -7,9 +7,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::driver::{self, sys};
-use crate::error::Result;
 #[cfg(any(feature = "cust", feature = "cudarc"))]
 use crate::error::ArgumentDefect;
+use crate::error::Result;
 // Without the interop features only the docs name `Error`.
 #[cfg(any(doc, feature = "cust", feature = "cudarc"))]
 use crate::error::Error;

@@ -661,12 +661,28 @@ struct ViewEntry {
     size: u64,
 }
 
-type ImportKey = ([u8; 16], usize);
-static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
+/// The pools this process imported, by export token: one [`Import`] per pool per process,
+/// whatever the contexts it is opened in.
+static IMPORTS: Mutex<Vec<([u8; 16], Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
 
+/// Held from looking a pool up in [`IMPORTS`] to registering its new import, so that two
+/// threads importing one pool make one import. (Never taken by a drop.)
+static IMPORTING: Mutex<()> = parking_lot::const_mutex(());
+
+/// A pool imported into this process. There is one per pool per process, shared by the
+/// [`ImportedPool`]s of every context. The driver maps an imported allocation at one address
+/// for the whole process (unified addressing), and does not count imports: measured on H200s
+/// (driver 580), a second import of the same pool, in the same or another context, gets the
+/// same address for the allocation, and the first `cuMemFree` unmaps it for both (the other's
+/// free then fails, its copies fail with `CUDA_ERROR_INVALID_VALUE`, and a kernel would fault).
+/// Two imports would free each other's views (`tests/two_contexts.rs`).
 struct Import {
+    /// The context of the first import: its driver calls (imports, frees, the destroy) run
+    /// with it current.
     ctx: GpuContext,
-    key: ImportKey,
+    token: [u8; 16],
+    /// Devices known to have read-write access to the pool's memory, by ordinal.
+    access: Mutex<Vec<u32>>,
     pool: sys::CUmemoryPool,
     bit: u64,
     exporter: ProcessIdentity,
@@ -687,7 +703,7 @@ impl Drop for Import {
     fn drop(&mut self) {
         IMPORTS
             .lock()
-            .retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
+            .retain(|(k, w)| !(*k == self.token && w.strong_count() == 0));
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: imported in this context, destroyed once; every view (each holds the
             // import) has freed its pointer.
@@ -698,69 +714,116 @@ impl Drop for Import {
 
 /// An [`IpcPool`] imported from another process: each of its buffers opens with
 /// [`open`](Self::open) (`cuMemPoolImportPointer`). `ImportedPool` is `Send`, `Sync` and cheap
-/// to clone; every [`PoolView`] keeps the import alive.
+/// to clone; every [`PoolView`] keeps the import alive. A process imports a pool once: imports
+/// in other contexts (devices) share it, and a buffer opened through several of them is one
+/// import of the allocation, freed when its last view in the process drops.
 #[derive(Clone)]
 pub struct ImportedPool {
     import: Arc<Import>,
+    /// The context this pool was opened for: its views' copies and memsets run in it.
+    ctx: GpuContext,
 }
 
-impl ImportedPool {
-    /// Import a pool from its handle and the descriptor its owner sent with it
-    /// (`cuMemPoolImportFromShareableHandle`, and `cuMemPoolSetAccess` when `ctx`'s device is
-    /// not the pool's), taking an importer slot in its lease table. `fd` is consumed. A second
-    /// import of the same pool in the same context shares the first.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process, before the
-    /// descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
-    /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
-    /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool) or
-    /// `cuMemPoolSetAccess`.
-    #[doc(alias = "cuMemPoolImportFromShareableHandle")]
-    pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
-        let exporter = handle.admit(true)?;
+impl Import {
+    /// Import the pool `handle` names from `fd` in `ctx`.
+    fn new(
+        ctx: &GpuContext,
+        handle: &IpcPoolHandle,
+        fd: OwnedFd,
+        exporter: ProcessIdentity,
+    ) -> Result<Self> {
         let env = &handle.env;
-        let key: ImportKey = (env.token, ctx.as_raw() as usize);
-        if let Some(import) = IMPORTS
-            .lock()
-            .iter()
-            .filter(|(k, _)| *k == key)
-            .find_map(|(_, w)| w.upgrade())
-            && import.table.closing.load(Ordering::Acquire) == 0
-        {
-            return Ok(Self { import });
-        }
-        let memory_device = handle.admit_live(ctx, &exporter, true)?;
         let lease = Lease::acquire(&env.token, env.generation)?;
         let table = ArenaTable::open(&env.token, 0, env.generation)?;
         let _g = ctx.enter()?;
         let pool = driver::pool::import_fd(fd.as_fd())?;
         drop(fd);
-        if memory_device != ctx.ordinal() {
-            let access = sys::CUmemAccessDesc {
-                location: crate::vmm::on_device(ctx.device()),
-                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            // SAFETY: our imported pool, live.
-            if let Err(e) = unsafe { driver::pool::set_access(pool, &access) } {
-                // SAFETY: imported above, nothing allocated or imported from it; once.
-                let _ = unsafe { driver::pool::destroy(pool) };
-                return Err(e);
-            }
-        }
-        let import = Arc::new(Import {
+        Ok(Self {
             ctx: ctx.clone(),
-            key,
+            token: env.token,
+            access: Mutex::new(Vec::new()),
             pool,
             bit: 1u64 << lease.slot(),
             exporter,
             table,
             views: Mutex::new(HashMap::new()),
             _lease: lease,
-        });
-        IMPORTS.lock().push((key, Arc::downgrade(&import)));
-        Ok(Self { import })
+        })
+    }
+
+    /// Make sure `ctx`'s device can read and write the pool's memory: asked of the driver
+    /// (`cuMemPoolGetAccess`; the pool's own device has it) and granted where missing
+    /// (`cuMemPoolSetAccess`), once per device. The driver is asked rather than the handle's
+    /// device trusted.
+    fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        let mut access = self.access.lock();
+        if access.contains(&ctx.ordinal()) {
+            return Ok(());
+        }
+        let location = crate::vmm::on_device(ctx.device());
+        let _g = ctx.enter()?;
+        // SAFETY: our imported pool, live while `self` is.
+        let has = unsafe { driver::pool::access(self.pool, &location) }?;
+        if has != sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
+            let desc = sys::CUmemAccessDesc {
+                location,
+                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: as above.
+            unsafe { driver::pool::set_access(self.pool, &desc) }?;
+        }
+        access.push(ctx.ordinal());
+        Ok(())
+    }
+}
+
+impl ImportedPool {
+    /// Import a pool from its handle and the descriptor its owner sent with it
+    /// (`cuMemPoolImportFromShareableHandle`, and `cuMemPoolSetAccess` when `ctx`'s device has
+    /// no access yet: `cuMemPoolGetAccess`), taking an importer slot in its lease table. `fd` is consumed. A pool
+    /// already imported by this process, in any context, is shared: the call then only checks
+    /// the handle, and gives `ctx`'s device access if it has none yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process, before the
+    /// descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
+    /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
+    /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool),
+    /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`.
+    #[doc(alias = "cuMemPoolImportFromShareableHandle")]
+    pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
+        let exporter = handle.admit(true)?;
+        handle.admit_live(ctx, &exporter, true)?;
+        let token = handle.env.token;
+        let importing = IMPORTING.lock();
+        let found = IMPORTS
+            .lock()
+            .iter()
+            .filter(|(t, _)| *t == token)
+            .find_map(|(_, w)| w.upgrade());
+        let import = match found {
+            // The owner dropped the pool: its handles are stale (the import lives on for the
+            // views still held).
+            Some(import) if import.table.closing.load(Ordering::Acquire) != 0 => {
+                drop(importing);
+                return Err(Error::StaleHandle {
+                    generation: handle.env.generation,
+                });
+            }
+            Some(import) => import,
+            None => {
+                let import = Arc::new(Import::new(ctx, handle, fd, exporter)?);
+                IMPORTS.lock().push((token, Arc::downgrade(&import)));
+                import
+            }
+        };
+        drop(importing);
+        import.grant(ctx)?;
+        Ok(Self {
+            import,
+            ctx: ctx.clone(),
+        })
     }
 
     /// Open one buffer of the pool: checks the handle (checksum, element type, this pool),
@@ -801,7 +864,7 @@ impl ImportedPool {
         check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
         let corrupt = |detail: String| Error::corrupt_handle(HandleDefect::Layout { detail });
         let memory = |detail: String| Error::corrupt_handle(HandleDefect::Memory { detail });
-        if h.token != import.key.0 {
+        if h.token != import.token {
             return Err(Error::corrupt_handle(HandleDefect::Names {
                 detail: "the handle names another pool".into(),
             }));
@@ -861,7 +924,7 @@ impl ImportedPool {
         };
         drop(views);
         Ok(PoolView {
-            slice: GpuSlice::new(import.ctx.clone(), ptr, len),
+            slice: GpuSlice::new(self.ctx.clone(), ptr, len),
             import: import.clone(),
             index: h.index,
         })
@@ -872,9 +935,9 @@ impl ImportedPool {
         self.import.exporter
     }
 
-    /// The context the pool is imported in.
+    /// The context this pool was opened for (its views' copies and memsets run in it).
     pub fn context(&self) -> &GpuContext {
-        &self.import.ctx
+        &self.ctx
     }
 }
 
@@ -917,7 +980,7 @@ impl std::fmt::Debug for ImportedPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImportedPool")
             .field("exporter", &self.import.exporter.pid())
-            .field("device", &self.import.ctx.ordinal())
+            .field("device", &self.ctx.ordinal())
             .finish_non_exhaustive()
     }
 }

@@ -82,6 +82,23 @@ pub(crate) unsafe fn set_access(
     })
 }
 
+/// The access `location` has to a pool's memory (`cuMemPoolGetAccess`): one of the
+/// `CU_MEM_ACCESS_FLAGS_PROT_*` values.
+///
+/// # Safety
+///
+/// `pool` is a live pool.
+pub(crate) unsafe fn access(pool: sys::CUmemoryPool, location: &sys::CUmemLocation) -> Result<u32> {
+    let mut flags = 0;
+    let mut location = *location;
+    // SAFETY: writes one flags word; reads the location (the driver's prototype is not
+    // `const`, hence the copy); the pool is the caller's duty.
+    check("cuMemPoolGetAccess", unsafe {
+        sys::cuMemPoolGetAccess(&mut flags, pool, &mut location)
+    })?;
+    Ok(flags)
+}
+
 /// Enqueue an allocation of `bytes` from `pool` on `stream` (`cuMemAllocFromPoolAsync`).
 ///
 /// # Safety

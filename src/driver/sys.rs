@@ -370,6 +370,11 @@ super::loader::driver_api! {
         map: *const CUmemAccessDesc,
         count: usize,
     ) -> CUresult;
+    fn cuMemPoolGetAccess(
+        flags: *mut c_uint,
+        pool: CUmemoryPool,
+        location: *mut CUmemLocation,
+    ) -> CUresult;
     fn cuMemAllocFromPoolAsync(
         dptr: *mut CUdeviceptr,
         bytes: usize,

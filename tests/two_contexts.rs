@@ -1,0 +1,178 @@
+//! One importing process with a context on each of two GPUs opens the same export through
+//! both, for every handle type: dropping the view (and then the import) of one context leaves
+//! the other's view mapped and its contents intact. Each handle type runs in an importer process
+//! of its own, so that a failure of one cannot hide behind another's.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    expect_message, fd_connect, fd_listener, gpu_count, pattern, report, spawn, watchdog,
+};
+use cuda_ipc::{
+    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedBuffer, IpcArena, IpcBuffer,
+    IpcMemHandle, IpcPool, PoolHandle, RawStream,
+};
+
+const T: Duration = Duration::from_secs(20);
+const LEN: usize = 1 << 20;
+
+/// What the importer reports about two views of one export, the first dropped: whether they
+/// share an address, and whether the second still reads what the owner wrote.
+fn check(first: u64, second: &GpuSlice<u32>, seed: u32, drop_first: impl FnOnce()) {
+    let same = first == second.as_raw_ptr();
+    report(format!("same address {same}"));
+    drop_first();
+    let mut host = vec![0u32; second.len()];
+    match second.copy_to_host(&mut host) {
+        Ok(()) => report(format!("intact {}", host == pattern(LEN, seed))),
+        Err(e) => report(format!("read failed: {e}")),
+    }
+}
+
+#[test]
+fn child_process() {
+    common::child_main(|role, args| {
+        assert_eq!(role, "importer");
+        let s = fd_connect(&args[0]);
+        let ctx0 = GpuContext::new(0).unwrap();
+        let ctx1 = GpuContext::new(1).unwrap();
+        match args[1].as_str() {
+            "legacy" => {
+                let bytes = s.recv(T).unwrap().payload;
+                let h = IpcMemHandle::<u32>::from_bytes(&bytes).unwrap();
+                let v0 = ImportedBuffer::open(&ctx0, &h).unwrap();
+                let v1 = ImportedBuffer::open(&ctx1, &h).unwrap();
+                check(v0.as_raw_ptr(), &v1, 1, || drop(v0));
+            }
+            "fd" => {
+                let v0 = s.recv_buffer::<u32>(&ctx0, T).unwrap();
+                let v1 = s.recv_buffer::<u32>(&ctx1, T).unwrap();
+                check(v0.as_raw_ptr(), &v1, 2, || drop(v0));
+            }
+            "arena" => {
+                let a0 = s.recv_arena(&ctx0, T).unwrap();
+                let a1 = s.recv_arena(&ctx1, T).unwrap();
+                let h = ArenaHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+                let v0 = a0.open(&h).unwrap();
+                let v1 = a1.open(&h).unwrap();
+                check(v0.as_raw_ptr(), &v1, 3, || {
+                    drop(v0);
+                    drop(a0);
+                });
+            }
+            "pool" => {
+                let p0 = s.recv_pool(&ctx0, T).unwrap();
+                let p1 = s.recv_pool(&ctx1, T).unwrap();
+                let h = PoolHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+                let v0 = p0.open(&h).unwrap();
+                let v1 = p1.open(&h).unwrap();
+                check(v0.as_raw_ptr(), &v1, 4, || {
+                    drop(v0);
+                    drop(p0);
+                });
+            }
+            other => panic!("unknown kind {other}"),
+        }
+        s.send(b"done", &[], T).unwrap();
+        expect_message(&s, b"bye");
+        0
+    });
+}
+
+/// The owner side of one handle type: export on device 0, send what the importer needs, wait
+/// for it to finish, then check what it reported.
+fn owner(kind: &str) {
+    let ctx = GpuContext::new(0).unwrap();
+    let (l, raw) = fd_listener(&format!("two-ctx-{kind}"));
+    let child = spawn("importer", &[&raw, kind]);
+    let s = l.accept(T).unwrap();
+    // Each branch keeps what it exported alive until the importer is done.
+    let _keep: Box<dyn std::any::Any> = match kind {
+        "legacy" => {
+            let b = IpcBuffer::<u32>::new(&ctx, LEN).unwrap();
+            b.copy_from_host(&pattern(LEN, 1)).unwrap();
+            s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
+            Box::new(b)
+        }
+        "fd" => {
+            let b = IpcBuffer::<u32>::new_with(&ctx, LEN, HandleType::PosixFd).unwrap();
+            b.copy_from_host(&pattern(LEN, 2)).unwrap();
+            s.send_buffer(&b, T).unwrap();
+            s.send_buffer(&b, T).unwrap();
+            Box::new(b)
+        }
+        "arena" => {
+            let arena = IpcArena::new(&ctx, 64 << 20).unwrap();
+            let b = arena.alloc::<u32>(LEN).unwrap();
+            b.copy_from_host(&pattern(LEN, 3)).unwrap();
+            s.send_arena(&arena, T).unwrap();
+            s.send_arena(&arena, T).unwrap();
+            s.send(b.handle().as_bytes(), &[], T).unwrap();
+            Box::new((b, arena))
+        }
+        "pool" => {
+            let pool = IpcPool::new(&ctx).unwrap();
+            let b = pool.alloc::<u32>(LEN, &RawStream::LEGACY).unwrap();
+            b.copy_from_host(&pattern(LEN, 4)).unwrap();
+            s.send_pool(&pool, T).unwrap();
+            s.send_pool(&pool, T).unwrap();
+            s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
+            Box::new((b, pool))
+        }
+        other => panic!("unknown kind {other}"),
+    };
+    expect_message(&s, b"done");
+    s.send(b"bye", &[], T).unwrap();
+    let lines = child.expect_success(T);
+    eprintln!("{kind}: {lines:?}");
+    assert_eq!(lines.len(), 2, "{kind}: {lines:?}");
+    assert_eq!(lines[1], "intact true", "{kind}: {lines:?}");
+}
+
+fn two_gpus() -> bool {
+    if gpu_count() < 2 || !cuda_ipc::can_access_peer(1, 0).unwrap() {
+        eprintln!("two_contexts: needs two GPUs, the second reaching the first: not run");
+        return false;
+    }
+    true
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_legacy_buffer_opened_in_two_contexts_survives_one_closing() {
+    let _dog = watchdog("two_ctx_legacy", Duration::from_secs(90));
+    if two_gpus() {
+        owner("legacy");
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_posix_fd_buffer_imported_in_two_contexts_survives_one_closing() {
+    let _dog = watchdog("two_ctx_fd", Duration::from_secs(90));
+    if two_gpus() {
+        owner("fd");
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_arena_imported_in_two_contexts_survives_one_closing() {
+    let _dog = watchdog("two_ctx_arena", Duration::from_secs(90));
+    if two_gpus() {
+        owner("arena");
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_pool_imported_in_two_contexts_survives_one_closing() {
+    let _dog = watchdog("two_ctx_pool", Duration::from_secs(90));
+    if two_gpus() {
+        owner("pool");
+    }
+}
