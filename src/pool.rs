@@ -666,7 +666,9 @@ struct ViewEntry {
 static IMPORTS: Mutex<Vec<([u8; 16], Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
 
 /// Held from looking a pool up in [`IMPORTS`] to registering its new import, so that two
-/// threads importing one pool make one import. (Never taken by a drop.)
+/// threads importing one pool make one import. (Never taken by a drop.) An entry whose import
+/// is being dropped stays in [`IMPORTS`] until the driver destroyed that import, and a new
+/// import of the pool waits for it to go.
 static IMPORTING: Mutex<()> = parking_lot::const_mutex(());
 
 /// A pool imported into this process. There is one per pool per process, shared by the
@@ -701,14 +703,15 @@ unsafe impl Sync for Import {}
 
 impl Drop for Import {
     fn drop(&mut self) {
-        IMPORTS
-            .lock()
-            .retain(|(k, w)| !(*k == self.token && w.strong_count() == 0));
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: imported in this context, destroyed once; every view (each holds the
             // import) has freed its pointer.
             let _ = unsafe { driver::pool::destroy(self.pool) };
         }
+        // Only now may the pool be imported again (see `IMPORTING`).
+        IMPORTS
+            .lock()
+            .retain(|(k, w)| !(*k == self.token && w.strong_count() == 0));
     }
 }
 
@@ -796,12 +799,23 @@ impl ImportedPool {
         let exporter = handle.admit(true)?;
         handle.admit_live(ctx, &exporter, true)?;
         let token = handle.env.token;
-        let importing = IMPORTING.lock();
-        let found = IMPORTS
-            .lock()
-            .iter()
-            .filter(|(t, _)| *t == token)
-            .find_map(|(_, w)| w.upgrade());
+        let (importing, found) = loop {
+            let importing = IMPORTING.lock();
+            let entry = IMPORTS
+                .lock()
+                .iter()
+                .find(|(t, _)| *t == token)
+                .map(|(_, w)| w.upgrade());
+            match entry {
+                // The last holder is dropping this import: wait until the driver destroyed it.
+                Some(None) => {
+                    drop(importing);
+                    std::thread::yield_now();
+                }
+                Some(Some(import)) => break (importing, Some(import)),
+                None => break (importing, None),
+            }
+        };
         let import = match found {
             // The owner dropped the pool: its handles are stale (the import lives on for the
             // views still held).

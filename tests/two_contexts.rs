@@ -1,7 +1,9 @@
 //! One importing process with a context on each of two GPUs opens the same export through
 //! both, for every handle type: dropping the view (and then the import) of one context leaves
 //! the other's view mapped and its contents intact. Each handle type runs in an importer process
-//! of its own, so that a failure of one cannot hide behind another's.
+//! of its own, so that a failure of one cannot hide behind another's. And threads importing one
+//! pool at once, in the contexts of every device, make one import: each opens the same buffer,
+//! and the views, dropped one by one, leave the rest intact.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -13,8 +15,8 @@ use common::{
     expect_message, fd_connect, fd_listener, gpu_count, pattern, report, spawn, watchdog,
 };
 use cuda_ipc::{
-    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedBuffer, IpcArena, IpcBuffer,
-    IpcMemHandle, IpcPool, PoolHandle, RawStream,
+    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedBuffer, ImportedPool, IpcArena,
+    IpcBuffer, IpcMemHandle, IpcPool, IpcPoolHandle, PoolHandle, RawStream,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -38,6 +40,12 @@ fn child_process() {
     common::child_main(|role, args| {
         assert_eq!(role, "importer");
         let s = fd_connect(&args[0]);
+        if args[1] == "pool_threads" {
+            pool_threads(&s);
+            s.send(b"done", &[], T).unwrap();
+            expect_message(&s, b"bye");
+            return 0;
+        }
         let ctx0 = GpuContext::new(0).unwrap();
         let ctx1 = GpuContext::new(1).unwrap();
         match args[1].as_str() {
@@ -83,6 +91,55 @@ fn child_process() {
     });
 }
 
+/// Threads that import the pool at once (one descriptor each), in contexts of every device in
+/// turn, open the same buffer.
+const THREADS: usize = 8;
+
+fn pool_threads(s: &cuda_ipc::FdSocket) {
+    let n = gpu_count();
+    let contexts: Vec<GpuContext> = (0..THREADS as u32)
+        .map(|i| GpuContext::new(i % n).unwrap())
+        .collect();
+    let pools: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let m = s.recv(T).unwrap();
+            let fd = m.fds.into_iter().next().unwrap();
+            (IpcPoolHandle::from_bytes(&m.payload).unwrap(), fd)
+        })
+        .collect();
+    let h = PoolHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+    let start = std::sync::Barrier::new(THREADS);
+    let mut views: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = pools
+            .into_iter()
+            .zip(&contexts)
+            .map(|((handle, fd), ctx)| {
+                let (start, h) = (&start, &h);
+                scope.spawn(move || {
+                    start.wait();
+                    let pool = ImportedPool::open_fd(ctx, &handle, fd).unwrap();
+                    pool.open(h).unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let first = views[0].as_raw_ptr();
+    report(format!(
+        "one address {}",
+        views.iter().all(|v| v.as_raw_ptr() == first)
+    ));
+    // Drop all but one, from the middle out, reading the last after each drop.
+    let mut intact = true;
+    while views.len() > 1 {
+        drop(views.remove(views.len() / 2));
+        let last = views.last().unwrap();
+        let mut host = vec![0u32; last.len()];
+        intact &= last.copy_to_host(&mut host).is_ok() && host == pattern(LEN, 5);
+    }
+    report(format!("intact {intact}"));
+}
+
 /// The owner side of one handle type: export on device 0, send what the importer needs, wait
 /// for it to finish, then check what it reported.
 fn owner(kind: &str) {
@@ -123,14 +180,28 @@ fn owner(kind: &str) {
             s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
             Box::new((b, pool))
         }
+        "pool_threads" => {
+            let pool = IpcPool::new(&ctx).unwrap();
+            let b = pool.alloc::<u32>(LEN, &RawStream::LEGACY).unwrap();
+            b.copy_from_host(&pattern(LEN, 5)).unwrap();
+            for _ in 0..THREADS {
+                s.send_pool(&pool, T).unwrap();
+            }
+            s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
+            Box::new((b, pool))
+        }
         other => panic!("unknown kind {other}"),
     };
     expect_message(&s, b"done");
     s.send(b"bye", &[], T).unwrap();
     let lines = child.expect_success(T);
     eprintln!("{kind}: {lines:?}");
-    assert_eq!(lines.len(), 2, "{kind}: {lines:?}");
-    assert_eq!(lines[1], "intact true", "{kind}: {lines:?}");
+    let first = if kind == "pool_threads" {
+        "one address true"
+    } else {
+        lines[0].as_str()
+    };
+    assert_eq!(lines, [first, "intact true"], "{kind}");
 }
 
 fn two_gpus() -> bool {
@@ -175,4 +246,12 @@ fn a_pool_imported_in_two_contexts_survives_one_closing() {
     if two_gpus() {
         owner("pool");
     }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn threads_importing_one_pool_at_once_share_one_import() {
+    let _dog = watchdog("two_ctx_pool_threads", Duration::from_secs(90));
+    let _ = gpu_count();
+    owner("pool_threads");
 }
