@@ -15,8 +15,9 @@ use common::{
     expect_message, fd_connect, fd_listener, gpu_count, pattern, report, spawn, watchdog,
 };
 use cuda_ipc::{
-    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedBuffer, ImportedPool, IpcArena,
-    IpcBuffer, IpcMemHandle, IpcPool, IpcPoolHandle, PoolHandle, RawStream,
+    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedBuffer, ImportedEvent, ImportedPool,
+    IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, IpcPoolHandle,
+    PoolHandle, RawStream,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -40,6 +41,12 @@ fn child_process() {
     common::child_main(|role, args| {
         assert_eq!(role, "importer");
         let s = fd_connect(&args[0]);
+        if args[1] == "event" {
+            events(&s);
+            s.send(b"done", &[], T).unwrap();
+            expect_message(&s, b"bye");
+            return 0;
+        }
         if args[1] == "pool_threads" {
             pool_threads(&s);
             s.send(b"done", &[], T).unwrap();
@@ -89,6 +96,29 @@ fn child_process() {
         expect_message(&s, b"bye");
         0
     });
+}
+
+/// An event opened twice in one context and once in every other: dropping the first leaves the
+/// others usable (the crate keeps no cache of opened events; each open is its own driver event).
+fn events(s: &cuda_ipc::FdSocket) {
+    let h = IpcEventHandle::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+    let contexts: Vec<GpuContext> = (0..gpu_count())
+        .map(|i| GpuContext::new(i).unwrap())
+        .collect();
+    let first = ImportedEvent::open(&contexts[0], &h).unwrap();
+    let mut others = vec![ImportedEvent::open(&contexts[0], &h).unwrap()];
+    for ctx in &contexts[1..] {
+        others.push(ImportedEvent::open(ctx, &h).unwrap());
+    }
+    drop(first);
+    let usable = others.iter().all(|e| {
+        matches!(e.query(), Ok(true))
+            && e.synchronize(T).is_ok()
+            && e.wait_on(&RawStream::LEGACY).is_ok()
+            && matches!(e.query(), Ok(true))
+    });
+    report("opened");
+    report(format!("intact {usable}"));
 }
 
 /// Threads that import the pool at once (one descriptor each), in contexts of every device in
@@ -180,6 +210,13 @@ fn owner(kind: &str) {
             s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
             Box::new((b, pool))
         }
+        "event" => {
+            let e = IpcEvent::new(&ctx).unwrap();
+            e.record(&RawStream::LEGACY).unwrap();
+            e.synchronize(T).unwrap();
+            s.send(e.handle().unwrap().as_bytes(), &[], T).unwrap();
+            Box::new(e)
+        }
         "pool_threads" => {
             let pool = IpcPool::new(&ctx).unwrap();
             let b = pool.alloc::<u32>(LEN, &RawStream::LEGACY).unwrap();
@@ -196,10 +233,10 @@ fn owner(kind: &str) {
     s.send(b"bye", &[], T).unwrap();
     let lines = child.expect_success(T);
     eprintln!("{kind}: {lines:?}");
-    let first = if kind == "pool_threads" {
-        "one address true"
-    } else {
-        lines[0].as_str()
+    let first = match kind {
+        "pool_threads" => "one address true",
+        "event" => "opened",
+        _ => lines[0].as_str(),
     };
     assert_eq!(lines, [first, "intact true"], "{kind}");
 }
@@ -254,4 +291,12 @@ fn threads_importing_one_pool_at_once_share_one_import() {
     let _dog = watchdog("two_ctx_pool_threads", Duration::from_secs(90));
     let _ = gpu_count();
     owner("pool_threads");
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_event_opened_twice_and_in_every_context_survives_one_closing() {
+    let _dog = watchdog("two_ctx_event", Duration::from_secs(90));
+    let _ = gpu_count();
+    owner("event");
 }
