@@ -12,9 +12,10 @@
 //!   cold open + close and the raw POSIX-fd import + map above (the driver work the arena saves
 //!   per buffer; the goal is ≥ 50× under a legacy cold open and ≤ 1 µs p50);
 //! - an [`IpcPool`] buffer's open + drop (`ImportedPool::open`: checks, block entry,
-//!   `cuMemPoolImportPointer`, `cuMemGetAddressRange`; drop: `cuMemFree`) against raw
+//!   `cuMemPoolImportPointer`, `cuPointerGetAttributes`; drop: `cuMemFree`) against raw
 //!   `cuMemPoolImportPointer` + `cuMemFree` on a raw import of the same pool, and against those
-//!   raw calls plus `cuMemGetAddressRange` (the check a sound import cannot skip); then the same
+//!   raw calls plus the allocation's range (`cuPointerGetAttributes`, start and size: the check a
+//!   sound import cannot skip, with the call the crate makes); then the same
 //!   for buffers opened once each (each import maps memory new to the process: what a first
 //!   open of a buffer costs), one sample per open, alternating sides.
 //!
@@ -251,22 +252,31 @@ impl Fixture {
         }
     }
     /// The raw calls plus the one check a sound import cannot skip: the size the driver
-    /// reports for the imported allocation (`cuMemGetAddressRange`), since a handle's length
+    /// reports for the imported allocation (`cuPointerGetAttributes`), since a handle's length
     /// is not trusted. The floor under `ours_pool_open_close`.
     fn raw_checked_pool_open_close(&self) {
         let mut data = self.raw_pooled;
-        let (mut p, mut base, mut size) = (0, 0, 0);
-        // SAFETY: as in `raw_pool_open_close_of`; the range query writes two words.
+        let (mut p, mut base, mut size): (sys::CUdeviceptr, sys::CUdeviceptr, usize) = (0, 0, 0);
+        let mut which = [
+            sys::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            sys::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ];
+        let mut out: [*mut std::ffi::c_void; 2] = [(&raw mut base).cast(), (&raw mut size).cast()];
+        // SAFETY: as in `raw_pool_open_close_of`; the range query writes one pointer and one
+        // size, each to the slot of its type.
         unsafe {
             common::ok(
                 "cuMemPoolImportPointer",
                 sys::cuMemPoolImportPointer(&mut p, self.raw_pool, &mut data),
             );
             common::ok(
-                "cuMemGetAddressRange",
-                sys::cuMemGetAddressRange_v2(&mut base, &mut size, p),
+                "cuPointerGetAttributes",
+                sys::cuPointerGetAttributes(2, which.as_mut_ptr(), out.as_mut_ptr(), p),
             );
-            assert!(size >= 1 << 20, "{size} bytes");
+            assert!(
+                base == p && size >= 1 << 20,
+                "{base:#x} {p:#x} {size} bytes"
+            );
             common::ok("cuMemFree", sys::cuMemFree_v2(p));
         }
     }

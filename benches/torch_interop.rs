@@ -2,7 +2,7 @@
 //! against PyTorch's own receiver, in the same run:
 //!
 //! - `first_open`: `ImportedBuffer::open_raw` + drop (a cold map and unmap each time: the checks,
-//!   `cuIpcOpenMemHandle`, `cuMemGetAddressRange`, `cuPointerGetAttribute`,
+//!   `cuIpcOpenMemHandle`, `cuPointerGetAttributes`, `cuPointerGetAttribute`,
 //!   `cuIpcCloseMemHandle`) vs `cuIpcOpenMemHandle` + `cuIpcCloseMemHandle`;
 //! - `cached_reopen`: `open_raw` + drop while another view holds the mapping (an import-cache
 //!   hit);

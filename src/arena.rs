@@ -17,7 +17,6 @@ pub(crate) mod ledger;
 pub(crate) mod sealed;
 pub(crate) mod table;
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering as StdOrdering;
@@ -37,7 +36,7 @@ use crate::slice::GpuSlice;
 use crate::sync::Ordering;
 use crate::vmm::VmmMemory;
 use book::{Book, Placed};
-use table::{ArenaTable, Enter};
+use table::{ArenaTable, BlockMap, Enter};
 
 use book::ALIGN as ARENA_ALIGN;
 use table::MAX_ARENA_BUFFERS;
@@ -639,7 +638,7 @@ struct Import {
     exporter: ProcessIdentity,
     table: ShmRegion<ArenaTable>,
     /// Views per block in this process. The bit is set while an entry exists.
-    views: Mutex<HashMap<u32, ViewEntry>>,
+    views: Mutex<BlockMap<ViewEntry>>,
     // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
     _memory: VmmMemory,
     _lease: Lease,
@@ -713,7 +712,7 @@ impl ImportedArena {
             bit,
             exporter,
             table,
-            views: Mutex::new(HashMap::new()),
+            views: Mutex::new(BlockMap::default()),
             _memory: memory,
             _lease: lease,
         });

@@ -59,7 +59,7 @@ struct Mapping {
     ctx: GpuContext,
     ptr: sys::CUdeviceptr,
     /// Bytes mapped from `ptr` on, as the driver reports the allocation
-    /// (`cuMemGetAddressRange`): no view may reach past them, whatever an envelope says.
+    /// (`cuPointerGetAttributes`): no view may reach past them, whatever an envelope says.
     mapped: usize,
     /// What the envelope that created the mapping described: element size, alignment, type
     /// tag and length. Every later open of the same export must describe the same.
@@ -537,7 +537,7 @@ impl<T: Pod> ImportedBuffer<T> {
     /// Checked before the driver: the range is non-empty and does not overflow, the offset
     /// suits `T`'s alignment, the handle is not one this process exported, and a named
     /// exporter is alive. After mapping: the range lies inside the allocation
-    /// (`cuMemGetAddressRange`), and the memory's device is this context's or one it reaches
+    /// (`cuPointerGetAttributes`), and the memory's device is this context's or one it reaches
     /// as a peer.
     ///
     /// # Safety
@@ -559,7 +559,7 @@ impl<T: Pod> ImportedBuffer<T> {
     /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the exporter) when
     /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
     /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
-    /// `cuMemGetAddressRange` when the range reaches past the allocation;
+    /// `cuPointerGetAttributes` when the range reaches past the allocation;
     /// [`Error::DeviceNotReachable`] when the memory is on a device this context cannot reach.
     ///
     /// # Examples
@@ -963,7 +963,7 @@ impl<T: Pod> BufferCore<T> {
                 Err(Error::corrupt_handle(HandleDefect::Memory {
                     detail: format!(
                         "bytes {}..{end} reach past the allocation the handle maps, {mapped} \
-                         bytes (cuMemGetAddressRange)",
+                         bytes (cuPointerGetAttributes)",
                         import.offset
                     ),
                 }))
@@ -1229,7 +1229,7 @@ fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64
             Err(Error::corrupt_handle(HandleDefect::Memory {
                 detail: format!(
                     "the handle describes {wanted} bytes, but the memory it maps is {mapped} \
-                     bytes (cuMemGetAddressRange)"
+                     bytes (cuPointerGetAttributes)"
                 ),
             }))
         }
@@ -1241,7 +1241,7 @@ fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64
     Ok((ptr, mapped?))
 }
 
-/// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuMemGetAddressRange`), in the
+/// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuPointerGetAttributes`), in the
 /// current context.
 pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
     let (base, size) = driver::mem::address_range(ptr)?;
@@ -1250,7 +1250,7 @@ pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
         return Err(Error::Corrupt {
             what: "IPC mapping",
             defect: StateDefect::DriverAnswer {
-                call: "cuMemGetAddressRange",
+                call: "cuPointerGetAttributes",
                 value: i64::try_from(base).unwrap_or(i64::MAX),
             },
         });

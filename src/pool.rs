@@ -9,7 +9,6 @@
 //! The CUDA guide's rules for pool IPC, and how the types keep them, are documented on
 //! [`IpcPool`]; the shared block-table protocol is the arena's (`src/arena/table.rs`).
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering as StdOrdering;
@@ -20,7 +19,7 @@ use parking_lot::Mutex;
 
 use crate::arena::reap_dead_importers;
 use crate::arena::sealed;
-use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
+use crate::arena::table::{ArenaTable, BlockMap, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
@@ -690,7 +689,7 @@ struct Import {
     exporter: ProcessIdentity,
     table: ShmRegion<ArenaTable>,
     /// Opened buffers per block. The bit is set while an entry exists.
-    views: Mutex<HashMap<u32, ViewEntry>>,
+    views: Mutex<BlockMap<ViewEntry>>,
     // Dropped after the pool is destroyed (see Drop).
     _lease: Lease,
 }
@@ -749,7 +748,7 @@ impl Import {
             bit: 1u64 << lease.slot(),
             exporter,
             table,
-            views: Mutex::new(HashMap::new()),
+            views: Mutex::new(BlockMap::default()),
             _lease: lease,
         })
     }
@@ -907,7 +906,7 @@ impl ImportedPool {
                 if entry.size < bytes {
                     return Err(memory(format!(
                         "the handle claims {bytes} bytes; the allocation holds {} \
-                         (cuMemGetAddressRange)",
+                         (cuPointerGetAttributes)",
                         entry.size
                     )));
                 }
@@ -982,7 +981,7 @@ fn import_pointer(
                 Ok(size) => Error::corrupt_handle(HandleDefect::Memory {
                     detail: format!(
                         "the handle claims {bytes} bytes; the allocation holds {size} \
-                         (cuMemGetAddressRange)"
+                         (cuPointerGetAttributes)"
                     ),
                 }),
             })

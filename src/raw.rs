@@ -5,7 +5,7 @@
 //! A raw handle carries none of the envelope this crate's own handles have (element type,
 //! length, exporter identity, export token, checksum) and takes no lease, so most of what
 //! [`ImportedBuffer::open`](crate::ImportedBuffer::open) checks cannot be checked. What still is:
-//! the byte range lies inside the allocation the driver mapped (`cuMemGetAddressRange`), its
+//! the byte range lies inside the allocation the driver mapped (`cuPointerGetAttributes`), its
 //! offset suits the element type's alignment, the memory's device is this context's or
 //! reachable from it as a peer, the handle is not one this process exported, and — if the
 //! caller names the exporting pid — the exporter is alive. The rest is what

@@ -56,14 +56,13 @@
 //! killed at random through this module, against a shadow record (an injected bug — a retired
 //! export reported free while held — is caught within the 8 s run).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use crate::arena::book::{ALIGN, Placed};
 use crate::arena::ledger::Ledger;
-use crate::arena::table::{ArenaTable, Enter, MAX_ARENA_BUFFERS};
+use crate::arena::table::{ArenaTable, BlockMap, Enter, MAX_ARENA_BUFFERS};
 use crate::error::{Error, HandleDefect, Result};
 use crate::lease::Lease;
 use crate::process::ProcessIdentity;
@@ -222,7 +221,7 @@ struct ImportedLedger {
     table: Arc<ShmRegion<ArenaTable>>,
     exporter: ProcessIdentity,
     bit: u64,
-    held: Mutex<HashMap<u32, (u64, usize)>>,
+    held: Mutex<BlockMap<(u64, usize)>>,
     // Last: released after the bits are all cleared (every hold is gone).
     lease: Option<Lease>,
 }
@@ -342,7 +341,7 @@ fn imported(
         table,
         exporter,
         bit: 1u64 << lease.slot(),
-        held: Mutex::new(HashMap::new()),
+        held: Mutex::new(BlockMap::default()),
         lease: Some(lease),
     });
     imported.push((*token, Arc::downgrade(&ledger)));

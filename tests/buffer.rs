@@ -218,7 +218,7 @@ fn a_forged_length_is_refused_on_first_open_and_on_a_cache_hit() {
         "{out:?}"
     );
     assert!(
-        out[1].starts_with("miss: ") && out[1].contains("cuMemGetAddressRange"),
+        out[1].starts_with("miss: ") && out[1].contains("cuPointerGetAttributes"),
         "{out:?}"
     );
     assert_eq!(out[2], format!("real {}", 1 << 16));

@@ -217,7 +217,7 @@ fn a_range_past_the_block_or_misaligned_is_refused() {
             defect: defect @ HandleDefect::Memory { .. },
         }) => {
             assert!(
-                defect.to_string().contains("cuMemGetAddressRange"),
+                defect.to_string().contains("cuPointerGetAttributes"),
                 "{defect}"
             );
             eprintln!("interop: refused: {defect}");

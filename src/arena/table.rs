@@ -55,6 +55,8 @@
 //! contents, leave and are `SIGKILL`ed at random while the owner allocates, frees and reuses,
 //! checked against a shadow record of who holds what.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use crate::error::{Error, HandleDefect, Result};
@@ -69,6 +71,34 @@ const PREFIX: &str = "cuda-ipc-arena.";
 /// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::IpcArena::MAX_BUFFERS),
 /// [`IpcPool::MAX_BUFFERS`](crate::IpcPool::MAX_BUFFERS)).
 pub(crate) const MAX_ARENA_BUFFERS: usize = 16_384;
+
+/// A map keyed by block index, for this process's own books on a table (its views of arena
+/// and pool blocks, its holds on export blocks). Hashed with one multiplication instead of
+/// SipHash: an open and its drop each look the index up, and a block index is checked against
+/// the table's size before it reaches a map, so a peer cannot choose keys that crowd a bucket
+/// beyond what that bound allows.
+pub(crate) type BlockMap<V> = HashMap<u32, V, BuildHasherDefault<BlockHasher>>;
+
+/// The hasher of a [`BlockMap`]: Fibonacci hashing (a multiplication by 2⁶⁴/φ), whose low bits
+/// are distinct for distinct low bits of the index and whose high bits mix all of them.
+#[derive(Default)]
+pub(crate) struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, index: u32) {
+        self.0 = (self.0.rotate_left(32) ^ u64::from(index)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// One block's shared words (see the module docs).
 #[repr(C)]
@@ -268,6 +298,29 @@ mod tests {
         let b = Block::new();
         b.publish(g, 4096, 512);
         b
+    }
+
+    /// Every block index lands in a bucket of its own in a table of any power-of-two size up
+    /// to the index range (the low bits of the hash are a bijection of the index's), and the
+    /// map works as a map.
+    #[test]
+    fn block_indices_hash_to_distinct_buckets() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<BlockHasher>::default();
+        for bits in [4u32, 8, 14] {
+            let mask = (1u64 << bits) - 1;
+            let mut seen = std::collections::HashSet::new();
+            for i in 0..(1u32 << bits) {
+                assert!(seen.insert(build.hash_one(i) & mask), "{i} of {bits} bits");
+            }
+        }
+        let mut m = BlockMap::default();
+        for i in 0..MAX_ARENA_BUFFERS as u32 {
+            m.insert(i, u64::from(i) * 3);
+        }
+        assert!((0..MAX_ARENA_BUFFERS as u32).all(|i| m[&i] == u64::from(i) * 3));
+        assert_eq!(m.remove(&7), Some(21));
+        assert_eq!(m.len(), MAX_ARENA_BUFFERS - 1);
     }
 
     #[test]

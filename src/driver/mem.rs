@@ -4,7 +4,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::{check, sys};
-use crate::error::Result;
+use crate::error::{Error, Result, StateDefect};
 
 /// Allocate `bytes` of device memory in the current context (`cuMemAlloc`).
 pub(crate) fn alloc(bytes: usize) -> Result<sys::CUdeviceptr> {
@@ -25,14 +25,35 @@ pub(crate) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<()> {
     check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) })
 }
 
-/// The allocation `ptr` lies in: its base and size (`cuMemGetAddressRange`).
+/// The allocation `ptr` lies in: its base and size (`cuPointerGetAttributes` with
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` and `_RANGE_SIZE`: the answer of
+/// `cuMemGetAddressRange` in half its time, ~50 against ~95 ns on an H200 host). A pointer
+/// the driver does not know is an error, as `cuMemGetAddressRange` makes it (that call answers
+/// it with zeros and success).
 pub(crate) fn address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: writes one pointer and one size; any pointer value is accepted (an unknown one
-    // is an error code).
-    check("cuMemGetAddressRange", unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    let mut which = [
+        sys::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 2] = [
+        (&raw mut base).cast::<c_void>(),
+        (&raw mut size).cast::<c_void>(),
+    ];
+    // SAFETY: two attributes, each written to the slot of its type (a CUdeviceptr, a size_t);
+    // any pointer value is accepted.
+    check("cuPointerGetAttributes", unsafe {
+        sys::cuPointerGetAttributes(2, which.as_mut_ptr(), data.as_mut_ptr(), ptr)
     })?;
+    if size == 0 {
+        return Err(Error::Corrupt {
+            what: "device pointer",
+            defect: StateDefect::DriverAnswer {
+                call: "cuPointerGetAttributes(CU_POINTER_ATTRIBUTE_RANGE_SIZE)",
+                value: 0,
+            },
+        });
+    }
     Ok((base, size))
 }
 

@@ -189,6 +189,10 @@ pub const CU_EVENT_INTERPROCESS: c_uint = 0x4;
 pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
 /// `cuPointerGetAttribute`: the ordinal of the device the memory is on (an `int`).
 pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+/// `cuPointerGetAttribute`: the start of the allocation `ptr` lies in (a `CUdeviceptr`).
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+/// `cuPointerGetAttribute`: the size of the allocation `ptr` lies in (a `size_t`).
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 
 super::loader::driver_api! {
     fn cuInit(flags: c_uint) -> CUresult;
@@ -253,6 +257,12 @@ super::loader::driver_api! {
     ) -> CUresult;
 
     fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult;
+    fn cuPointerGetAttributes(
+        count: c_uint,
+        attributes: *mut c_int,
+        data: *mut *mut c_void,
+        ptr: CUdeviceptr,
+    ) -> CUresult;
 
     fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult;
     fn cuIpcOpenMemHandle_v2(
