@@ -781,10 +781,11 @@ impl Import {
 
 impl ImportedPool {
     /// Import a pool from its handle and the descriptor its owner sent with it
-    /// (`cuMemPoolImportFromShareableHandle`, and `cuMemPoolSetAccess` when `ctx`'s device has
-    /// no access yet: `cuMemPoolGetAccess`), taking an importer slot in its lease table. `fd` is consumed. A pool
-    /// already imported by this process, in any context, is shared: the call then only checks
-    /// the handle, and gives `ctx`'s device access if it has none yet.
+    /// (`cuMemPoolImportFromShareableHandle`), taking an importer slot in its lease table, and
+    /// give `ctx`'s device access to its memory if the driver says it has none
+    /// (`cuMemPoolGetAccess`, `cuMemPoolSetAccess`). `fd` is consumed. A pool this process has
+    /// imported already, in any context, is shared: the call then checks the handle, closes
+    /// `fd` unused and gives `ctx`'s device access.
     ///
     /// # Errors
     ///
