@@ -1,9 +1,11 @@
 //! One importing process with a context on each of two GPUs opens the same export through
 //! both, for every handle type: dropping the view (and then the import) of one context leaves
 //! the other's view mapped and its contents intact. Each handle type runs in an importer process
-//! of its own, so that a failure of one cannot hide behind another's. And threads importing one
+//! of its own, so that a failure of one cannot hide behind another's. Threads importing one
 //! pool at once, in the contexts of every device, make one import: each opens the same buffer,
-//! and the views, dropped one by one, leave the rest intact.
+//! and the views, dropped one by one, leave the rest intact. An event opened twice in one
+//! context and once in every other stays usable when the first is dropped. (The two-context
+//! tests need two GPUs, the second reaching the first; the thread and event tests run on one.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
