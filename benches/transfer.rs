@@ -5,7 +5,11 @@
 //!   (`fd_mapping`, `cuMemMap` of an imported descriptor; an `IpcArena` is such a mapping too)
 //!   and a stream-ordered pool allocation (`pool_mapping`, `cuMemPoolImportPointer`) — vs into
 //!   this process's own
-//!   allocation on the same device (the `cuMemcpyPeer` path when that device is another GPU);
+//!   allocation on the same device (`native`, `cuMemAlloc`; the `cuMemcpyPeer` path when that
+//!   device is another GPU) and into an own virtual-memory allocation there (`native_vmm`, a
+//!   `HandleType::PosixFd` buffer: `cuMemCreate` memory mapped by this process, no IPC — the
+//!   floor for the fd and pool mappings, whose memory is of that kind: the `fd/vmm` and
+//!   `pool/vmm` ratios);
 //! - `kernel`: simpleIPC's kernel writing every byte of the mapped buffers vs of the own one;
 //!
 //! on one GPU (exporter and importer share device 0) and across two (the exporter's buffer on
@@ -139,7 +143,8 @@ fn main() {
     };
     let gpus = cuda_ipc::device_count().unwrap();
     let src = IpcBuffer::<u8>::zeroed(&ctx, MAX).unwrap();
-    // (label, legacy-mapped, fd-mapped and pool-mapped targets, native target on the same device)
+    // (label, legacy-mapped, fd-mapped and pool-mapped targets, native targets on the same
+    // device: `cuMemAlloc` and own `cuMemCreate` memory)
     let mut cases = Vec::new();
     let mut keep = Vec::new();
     let mut guards = Vec::new();
@@ -155,12 +160,29 @@ fn main() {
         let (fd, h_fd) = peer_buffer(&ctx, device, "fd");
         let (pool, h_pool) = peer_buffer(&ctx, device, "pool");
         let own = IpcBuffer::<u8>::zeroed(own_ctx, MAX).unwrap();
+        let own_vmm = IpcBuffer::<u8>::new_with(own_ctx, MAX, HandleType::PosixFd).unwrap();
+        own_vmm.memset_bytes(0).unwrap();
+        if device != 0 {
+            // The crate maps its virtual memory for its own device only; the copies and kernels
+            // below run on device 0, so give device 0 access, as an importer there has.
+            let desc = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: 0,
+                },
+                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: the buffer's whole mapping (MAX is a multiple of the granularity), live
+            // while `keep` holds the buffer.
+            let rc = unsafe { sys::cuMemSetAccess(own_vmm.as_raw_ptr(), MAX, &desc, 1) };
+            common::ok("cuMemSetAccess", rc);
+        }
         cases.push((
             label,
             [legacy.as_raw_ptr(), fd.as_raw_ptr(), pool.as_raw_ptr()],
-            own.as_raw_ptr(),
+            [own_vmm.as_raw_ptr(), own.as_raw_ptr()],
         ));
-        keep.push((legacy, fd, pool, own));
+        keep.push((legacy, fd, pool, own, own_vmm));
         guards.push((h_legacy, h_fd, h_pool));
     }
     ctx.make_current().unwrap();
@@ -178,7 +200,7 @@ fn main() {
     let s = src.as_raw_ptr();
 
     let mut c = Criterion::default().configure_from_args();
-    for &(label, [mapped, fd_mapped, pool_mapped], native) in &cases {
+    for &(label, [mapped, fd_mapped, pool_mapped], [native_vmm, native]) in &cases {
         for op in ["copy", "kernel"] {
             let mut g = c.benchmark_group(format!("transfer_{label}_{op}"));
             g.sample_size(20)
@@ -190,6 +212,7 @@ fn main() {
                     ("ipc_mapping", mapped),
                     ("fd_mapping", fd_mapped),
                     ("pool_mapping", pool_mapped),
+                    ("native_vmm", native_vmm),
                     ("native", native),
                 ] {
                     g.bench_with_input(BenchmarkId::new(target, n), &n, |b, &n| {
@@ -210,22 +233,26 @@ fn main() {
     if common::is_bench_run() {
         println!();
         println!(
-            "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 rounds of one batch per target, the order rotated every round), ratios of p50s to native"
+            "summary: transfer bandwidth, GB/s (p10 / p50 / p90 over 31 rounds of one batch per target, the order rotated every round), ratios of p50s to native (cuMemAlloc), and of the fd and pool mappings to native_vmm (own cuMemCreate memory)"
         );
         println!(
-            "{:<6} {:<6} {:>10} {:>24} {:>24} {:>24} {:>24} {:>7} {:>7} {:>7}",
+            "{:<6} {:<6} {:>10} {:>24} {:>24} {:>24} {:>24} {:>24} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}",
             "case",
             "op",
             "bytes",
             "ipc_mapping",
             "fd_mapping",
             "pool_mapping",
+            "native_vmm",
             "native",
             "ipc",
             "fd",
-            "pool"
+            "pool",
+            "vmm",
+            "fd/vmm",
+            "pool/vmm"
         );
-        for &(label, [mapped, fd_mapped, pool_mapped], native) in &cases {
+        for &(label, [mapped, fd_mapped, pool_mapped], [native_vmm, native]) in &cases {
             for op in ["copy", "kernel"] {
                 for n in SIZES {
                     let reps = ((1u64 << 30) / n as u64).clamp(4, 2000);
@@ -241,8 +268,8 @@ fn main() {
                     // Alternate mapped and native batches so drift lands on all, and rotate
                     // their order every round so that no target always follows the same one
                     // (a batch can inherit the state its predecessor left: caches, clocks).
-                    let targets = [mapped, fd_mapped, pool_mapped, native];
-                    let mut runs: [Vec<f64>; 4] = Default::default();
+                    let targets = [mapped, fd_mapped, pool_mapped, native_vmm, native];
+                    let mut runs: [Vec<f64>; 5] = Default::default();
                     for round in 0..31 {
                         for k in 0..targets.len() {
                             let t = (round + k) % targets.len();
@@ -252,7 +279,7 @@ fn main() {
                     for v in &mut runs {
                         v.sort_by(f64::total_cmp);
                     }
-                    let [m, f, p, nat] = runs;
+                    let [m, f, p, vmm, nat] = runs;
                     let cell = |v: &[f64]| {
                         format!(
                             "{:.1} / {:.1} / {:.1}",
@@ -261,16 +288,20 @@ fn main() {
                             common::pct(v, 0.9)
                         )
                     };
-                    let ratio = |v: &[f64]| common::pct(v, 0.5) / common::pct(&nat, 0.5);
+                    let ratio = |v: &[f64], to: &[f64]| common::pct(v, 0.5) / common::pct(to, 0.5);
                     println!(
-                        "{label:<6} {op:<6} {n:>10} {:>24} {:>24} {:>24} {:>24} {:>7.3} {:>7.3} {:>7.3}",
+                        "{label:<6} {op:<6} {n:>10} {:>24} {:>24} {:>24} {:>24} {:>24} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3}",
                         cell(&m),
                         cell(&f),
                         cell(&p),
+                        cell(&vmm),
                         cell(&nat),
-                        ratio(&m),
-                        ratio(&f),
-                        ratio(&p)
+                        ratio(&m, &nat),
+                        ratio(&f, &nat),
+                        ratio(&p, &nat),
+                        ratio(&vmm, &nat),
+                        ratio(&f, &vmm),
+                        ratio(&p, &vmm)
                     );
                 }
             }
