@@ -212,17 +212,13 @@ impl IpcArena {
                 },
             });
         }
-        if !(1..=MAX_ARENA_BUFFERS).contains(&max_buffers) {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::OutOfRange {
-                    what: "max_buffers",
-                    value: max_buffers as u64,
-                    min: 1,
-                    max: MAX_ARENA_BUFFERS as u64,
-                },
-            });
-        }
+        ArgumentDefect::check_range(
+            call,
+            "max_buffers",
+            max_buffers as u64,
+            1,
+            MAX_ARENA_BUFFERS as u64,
+        )?;
         if !crate::vmm::supports_posix_fd(ctx.device())? {
             return Err(Error::Unsupported {
                 device: ctx.ordinal(),
@@ -281,17 +277,7 @@ impl IpcArena {
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<ArenaBuffer<T>> {
         let call = "IpcArena::alloc";
         let align = std::mem::align_of::<T>() as u64;
-        if align > ARENA_ALIGN {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::OutOfRange {
-                    what: "element alignment",
-                    value: align,
-                    min: 1,
-                    max: ARENA_ALIGN,
-                },
-            });
-        }
+        ArgumentDefect::check_range(call, "element alignment", align, 1, ARENA_ALIGN)?;
         let bytes = crate::buffer::allocation_bytes::<T>(call, len)? as u64;
         let owner = &self.owner;
         let mut book = owner.book.lock();

@@ -197,17 +197,13 @@ impl BarrierState {
     /// [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES); [`Error::InvalidState`] if the state was
     /// already initialised.
     pub fn init(&self, parties: u32) -> Result<()> {
-        if parties == 0 || parties > MAX_PARTIES {
-            return Err(Error::InvalidArgument {
-                call: "BarrierState::init",
-                defect: ArgumentDefect::OutOfRange {
-                    what: "parties",
-                    value: parties.into(),
-                    min: 1,
-                    max: MAX_PARTIES.into(),
-                },
-            });
-        }
+        ArgumentDefect::check_range(
+            "BarrierState::init",
+            "parties",
+            parties.into(),
+            1,
+            MAX_PARTIES.into(),
+        )?;
         if self.config.0.magic.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidState {
                 call: "BarrierState::init",

@@ -414,18 +414,9 @@ impl<T: Pod> IpcSender<T> {
     /// error creating the region.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn new(ctx: &GpuContext, slots: usize, capacity: usize) -> Result<Self> {
-        let invalid = |defect| Error::InvalidArgument {
-            call: "IpcSender::new",
-            defect,
-        };
-        if slots == 0 || slots > MAX_SLOTS {
-            return Err(invalid(ArgumentDefect::OutOfRange {
-                what: "slots",
-                value: slots as u64,
-                min: 1,
-                max: MAX_SLOTS as u64,
-            }));
-        }
+        let call = "IpcSender::new";
+        let invalid = |defect| Error::InvalidArgument { call, defect };
+        ArgumentDefect::check_range(call, "slots", slots as u64, 1, MAX_SLOTS as u64)?;
         let geometry = Geometry {
             slots: slots as u64,
             capacity: capacity as u64,

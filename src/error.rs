@@ -700,6 +700,32 @@ pub enum ArgumentDefect {
     },
 }
 
+impl ArgumentDefect {
+    /// `Ok` when `value` lies in `min..=max`; otherwise [`Error::InvalidArgument`] for `call`
+    /// with [`OutOfRange`](Self::OutOfRange) naming `what`. The one place where a range check
+    /// and the range its error reports are written, so they cannot disagree.
+    pub(crate) fn check_range(
+        call: &'static str,
+        what: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<()> {
+        if (min..=max).contains(&value) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            call,
+            defect: Self::OutOfRange {
+                what,
+                value,
+                min,
+                max,
+            },
+        })
+    }
+}
+
 impl std::fmt::Display for ArgumentDefect {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

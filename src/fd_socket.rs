@@ -327,28 +327,14 @@ impl FdSocket {
     #[doc(alias = "SCM_RIGHTS")]
     pub fn send(&self, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
         let call = "FdSocket::send";
-        if payload.is_empty() || payload.len() > MAX_PAYLOAD {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::OutOfRange {
-                    what: "payload bytes",
-                    value: payload.len() as u64,
-                    min: 1,
-                    max: MAX_PAYLOAD as u64,
-                },
-            });
-        }
-        if fds.len() > MAX_FDS {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::OutOfRange {
-                    what: "descriptors",
-                    value: fds.len() as u64,
-                    min: 0,
-                    max: MAX_FDS as u64,
-                },
-            });
-        }
+        ArgumentDefect::check_range(
+            call,
+            "payload bytes",
+            payload.len() as u64,
+            1,
+            MAX_PAYLOAD as u64,
+        )?;
+        ArgumentDefect::check_range(call, "descriptors", fds.len() as u64, 0, MAX_FDS as u64)?;
         let mut framed = Vec::with_capacity(payload.len() + 1);
         framed.push(FRAME_VERSION);
         framed.extend_from_slice(payload);

@@ -92,17 +92,13 @@ fn validate_name_within(name: &str, max: usize) -> Result<&str> {
 /// Where the payload of a `T` starts and how long the file is.
 fn layout_of<T>() -> Result<(usize, usize)> {
     let align = std::mem::align_of::<T>();
-    if align > MAX_ALIGN {
-        return Err(Error::InvalidArgument {
-            call: "ShmRegion",
-            defect: ArgumentDefect::OutOfRange {
-                what: "payload alignment (up to the page size)",
-                value: align as u64,
-                min: 1,
-                max: MAX_ALIGN as u64,
-            },
-        });
-    }
+    ArgumentDefect::check_range(
+        "ShmRegion",
+        "payload alignment (up to the page size)",
+        align as u64,
+        1,
+        MAX_ALIGN as u64,
+    )?;
     let offset = HEADER_LEN.next_multiple_of(align);
     Ok((offset, offset + std::mem::size_of::<T>()))
 }

@@ -390,19 +390,7 @@ fn require_stream_mem_ops(ctx: &GpuContext) -> Result<()> {
 
 /// Refuse a value outside `0..=MAX_VALUE`.
 fn check_value(call: &'static str, value: u64) -> Result<()> {
-    if value <= GpuSignal::MAX_VALUE {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument {
-            call,
-            defect: ArgumentDefect::OutOfRange {
-                what: "signal value",
-                value,
-                min: 0,
-                max: GpuSignal::MAX_VALUE,
-            },
-        })
-    }
+    ArgumentDefect::check_range(call, "signal value", value, 0, GpuSignal::MAX_VALUE)
 }
 
 /// Signal `value` through `write` and record it as the highest signalled through `last`,

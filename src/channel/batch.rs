@@ -69,18 +69,9 @@ pub struct BatchItem {
 }
 
 fn check_count(call: &'static str, count: usize, slots: u64) -> Result<u64> {
-    match u64::try_from(count) {
-        Ok(n) if (1..=slots).contains(&n) => Ok(n),
-        _ => Err(Error::InvalidArgument {
-            call,
-            defect: ArgumentDefect::OutOfRange {
-                what: "batch items (1 to the ring's slots)",
-                value: count as u64,
-                min: 1,
-                max: slots,
-            },
-        }),
-    }
+    let n = count as u64;
+    ArgumentDefect::check_range(call, "batch items (1 to the ring's slots)", n, 1, slots)?;
+    Ok(n)
 }
 
 impl<T: Pod> IpcSender<T> {

@@ -217,18 +217,8 @@ impl Geometry {
 
     /// Check, for `call` (a send), that an item of `len` elements fits a slot.
     pub(crate) fn check_item_len(&self, call: &'static str, len: usize) -> Result<()> {
-        if len as u64 > self.capacity {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::OutOfRange {
-                    what: "item elements (up to the slot capacity)",
-                    value: len as u64,
-                    min: 0,
-                    max: self.capacity,
-                },
-            });
-        }
-        Ok(())
+        let what = "item elements (up to the slot capacity)";
+        ArgumentDefect::check_range(call, what, len as u64, 0, self.capacity)
     }
 }
 
