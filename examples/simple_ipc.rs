@@ -502,8 +502,9 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
     Ok(published)
 }
 
-/// Wait for every child; a failed child poisons the step barrier so the others stop at their
-/// next wait instead of waiting for a peer that will never come. Returns the failures.
+/// Wait for every child; a failed child poisons both barriers (start and step) so the others
+/// stop at their next wait instead of waiting for a peer that will never come. Returns the
+/// failures.
 fn wait_children(children: Vec<(usize, Child)>, region: &Shared) -> Vec<String> {
     // One thread blocked in waitpid per child: each exit is seen the moment it happens.
     let (tx, rx) = std::sync::mpsc::channel();

@@ -23,20 +23,15 @@ fn read(s: &GpuSlice<u32>) -> Result<Vec<u32>, Error> {
     s.copy_to_host(&mut host).map(|()| host)
 }
 
-/// What an open in the exporting process gave: "refused: <error>" or "opened, reads <ok>".
-fn opened<V: std::ops::Deref<Target = GpuSlice<u32>>>(r: Result<V, Error>, seed: u32) -> Option<V> {
+/// Report what an open in the exporting process gave — "refused: <error>" or "opened, reads
+/// <ok>" — and drop the view (with it the import, which each view keeps alive).
+fn opened<V: std::ops::Deref<Target = GpuSlice<u32>>>(r: Result<V, Error>, seed: u32) {
     match r {
-        Ok(v) => {
-            report(format!(
-                "opened, reads {}",
-                read(&v).is_ok_and(|h| h == pattern(LEN, seed))
-            ));
-            Some(v)
-        }
-        Err(e) => {
-            report(format!("refused: {e:?}"));
-            None
-        }
+        Ok(v) => report(format!(
+            "opened, reads {}",
+            read(&v).is_ok_and(|h| h == pattern(LEN, seed))
+        )),
+        Err(e) => report(format!("refused: {e:?}")),
     }
 }
 
@@ -58,16 +53,14 @@ fn child_process() {
             "legacy" => {
                 let b = IpcBuffer::<u32>::new(&ctx, LEN).unwrap();
                 b.copy_from_host(&pattern(LEN, 1)).unwrap();
-                let v = opened(ImportedBuffer::open(&ctx, &b.handle().unwrap()), 1);
-                drop(v);
+                opened(ImportedBuffer::open(&ctx, &b.handle().unwrap()), 1);
                 owner_intact(&b, 1);
             }
             "fd" => {
                 let b = IpcBuffer::<u32>::new_with(&ctx, LEN, HandleType::PosixFd).unwrap();
                 b.copy_from_host(&pattern(LEN, 2)).unwrap();
                 let (h, fd) = b.export_fd().unwrap();
-                let v = opened(ImportedBuffer::open_fd(&ctx, &h, fd), 2);
-                drop(v);
+                opened(ImportedBuffer::open_fd(&ctx, &h, fd), 2);
                 owner_intact(&b, 2);
             }
             "arena" => {
@@ -75,16 +68,8 @@ fn child_process() {
                 let b = arena.alloc::<u32>(LEN).unwrap();
                 b.copy_from_host(&pattern(LEN, 3)).unwrap();
                 let (h, fd) = arena.export_fd().unwrap();
-                let imported = ImportedArena::open_fd(&ctx, &h, fd);
-                let v = match &imported {
-                    Ok(a) => opened(a.open(&b.handle()), 3),
-                    Err(e) => {
-                        report(format!("refused: {e:?}"));
-                        None
-                    }
-                };
-                drop(v);
-                drop(imported);
+                let view = ImportedArena::open_fd(&ctx, &h, fd).and_then(|a| a.open(&b.handle()));
+                opened(view, 3);
                 owner_intact(&b, 3);
             }
             "pool" => {
@@ -92,16 +77,9 @@ fn child_process() {
                 let b = pool.alloc::<u32>(LEN, &RawStream::LEGACY).unwrap();
                 b.copy_from_host(&pattern(LEN, 4)).unwrap();
                 let (h, fd) = pool.export_fd().unwrap();
-                let imported = ImportedPool::open_fd(&ctx, &h, fd);
-                let v = match &imported {
-                    Ok(p) => opened(p.open(&b.handle().unwrap()), 4),
-                    Err(e) => {
-                        report(format!("refused: {e:?}"));
-                        None
-                    }
-                };
-                drop(v);
-                drop(imported);
+                let view =
+                    ImportedPool::open_fd(&ctx, &h, fd).and_then(|p| p.open(&b.handle().unwrap()));
+                opened(view, 4);
                 owner_intact(&b, 4);
             }
             other => panic!("unknown kind {other}"),

@@ -43,61 +43,58 @@ fn child_process() {
     common::child_main(|role, args| {
         assert_eq!(role, "importer");
         let s = fd_connect(&args[0]);
-        if args[1] == "event" {
-            events(&s);
-            s.send(b"done", &[], T).unwrap();
-            expect_message(&s, b"bye");
-            return 0;
-        }
-        if args[1] == "pool_threads" {
-            pool_threads(&s);
-            s.send(b"done", &[], T).unwrap();
-            expect_message(&s, b"bye");
-            return 0;
-        }
-        let ctx0 = GpuContext::new(0).unwrap();
-        let ctx1 = GpuContext::new(1).unwrap();
         match args[1].as_str() {
-            "legacy" => {
-                let bytes = s.recv(T).unwrap().payload;
-                let h = IpcMemHandle::<u32>::from_bytes(&bytes).unwrap();
-                let v0 = ImportedBuffer::open(&ctx0, &h).unwrap();
-                let v1 = ImportedBuffer::open(&ctx1, &h).unwrap();
-                check(v0.as_raw_ptr(), &v1, 1, || drop(v0));
-            }
-            "fd" => {
-                let v0 = s.recv_buffer::<u32>(&ctx0, T).unwrap();
-                let v1 = s.recv_buffer::<u32>(&ctx1, T).unwrap();
-                check(v0.as_raw_ptr(), &v1, 2, || drop(v0));
-            }
-            "arena" => {
-                let a0 = s.recv_arena(&ctx0, T).unwrap();
-                let a1 = s.recv_arena(&ctx1, T).unwrap();
-                let h = ArenaHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
-                let v0 = a0.open(&h).unwrap();
-                let v1 = a1.open(&h).unwrap();
-                check(v0.as_raw_ptr(), &v1, 3, || {
-                    drop(v0);
-                    drop(a0);
-                });
-            }
-            "pool" => {
-                let p0 = s.recv_pool(&ctx0, T).unwrap();
-                let p1 = s.recv_pool(&ctx1, T).unwrap();
-                let h = PoolHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
-                let v0 = p0.open(&h).unwrap();
-                let v1 = p1.open(&h).unwrap();
-                check(v0.as_raw_ptr(), &v1, 4, || {
-                    drop(v0);
-                    drop(p0);
-                });
-            }
-            other => panic!("unknown kind {other}"),
+            "event" => events(&s),
+            "pool_threads" => pool_threads(&s),
+            kind => in_two_contexts(&s, kind),
         }
         s.send(b"done", &[], T).unwrap();
         expect_message(&s, b"bye");
         0
     });
+}
+
+/// One export of `kind` opened through a context on each of two GPUs, the first dropped.
+fn in_two_contexts(s: &cuda_ipc::FdSocket, kind: &str) {
+    let ctx0 = GpuContext::new(0).unwrap();
+    let ctx1 = GpuContext::new(1).unwrap();
+    match kind {
+        "legacy" => {
+            let bytes = s.recv(T).unwrap().payload;
+            let h = IpcMemHandle::<u32>::from_bytes(&bytes).unwrap();
+            let v0 = ImportedBuffer::open(&ctx0, &h).unwrap();
+            let v1 = ImportedBuffer::open(&ctx1, &h).unwrap();
+            check(v0.as_raw_ptr(), &v1, 1, || drop(v0));
+        }
+        "fd" => {
+            let v0 = s.recv_buffer::<u32>(&ctx0, T).unwrap();
+            let v1 = s.recv_buffer::<u32>(&ctx1, T).unwrap();
+            check(v0.as_raw_ptr(), &v1, 2, || drop(v0));
+        }
+        "arena" => {
+            let a0 = s.recv_arena(&ctx0, T).unwrap();
+            let a1 = s.recv_arena(&ctx1, T).unwrap();
+            let h = ArenaHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+            let v0 = a0.open(&h).unwrap();
+            let v1 = a1.open(&h).unwrap();
+            check(v0.as_raw_ptr(), &v1, 3, || {
+                drop(v0);
+                drop(a0);
+            });
+        }
+        "pool" => {
+            let p0 = s.recv_pool(&ctx0, T).unwrap();
+            let p1 = s.recv_pool(&ctx1, T).unwrap();
+            let h = PoolHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+            let v0 = p0.open(&h).unwrap();
+            let v1 = p1.open(&h).unwrap();
+            check(v0.as_raw_ptr(), &v1, 4, || {
+                drop(v0);
+                drop(p0);
+            });
+        }
+        other => panic!("unknown kind {other}"),
+    }
 }
 
 /// An event opened twice in one context and once in every other: dropping the first leaves the
@@ -203,12 +200,15 @@ fn owner(kind: &str) {
             s.send(b.handle().as_bytes(), &[], T).unwrap();
             Box::new((b, arena))
         }
-        "pool" => {
+        "pool" | "pool_threads" => {
+            // One descriptor per import the importer makes: two contexts, or THREADS threads.
+            let (seed, imports) = if kind == "pool" { (4, 2) } else { (5, THREADS) };
             let pool = IpcPool::new(&ctx).unwrap();
             let b = pool.alloc::<u32>(LEN, &RawStream::LEGACY).unwrap();
-            b.copy_from_host(&pattern(LEN, 4)).unwrap();
-            s.send_pool(&pool, T).unwrap();
-            s.send_pool(&pool, T).unwrap();
+            b.copy_from_host(&pattern(LEN, seed)).unwrap();
+            for _ in 0..imports {
+                s.send_pool(&pool, T).unwrap();
+            }
             s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
             Box::new((b, pool))
         }
@@ -218,16 +218,6 @@ fn owner(kind: &str) {
             e.synchronize(T).unwrap();
             s.send(e.handle().unwrap().as_bytes(), &[], T).unwrap();
             Box::new(e)
-        }
-        "pool_threads" => {
-            let pool = IpcPool::new(&ctx).unwrap();
-            let b = pool.alloc::<u32>(LEN, &RawStream::LEGACY).unwrap();
-            b.copy_from_host(&pattern(LEN, 5)).unwrap();
-            for _ in 0..THREADS {
-                s.send_pool(&pool, T).unwrap();
-            }
-            s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
-            Box::new((b, pool))
         }
         other => panic!("unknown kind {other}"),
     };
