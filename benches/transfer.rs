@@ -162,21 +162,9 @@ fn main() {
         let own = IpcBuffer::<u8>::zeroed(own_ctx, MAX).unwrap();
         let own_vmm = IpcBuffer::<u8>::new_with(own_ctx, MAX, HandleType::PosixFd).unwrap();
         own_vmm.memset_bytes(0).unwrap();
-        if device != 0 {
-            // The crate maps its virtual memory for its own device only; the copies and kernels
-            // below run on device 0, so give device 0 access, as an importer there has.
-            let desc = sys::CUmemAccessDesc {
-                location: sys::CUmemLocation {
-                    kind: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: 0,
-                },
-                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            // SAFETY: the buffer's whole mapping (MAX is a multiple of the granularity), live
-            // while `keep` holds the buffer.
-            let rc = unsafe { sys::cuMemSetAccess(own_vmm.as_raw_ptr(), MAX, &desc, 1) };
-            common::ok("cuMemSetAccess", rc);
-        }
+        // The crate maps virtual memory for its own device only; the copies and kernels below
+        // run on device 0, which an importer there has access to, so give it access here too.
+        own_vmm.grant_access(&ctx).unwrap();
         cases.push((
             label,
             [legacy.as_raw_ptr(), fd.as_raw_ptr(), pool.as_raw_ptr()],

@@ -382,6 +382,34 @@ impl IpcArena {
     pub fn context(&self) -> &GpuContext {
         &self.owner.ctx
     }
+
+    /// Let the device of `ctx`, another context of this process, read and write the whole
+    /// arena — every buffer in it, now and later — from kernels and copies there
+    /// (`cuMemSetAccess` on the region's mapping). The arena is mapped for its own context's
+    /// device only: peer access between contexts does not reach virtual memory, and without
+    /// this, copies from another device fail with `CUDA_ERROR_INVALID_VALUE` and kernels fault.
+    /// Granting the arena's own device, or a device granted before, does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DeviceNotReachable`] when `ctx`'s device cannot access the arena's device
+    /// (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming `cuMemSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcArena};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// let arena = IpcArena::new(&gpu0, 64 << 20)?;
+    /// arena.grant_access(&gpu1)?; // kernels on GPU 1 may now touch every buffer in it
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        self.owner.memory.grant(ctx)
+    }
 }
 
 impl std::fmt::Debug for IpcArena {
@@ -615,6 +643,12 @@ impl Handle<IpcArena> {
 type ImportKey = ([u8; 16], usize);
 static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
 
+/// Held from looking an arena up in [`IMPORTS`] to registering its new import, so that threads
+/// importing one arena in one context at once make one import (and take one importer slot).
+/// Never taken by a drop. (An import being dropped may still be listed; a new one maps a range
+/// of its own, so it need not wait for it.)
+static IMPORTING: Mutex<()> = parking_lot::const_mutex(());
+
 struct Import {
     ctx: GpuContext,
     key: ImportKey,
@@ -626,7 +660,7 @@ struct Import {
     /// Views per block in this process. The bit is set while an entry exists.
     views: Mutex<BlockMap<ViewEntry>>,
     // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
-    _memory: VmmMemory,
+    memory: VmmMemory,
     _lease: Lease,
 }
 
@@ -673,6 +707,7 @@ impl ImportedArena {
         let exporter = handle.admit(true)?;
         let env = &handle.env;
         let key: ImportKey = (env.token, ctx.as_raw() as usize);
+        let importing = IMPORTING.lock();
         {
             let imports = IMPORTS.lock();
             if let Some(import) = imports
@@ -689,7 +724,7 @@ impl ImportedArena {
         let bit = 1u64 << lease.slot();
         let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;
         let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-        let memory = VmmMemory::import(ctx, fd, bytes, crate::driver::device::get(memory_device)?)?;
+        let memory = VmmMemory::import(ctx, fd, bytes, memory_device)?;
         let import = Arc::new(Import {
             ctx: ctx.clone(),
             key,
@@ -699,10 +734,11 @@ impl ImportedArena {
             exporter,
             table,
             views: Mutex::new(BlockMap::default()),
-            _memory: memory,
+            memory,
             _lease: lease,
         });
         IMPORTS.lock().push((key, Arc::downgrade(&import)));
+        drop(importing);
         Ok(Self { import })
     }
 
@@ -831,6 +867,37 @@ impl ImportedArena {
     /// The context the arena is mapped in.
     pub fn context(&self) -> &GpuContext {
         &self.import.ctx
+    }
+
+    /// Let the device of `ctx`, another context of this process, read and write the whole
+    /// imported arena — every view of it, now and later — from kernels and copies there
+    /// (`cuMemSetAccess` on this process's mapping). The import is mapped for the device of the
+    /// context it was opened in only, as [`IpcArena::grant_access`] explains; imports of the
+    /// arena in other contexts are mappings of their own. Granting the mapping's own device,
+    /// or a device granted before, does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DeviceNotReachable`] when `ctx`'s device cannot access the arena's device
+    /// (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming `cuMemSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// let name = SocketName::Abstract("kv".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+    /// let arena = socket.recv_arena(&gpu0, Duration::from_secs(5))?;
+    /// arena.grant_access(&gpu1)?; // views' pointers may now go to kernels on GPU 1 too
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        self.import.memory.grant(ctx)
     }
 }
 

@@ -331,6 +331,42 @@ impl<T: Pod> IpcBuffer<T> {
         self.core.export_fd()
     }
 
+    /// Let the device of `ctx`, another context of this process, read and write this buffer
+    /// — kernels launched there, copies enqueued there — for as long as the buffer lives.
+    ///
+    /// A buffer is accessible from the device of the context it was created in. Another device
+    /// needs access granted, and how depends on the memory:
+    ///
+    /// - [`HandleType::PosixFd`]: `cuMemSetAccess` on this process's mapping, for `ctx`'s
+    ///   device. Peer access between contexts does not reach virtual memory; without this,
+    ///   copies there fail with `CUDA_ERROR_INVALID_VALUE` and kernels fault.
+    /// - [`HandleType::Legacy`]: peer access from `ctx` to the buffer's context, as
+    ///   [`GpuContext::enable_peer_access`] grants it (to every allocation of that context).
+    ///
+    /// Granting the buffer's own device, or a device granted before, does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DeviceNotReachable`] when `ctx`'s device cannot access the memory's device
+    /// (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming `cuMemSetAccess` or
+    /// `cuCtxEnablePeerAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// let buf = IpcBuffer::<f32>::new_with(&gpu0, 1 << 20, HandleType::PosixFd)?;
+    /// buf.grant_access(&gpu1)?; // kernels on GPU 1 may now take buf.as_raw_ptr()
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        self.core.grant_access(ctx)
+    }
+
     /// How this buffer's memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`]
     /// (an `Auto` request resolved).
     pub fn handle_type(&self) -> HandleType {
@@ -585,6 +621,46 @@ impl<T: Pod> ImportedBuffer<T> {
         unsafe { BufferCore::open_raw(ctx, import) }.map(|core| Self { core })
     }
 
+    /// Let the device of `ctx`, another context of this process, read and write this buffer
+    /// — kernels launched there, copies enqueued there — for as long as the buffer lives.
+    ///
+    /// An import is accessible from the device of the context it was opened in. For a
+    /// [`HandleType::PosixFd`] import, this grants `ctx`'s device read-write access to this
+    /// process's mapping (`cuMemSetAccess`); peer access between contexts does not reach
+    /// virtual memory, and without this, copies there fail with `CUDA_ERROR_INVALID_VALUE` and
+    /// kernels fault. Views of one export in one process share the mapping: access granted
+    /// through one is granted through all. Granting the mapping's own device, or a device
+    /// granted before, does nothing.
+    ///
+    /// A legacy import cannot be granted to another context: `cuIpcOpenMemHandle` maps it for
+    /// the context that opened it only, and peer access does not reach it (a kernel on another
+    /// device faults). Open the handle in `ctx` as well — a mapping of its own, at another
+    /// address. (Granting the context it was opened in does nothing.)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::HandleTypeMismatch`] with [`TypeConflict::ImportMappedPerContext`] for a
+    /// legacy import and another context; [`Error::DeviceNotReachable`] when `ctx`'s device
+    /// cannot access the memory's device (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming
+    /// `cuMemSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::GpuContext;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// # let (handle, fd): (cuda_ipc::IpcMemHandle<f32>, std::os::fd::OwnedFd) = todo!();
+    /// let buf = cuda_ipc::ImportedBuffer::open_fd(&gpu0, &handle, fd)?;
+    /// buf.grant_access(&gpu1)?; // kernels on GPU 1 may now take buf.as_raw_ptr()
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        self.core.grant_access(ctx)
+    }
+
     /// How the memory is shared: [`HandleType::Legacy`] (including raw handles) or
     /// [`HandleType::PosixFd`].
     pub fn handle_type(&self) -> HandleType {
@@ -723,6 +799,26 @@ impl<T: Pod> BufferCore<T> {
         Ok((handle, fd))
     }
 
+    /// The work of [`IpcBuffer::grant_access`] and [`ImportedBuffer::grant_access`].
+    pub(crate) fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        let vmm = match &self.origin {
+            Origin::Exported(e) => e.vmm.as_ref(),
+            Origin::Imported(m) => m.vmm.as_ref(),
+        };
+        match (vmm, &self.origin) {
+            (Some(memory), _) => memory.grant(ctx),
+            (None, Origin::Exported(_)) => {
+                crate::device::check_peer(ctx.ordinal(), self.slice.ctx.ordinal())?;
+                ctx.enable_peer_access(&self.slice.ctx)
+            }
+            (None, Origin::Imported(_)) if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
+            (None, Origin::Imported(_)) => Err(Error::HandleTypeMismatch {
+                handle: HandleType::Legacy,
+                conflict: TypeConflict::ImportMappedPerContext,
+            }),
+        }
+    }
+
     /// The work of [`IpcBuffer::handle_type`].
     pub(crate) fn handle_type(&self) -> HandleType {
         let vmm = match &self.origin {
@@ -846,8 +942,7 @@ impl<T: Pod> BufferCore<T> {
         let (ptr, mapped, vmm) = match fd {
             Some(fd) => {
                 let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-                let memory =
-                    VmmMemory::import(ctx, fd, bytes, crate::driver::device::get(memory_device)?)?;
+                let memory = VmmMemory::import(ctx, fd, bytes, memory_device)?;
                 (memory.ptr(), memory.size(), Some(memory))
             }
             None => {

@@ -251,6 +251,11 @@ impl GpuContext {
     /// Let this context access memory of `peer`'s device (`cuCtxEnablePeerAccess`); already
     /// enabled is success.
     ///
+    /// This reaches `cuMemAlloc` memory of `peer` (legacy [`IpcBuffer`](crate::IpcBuffer)s),
+    /// not virtual or pool memory — POSIX-fd buffers, arenas, pools, their imports — nor legacy
+    /// imports: give a device access to those with their `grant_access` methods
+    /// ([`IpcBuffer::grant_access`](crate::IpcBuffer::grant_access) and the like).
+    ///
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuCtxEnablePeerAccess` (e.g. `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`).

@@ -196,6 +196,20 @@ pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
     driver::device::can_access_peer(a, b)
 }
 
+/// Refuse, with [`Error::DeviceNotReachable`], a context on device `from` whose device cannot
+/// access memory held by device `memory` (ordinals; a device reaches its own memory).
+pub(crate) fn check_peer(from: u32, memory: u32) -> Result<()> {
+    if can_access_peer(from, memory)? {
+        return Ok(());
+    }
+    let uuid = driver::device::uuid(driver::device::get(memory)?)?;
+    Err(Error::DeviceNotReachable {
+        uuid: uuid_string(&uuid),
+        from,
+        peer: Some(memory),
+    })
+}
+
 /// The ordinal of the visible device with this UUID. The driver's device list is fixed for the
 /// life of a process, so it is read once.
 pub(crate) fn ordinal_of_uuid(uuid: &[u8; 16]) -> Result<Option<u32>> {
@@ -280,7 +294,9 @@ impl PeerGroup {
         Ok(Self { devices, skipped })
     }
 
-    /// Retain each member's primary context and enable peer access between every pair.
+    /// Retain each member's primary context and enable peer access between every pair
+    /// (which reaches `cuMemAlloc` memory; virtual and pool memory is granted per object, see
+    /// [`GpuContext::enable_peer_access`]).
     ///
     /// # Errors
     ///

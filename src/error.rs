@@ -825,6 +825,12 @@ pub enum TypeConflict {
     /// (for PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::HandleType::Legacy)
     /// memory.
     Needs(crate::HandleType),
+    /// Another device was to be granted access to a legacy import. `cuIpcOpenMemHandle` maps
+    /// the memory for the context that opened it only, and peer access to that context does
+    /// not reach it (measured on H200s: a kernel on the other device faults); open the handle
+    /// in the other device's context as well (a mapping of its own, at another address), or
+    /// share the memory as [`HandleType::PosixFd`](crate::HandleType::PosixFd).
+    ImportMappedPerContext,
 }
 
 impl std::fmt::Display for TypeConflict {
@@ -841,6 +847,11 @@ impl std::fmt::Display for TypeConflict {
             Self::Descriptors { expected, found } => write!(
                 f,
                 "{found} file descriptor(s) arrived with it where it needs {expected}; all closed"
+            ),
+            Self::ImportMappedPerContext => f.write_str(
+                "a legacy import is mapped for the context that opened it only; open the handle \
+                 in the other device's context too (its own mapping), or share the memory as \
+                 HandleType::PosixFd",
             ),
             Self::Needs(crate::HandleType::PosixFd) => f.write_str(
                 "a cuMemAlloc buffer has no file descriptor; allocate with HandleType::PosixFd, \

@@ -367,6 +367,48 @@ impl IpcPool {
     pub fn context(&self) -> &GpuContext {
         &self.owner.ctx
     }
+
+    /// Let the device of `ctx`, another context of this process, read and write every
+    /// allocation of the pool, now and later, from kernels and copies there
+    /// (`cuMemPoolSetAccess`). A pool's memory is accessible from its own device only: peer
+    /// access between contexts does not reach pool memory, and without this, copies from
+    /// another device fail and kernels fault. Granting the pool's own device does nothing;
+    /// granting a device again is harmless. (Importers grant their own devices: this is for
+    /// this process.)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DeviceNotReachable`] when `ctx`'s device cannot access the pool's device
+    /// (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming `cuMemPoolSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcPool, RawStream};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// let pool = IpcPool::new(&gpu0)?;
+    /// pool.grant_access(&gpu1)?;
+    /// let buf = pool.alloc::<f32>(1 << 20, &RawStream::LEGACY)?; // kernels on GPU 1 may use it
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemPoolSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        let owner = &self.owner;
+        if ctx.device() == owner.ctx.device() {
+            return Ok(());
+        }
+        crate::device::check_peer(ctx.ordinal(), owner.ctx.ordinal())?;
+        let desc = sys::CUmemAccessDesc {
+            location: crate::vmm::on_device(ctx.device()),
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let _g = owner.ctx.enter()?;
+        // SAFETY: our pool, live while `self` is; adding a device's access leaves every other
+        // device's as it was.
+        unsafe { driver::pool::set_access(owner.pool, &desc) }
+    }
 }
 
 impl std::fmt::Debug for IpcPool {
@@ -684,6 +726,8 @@ struct Import {
     token: [u8; 16],
     /// Devices known to have read-write access to the pool's memory, by ordinal.
     access: Mutex<Vec<u32>>,
+    /// The ordinal, in this process, of the device that holds the pool's memory.
+    holder: u32,
     pool: sys::CUmemoryPool,
     bit: u64,
     exporter: ProcessIdentity,
@@ -733,6 +777,7 @@ impl Import {
         handle: &IpcPoolHandle,
         fd: OwnedFd,
         exporter: ProcessIdentity,
+        holder: u32,
     ) -> Result<Self> {
         let env = &handle.env;
         let lease = Lease::acquire(&env.token, env.generation)?;
@@ -744,6 +789,7 @@ impl Import {
             ctx: ctx.clone(),
             token: env.token,
             access: Mutex::new(Vec::new()),
+            holder,
             pool,
             bit: 1u64 << lease.slot(),
             exporter,
@@ -797,7 +843,7 @@ impl ImportedPool {
     #[doc(alias = "cuMemPoolImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
         let exporter = handle.admit(true)?;
-        handle.admit_live(ctx, &exporter, true)?;
+        let holder = handle.admit_live(ctx, &exporter, true)?;
         let token = handle.env.token;
         let (importing, found) = loop {
             let importing = IMPORTING.lock();
@@ -827,7 +873,7 @@ impl ImportedPool {
             }
             Some(import) => import,
             None => {
-                let import = Arc::new(Import::new(ctx, handle, fd, exporter)?);
+                let import = Arc::new(Import::new(ctx, handle, fd, exporter, holder)?);
                 IMPORTS.lock().push((token, Arc::downgrade(&import)));
                 import
             }
@@ -952,6 +998,40 @@ impl ImportedPool {
     /// The context this pool was opened for (its views' copies and memsets run in it).
     pub fn context(&self) -> &GpuContext {
         &self.ctx
+    }
+
+    /// Let the device of `ctx`, another context of this process, read and write every buffer
+    /// of the pool this process opens, now and later, from kernels and copies there (asked of
+    /// the driver with `cuMemPoolGetAccess`, granted with `cuMemPoolSetAccess` where missing).
+    /// Opening the pool in a context grants that context's device already, so this is for
+    /// handing a view's pointer to another device without opening the pool there. A process
+    /// imports a pool once, so access granted here holds for every [`ImportedPool`] of it in
+    /// this process.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DeviceNotReachable`] when `ctx`'s device cannot access the pool's device
+    /// (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming `cuMemPoolGetAccess` or
+    /// `cuMemPoolSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// let name = SocketName::Abstract("pool".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+    /// let pool = socket.recv_pool(&gpu0, Duration::from_secs(5))?;
+    /// pool.grant_access(&gpu1)?; // views' pointers may now go to kernels on GPU 1 too
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemPoolSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        crate::device::check_peer(ctx.ordinal(), self.import.holder)?;
+        self.import.grant(ctx)
     }
 }
 

@@ -15,6 +15,11 @@
 //!   device the envelope names), then reserve + map + access as above, for the importing
 //!   context's device.
 //!
+//! A mapping is accessible to the devices it was granted to, not to every device of the
+//! process: peer access (`cuCtxEnablePeerAccess`) does not reach virtual memory. Other devices
+//! get read-write access with [`VmmMemory::grant`] (`cuMemSetAccess`), for as long as the
+//! mapping exists.
+//!
 //! Either role tears down in the same order: `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease`.
 //! The physical memory is freed by the driver only when every process has released its handle
 //! and unmapped it, which is what makes an exporter's drop safe without waiting for importers:
@@ -30,15 +35,20 @@ use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
 /// One physical allocation mapped in one context (see the module docs).
 pub(crate) struct VmmMemory {
     ctx: GpuContext,
+    /// The ordinal, in this process, of the device that holds the memory.
+    holder: u32,
     handle: sys::CUmemGenericAllocationHandle,
     ptr: sys::CUdeviceptr,
     size: usize,
+    /// Devices given read-write access to the mapping after `ctx`'s own (see `grant`).
+    granted: parking_lot::Mutex<Vec<sys::CUdevice>>,
 }
 
 // SAFETY: the fields are a context (Send + Sync), a driver handle and an address: plain values
 // the driver accepts from any thread; teardown happens once, in Drop.
 unsafe impl Send for VmmMemory {}
-// SAFETY: as above; no method mutates through `&self`.
+// SAFETY: as above; the one method that changes anything through `&self` (`grant`) does it
+// under its lock, and the driver's access change is thread-safe.
 unsafe impl Sync for VmmMemory {}
 
 /// A location on device `dev`, for allocation, pool and access properties.
@@ -159,9 +169,11 @@ impl VmmMemory {
         match map(ctx, handle, size, gran) {
             Ok(ptr) => Ok(Self {
                 ctx: ctx.clone(),
+                holder: ctx.ordinal(),
                 handle,
                 ptr,
                 size,
+                granted: parking_lot::Mutex::new(Vec::new()),
             }),
             Err(e) => {
                 // SAFETY: created above, never mapped (map undid itself), released once.
@@ -172,16 +184,12 @@ impl VmmMemory {
     }
 
     /// Import the allocation behind `fd` (received from its exporter), check that it is
-    /// pinned memory on device `expected` (this process's ordinal of the device the envelope
+    /// pinned memory on device `holder` (this process's ordinal of the device the envelope
     /// names), and map its first `size` bytes read-write for `ctx`'s device. `fd` is closed
     /// before this returns, whatever happens.
-    pub(crate) fn import(
-        ctx: &GpuContext,
-        fd: OwnedFd,
-        size: usize,
-        expected: sys::CUdevice,
-    ) -> Result<Self> {
+    pub(crate) fn import(ctx: &GpuContext, fd: OwnedFd, size: usize, holder: u32) -> Result<Self> {
         let _g = ctx.enter()?;
+        let expected = driver::device::get(holder)?;
         let handle = driver::vmm::import_fd(fd.as_fd())?;
         // The driver holds its own reference now.
         drop(fd);
@@ -215,10 +223,38 @@ impl VmmMemory {
         let ptr = map(ctx, handle, size, gran).map_err(release)?;
         Ok(Self {
             ctx: ctx.clone(),
+            holder,
             handle,
             ptr,
             size,
+            granted: parking_lot::Mutex::new(Vec::new()),
         })
+    }
+
+    /// Give `ctx`'s device read-write access to the whole mapping (`cuMemSetAccess`), if it
+    /// has none yet: the device this memory was mapped for has it from the start, a device
+    /// that cannot reach the memory's device is refused ([`Error::DeviceNotReachable`]), and a
+    /// device granted once is not asked for again.
+    pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        let device = ctx.device();
+        if device == self.ctx.device() {
+            return Ok(());
+        }
+        let mut granted = self.granted.lock();
+        if granted.contains(&device) {
+            return Ok(());
+        }
+        crate::device::check_peer(ctx.ordinal(), self.holder)?;
+        let _g = self.ctx.enter()?;
+        let desc = sys::CUmemAccessDesc {
+            location: on_device(device),
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: our range, mapped from creation/import until drop (`&self` keeps it);
+        // adding a device's access leaves every other device's as it was.
+        unsafe { driver::vmm::set_access(self.ptr, self.size, &desc) }?;
+        granted.push(device);
+        Ok(())
     }
 
     /// A new descriptor for this allocation (`cuMemExportToShareableHandle`); the receiver

@@ -3,7 +3,8 @@
 //! the other's view mapped and its contents intact. Each handle type runs in an importer process
 //! of its own, so that a failure of one cannot hide behind another's. Threads importing one
 //! pool at once, in the contexts of every device, make one import: each opens the same buffer,
-//! and the views, dropped one by one, leave the rest intact. An event opened twice in one
+//! and the views, dropped one by one, leave the rest intact. Threads importing one arena at once
+//! in one context make one import too (one address, one importer slot). An event opened twice in one
 //! context and once in every other stays usable when the first is dropped. (The two-context
 //! tests need two GPUs, the second reaching the first; the thread and event tests run on one.)
 
@@ -17,9 +18,9 @@ use common::{
     expect_message, fd_connect, fd_listener, gpu_count, pattern, report, spawn, watchdog,
 };
 use cuda_ipc::{
-    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedBuffer, ImportedEvent, ImportedPool,
-    IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, IpcPoolHandle,
-    PoolHandle, RawStream,
+    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedArena, ImportedBuffer, ImportedEvent,
+    ImportedPool, IpcArena, IpcArenaHandle, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
+    IpcPool, IpcPoolHandle, PoolHandle, RawStream,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -46,6 +47,7 @@ fn child_process() {
         match args[1].as_str() {
             "event" => events(&s),
             "pool_threads" => pool_threads(&s),
+            "arena_threads" => arena_threads(&s),
             kind => in_two_contexts(&s, kind),
         }
         s.send(b"done", &[], T).unwrap();
@@ -169,6 +171,48 @@ fn pool_threads(s: &cuda_ipc::FdSocket) {
     report(format!("intact {intact}"));
 }
 
+/// Threads that import the arena at once in one context (one descriptor each) share one
+/// import: one mapping, so the same address for a buffer, and one importer slot.
+fn arena_threads(s: &cuda_ipc::FdSocket) {
+    let ctx = GpuContext::new(0).unwrap();
+    let arenas: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let m = s.recv(T).unwrap();
+            let fd = m.fds.into_iter().next().unwrap();
+            (IpcArenaHandle::from_bytes(&m.payload).unwrap(), fd)
+        })
+        .collect();
+    let h = ArenaHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+    let start = std::sync::Barrier::new(THREADS);
+    let views: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = arenas
+            .into_iter()
+            .map(|(handle, fd)| {
+                let (start, h, ctx) = (&start, &h, &ctx);
+                scope.spawn(move || {
+                    start.wait();
+                    let arena = ImportedArena::open_fd(ctx, &handle, fd).unwrap();
+                    arena.open(h).unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let first = views[0].as_raw_ptr();
+    report(format!(
+        "one address {}",
+        views.iter().all(|v| v.as_raw_ptr() == first)
+    ));
+    // The owner counts this process's importer slots while the views are held.
+    s.send(b"count", &[], T).unwrap();
+    expect_message(s, b"counted");
+    let intact = views.iter().all(|v| {
+        let mut host = vec![0u32; v.len()];
+        v.copy_to_host(&mut host).is_ok() && host == pattern(LEN, 6)
+    });
+    report(format!("intact {intact}"));
+}
+
 /// The owner side of one handle type: export on device 0, send what the importer needs, wait
 /// for it to finish, then check what it reported.
 fn owner(kind: &str) {
@@ -200,6 +244,26 @@ fn owner(kind: &str) {
             s.send(b.handle().as_bytes(), &[], T).unwrap();
             Box::new((b, arena))
         }
+        "arena_threads" => {
+            let arena = IpcArena::new(&ctx, 64 << 20).unwrap();
+            let b = arena.alloc::<u32>(LEN).unwrap();
+            b.copy_from_host(&pattern(LEN, 6)).unwrap();
+            for _ in 0..THREADS {
+                let (handle, fd) = arena.export_fd().unwrap();
+                s.send(handle.as_bytes(), &[std::os::fd::AsFd::as_fd(&fd)], T)
+                    .unwrap();
+            }
+            s.send(b.handle().as_bytes(), &[], T).unwrap();
+            expect_message(&s, b"count");
+            let slots = arena.importers();
+            assert_eq!(
+                slots,
+                [child.pid()],
+                "one importer slot for the whole process"
+            );
+            s.send(b"counted", &[], T).unwrap();
+            Box::new((b, arena))
+        }
         "pool" | "pool_threads" => {
             // One descriptor per import the importer makes: two contexts, or THREADS threads.
             let (seed, imports) = if kind == "pool" { (4, 2) } else { (5, THREADS) };
@@ -226,7 +290,7 @@ fn owner(kind: &str) {
     let lines = child.expect_success(T);
     eprintln!("{kind}: {lines:?}");
     let first = match kind {
-        "pool_threads" => "one address true",
+        "pool_threads" | "arena_threads" => "one address true",
         "event" => "opened",
         _ => lines[0].as_str(),
     };
@@ -283,6 +347,14 @@ fn threads_importing_one_pool_at_once_share_one_import() {
     let _dog = watchdog("two_ctx_pool_threads", Duration::from_secs(90));
     let _ = gpu_count();
     owner("pool_threads");
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn threads_importing_one_arena_at_once_share_one_import() {
+    let _dog = watchdog("two_ctx_arena_threads", Duration::from_secs(90));
+    let _ = gpu_count();
+    owner("arena_threads");
 }
 
 #[test]
