@@ -23,8 +23,10 @@
 //! each child connects to the parent's Unix socket ([`FdListener`]) and receives every buffer
 //! with its descriptor ([`FdSocket::recv_buffer`]); a process that only read the shared region
 //! could not map them. `--handles pool` allocates each buffer from a stream-ordered pool on its
-//! device ([`IpcPool`], `cuMemAllocFromPoolAsync`) and sends each child every pool (with its
-//! descriptor) and then each buffer's handle ([`ImportedPool::open`], `cuMemPoolImportPointer`).
+//! device ([`HandleType::Pool`], `cuMemAllocFromPoolAsync`), and the same two calls send and
+//! open it: the pool's descriptor and the buffer's export data travel together, and a child
+//! imports the pool and then the buffer (`cuMemPoolImportPointer`). Only the handle type
+//! differs between the three ways.
 //!
 //! The same ring ordered by counters that the GPUs write and wait on themselves is
 //! `examples/signal_ring.rs`. What happens when a child fails or is killed at any step is
@@ -38,9 +40,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cuda_ipc::{
     BarrierState, Error, FdListener, FdSocket, GpuContext, GpuSlice, HandleType, ImportedBuffer,
-    ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, IpcPool, PeerGroup,
-    PeerPolicy, PoolBuffer, PoolHandle, ProcessBarrier, RawStream, ShmCell, ShmOptions, ShmSafe,
-    SocketName,
+    ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerGroup, PeerPolicy,
+    ProcessBarrier, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
 use cust::function::BlockSize;
 use cust::module::Module;
@@ -87,7 +88,7 @@ enum Handles {
     Legacy = 0,
     /// POSIX-fd buffers ([`HandleType::PosixFd`]) over a Unix socket.
     Fd = 1,
-    /// Buffers of a stream-ordered [`IpcPool`] per device, the pools over a Unix socket.
+    /// Buffers of a stream-ordered pool per device ([`HandleType::Pool`]), over a Unix socket.
     Pool = 2,
 }
 
@@ -228,19 +229,10 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
             SOCKET_TIMEOUT,
         )
     };
-    let buffers: Vec<Buffer> = if handles == Handles::Fd as u32 {
+    let buffers: Vec<Buffer> = if handles != Handles::Legacy as u32 {
         let socket = socket()?;
         (0..n)
             .map(|_| Ok(Box::new(socket.recv_buffer::<u8>(&ctx, SOCKET_TIMEOUT)?) as Buffer))
-            .collect::<Result<_, Error>>()?
-    } else if handles == Handles::Pool as u32 {
-        let socket = socket()?;
-        (0..n)
-            .map(|_| {
-                let pool = socket.recv_pool(&ctx, SOCKET_TIMEOUT)?;
-                let handle = PoolHandle::<u8>::from_bytes(&socket.recv(SOCKET_TIMEOUT)?.payload)?;
-                Ok(Box::new(pool.open(&handle)?) as Buffer)
-            })
             .collect::<Result<_, Error>>()?
     } else {
         (0..n)
@@ -431,34 +423,21 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
 }
 
 /// `--handles fd|pool`: accept every child's connection and send it every buffer, with its
-/// descriptor (for pools: every pool with its descriptor, then the buffer's handle).
+/// descriptor (a pool buffer: its pool's).
 fn send_buffers(listener: &FdListener, published: &[Published]) -> Result<(), Failure> {
     for _ in 0..published.len() {
         let socket = listener.accept(SOCKET_TIMEOUT)?;
         for p in published {
-            match &p.buffer {
-                Exported::Buffer(buffer) => socket.send_buffer(buffer, SOCKET_TIMEOUT)?,
-                Exported::Pool(pool, buffer) => {
-                    socket.send_pool(pool, SOCKET_TIMEOUT)?;
-                    socket.send(buffer.handle()?.as_bytes(), &[], SOCKET_TIMEOUT)?;
-                }
-            }
+            socket.send_buffer(&p.buffer, SOCKET_TIMEOUT)?;
         }
     }
     Ok(())
 }
 
-/// One device's buffer, by how it is shared.
-enum Exported {
-    Buffer(IpcBuffer<u8>),
-    /// A pool and its buffer (which keeps the pool's state alive until it is freed).
-    Pool(IpcPool, PoolBuffer<u8>),
-}
-
 /// What the parent allocates and exports for one device; kept alive until the children are
 /// done with it.
 struct Published {
-    buffer: Exported,
+    buffer: IpcBuffer<u8>,
     _event: IpcEvent,
     _context: GpuContext,
 }
@@ -476,19 +455,12 @@ fn publish(group: &PeerGroup, region: &Shared, opts: &Options) -> Result<Vec<Pub
     let mut published = Vec::new();
     for (i, context) in contexts.into_iter().enumerate() {
         let buffer = match opts.handles {
-            Handles::Pool => {
-                let pool = IpcPool::new(&context)?;
-                let buffer = pool.alloc::<u8>(opts.size, &RawStream::LEGACY)?;
-                Exported::Pool(pool, buffer)
-            }
-            Handles::Fd => {
-                let buffer = IpcBuffer::<u8>::new_with(&context, opts.size, HandleType::PosixFd)?;
-                Exported::Buffer(buffer)
-            }
+            Handles::Pool => IpcBuffer::<u8>::new_with(&context, opts.size, HandleType::Pool)?,
+            Handles::Fd => IpcBuffer::<u8>::new_with(&context, opts.size, HandleType::PosixFd)?,
             Handles::Legacy => {
                 let buffer = IpcBuffer::<u8>::new(&context, opts.size)?;
                 region.mem[i].store(buffer.handle()?);
-                Exported::Buffer(buffer)
+                buffer
             }
         };
         let event = IpcEvent::new(&context)?;

@@ -22,6 +22,7 @@ use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
 };
 use crate::poll::Backoff;
+use crate::pool::{IpcPoolHandle, PoolAlloc, PoolHandle, PoolHold};
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
 use crate::registry::{self, Hold, Record};
@@ -109,6 +110,11 @@ struct Export {
 enum Origin {
     Exported(Export),
     Imported(Arc<Mapping>),
+    /// A [`HandleType::Pool`] buffer: an allocation of a pool this process shares between such
+    /// buffers (the pool's table holds its importers and generation).
+    Pooled(PoolAlloc),
+    /// An imported [`HandleType::Pool`] buffer: a hold on this process's import of it.
+    PoolImported(PoolHold),
 }
 
 /// Device memory this process allocated, holding `len` values of `T`, that other processes can
@@ -164,6 +170,9 @@ enum Origin {
 /// again and when [`collect_deferred`](crate::collect_deferred) is called. Nothing is freed
 /// under an importer, and nothing is kept after its importers are gone (beyond the next scan).
 /// POSIX-fd buffers need none of this: the driver keeps their memory while any process maps it.
+/// A [`HandleType::Pool`] buffer's allocation waits in its pool's quarantine instead, freed at
+/// the pool's next allocation or by the same scans (the pool itself goes when it has no buffer
+/// and nothing in quarantine).
 ///
 /// # Examples
 ///
@@ -225,14 +234,21 @@ impl<T: Pod> IpcBuffer<T> {
     /// to the allocation granularity, mapped read-write for `ctx`'s device) that other
     /// processes map only through a file descriptor sent to them
     /// ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer)); [`HandleType::Auto`] the
-    /// latter where the device supports it. [`handle_type`](Self::handle_type) says which.
+    /// latter where the device supports it; [`HandleType::Pool`] an allocation from a
+    /// stream-ordered pool this process keeps for such buffers in `ctx` (one pool while it has
+    /// room for [`IpcPool::MAX_BUFFERS`](crate::IpcPool::MAX_BUFFERS), then another; each
+    /// freed with its last buffer), complete before this returns, which peers open after
+    /// importing the pool once ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer) sends
+    /// both). [`handle_type`](Self::handle_type) says which.
     ///
     /// # Errors
     ///
     /// As [`new`](Self::new); for POSIX-fd buffers [`Error::Unsupported`] when the device
     /// cannot export virtual memory as file descriptors, and [`Error::Cuda`] naming
     /// `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap` or
-    /// `cuMemSetAccess`.
+    /// `cuMemSetAccess`; for pool buffers as [`IpcPool::new`](crate::IpcPool::new) and
+    /// [`IpcPool::alloc`](crate::IpcPool::alloc), and [`Error::Cuda`] naming
+    /// `cuStreamSynchronize`.
     ///
     /// # Examples
     ///
@@ -329,6 +345,41 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
         self.core.export_fd()
+    }
+
+    /// Export a [`HandleType::Pool`] buffer: its pool's handle and a new descriptor of the
+    /// pool (`cuMemPoolExportToShareableHandle`), and the buffer's [`PoolHandle`]
+    /// (`cuMemPoolExportPointer` data), for a peer's
+    /// [`ImportedBuffer::open_pooled`]. [`FdSocket::send_buffer`](crate::FdSocket::send_buffer)
+    /// does this and sends all three in one message; this is for other channels. A peer that
+    /// imported the pool before (for an earlier buffer) shares that import and closes the new
+    /// descriptor unused.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::HandleTypeMismatch`] for a buffer of another handle type;
+    /// [`Error::Cuda`] naming `cuMemPoolExportToShareableHandle`, `cuEventSynchronize` or
+    /// `cuMemPoolExportPointer`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::os::fd::AsFd;
+    /// use std::time::Duration;
+    /// use cuda_ipc::{FdSocket, GpuContext, HandleType, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let socket: FdSocket = unimplemented!();
+    /// let ctx = GpuContext::new(0)?;
+    /// let buf = IpcBuffer::<u32>::zeroed_with(&ctx, 4096, HandleType::Pool)?;
+    /// let (pool, fd, handle) = buf.export_pooled()?;
+    /// socket.send(pool.as_bytes(), &[fd.as_fd()], Duration::from_secs(5))?;
+    /// socket.send(handle.as_bytes(), &[], Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemPoolExportPointer")]
+    pub fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
+        self.core.export_pooled()
     }
 
     /// Let the device of `ctx`, another context of this process, read and write this buffer
@@ -556,6 +607,29 @@ impl<T: Pod> ImportedBuffer<T> {
         BufferCore::open_fd(ctx, handle, fd).map(|core| Self { core })
     }
 
+    /// Open a [`HandleType::Pool`] buffer from its pool's handle and descriptor and its
+    /// [`PoolHandle`] ([`IpcBuffer::export_pooled`]): the pool is imported once per process
+    /// (`cuMemPoolImportFromShareableHandle`; a pool imported before, in any context, is shared
+    /// and `fd` closed unused, as [`ImportedPool::open_fd`](crate::ImportedPool::open_fd) does),
+    /// then the buffer (`cuMemPoolImportPointer`), its size checked against the driver's. `fd`
+    /// is consumed. Opening the same buffer again shares the import; the last view's drop
+    /// frees it (`cuMemFree`) and lets the owner free the allocation.
+    ///
+    /// # Errors
+    ///
+    /// As [`ImportedPool::open_fd`](crate::ImportedPool::open_fd), then as
+    /// [`ImportedPool::open`](crate::ImportedPool::open) (a buffer of another pool is
+    /// [`Error::CorruptHandle`], a freed one [`Error::StaleHandle`]).
+    #[doc(alias = "cuMemPoolImportPointer")]
+    pub fn open_pooled(
+        ctx: &GpuContext,
+        pool: &IpcPoolHandle,
+        fd: OwnedFd,
+        buffer: &PoolHandle<T>,
+    ) -> Result<Self> {
+        BufferCore::open_pooled(ctx, pool, fd, buffer).map(|core| Self { core })
+    }
+
     /// [`open`](Self::open), requiring exactly `len` elements.
     ///
     /// # Errors
@@ -681,6 +755,15 @@ pub(crate) struct BufferCore<T: Pod> {
     origin: Origin,
 }
 
+/// The error of a request for one handle (or one descriptor, or a raw handle) of a
+/// [`HandleType::Pool`] buffer.
+fn pooled() -> Error {
+    Error::HandleTypeMismatch {
+        handle: HandleType::Pool,
+        conflict: TypeConflict::Pooled,
+    }
+}
+
 /// The bytes of an allocation of `len` `T`s, for `call` (which allocates): more than 0 and at
 /// most `isize::MAX`, else [`ArgumentDefect::AllocationSize`].
 pub(crate) fn allocation_bytes<T>(call: &'static str, len: usize) -> Result<usize> {
@@ -706,6 +789,13 @@ impl<T: Pod> BufferCore<T> {
         let bytes = allocation_bytes::<T>("IpcBuffer::new", len)?;
         deferred::collect_if_pending();
         let vmm = match handle_type {
+            HandleType::Pool => {
+                let alloc = crate::pool::alloc_shared(ctx, bytes)?;
+                return Ok(Self {
+                    slice: GpuSlice::new(ctx.clone(), alloc.ptr(), len),
+                    origin: Origin::Pooled(alloc),
+                });
+            }
             HandleType::Legacy => false,
             HandleType::Auto => crate::vmm::supports_posix_fd(ctx.device())?,
             HandleType::PosixFd => {
@@ -787,7 +877,8 @@ impl<T: Pod> BufferCore<T> {
                     conflict: TypeConflict::Needs(HandleType::PosixFd),
                 });
             }
-            Origin::Imported(_) => {
+            Origin::Pooled(_) => return Err(pooled()),
+            Origin::Imported(_) | Origin::PoolImported(_) => {
                 return Err(Error::InvalidState {
                     call,
                     state: ObjectState::Imported,
@@ -804,6 +895,8 @@ impl<T: Pod> BufferCore<T> {
         let vmm = match &self.origin {
             Origin::Exported(e) => e.vmm.as_ref(),
             Origin::Imported(m) => m.vmm.as_ref(),
+            Origin::Pooled(alloc) => return alloc.grant(ctx),
+            Origin::PoolImported(hold) => return hold.grant(ctx),
         };
         match (vmm, &self.origin) {
             (Some(memory), _) => memory.grant(ctx),
@@ -812,7 +905,7 @@ impl<T: Pod> BufferCore<T> {
                 ctx.enable_peer_access(&self.slice.ctx)
             }
             (None, Origin::Imported(_)) if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
-            (None, Origin::Imported(_)) => Err(Error::HandleTypeMismatch {
+            (None, _) => Err(Error::HandleTypeMismatch {
                 handle: HandleType::Legacy,
                 conflict: TypeConflict::ImportMappedPerContext,
             }),
@@ -824,6 +917,7 @@ impl<T: Pod> BufferCore<T> {
         let vmm = match &self.origin {
             Origin::Exported(e) => e.vmm.is_some(),
             Origin::Imported(m) => m.vmm.is_some(),
+            Origin::Pooled(_) | Origin::PoolImported(_) => return HandleType::Pool,
         };
         if vmm {
             HandleType::PosixFd
@@ -836,11 +930,15 @@ impl<T: Pod> BufferCore<T> {
     /// exports this buffer (`call` names the public method in errors).
     pub(crate) fn export_handle<K: HandleKind>(&self, call: &'static str) -> Result<Handle<K>> {
         deferred::collect_if_pending();
-        let Origin::Exported(export) = &self.origin else {
-            return Err(Error::InvalidState {
-                call,
-                state: ObjectState::Imported,
-            });
+        let export = match &self.origin {
+            Origin::Exported(export) => export,
+            Origin::Pooled(_) => return Err(pooled()),
+            Origin::Imported(_) | Origin::PoolImported(_) => {
+                return Err(Error::InvalidState {
+                    call,
+                    state: ObjectState::Imported,
+                });
+            }
         };
         // The block is published before any handle exists: every importer finds it.
         let (token, generation) = export.published()?;
@@ -877,6 +975,38 @@ impl<T: Pod> BufferCore<T> {
         let handle = RawMemHandle(raw);
         crate::raw::remember_own(handle);
         Ok(handle)
+    }
+
+    /// The work of [`IpcBuffer::export_pooled`].
+    pub(crate) fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
+        match &self.origin {
+            Origin::Pooled(alloc) => {
+                let (pool, fd) = alloc.pool().export_fd()?;
+                Ok((pool, fd, alloc.handle(self.slice.len)?))
+            }
+            Origin::Exported(_) => Err(Error::HandleTypeMismatch {
+                handle: self.handle_type(),
+                conflict: TypeConflict::Needs(HandleType::Pool),
+            }),
+            Origin::Imported(_) | Origin::PoolImported(_) => Err(Error::InvalidState {
+                call: "IpcBuffer::export_pooled",
+                state: ObjectState::Imported,
+            }),
+        }
+    }
+
+    /// The work of [`ImportedBuffer::open_pooled`].
+    pub(crate) fn open_pooled(
+        ctx: &GpuContext,
+        pool: &IpcPoolHandle,
+        fd: OwnedFd,
+        buffer: &PoolHandle<T>,
+    ) -> Result<Self> {
+        let (slice, hold) = crate::ImportedPool::open_buffer(ctx, pool, fd, buffer)?.into_parts();
+        Ok(Self {
+            slice,
+            origin: Origin::PoolImported(hold),
+        })
     }
 
     /// The work of [`ImportedBuffer::open`].
@@ -997,11 +1127,20 @@ impl<T: Pod> BufferCore<T> {
 
     /// The work of [`IpcBuffer::raw_export`].
     pub(crate) fn raw_export(&self) -> Result<RawExport> {
-        let Origin::Exported(export) = &self.origin else {
-            return Err(Error::InvalidState {
-                call: "IpcBuffer::raw_export",
-                state: ObjectState::Imported,
-            });
+        let export = match &self.origin {
+            Origin::Exported(export) => export,
+            Origin::Pooled(_) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle: HandleType::Pool,
+                    conflict: TypeConflict::Needs(HandleType::Legacy),
+                });
+            }
+            Origin::Imported(_) | Origin::PoolImported(_) => {
+                return Err(Error::InvalidState {
+                    call: "IpcBuffer::raw_export",
+                    state: ObjectState::Imported,
+                });
+            }
         };
         if export.vmm.is_some() {
             return Err(Error::HandleTypeMismatch {
@@ -1129,14 +1268,15 @@ impl<T: Pod> BufferCore<T> {
 
     /// Whether this buffer maps another process's export.
     pub(crate) fn is_imported(&self) -> bool {
-        matches!(self.origin, Origin::Imported(_))
+        matches!(self.origin, Origin::Imported(_) | Origin::PoolImported(_))
     }
 
     /// The work of [`ImportedBuffer::exporter`].
     pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
         match &self.origin {
             Origin::Imported(m) => m.exporter,
-            Origin::Exported(_) => None,
+            Origin::PoolImported(hold) => Some(hold.exporter()),
+            Origin::Exported(_) | Origin::Pooled(_) => None,
         }
     }
 
@@ -1148,7 +1288,8 @@ impl<T: Pod> BufferCore<T> {
                 .lock()
                 .as_ref()
                 .map_or_else(Vec::new, Record::importers),
-            Origin::Imported(_) => Vec::new(),
+            Origin::Pooled(alloc) => alloc.importers(),
+            Origin::Imported(_) | Origin::PoolImported(_) => Vec::new(),
         }
     }
 
@@ -1158,6 +1299,7 @@ impl<T: Pod> BufferCore<T> {
         match &self.origin {
             Origin::Exported(e) => e.record.lock().as_ref()?.dead_importer(),
             Origin::Imported(m) => m.hold.as_ref()?.dead_importer(),
+            Origin::Pooled(_) | Origin::PoolImported(_) => None,
         }
     }
 
@@ -1178,8 +1320,10 @@ impl<T: Pod> BufferCore<T> {
     /// until no importer maps it (then it may be freed), reaping importers proven dead. Other
     /// buffers have nothing to wait for.
     pub(crate) fn wait_for_importers(&self, timeout: Duration) -> Result<()> {
-        let Origin::Exported(export) = &self.origin else {
-            return Ok(());
+        let export = match &self.origin {
+            Origin::Exported(export) => export,
+            Origin::Pooled(alloc) => return alloc.wait_unheld(timeout),
+            Origin::Imported(_) | Origin::PoolImported(_) => return Ok(()),
         };
         if export.released || export.vmm.is_some() {
             return Ok(());
@@ -1213,8 +1357,10 @@ impl<T: Pod> BufferCore<T> {
     /// Give the memory back without waiting: an export is freed now, or deferred while
     /// importers map it; an import is unmapped when its last view drops (in `Drop`).
     pub(crate) fn release(&mut self) -> Result<()> {
-        let Origin::Exported(export) = &mut self.origin else {
-            return Ok(());
+        let export = match &mut self.origin {
+            Origin::Exported(export) => export,
+            Origin::Pooled(alloc) => return alloc.free(None),
+            Origin::Imported(_) | Origin::PoolImported(_) => return Ok(()),
         };
         if export.released {
             return Ok(());

@@ -63,7 +63,8 @@ pub struct DeferredFrees {
     /// Buffers whose `cuMemFree` failed (their memory stays with the context; they are not
     /// tried again).
     pub failed: usize,
-    /// Buffers still mapped by a live importer.
+    /// Buffers still mapped by a live importer (with [`HandleType::Pool`](crate::HandleType::Pool)
+    /// buffers dropped while an importer holds them).
     pub pending: usize,
     /// Their bytes.
     pub pending_bytes: usize,
@@ -116,11 +117,14 @@ pub(crate) fn collect_if_pending() {
     if PENDING.load(Ordering::Relaxed) != 0 {
         collect_deferred();
     }
+    crate::pool::collect_shared_if_pending();
 }
 
 /// Free every deferred buffer that no importer maps any more (see
 /// [deferred frees](crate::IpcBuffer#dropping-an-exported-buffer)): reap importers proven
-/// dead, then `cuMemFree` each buffer whose importers are all gone.
+/// dead, then `cuMemFree` each buffer whose importers are all gone. The same for dropped
+/// [`HandleType::Pool`](crate::HandleType::Pool) buffers (their pool also frees them at its
+/// next allocation); a pool with no buffer left is destroyed once nothing of it is left.
 ///
 /// Allocating or exporting an [`IpcBuffer`](crate::IpcBuffer) or
 /// [`IpcSignal`](crate::IpcSignal) does this too, when something is pending; call it where a
@@ -143,8 +147,12 @@ pub(crate) fn collect_if_pending() {
 pub fn collect_deferred() -> DeferredFrees {
     let mut list = LIST.lock();
     registry::collect();
-    let report = sweep(&mut list, |d| free(&d.ctx, d.ptr));
+    let mut report = sweep(&mut list, |d| free(&d.ctx, d.ptr));
     PENDING.store(list.len(), Ordering::Relaxed);
+    drop(list);
+    let (held, bytes) = crate::pool::collect_shared();
+    report.pending += held;
+    report.pending_bytes += bytes;
     report
 }
 

@@ -831,6 +831,12 @@ pub enum TypeConflict {
     /// in the other device's context as well (a mapping of its own, at another address), or
     /// share the memory as [`HandleType::PosixFd`](crate::HandleType::PosixFd).
     ImportMappedPerContext,
+    /// A [`HandleType::Pool`](crate::HandleType::Pool) buffer was asked for one handle (or a
+    /// raw one, or one descriptor): it travels as its pool's handle and descriptor and the
+    /// buffer's [`PoolHandle`](crate::PoolHandle) —
+    /// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer), or
+    /// [`IpcBuffer::export_pooled`](crate::IpcBuffer::export_pooled) for another channel.
+    Pooled,
 }
 
 impl std::fmt::Display for TypeConflict {
@@ -847,6 +853,11 @@ impl std::fmt::Display for TypeConflict {
             Self::Descriptors { expected, found } => write!(
                 f,
                 "{found} file descriptor(s) arrived with it where it needs {expected}; all closed"
+            ),
+            Self::Pooled => f.write_str(
+                "a pool buffer travels as its pool's handle and descriptor and the buffer's \
+                 pool handle, not as one handle: FdSocket::send_buffer, or \
+                 IpcBuffer::export_pooled",
             ),
             Self::ImportMappedPerContext => f.write_str(
                 "a legacy import is mapped for the context that opened it only; open the handle \

@@ -49,7 +49,7 @@ use crate::context::GpuContext;
 use crate::error::{ArgumentDefect, Error, Result, StateDefect, TypeConflict};
 use crate::handle::{HandleType, IpcMemHandle};
 use crate::os::socket as sys;
-use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle};
+use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolHandle};
 
 /// The largest payload of one message, in bytes.
 pub(crate) const MAX_PAYLOAD: usize = 64 * 1024;
@@ -417,13 +417,16 @@ impl FdSocket {
 impl FdSocket {
     /// Send an exported [`IpcBuffer`] to the peer as one message: its handle, and for a
     /// [`HandleType::PosixFd`] buffer a new descriptor of its memory (the capability to map
-    /// it), which this side closes once sent. The peer opens it with
-    /// [`recv_buffer`](Self::recv_buffer). Legacy buffers travel the same way (the handle
-    /// alone), so one code path serves both types.
+    /// it), which this side closes once sent; for a [`HandleType::Pool`] buffer its pool's
+    /// handle and a new descriptor of the pool, then the buffer's
+    /// [`PoolHandle`] ([`IpcBuffer::export_pooled`]). The peer opens it
+    /// with [`recv_buffer`](Self::recv_buffer). Legacy buffers travel the same way (the handle
+    /// alone), so one code path serves every type.
     ///
     /// # Errors
     ///
-    /// As [`IpcBuffer::handle`] / [`IpcBuffer::export_fd`], then as [`send`](Self::send).
+    /// As [`IpcBuffer::handle`] / [`IpcBuffer::export_fd`] / [`IpcBuffer::export_pooled`],
+    /// then as [`send`](Self::send).
     ///
     /// # Examples
     ///
@@ -446,6 +449,11 @@ impl FdSocket {
                 let (handle, fd) = buffer.export_fd()?;
                 self.send(handle.as_bytes(), &[fd.as_fd()], timeout)
             }
+            HandleType::Pool => {
+                let (pool, fd, handle) = buffer.export_pooled()?;
+                let payload = [pool.as_bytes(), handle.as_bytes()].concat();
+                self.send(&payload, &[fd.as_fd()], timeout)
+            }
             _ => {
                 let handle = buffer.handle()?;
                 self.send(handle.as_bytes(), &[], timeout)
@@ -454,19 +462,21 @@ impl FdSocket {
     }
 
     /// Receive a buffer sent with [`send_buffer`](Self::send_buffer) and map it into `ctx`
-    /// ([`ImportedBuffer::open_fd`] with the descriptor that came with it, or [`ImportedBuffer::open`]
-    /// for a legacy handle), waiting at most `timeout` for the message.
+    /// ([`ImportedBuffer::open_fd`] with the descriptor that came with it,
+    /// [`ImportedBuffer::open_pooled`] for a pool buffer, or [`ImportedBuffer::open`] for a
+    /// legacy handle), waiting at most `timeout` for the message.
     ///
     /// Everything that arrives is checked before use: the payload must be exactly one handle
-    /// envelope; a POSIX-fd handle must come with exactly one descriptor and a legacy handle
-    /// with none (any that came are closed).
+    /// envelope, or a pool's handle followed by a pool buffer's handle; a POSIX-fd handle and a
+    /// pool must come with exactly one descriptor and a legacy handle with none (any that came
+    /// are closed).
     ///
     /// # Errors
     ///
     /// As [`recv`](Self::recv) (a peer that never sends is [`Error::Timeout`]);
     /// [`Error::CorruptHandle`] for a payload that is not a handle; [`Error::HandleTypeMismatch`]
-    /// when the descriptors do not match the handle's type; then as [`ImportedBuffer::open_fd`] or
-    /// [`ImportedBuffer::open`].
+    /// when the descriptors do not match the handle's type; then as [`ImportedBuffer::open_fd`],
+    /// [`ImportedBuffer::open_pooled`] or [`ImportedBuffer::open`].
     ///
     /// # Examples
     ///
@@ -488,27 +498,65 @@ impl FdSocket {
         ctx: &GpuContext,
         timeout: Duration,
     ) -> Result<ImportedBuffer<T>> {
-        let FdMessage { payload, mut fds } = self.recv(timeout)?;
-        let handle = IpcMemHandle::<T>::from_bytes(&payload)?;
-        match (handle.handle_type(), fds.len()) {
-            (HandleType::PosixFd, 1) => {
-                let fd = fds.pop().ok_or(Error::Corrupt {
-                    what: "fd socket message",
-                    defect: StateDefect::Missing {
-                        what: "the descriptor counted in the message",
-                    },
-                })?;
-                ImportedBuffer::open_fd(ctx, &handle, fd)
+        match BufferMessage::<T>::parse(self.recv(timeout)?)? {
+            BufferMessage::Legacy(handle) => ImportedBuffer::open(ctx, &handle),
+            BufferMessage::PosixFd(handle, fd) => ImportedBuffer::open_fd(ctx, &handle, fd),
+            BufferMessage::Pooled(pool, fd, buffer) => {
+                ImportedBuffer::open_pooled(ctx, &pool, fd, &buffer)
             }
-            (HandleType::Legacy, 0) => ImportedBuffer::open(ctx, &handle),
-            (handle_type, found) => Err(Error::HandleTypeMismatch {
-                handle: handle_type,
+        }
+    }
+}
+
+/// What [`FdSocket::send_buffer`] sends, checked as it arrives.
+enum BufferMessage<T: Pod> {
+    Legacy(IpcMemHandle<T>),
+    PosixFd(IpcMemHandle<T>, OwnedFd),
+    Pooled(IpcPoolHandle, OwnedFd, PoolHandle<T>),
+}
+
+impl<T: Pod> BufferMessage<T> {
+    /// A message's payload — one handle envelope, or a pool's handle followed by a pool
+    /// buffer's — and its descriptors: one for a POSIX-fd handle or a pool, none for a legacy
+    /// handle. Anything else is refused, the descriptors closed; nothing is opened.
+    fn parse(FdMessage { payload, fds }: FdMessage) -> Result<Self> {
+        if payload.len() == IpcPoolHandle::SIZE + PoolHandle::<T>::SIZE {
+            let (pool, buffer) = payload.split_at(IpcPoolHandle::SIZE);
+            let pool = IpcPoolHandle::from_bytes(pool)?;
+            let buffer = PoolHandle::<T>::from_bytes(buffer)?;
+            let fd = only_descriptor(HandleType::Pool, fds)?;
+            return Ok(Self::Pooled(pool, fd, buffer));
+        }
+        let handle = IpcMemHandle::<T>::from_bytes(&payload)?;
+        match handle.handle_type() {
+            HandleType::Legacy if fds.is_empty() => Ok(Self::Legacy(handle)),
+            HandleType::Legacy => Err(Error::HandleTypeMismatch {
+                handle: HandleType::Legacy,
                 conflict: TypeConflict::Descriptors {
-                    expected: usize::from(handle_type == HandleType::PosixFd),
-                    found,
+                    expected: 0,
+                    found: fds.len(),
                 },
             }),
+            handle_type => {
+                let fd = only_descriptor(handle_type, fds)?;
+                Ok(Self::PosixFd(handle, fd))
+            }
         }
+    }
+}
+
+/// The one descriptor a handle of `handle_type` must arrive with; any other number is
+/// [`Error::HandleTypeMismatch`] (those that came are closed with `fds`).
+fn only_descriptor(handle_type: HandleType, mut fds: Vec<OwnedFd>) -> Result<OwnedFd> {
+    match (fds.pop(), fds.len()) {
+        (Some(fd), 0) => Ok(fd),
+        (last, others) => Err(Error::HandleTypeMismatch {
+            handle: handle_type,
+            conflict: TypeConflict::Descriptors {
+                expected: 1,
+                found: others + usize::from(last.is_some()),
+            },
+        }),
     }
 }
 
@@ -563,24 +611,15 @@ impl FdSocket {
     /// [`Error::HandleTypeMismatch`], the descriptors closed. The payload is returned
     /// unchecked.
     fn recv_with_one_fd(&self, timeout: Duration) -> Result<(Vec<u8>, OwnedFd)> {
-        let FdMessage { payload, mut fds } = self.recv(timeout)?;
-        match (fds.pop(), fds.len()) {
-            (Some(fd), 0) => Ok((payload, fd)),
-            (first, rest) => Err(Error::HandleTypeMismatch {
-                handle: HandleType::PosixFd,
-                conflict: TypeConflict::Descriptors {
-                    expected: 1,
-                    found: rest + usize::from(first.is_some()),
-                },
-            }),
-        }
+        let FdMessage { payload, fds } = self.recv(timeout)?;
+        Ok((payload, only_descriptor(HandleType::PosixFd, fds)?))
     }
 }
 
 impl FdSocket {
     /// Send an [`IpcPool`] to the peer: its handle and a new descriptor of the pool, which this
     /// side closes once sent. The peer imports it with [`recv_pool`](Self::recv_pool); the
-    /// pool's buffers then travel as [`PoolHandle`](crate::PoolHandle) bytes alone.
+    /// pool's buffers then travel as [`PoolHandle`] bytes alone.
     ///
     /// # Errors
     ///
@@ -656,4 +695,73 @@ pub fn take_fd_from_process(pid: u32, fd: i32) -> Result<OwnedFd> {
             source: std::io::Error::from_raw_os_error(e.raw_os_error()),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An open descriptor of nothing in particular.
+    fn some_fd() -> OwnedFd {
+        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
+    }
+
+    fn message(payload: Vec<u8>, fds: usize) -> FdMessage {
+        FdMessage {
+            payload,
+            fds: (0..fds).map(|_| some_fd()).collect(),
+        }
+    }
+
+    fn pooled_payload() -> Vec<u8> {
+        let (pool, buffer) = crate::pool::made_up_handles::<u32>();
+        [pool.as_bytes(), buffer.as_bytes()].concat()
+    }
+
+    fn descriptors(r: Result<BufferMessage<u32>>) -> Option<(HandleType, usize, usize)> {
+        match r {
+            Err(Error::HandleTypeMismatch {
+                handle,
+                conflict: TypeConflict::Descriptors { expected, found },
+            }) => Some((handle, expected, found)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_pool_buffer_message_needs_exactly_its_pools_descriptor() {
+        let parsed = BufferMessage::<u32>::parse(message(pooled_payload(), 1));
+        assert!(matches!(parsed, Ok(BufferMessage::Pooled(..))));
+        for n in [0, 2] {
+            assert_eq!(
+                descriptors(BufferMessage::parse(message(pooled_payload(), n))),
+                Some((HandleType::Pool, 1, n)),
+                "{n} descriptors"
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_pool_buffer_message_is_a_corrupt_handle() {
+        let len = pooled_payload().len();
+        // A byte of the pool's handle, then one of the buffer's.
+        for at in [40, len - 20] {
+            let mut payload = pooled_payload();
+            payload[at] ^= 0x10;
+            assert!(
+                matches!(
+                    BufferMessage::<u32>::parse(message(payload, 1)),
+                    Err(Error::CorruptHandle { .. })
+                ),
+                "byte {at}"
+            );
+        }
+        // Neither one handle nor the pair.
+        let mut payload = pooled_payload();
+        payload.pop();
+        assert!(matches!(
+            BufferMessage::<u32>::parse(message(payload, 1)),
+            Err(Error::CorruptHandle { .. })
+        ));
+    }
 }

@@ -11,8 +11,9 @@
 
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::sync::atomic::Ordering as StdOrdering;
+use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
@@ -26,6 +27,7 @@ use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::lease::{ExportLeases, Lease};
 use crate::os;
+use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
@@ -105,6 +107,67 @@ impl Owner {
             pass(books);
         }
         books.quarantine.len()
+    }
+}
+
+/// The sealed envelope of pool `token` (on the device with `uuid`, ordinal `ordinal` here),
+/// export generation `generation`: what travels with the pool's descriptor.
+fn pool_envelope(token: [u8; 16], uuid: [u8; 16], generation: u64, ordinal: u32) -> Envelope {
+    Envelope {
+        elem_size: 1,
+        elem_align: 1,
+        type_tag: type_tag_of::<u8>(),
+        len: 1,
+        device_uuid: uuid,
+        token,
+        handle_type: HandleType::PosixFd.code(),
+        ..Envelope::exported(KIND_POOL, generation, ordinal, [0; 64])
+    }
+    .seal()
+}
+
+/// Well-formed handles of a pool and of one of its buffers (`T`s) that name nothing, for host
+/// tests of what parses them.
+#[cfg(test)]
+pub(crate) fn made_up_handles<T: Pod>() -> (IpcPoolHandle, PoolHandle<T>) {
+    let token = [7; 16];
+    let mut raw = RawPoolHandle {
+        magic: POOL_FORMAT.magic,
+        version: POOL_FORMAT.version,
+        elem_size: std::mem::size_of::<T>() as u32,
+        elem_align: std::mem::align_of::<T>() as u32,
+        type_tag: type_tag_of::<T>(),
+        token,
+        index: 3,
+        generation: 1,
+        len: 16,
+        ..Zeroable::zeroed()
+    };
+    raw.checksum = sealed::sum(&raw);
+    (
+        Handle::from_envelope(pool_envelope(token, [9; 16], 1, 0)),
+        PoolHandle {
+            raw,
+            _elem: PhantomData,
+        },
+    )
+}
+
+impl Owner {
+    /// The work of [`IpcPool::grant_access`].
+    fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        if ctx.device() == self.ctx.device() {
+            return Ok(());
+        }
+        crate::device::check_peer(ctx.ordinal(), self.ctx.ordinal())?;
+        let desc = sys::CUmemAccessDesc {
+            location: crate::vmm::on_device(ctx.device()),
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let _g = self.ctx.enter()?;
+        // SAFETY: our pool, live while `self` is; adding a device's access leaves every other
+        // device's as it was.
+        unsafe { driver::pool::set_access(self.pool, &desc) }
     }
 }
 
@@ -275,40 +338,10 @@ impl IpcPool {
         stream: &(impl AsStream + ?Sized),
     ) -> Result<PoolBuffer<T>> {
         let bytes = crate::buffer::allocation_bytes::<T>("IpcPool::alloc", len)?;
-        let owner = &self.owner;
-        let index = {
-            let mut books = owner.books.lock();
-            // Quarantined allocations hold device memory: free the released ones at every
-            // allocation (a pass over the quarantine), and reap the dead when out of slots.
-            if books.free.is_empty() {
-                owner.reclaim(&mut books, Reap::IfHeld);
-            } else if !books.quarantine.is_empty() {
-                owner.reclaim(&mut books, Reap::Never);
-            }
-            books.free.pop().ok_or(Error::TooManyBuffers {
-                max: MAX_POOL_BUFFERS,
-            })?
-        };
-        let give_back = |e: Error| {
-            owner.books.lock().free.push(index);
-            e
-        };
-        let (ptr, ready) =
-            alloc_on(&owner.ctx, owner.pool, bytes, stream.as_cu_stream()).map_err(give_back)?;
-        let generation = {
-            let mut books = owner.books.lock();
-            let g = books.generations[index as usize] + 1; // odd: live
-            books.generations[index as usize] = g;
-            g
-        };
-        owner.table.blocks[index as usize].publish(generation, 0, bytes as u64);
+        let alloc = alloc_from(&self.owner, bytes, stream.as_cu_stream())?;
         Ok(PoolBuffer {
-            slice: GpuSlice::new(owner.ctx.clone(), ptr, len),
-            owner: owner.clone(),
-            index,
-            generation,
-            ready,
-            freed: false,
+            slice: GpuSlice::new(self.owner.ctx.clone(), alloc.ptr, len),
+            alloc,
         })
     }
 
@@ -322,17 +355,12 @@ impl IpcPool {
     #[doc(alias = "cuMemPoolExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<(IpcPoolHandle, OwnedFd)> {
         let owner = &self.owner;
-        let env = Envelope {
-            elem_size: 1,
-            elem_align: 1,
-            type_tag: type_tag_of::<u8>(),
-            len: 1,
-            device_uuid: owner.uuid,
-            token: owner.token,
-            handle_type: HandleType::PosixFd.code(),
-            ..Envelope::exported(KIND_POOL, owner.generation, owner.ctx.ordinal(), [0; 64])
-        }
-        .seal();
+        let env = pool_envelope(
+            owner.token,
+            owner.uuid,
+            owner.generation,
+            owner.ctx.ordinal(),
+        );
         let _g = owner.ctx.enter()?;
         // SAFETY: our live pool, created with the POSIX-fd handle type.
         let fd = unsafe { driver::pool::export_fd(owner.pool) }?;
@@ -395,19 +423,7 @@ impl IpcPool {
     /// ```
     #[doc(alias = "cuMemPoolSetAccess")]
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        let owner = &self.owner;
-        if ctx.device() == owner.ctx.device() {
-            return Ok(());
-        }
-        crate::device::check_peer(ctx.ordinal(), owner.ctx.ordinal())?;
-        let desc = sys::CUmemAccessDesc {
-            location: crate::vmm::on_device(ctx.device()),
-            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        let _g = owner.ctx.enter()?;
-        // SAFETY: our pool, live while `self` is; adding a device's access leaves every other
-        // device's as it was.
-        unsafe { driver::pool::set_access(owner.pool, &desc) }
+        self.owner.grant(ctx)
     }
 }
 
@@ -417,6 +433,181 @@ impl std::fmt::Debug for IpcPool {
             .field("device", &self.owner.ctx.ordinal())
             .finish_non_exhaustive()
     }
+}
+
+/// The pools [`HandleType::Pool`] buffers come from, by context: one while it has free blocks
+/// (another once it is full). A pool is kept while it has a buffer or an allocation in
+/// quarantine (a buffer dropped while an importer holds it), and destroyed when it has neither
+/// — by the drop of its last buffer, or by a later [`collect_shared`] — so that it never keeps
+/// a context (or its shared-memory tables) alive after its buffers. Who holds a pool changes
+/// under this lock only.
+static SHARED: Mutex<Vec<(usize, Arc<Owner>)>> = parking_lot::const_mutex(Vec::new());
+
+/// Whether a shared pool's allocation went to quarantine (or a pool may have been left without
+/// buffers) since [`collect_shared`] last looked (for [`collect_shared_if_pending`]).
+static SHARED_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// After a shared pool's allocation was freed or quarantined, as it goes: if it was the pool's
+/// last buffer and nothing waits in the pool's quarantine, destroy the pool (else a later
+/// [`collect_shared`] does).
+fn drop_shared(owner: &Arc<Owner>) {
+    let mut shared = SHARED.lock();
+    // The list's reference and the dropping allocation's only: no other buffer, and nobody
+    // about to allocate from it (that takes a reference under this lock first).
+    if Arc::strong_count(owner) != 2 {
+        return;
+    }
+    if owner.reclaim(&mut owner.books.lock(), Reap::IfHeld) != 0 {
+        SHARED_PENDING.store(true, StdOrdering::Relaxed);
+        return;
+    }
+    let gone = shared
+        .iter()
+        .position(|(_, o)| Arc::ptr_eq(o, owner))
+        .map(|i| shared.swap_remove(i));
+    drop(shared);
+    drop(gone); // destroys the pool, after the lock (driver calls, shared-memory unlinks)
+}
+
+/// Free what the shared pools hold in quarantine once its importers let go (reaping importers
+/// proven dead), and destroy the pools left with no buffer and nothing in quarantine. Returns
+/// how many quarantined allocations still wait for live importers, and their bytes. Part of
+/// [`collect_deferred`](crate::collect_deferred).
+pub(crate) fn collect_shared() -> (usize, usize) {
+    let mut shared = SHARED.lock();
+    let (mut held, mut bytes) = (0, 0);
+    let mut gone = Vec::new();
+    let mut i = 0;
+    while i < shared.len() {
+        let owner = &shared[i].1;
+        let mut books = owner.books.lock();
+        let left = owner.reclaim(&mut books, Reap::Always);
+        if left == 0 && Arc::strong_count(owner) == 1 {
+            drop(books);
+            gone.push(shared.swap_remove(i));
+            continue;
+        }
+        held += left;
+        bytes += books
+            .quarantine
+            .iter()
+            .map(|r| owner.table.blocks[r.index as usize].range().1 as usize)
+            .sum::<usize>();
+        drop(books);
+        i += 1;
+    }
+    SHARED_PENDING.store(held != 0, StdOrdering::Relaxed);
+    drop(shared);
+    drop(gone);
+    (held, bytes)
+}
+
+/// [`collect_shared`] if something may be waiting (see [`SHARED_PENDING`]).
+pub(crate) fn collect_shared_if_pending() {
+    if SHARED_PENDING.load(StdOrdering::Relaxed) {
+        collect_shared();
+    }
+}
+
+/// Allocate `bytes` for an [`IpcBuffer`](crate::IpcBuffer) of [`HandleType::Pool`] from a pool
+/// of `ctx` this process shares between such buffers (created when none has a free block),
+/// and wait until the allocation is complete: like `cuMemAlloc` memory, it is ready for any
+/// stream when this returns.
+pub(crate) fn alloc_shared(ctx: &GpuContext, bytes: usize) -> Result<PoolAlloc> {
+    let got = alloc_shared_in(ctx, bytes);
+    if got.is_err() {
+        // A pool made or taken for it may be left without a buffer: a later scan looks.
+        SHARED_PENDING.store(true, StdOrdering::Relaxed);
+    }
+    got
+}
+
+fn alloc_shared_in(ctx: &GpuContext, bytes: usize) -> Result<PoolAlloc> {
+    let key = ctx.as_raw() as usize;
+    loop {
+        let pools: Vec<Arc<Owner>> = SHARED
+            .lock()
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, o)| o.clone())
+            .collect();
+        for owner in &pools {
+            match alloc_ready(owner, bytes) {
+                // A full pool: its last buffer may go while this call holds it, leaving it to
+                // a later scan.
+                Err(Error::TooManyBuffers { .. }) => {
+                    SHARED_PENDING.store(true, StdOrdering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        // Every pool of this context is full (or there is none): one more.
+        let pool = IpcPool::new(ctx)?;
+        SHARED.lock().push((key, pool.owner.clone()));
+        match alloc_ready(&pool.owner, bytes) {
+            // Filled by other threads in between: look again.
+            Err(Error::TooManyBuffers { .. }) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// [`alloc_from`] on a private stream, synchronised before it returns.
+fn alloc_ready(owner: &Arc<Owner>, bytes: usize) -> Result<PoolAlloc> {
+    let _g = owner.ctx.enter()?;
+    let stream = driver::stream::create_non_blocking()?;
+    let alloc = alloc_from(owner, bytes, stream).map(|mut a| {
+        a.shared = true;
+        a
+    });
+    let synced = match &alloc {
+        // SAFETY: a live stream of this context.
+        Ok(_) => unsafe { driver::stream::synchronize(stream) },
+        Err(_) => Ok(()),
+    };
+    // SAFETY: created above and destroyed once; its work is done (synchronised), or it has
+    // none.
+    let _ = unsafe { driver::stream::destroy(stream) };
+    synced.and(alloc)
+}
+
+/// Allocate `bytes` from `owner`'s pool ordered on `stream` and publish it in a free block of the
+/// table as a new live generation. The work of [`IpcPool::alloc`].
+fn alloc_from(owner: &Arc<Owner>, bytes: usize, stream: sys::CUstream) -> Result<PoolAlloc> {
+    let index = {
+        let mut books = owner.books.lock();
+        // Quarantined allocations hold device memory: free the released ones at every
+        // allocation (a pass over the quarantine), and reap the dead when out of slots.
+        if books.free.is_empty() {
+            owner.reclaim(&mut books, Reap::IfHeld);
+        } else if !books.quarantine.is_empty() {
+            owner.reclaim(&mut books, Reap::Never);
+        }
+        books.free.pop().ok_or(Error::TooManyBuffers {
+            max: MAX_POOL_BUFFERS,
+        })?
+    };
+    let give_back = |e: Error| {
+        owner.books.lock().free.push(index);
+        e
+    };
+    let (ptr, ready) = alloc_on(&owner.ctx, owner.pool, bytes, stream).map_err(give_back)?;
+    let generation = {
+        let mut books = owner.books.lock();
+        let g = books.generations[index as usize] + 1; // odd: live
+        books.generations[index as usize] = g;
+        g
+    };
+    owner.table.blocks[index as usize].publish(generation, 0, bytes as u64);
+    Ok(PoolAlloc {
+        owner: owner.clone(),
+        ptr,
+        index,
+        generation,
+        ready,
+        freed: false,
+        shared: false,
+    })
 }
 
 /// `cuMemAllocFromPoolAsync` of `bytes` on `stream`, and an event recorded after it.
@@ -453,18 +644,29 @@ fn alloc_on(
 /// the free on a stream instead.
 pub struct PoolBuffer<T: Pod> {
     slice: GpuSlice<T>,
+    alloc: PoolAlloc,
+}
+
+/// One allocation of a pool and its block in the pool's table, whatever its element type: the
+/// memory of a [`PoolBuffer`], and of an [`IpcBuffer`](crate::IpcBuffer) of
+/// [`HandleType::Pool`]. Freed (or quarantined while importers hold it) on drop.
+pub(crate) struct PoolAlloc {
     owner: Arc<Owner>,
+    ptr: sys::CUdeviceptr,
     index: u32,
     generation: u64,
     /// Recorded after the allocation on its stream.
     ready: sys::CUevent,
     freed: bool,
+    /// From a pool of [`SHARED`] (an [`IpcBuffer`](crate::IpcBuffer) of [`HandleType::Pool`]).
+    shared: bool,
 }
 
 // SAFETY: the event is an opaque driver handle used with the context pushed; the rest is Send.
-unsafe impl<T: Pod> Send for PoolBuffer<T> {}
-// SAFETY: `&self` methods only synchronise on the event (thread-safe in the driver).
-unsafe impl<T: Pod> Sync for PoolBuffer<T> {}
+unsafe impl Send for PoolAlloc {}
+// SAFETY: `&self` methods only synchronise on the event (thread-safe in the driver) and read the
+// shared table.
+unsafe impl Sync for PoolAlloc {}
 
 impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
     type Target = GpuSlice<T>;
@@ -528,34 +730,12 @@ impl<T: Pod> PoolBuffer<T> {
     /// [`Error::Cuda`] naming `cuEventSynchronize` or `cuMemPoolExportPointer`.
     #[doc(alias = "cuMemPoolExportPointer")]
     pub fn handle(&self) -> Result<PoolHandle<T>> {
-        let _g = self.owner.ctx.enter()?;
-        // SAFETY: our live event.
-        unsafe { driver::event::synchronize(self.ready) }?;
-        // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
-        let export = unsafe { driver::pool::export_pointer(self.slice.ptr) }?;
-        let mut raw = RawPoolHandle {
-            magic: POOL_FORMAT.magic,
-            version: POOL_FORMAT.version,
-            elem_size: std::mem::size_of::<T>() as u32,
-            elem_align: std::mem::align_of::<T>() as u32,
-            type_tag: type_tag_of::<T>(),
-            token: self.owner.token,
-            index: self.index,
-            generation: self.generation,
-            len: self.slice.len as u64,
-            export,
-            ..Zeroable::zeroed()
-        };
-        raw.checksum = sealed::sum(&raw);
-        Ok(PoolHandle {
-            raw,
-            _elem: PhantomData,
-        })
+        self.alloc.handle(self.slice.len)
     }
 
     /// Whether a process (another, or an import in this one) holds this buffer now.
     pub fn is_viewed(&self) -> bool {
-        self.owner.table.blocks[self.index as usize].holders() != 0
+        self.alloc.is_viewed()
     }
 
     /// Free the buffer ordered on `stream` (`cuMemFreeAsync`: after the work enqueued on
@@ -567,22 +747,127 @@ impl<T: Pod> PoolBuffer<T> {
     /// [`Error::Cuda`] naming `cuMemFreeAsync`.
     #[doc(alias = "cuMemFreeAsync")]
     pub fn free_async(mut self, stream: &(impl AsStream + ?Sized)) -> Result<()> {
-        self.freed = true;
-        self.retire(Some(stream.as_cu_stream()))
+        self.alloc.free(Some(stream.as_cu_stream()))
+    }
+}
+
+impl PoolAlloc {
+    /// The allocation's address.
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
     }
 
-    fn retire(&mut self, stream: Option<sys::CUstream>) -> Result<()> {
+    /// The handle of this allocation as `len` elements of `T` (see [`PoolBuffer::handle`]).
+    pub(crate) fn handle<T: Pod>(&self, len: usize) -> Result<PoolHandle<T>> {
+        let _g = self.owner.ctx.enter()?;
+        // SAFETY: our live event.
+        unsafe { driver::event::synchronize(self.ready) }?;
+        // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
+        let export = unsafe { driver::pool::export_pointer(self.ptr) }?;
+        let mut raw = RawPoolHandle {
+            magic: POOL_FORMAT.magic,
+            version: POOL_FORMAT.version,
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            token: self.owner.token,
+            index: self.index,
+            generation: self.generation,
+            len: len as u64,
+            export,
+            ..Zeroable::zeroed()
+        };
+        raw.checksum = sealed::sum(&raw);
+        Ok(PoolHandle {
+            raw,
+            _elem: PhantomData,
+        })
+    }
+
+    /// See [`IpcPool::grant_access`] (for the whole pool).
+    pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        self.owner.grant(ctx)
+    }
+
+    /// The pool this allocation came from (its handle and descriptor travel to importers).
+    pub(crate) fn pool(&self) -> IpcPool {
+        IpcPool {
+            owner: self.owner.clone(),
+        }
+    }
+
+    /// Whether a process (another, or an import in this one) holds the allocation now.
+    pub(crate) fn is_viewed(&self) -> bool {
+        self.block().holders() != 0
+    }
+
+    /// The pids of the live processes that hold the allocation now.
+    pub(crate) fn importers(&self) -> Vec<u32> {
+        self.owner
+            .leases
+            .table()
+            .holders_in(self.block().holders(), &|id: &ProcessIdentity| {
+                id.is_alive()
+            })
+    }
+
+    fn block(&self) -> &crate::arena::table::Block {
+        &self.owner.table.blocks[self.index as usize]
+    }
+
+    /// Retire the allocation (new opens of its handles are stale from here on) without freeing
+    /// it, and wait up to `timeout` until no importer holds it, reaping importers proven dead.
+    /// The allocation stays ours: [`free`](Self::free) (or drop) gives it back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeasesOutstanding`] naming the importers still holding it.
+    pub(crate) fn wait_unheld(&self, timeout: Duration) -> Result<()> {
+        self.block().retire(self.generation);
+        let mut wait = Backoff::new(
+            timeout,
+            Duration::from_micros(100),
+            Duration::from_millis(20),
+        );
+        loop {
+            if !self.is_viewed() {
+                return Ok(());
+            }
+            {
+                let mut books = self.owner.books.lock();
+                self.owner.reclaim(&mut books, Reap::Always);
+            }
+            if !self.is_viewed() {
+                return Ok(());
+            }
+            if let Err(waited) = wait.pause() {
+                return Err(Error::LeasesOutstanding {
+                    pids: self.importers(),
+                    waited,
+                });
+            }
+        }
+    }
+
+    /// Free the allocation — ordered on `stream`, or now — if no importer holds it; otherwise
+    /// quarantine it until they let go. Handles are stale from here on. Once only.
+    pub(crate) fn free(&mut self, stream: Option<sys::CUstream>) -> Result<()> {
+        if self.freed {
+            return Ok(());
+        }
+        self.freed = true;
         let owner = &self.owner;
         let _g = owner.ctx.enter()?;
-        // SAFETY: our live event, destroyed once (`freed` or drop, never both).
+        // SAFETY: our live event, destroyed once (`freed` guards).
         let _ = unsafe { driver::event::destroy(self.ready) };
         let mut books = owner.books.lock();
         books.generations[self.index as usize] = self.generation + 1;
         if owner.table.blocks[self.index as usize].retire(self.generation) != 0 {
             books.quarantine.push(Retired {
                 index: self.index,
-                ptr: self.slice.ptr,
+                ptr: self.ptr,
             });
+
             return Ok(());
         }
         books.free.push(self.index);
@@ -590,18 +875,18 @@ impl<T: Pod> PoolBuffer<T> {
         match stream {
             // SAFETY: our allocation, retired with no importer holding it; freed once, ordered
             // on the caller's live stream.
-            Some(s) => unsafe { driver::pool::free_async(self.slice.ptr, s) },
+            Some(s) => unsafe { driver::pool::free_async(self.ptr, s) },
             // SAFETY: as above, freed once, now (queued work on it is the caller's duty).
-            None => unsafe { driver::mem::free(self.slice.ptr) },
+            None => unsafe { driver::mem::free(self.ptr) },
         }
     }
 }
 
-impl<T: Pod> Drop for PoolBuffer<T> {
+impl Drop for PoolAlloc {
     fn drop(&mut self) {
-        if !self.freed {
-            self.freed = true;
-            let _ = self.retire(None);
+        let _ = self.free(None);
+        if self.shared {
+            drop_shared(&self.owner);
         }
     }
 }
@@ -611,7 +896,7 @@ impl<T: Pod> std::fmt::Debug for PoolBuffer<T> {
         f.debug_struct("PoolBuffer")
             .field("type", &std::any::type_name::<T>())
             .field("len", &self.slice.len)
-            .field("generation", &self.generation)
+            .field("generation", &self.alloc.generation)
             .finish_non_exhaustive()
     }
 }
@@ -985,8 +1270,10 @@ impl ImportedPool {
         drop(views);
         Ok(PoolView {
             slice: GpuSlice::new(self.ctx.clone(), ptr, len),
-            import: import.clone(),
-            index: h.index,
+            hold: PoolHold {
+                import: import.clone(),
+                index: h.index,
+            },
         })
     }
 
@@ -1032,6 +1319,17 @@ impl ImportedPool {
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
         crate::device::check_peer(ctx.ordinal(), self.import.holder)?;
         self.import.grant(ctx)
+    }
+
+    /// Import the pool `pool` names (or share this process's import of it) and open the buffer
+    /// `buffer` names: the work of [`ImportedBuffer::open_pooled`](crate::ImportedBuffer::open_pooled).
+    pub(crate) fn open_buffer<T: Pod>(
+        ctx: &GpuContext,
+        pool: &IpcPoolHandle,
+        fd: OwnedFd,
+        buffer: &PoolHandle<T>,
+    ) -> Result<PoolView<T>> {
+        Self::open_fd(ctx, pool, fd)?.open(buffer)
     }
 }
 
@@ -1086,6 +1384,13 @@ impl std::fmt::Debug for ImportedPool {
 /// [asynchronous work](GpuSlice#asynchronous-work)).
 pub struct PoolView<T: Pod> {
     slice: GpuSlice<T>,
+    hold: PoolHold,
+}
+
+/// One view's hold on an imported allocation, whatever its element type: the import of a
+/// [`PoolView`], and of an [`ImportedBuffer`](crate::ImportedBuffer) of [`HandleType::Pool`].
+/// Dropping the last hold of a buffer in this process frees the import.
+pub(crate) struct PoolHold {
     import: Arc<Import>,
     index: u32,
 }
@@ -1101,15 +1406,38 @@ impl<T: Pod> std::ops::Deref for PoolView<T> {
 impl<T: Pod> PoolView<T> {
     /// Whether the owner still has the buffer (false once it was freed; the view stays valid).
     pub fn is_live(&self) -> bool {
+        self.hold.is_live()
+    }
+
+    /// The view's memory and its hold, for an [`ImportedBuffer`](crate::ImportedBuffer).
+    pub(crate) fn into_parts(self) -> (GpuSlice<T>, PoolHold) {
+        (self.slice, self.hold)
+    }
+}
+
+impl PoolHold {
+    /// See [`PoolView::is_live`].
+    pub(crate) fn is_live(&self) -> bool {
         let views = self.import.views.lock();
         match views.get(&self.index) {
             Some(entry) => self.import.table.blocks[self.index as usize].is_live(entry.generation),
             None => false,
         }
     }
+
+    /// The process that owns the pool.
+    pub(crate) fn exporter(&self) -> ProcessIdentity {
+        self.import.exporter
+    }
+
+    /// See [`ImportedPool::grant_access`].
+    pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        crate::device::check_peer(ctx.ordinal(), self.import.holder)?;
+        self.import.grant(ctx)
+    }
 }
 
-impl<T: Pod> Drop for PoolView<T> {
+impl Drop for PoolHold {
     fn drop(&mut self) {
         let mut views = self.import.views.lock();
         if let Some(entry) = views.get_mut(&self.index) {
@@ -1137,7 +1465,7 @@ impl<T: Pod> std::fmt::Debug for PoolView<T> {
         f.debug_struct("PoolView")
             .field("type", &std::any::type_name::<T>())
             .field("len", &self.slice.len)
-            .field("block", &self.index)
+            .field("block", &self.hold.index)
             .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,7 @@
 //! Leak checks on the GPU: 10,000 export / open / drop cycles between two processes (file
 //! descriptors, `/dev/shm` entries and free GPU memory unchanged), the same for 2,000 POSIX-fd
 //! buffers sent over a socket (the exporter dropping each while the importer still maps it),
+//! and for 2,000 `HandleType::Pool` buffers (each cycle its own pool, imported once),
 //! a killed importer's lease reaped with the memory back to baseline, and 1,000 arenas created,
 //! imported, carved into buffers and viewed (half freed while viewed) with nothing left behind,
 //! 2,000 pool buffers each freed by its owner while the importer still held it, and 2,000
@@ -99,9 +100,17 @@ fn spin_until(what: &str, cond: impl Fn() -> bool) {
 const FD_CYCLES: u64 = 2_000;
 const T: Duration = Duration::from_secs(30);
 
-/// The POSIX-fd soak's exporter: per cycle a new buffer, sent; dropped once the importer says
-/// it mapped it (so the importer reads after the drop).
-fn fd_exporter(socket: &str) -> i32 {
+/// The POSIX-fd and pool-buffer soaks' exporter (`kind` "fd" or "pool"): per cycle a new
+/// buffer, sent; dropped once the importer says it mapped it (so the importer reads after the
+/// drop); the next cycle once the importer let it go. A dropped pool buffer waits in
+/// quarantine, and its pool with it (it has no other buffer), until the next allocation's
+/// scan frees both: each cycle makes a pool, which the importer imports.
+fn fd_exporter(socket: &str, kind: &str) -> i32 {
+    let handle_type = if kind == "pool" {
+        HandleType::Pool
+    } else {
+        HandleType::PosixFd
+    };
     let ctx = gpu();
     let name = SocketName::Abstract(socket.to_owned());
     let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
@@ -110,13 +119,19 @@ fn fd_exporter(socket: &str) -> i32 {
         if i == WARMUP {
             baseline = (fd_count(), ctx.mem_info().unwrap().0);
         }
-        let buf = IpcBuffer::<u8>::new_with(&ctx, LEN, HandleType::PosixFd).unwrap();
+        let buf = IpcBuffer::<u8>::new_with(&ctx, LEN, handle_type).unwrap();
         buf.memset_bytes((i % 251) as u8).unwrap();
         s.send_buffer(&buf, T).unwrap();
         assert_eq!(s.recv(T).unwrap().payload, b"mapped");
         drop(buf);
         s.send(b"dropped", &[], T).unwrap();
+        assert_eq!(s.recv(T).unwrap().payload, b"closed");
     }
+    let left = cuda_ipc::collect_deferred();
+    assert_eq!(
+        left.pending, 0,
+        "{kind}: nothing waits once the importer let go"
+    );
     let end = (fd_count(), ctx.mem_info().unwrap().0);
     report(format!(
         "fds {} {} free {} {}",
@@ -230,7 +245,7 @@ fn legacy_exporter(region: &str, deferred: bool) -> i32 {
 fn child_process() {
     common::child_main(|role, args| {
         if role == "fd_exporter" {
-            return fd_exporter(&args[0]);
+            return fd_exporter(&args[0], &args[1]);
         }
         if role == "pool_owner" {
             return pool_owner(&args[0]);
@@ -390,16 +405,27 @@ fn a_thousand_exports_cost_two_files_per_process() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
+    buffer_soak("fd");
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn two_thousand_pool_kind_buffers_outliving_their_exporter_leak_nothing() {
+    buffer_soak("pool");
+}
+
+/// The importer's side of the POSIX-fd and pool-buffer soaks (see [`fd_exporter`]).
+fn buffer_soak(kind: &str) {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let _dog = watchdog("fd soak", Duration::from_secs(300));
+    let _dog = watchdog("buffer soak", Duration::from_secs(300));
     let ctx = gpu();
     let socket = unique_name("fd-soak");
     let listener =
         FdListener::bind(SocketName::Abstract(socket.clone()), PeerPolicy::SameUid).unwrap();
     let (free_start, _) = ctx.mem_info().unwrap();
-    let exporter = spawn("fd_exporter", &[&socket]);
+    let exporter = spawn("fd_exporter", &[&socket, kind]);
     let s = listener.accept(T).unwrap();
     let mut host = vec![0u8; LEN];
     let mut baseline = None;
@@ -418,6 +444,7 @@ fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
             "cycle {i}: wrong data after the exporter's drop"
         );
         drop(buf);
+        s.send(b"closed", &[], T).unwrap();
     }
     let elapsed = start.elapsed();
     let results = exporter.expect_success(Duration::from_secs(60));
@@ -426,7 +453,7 @@ fn two_thousand_fd_buffers_outliving_their_exporter_leak_nothing() {
     let (fds1, shm1) = (fd_count(), shm_entries_but_registry("cuda-ipc-lease").len());
     let free1 = wait_for_free_memory(&ctx, free_start, 4 << 20);
     eprintln!(
-        "soak: {FD_CYCLES} POSIX-fd cycles in {:.2} s ({:.0} µs/cycle); importer fds \
+        "soak: {FD_CYCLES} {kind} cycles in {:.2} s ({:.0} µs/cycle); importer fds \
          {fds0}->{fds1}, lease tables {shm0}->{shm1}, device free memory {free_start}->{free1}; \
          exporter: {}",
         elapsed.as_secs_f64(),

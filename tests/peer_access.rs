@@ -139,6 +139,11 @@ fn own(kind: &str, ctx0: &GpuContext, ctx1: &GpuContext) {
             through(ctx1, b.as_raw_ptr(), true, val, || pool.grant_access(ctx1));
             all_are(&b, val)
         }
+        "pooled" => {
+            let b = IpcBuffer::<u8>::zeroed_with(ctx0, BYTES, HandleType::Pool).unwrap();
+            through(ctx1, b.as_raw_ptr(), true, val, || b.grant_access(ctx1));
+            all_are(&b, val)
+        }
         other => panic!("unknown kind {other}"),
     };
     report(format!("read {read}"));
@@ -167,7 +172,7 @@ fn import(s: &FdSocket, kind: &str, ctx0: &GpuContext, ctx1: &GpuContext) {
                 Err(e) => report(format!("kernel failed: {e}")),
             }
         }
-        "fd" => {
+        "fd" | "pooled" => {
             let v = s.recv_buffer::<u8>(ctx0, T).unwrap();
             through(ctx1, v.as_raw_ptr(), true, val, || v.grant_access(ctx1));
         }
@@ -219,8 +224,13 @@ fn run_import(kind: &str) {
             s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
             Box::new(b)
         }
-        "fd" | "fd_reverse" => {
-            let b = IpcBuffer::<u8>::zeroed_with(&ctx, BYTES, HandleType::PosixFd).unwrap();
+        "fd" | "fd_reverse" | "pooled" => {
+            let ht = if kind == "pooled" {
+                HandleType::Pool
+            } else {
+                HandleType::PosixFd
+            };
+            let b = IpcBuffer::<u8>::zeroed_with(&ctx, BYTES, ht).unwrap();
             s.send_buffer(&b, T).unwrap();
             Box::new(b)
         }
@@ -311,6 +321,16 @@ two_gpu_case!(
     an_imported_posix_fd_buffer_granted_to_the_device_holding_it,
     run_import,
     "fd_reverse"
+);
+two_gpu_case!(
+    an_owned_pool_kind_buffer_granted_to_a_second_device,
+    run_own,
+    "pooled"
+);
+two_gpu_case!(
+    an_imported_pool_kind_buffer_granted_to_a_second_device,
+    run_import,
+    "pooled"
 );
 two_gpu_case!(
     an_imported_arena_granted_to_a_second_device,

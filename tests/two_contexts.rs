@@ -68,10 +68,11 @@ fn in_two_contexts(s: &cuda_ipc::FdSocket, kind: &str) {
             let v1 = ImportedBuffer::open(&ctx1, &h).unwrap();
             check(v0.as_raw_ptr(), &v1, 1, || drop(v0));
         }
-        "fd" => {
+        "fd" | "pooled" => {
+            let seed = if kind == "fd" { 2 } else { 7 };
             let v0 = s.recv_buffer::<u32>(&ctx0, T).unwrap();
             let v1 = s.recv_buffer::<u32>(&ctx1, T).unwrap();
-            check(v0.as_raw_ptr(), &v1, 2, || drop(v0));
+            check(v0.as_raw_ptr(), &v1, seed, || drop(v0));
         }
         "arena" => {
             let a0 = s.recv_arena(&ctx0, T).unwrap();
@@ -228,9 +229,14 @@ fn owner(kind: &str) {
             s.send(b.handle().unwrap().as_bytes(), &[], T).unwrap();
             Box::new(b)
         }
-        "fd" => {
-            let b = IpcBuffer::<u32>::new_with(&ctx, LEN, HandleType::PosixFd).unwrap();
-            b.copy_from_host(&pattern(LEN, 2)).unwrap();
+        "fd" | "pooled" => {
+            let (ht, seed) = if kind == "fd" {
+                (HandleType::PosixFd, 2)
+            } else {
+                (HandleType::Pool, 7)
+            };
+            let b = IpcBuffer::<u32>::new_with(&ctx, LEN, ht).unwrap();
+            b.copy_from_host(&pattern(LEN, seed)).unwrap();
             s.send_buffer(&b, T).unwrap();
             s.send_buffer(&b, T).unwrap();
             Box::new(b)
@@ -338,6 +344,15 @@ fn a_pool_imported_in_two_contexts_survives_one_closing() {
     let _dog = watchdog("two_ctx_pool", Duration::from_secs(90));
     if two_gpus() {
         owner("pool");
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_pool_kind_buffer_received_in_two_contexts_survives_one_closing() {
+    let _dog = watchdog("two_ctx_pooled", Duration::from_secs(90));
+    if two_gpus() {
+        owner("pooled");
     }
 }
 
