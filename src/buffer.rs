@@ -456,7 +456,8 @@ impl<T: Pod> IpcBuffer<T> {
         self.core.raw_export()
     }
 
-    /// For an exported buffer: the pids of live importers (dead ones are reaped).
+    /// For an exported buffer: the pids of the live processes that import it now (dead ones
+    /// are left out).
     pub fn importers(&self) -> Vec<u32> {
         self.core.importers()
     }
@@ -464,7 +465,9 @@ impl<T: Pod> IpcBuffer<T> {
     /// Close the buffer and report what drop would hide: mark it closing (new opens are
     /// refused from here on, whatever this returns), wait up to `timeout` for every importer
     /// to unmap it (reaping importers that died), then free it. A POSIX-fd buffer is released
-    /// at once (the driver keeps the memory while importers map it).
+    /// at once (the driver keeps the memory while importers map it); a
+    /// [`HandleType::Pool`] buffer waits for its importers to free their imports, as a legacy
+    /// one waits for them to unmap.
     ///
     /// When importers remain, the buffer comes back in the error, still closing: call `close`
     /// again to wait longer, or drop it (its free is then deferred until they unmap, see

@@ -19,7 +19,8 @@ use common::{
     watchdog,
 };
 use cuda_ipc::{
-    Error, FdSocket, GpuContext, HandleType, ImportedBuffer, IpcBuffer, PoolHandle, TypeConflict,
+    Error, FdSocket, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcPoolHandle, PoolHandle,
+    TypeConflict,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -86,15 +87,20 @@ fn child_process() {
                 drop((a, b_again, c));
                 s.send(b"released", &[], T).unwrap();
             }
-            // Hold one buffer until told; then try a second message, sent after the owner
-            // dropped that buffer.
+            // Hold one buffer until told; receive a second message, and open it (the parts
+            // split by hand, `open_pooled`) only after the owner says it dropped the first.
             "holder" => {
                 let len: usize = args[2].parse().unwrap();
                 let v = s.recv_buffer::<u32>(&ctx, T).unwrap();
                 s.send(b"holding", &[], T).unwrap();
+                let late = s.recv(T).unwrap();
                 expect_message(&s, b"dropped");
                 report(format!("still reads {}", contents(&v) == pattern(len, 4)));
-                match s.recv_buffer::<u32>(&ctx, T) {
+                let (pool, buffer) = late.payload.split_at(IpcPoolHandle::SIZE);
+                let pool = IpcPoolHandle::from_bytes(pool).unwrap();
+                let buffer = PoolHandle::<u32>::from_bytes(buffer).unwrap();
+                let fd = late.fds.into_iter().next().unwrap();
+                match ImportedBuffer::open_pooled(&ctx, &pool, fd, &buffer) {
                     Err(Error::StaleHandle { .. }) => report("late open stale"),
                     other => report(format!("late open: {:?}", other.map(|_| ()))),
                 }
@@ -243,8 +249,8 @@ fn a_closed_pool_buffer_returns_once_its_importer_lets_go() {
     s.send_buffer(&buf, T).unwrap();
     expect_message(&s, b"holding");
     let late = pool_buffer(&ctx, 16, 6);
-    s.send(b"dropped", &[], T).unwrap(); // (not dropped: the importer's read still holds)
     s.send_buffer(&late, T).unwrap(); // a live buffer: the late open succeeds this time
+    s.send(b"dropped", &[], T).unwrap(); // (not dropped: the importer's read still holds)
     s.send(b"release", &[], T).unwrap();
     std::thread::scope(|scope| {
         let closer = scope.spawn(|| buf.close(Duration::from_secs(15)));
