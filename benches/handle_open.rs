@@ -17,7 +17,11 @@
 //!   raw calls plus the allocation's range (`cuPointerGetAttributes`, start and size: the check a
 //!   sound import cannot skip, with the call the crate makes); then the same
 //!   for buffers opened once each (each import maps memory new to the process: what a first
-//!   open of a buffer costs), one sample per open, alternating sides.
+//!   open of a buffer costs), one sample per open, alternating sides;
+//! - a `HandleType::Pool` buffer's open + drop as [`FdSocket::recv_buffer`] makes it, the pool
+//!   imported before (`ImportedBuffer::open_pooled`: the pool's handle admitted, the import
+//!   shared, the arriving descriptor closed; then as the pool row) against the raw pointer
+//!   import + free and the descriptor's close.
 //!
 //! A helper process, started once outside the measurement, exports a 64 MiB buffer and an
 //! event, sends a 64 MiB POSIX-fd buffer and a 64 MiB arena over a socket, and the handle of
@@ -39,7 +43,8 @@ use cuda_ipc::driver::sys;
 use cuda_ipc::{
     ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, ImportedBuffer,
     ImportedEvent, ImportedPool, IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
-    IpcPool, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe, SocketName,
+    IpcPool, IpcPoolHandle, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe,
+    SocketName,
 };
 
 #[repr(C)]
@@ -189,6 +194,9 @@ struct Fixture {
     pooled: PoolHandle<u8>,
     /// The same pool imported with raw calls, and the buffer's export data.
     raw_pool: sys::CUmemoryPool,
+    /// The pool's handle and a descriptor of it, as a `HandleType::Pool` buffer arrives with.
+    pool_handle: IpcPoolHandle,
+    pool_fd: OwnedFd,
     raw_pooled: sys::CUmemPoolPtrExportData,
     /// Handles of pool buffers not opened yet (pairs: one for each side), for the cold row.
     cold_pooled: Vec<PoolHandle<u8>>,
@@ -279,6 +287,21 @@ impl Fixture {
             );
             common::ok("cuMemFree", sys::cuMemFree_v2(p));
         }
+    }
+    /// A `HandleType::Pool` buffer as `recv_buffer` opens it, the pool imported before: the
+    /// pool's handle admitted and its import shared (the descriptor, duplicated first as it
+    /// arrives per message, closed), then the buffer opened; dropped.
+    fn ours_pooled_buffer_open_close(&self) {
+        let fd = self.pool_fd.try_clone().unwrap();
+        drop(std::hint::black_box(
+            ImportedBuffer::open_pooled(&self.ctx, &self.pool_handle, fd, &self.pooled).unwrap(),
+        ));
+    }
+    /// The raw calls of the same: a descriptor that arrives and is closed, the pointer's
+    /// import and free.
+    fn raw_pooled_buffer_open_close(&self) {
+        drop(self.pool_fd.try_clone().unwrap());
+        self.raw_pool_open_close();
     }
     fn ours_arena_open_close(&self) {
         drop(std::hint::black_box(self.arena.open(&self.block).unwrap()));
@@ -427,6 +450,13 @@ fn summary(f: &Fixture) {
         || f.raw_checked_pool_open_close(),
     );
     common::row("pool open vs raw + size check", &ours, &checked);
+    let (ours, base) = common::sample_pair(
+        31,
+        1_000,
+        || f.ours_pooled_buffer_open_close(),
+        || f.raw_pooled_buffer_open_close(),
+    );
+    common::row("HandleType::Pool buffer open + close", &ours, &base);
     // Each buffer once: the import maps memory new to this process (one sample per open).
     let (mut ours, mut base) = (Vec::new(), Vec::new());
     for (i, pair) in f.cold_pooled.chunks_exact(2).enumerate() {
@@ -485,12 +515,9 @@ fn main() {
         ArenaHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
             .unwrap();
     let pool = socket.recv_pool(&ctx, Duration::from_secs(60)).unwrap();
-    let raw_pool_fd = socket
-        .recv(Duration::from_secs(60))
-        .unwrap()
-        .fds
-        .pop()
-        .expect("the pool's descriptor");
+    let mut raw_pool_msg = socket.recv(Duration::from_secs(60)).unwrap();
+    let raw_pool_fd = raw_pool_msg.fds.pop().expect("the pool's descriptor");
+    let pool_handle = IpcPoolHandle::from_bytes(&raw_pool_msg.payload).unwrap();
     let pooled =
         PoolHandle::<u8>::from_bytes(&socket.recv(Duration::from_secs(60)).unwrap().payload)
             .unwrap();
@@ -528,6 +555,8 @@ fn main() {
         pool,
         pooled,
         raw_pool: raw_import_pool(&raw_pool_fd),
+        pool_handle,
+        pool_fd: raw_pool_fd,
         raw_pooled,
         cold_pooled,
     };
