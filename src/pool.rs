@@ -502,6 +502,31 @@ pub(crate) fn collect_shared() -> (usize, usize) {
     (held, bytes)
 }
 
+/// Once per process: have `exit` remove from `/dev/shm` the tables of the shared pools still
+/// listed — those whose quarantine still waited for importers (which keep what they opened;
+/// an owner that exits is gone for new opens anyway). Not run when the process is killed: then
+/// the next process's sweep removes them.
+fn unlink_shared_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain `extern "C"` function with no arguments whose body cannot
+        // panic (a `try_lock` and unlink system calls whose errors are ignored), so it never
+        // unwinds across the C boundary, and it does not call `exit`. A failed registration
+        // only leaves the names to the sweep.
+        let _ = unsafe { libc::atexit(unlink_shared) };
+    });
+}
+
+extern "C" fn unlink_shared() {
+    // `try_lock`: an exit from inside an allocation must not deadlock (the names then stay).
+    if let Some(shared) = SHARED.try_lock() {
+        for (_, owner) in shared.iter() {
+            let _ = owner.table.unlink_shared();
+            owner.leases.unlink_name();
+        }
+    }
+}
+
 /// [`collect_shared`] if something may be waiting (see [`SHARED_PENDING`]).
 pub(crate) fn collect_shared_if_pending() {
     if SHARED_PENDING.load(StdOrdering::Relaxed) {
@@ -544,6 +569,7 @@ fn alloc_shared_in(ctx: &GpuContext, bytes: usize) -> Result<PoolAlloc> {
         // Every pool of this context is full (or there is none): one more.
         let pool = IpcPool::new(ctx)?;
         SHARED.lock().push((key, pool.owner.clone()));
+        unlink_shared_at_exit();
         match alloc_ready(&pool.owner, bytes) {
             // Filled by other threads in between: look again.
             Err(Error::TooManyBuffers { .. }) => continue,
@@ -1093,6 +1119,7 @@ impl Import {
         if access.contains(&ctx.ordinal()) {
             return Ok(());
         }
+        crate::device::check_peer(ctx.ordinal(), self.holder)?;
         let location = crate::vmm::on_device(ctx.device());
         let _g = ctx.enter()?;
         // SAFETY: our imported pool, live while `self` is.
@@ -1115,20 +1142,20 @@ impl ImportedPool {
     /// (`cuMemPoolImportFromShareableHandle`), taking an importer slot in its lease table, and
     /// give `ctx`'s device access to its memory if the driver says it has none
     /// (`cuMemPoolGetAccess`, `cuMemPoolSetAccess`). `fd` is consumed. A pool this process has
-    /// imported already, in any context, is shared: the call then checks the handle, closes
-    /// `fd` unused and gives `ctx`'s device access.
+    /// imported already, in any context, is shared: the call then checks the handle's
+    /// structure (not the exporter's liveness again: the pool's buffers open as
+    /// [`open`](Self::open) opens them), closes `fd` unused and gives `ctx`'s device access.
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process, before the
-    /// descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
+    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process
+    /// not imported yet, before the descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
     /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
     /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool),
     /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`.
     #[doc(alias = "cuMemPoolImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
         let exporter = handle.admit(true)?;
-        let holder = handle.admit_live(ctx, &exporter, true)?;
         let token = handle.env.token;
         let (importing, found) = loop {
             let importing = IMPORTING.lock();
@@ -1156,8 +1183,11 @@ impl ImportedPool {
                     generation: handle.env.generation,
                 });
             }
+            // Known: shared without asking the system about the exporter again (its buffers
+            // then open as `open` opens them: by the shared table and the driver's word).
             Some(import) => import,
             None => {
+                let holder = handle.admit_live(ctx, &exporter, true)?;
                 let import = Arc::new(Import::new(ctx, handle, fd, exporter, holder)?);
                 IMPORTS.lock().push((token, Arc::downgrade(&import)));
                 import
@@ -1317,7 +1347,6 @@ impl ImportedPool {
     /// ```
     #[doc(alias = "cuMemPoolSetAccess")]
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        crate::device::check_peer(ctx.ordinal(), self.import.holder)?;
         self.import.grant(ctx)
     }
 
@@ -1432,7 +1461,6 @@ impl PoolHold {
 
     /// See [`ImportedPool::grant_access`].
     pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
-        crate::device::check_peer(ctx.ordinal(), self.import.holder)?;
         self.import.grant(ctx)
     }
 }
