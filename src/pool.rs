@@ -131,25 +131,9 @@ fn pool_envelope(token: [u8; 16], uuid: [u8; 16], generation: u64, ordinal: u32)
 #[cfg(test)]
 pub(crate) fn made_up_handles<T: Pod>() -> (IpcPoolHandle, PoolHandle<T>) {
     let token = [7; 16];
-    let mut raw = RawPoolHandle {
-        magic: POOL_FORMAT.magic,
-        version: POOL_FORMAT.version,
-        elem_size: std::mem::size_of::<T>() as u32,
-        elem_align: std::mem::align_of::<T>() as u32,
-        type_tag: type_tag_of::<T>(),
-        token,
-        index: 3,
-        generation: 1,
-        len: 16,
-        ..Zeroable::zeroed()
-    };
-    raw.checksum = sealed::sum(&raw);
     (
         Handle::from_envelope(pool_envelope(token, [9; 16], 1, 0)),
-        PoolHandle {
-            raw,
-            _elem: PhantomData,
-        },
+        PoolHandle::sealed(token, 3, 1, 16, [0; 64]),
     )
 }
 
@@ -790,24 +774,13 @@ impl PoolAlloc {
         unsafe { driver::event::synchronize(self.ready) }?;
         // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
         let export = unsafe { driver::pool::export_pointer(self.ptr) }?;
-        let mut raw = RawPoolHandle {
-            magic: POOL_FORMAT.magic,
-            version: POOL_FORMAT.version,
-            elem_size: std::mem::size_of::<T>() as u32,
-            elem_align: std::mem::align_of::<T>() as u32,
-            type_tag: type_tag_of::<T>(),
-            token: self.owner.token,
-            index: self.index,
-            generation: self.generation,
-            len: len as u64,
+        Ok(PoolHandle::sealed(
+            self.owner.token,
+            self.index,
+            self.generation,
+            len as u64,
             export,
-            ..Zeroable::zeroed()
-        };
-        raw.checksum = sealed::sum(&raw);
-        Ok(PoolHandle {
-            raw,
-            _elem: PhantomData,
-        })
+        ))
     }
 
     /// See [`IpcPool::grant_access`] (for the whole pool).
@@ -939,6 +912,31 @@ impl<T> Clone for PoolHandle<T> {
     fn clone(&self) -> Self {
         Self {
             raw: self.raw,
+            _elem: PhantomData,
+        }
+    }
+}
+
+impl<T: Pod> PoolHandle<T> {
+    /// The checksummed handle of `len` `T`s in block `index`, generation `generation`, of pool
+    /// `token`, with the driver's export data `export`.
+    fn sealed(token: [u8; 16], index: u32, generation: u64, len: u64, export: [u8; 64]) -> Self {
+        let mut raw = RawPoolHandle {
+            magic: POOL_FORMAT.magic,
+            version: POOL_FORMAT.version,
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            token,
+            index,
+            generation,
+            len,
+            export,
+            ..Zeroable::zeroed()
+        };
+        raw.checksum = sealed::sum(&raw);
+        Self {
+            raw,
             _elem: PhantomData,
         }
     }

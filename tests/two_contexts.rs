@@ -123,34 +123,36 @@ fn events(s: &cuda_ipc::FdSocket) {
     report(format!("intact {usable}"));
 }
 
-/// Threads that import the pool at once (one descriptor each), in contexts of every device in
-/// turn, open the same buffer.
+/// How many threads import one export at once.
 const THREADS: usize = 8;
 
-fn pool_threads(s: &cuda_ipc::FdSocket) {
-    let n = gpu_count();
-    let contexts: Vec<GpuContext> = (0..THREADS as u32)
-        .map(|i| GpuContext::new(i % n).unwrap())
-        .collect();
-    let pools: Vec<_> = (0..THREADS)
+/// [`THREADS`] threads, each with an export's handle and descriptor received from `s` and
+/// a context of `contexts` (in turn), meet at a barrier and then `open` the export at once
+/// (import, then open the buffer whose handle arrives after the exports); their views, in
+/// order. Reports whether they all have one address.
+fn at_once<H: Send, V: Send + std::ops::Deref<Target = GpuSlice<u32>>>(
+    s: &cuda_ipc::FdSocket,
+    contexts: &[GpuContext],
+    parse: impl Fn(&[u8]) -> H,
+    open: impl Fn(&GpuContext, H, std::os::fd::OwnedFd, &[u8]) -> V + Sync,
+) -> Vec<V> {
+    let exports: Vec<_> = (0..THREADS)
         .map(|_| {
             let m = s.recv(T).unwrap();
-            let fd = m.fds.into_iter().next().unwrap();
-            (IpcPoolHandle::from_bytes(&m.payload).unwrap(), fd)
+            (parse(&m.payload), m.fds.into_iter().next().unwrap())
         })
         .collect();
-    let h = PoolHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
+    let buffer = s.recv(T).unwrap().payload;
     let start = std::sync::Barrier::new(THREADS);
-    let mut views: Vec<_> = std::thread::scope(|scope| {
-        let threads: Vec<_> = pools
+    let views: Vec<V> = std::thread::scope(|scope| {
+        let threads: Vec<_> = exports
             .into_iter()
-            .zip(&contexts)
+            .zip(contexts.iter().cycle())
             .map(|((handle, fd), ctx)| {
-                let (start, h) = (&start, &h);
+                let (start, buffer, open) = (&start, &buffer, &open);
                 scope.spawn(move || {
                     start.wait();
-                    let pool = ImportedPool::open_fd(ctx, &handle, fd).unwrap();
-                    pool.open(h).unwrap()
+                    open(ctx, handle, fd, buffer)
                 })
             })
             .collect();
@@ -161,6 +163,28 @@ fn pool_threads(s: &cuda_ipc::FdSocket) {
         "one address {}",
         views.iter().all(|v| v.as_raw_ptr() == first)
     ));
+    views
+}
+
+/// Threads that import the pool at once (one descriptor each), in contexts of every device in
+/// turn, open the same buffer: one import, one address; the views, dropped one by one, leave
+/// the rest intact.
+fn pool_threads(s: &cuda_ipc::FdSocket) {
+    let contexts: Vec<GpuContext> = (0..gpu_count())
+        .map(|i| GpuContext::new(i).unwrap())
+        .collect();
+    let mut views = at_once(
+        s,
+        &contexts,
+        |b| IpcPoolHandle::from_bytes(b).unwrap(),
+        |ctx, handle, fd, buffer| {
+            let h = PoolHandle::<u32>::from_bytes(buffer).unwrap();
+            ImportedPool::open_fd(ctx, &handle, fd)
+                .unwrap()
+                .open(&h)
+                .unwrap()
+        },
+    );
     // Drop all but one, from the middle out, reading the last after each drop.
     let mut intact = true;
     while views.len() > 1 {
@@ -175,35 +199,18 @@ fn pool_threads(s: &cuda_ipc::FdSocket) {
 /// Threads that import the arena at once in one context (one descriptor each) share one
 /// import: one mapping, so the same address for a buffer, and one importer slot.
 fn arena_threads(s: &cuda_ipc::FdSocket) {
-    let ctx = GpuContext::new(0).unwrap();
-    let arenas: Vec<_> = (0..THREADS)
-        .map(|_| {
-            let m = s.recv(T).unwrap();
-            let fd = m.fds.into_iter().next().unwrap();
-            (IpcArenaHandle::from_bytes(&m.payload).unwrap(), fd)
-        })
-        .collect();
-    let h = ArenaHandle::<u32>::from_bytes(&s.recv(T).unwrap().payload).unwrap();
-    let start = std::sync::Barrier::new(THREADS);
-    let views: Vec<_> = std::thread::scope(|scope| {
-        let threads: Vec<_> = arenas
-            .into_iter()
-            .map(|(handle, fd)| {
-                let (start, h, ctx) = (&start, &h, &ctx);
-                scope.spawn(move || {
-                    start.wait();
-                    let arena = ImportedArena::open_fd(ctx, &handle, fd).unwrap();
-                    arena.open(h).unwrap()
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    });
-    let first = views[0].as_raw_ptr();
-    report(format!(
-        "one address {}",
-        views.iter().all(|v| v.as_raw_ptr() == first)
-    ));
+    let views = at_once(
+        s,
+        &[GpuContext::new(0).unwrap()],
+        |b| IpcArenaHandle::from_bytes(b).unwrap(),
+        |ctx, handle, fd, buffer| {
+            let h = ArenaHandle::<u32>::from_bytes(buffer).unwrap();
+            ImportedArena::open_fd(ctx, &handle, fd)
+                .unwrap()
+                .open(&h)
+                .unwrap()
+        },
+    );
     // The owner counts this process's importer slots while the views are held.
     s.send(b"count", &[], T).unwrap();
     expect_message(s, b"counted");
