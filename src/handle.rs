@@ -55,7 +55,7 @@ pub(crate) const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 /// over a socket works with all three.
 ///
 /// For many buffers to one peer, [`Pool`](Self::Pool) makes each open after the first cheap
-/// (no mapping: 0.7 µs on an H200 against 60–70 µs), as an [`IpcArena`](crate::IpcArena) does
+/// (no mapping: 1.1 µs on an H200 against 60–70 µs), as an [`IpcArena`](crate::IpcArena) does
 /// without any driver call; an [`IpcPool`](crate::IpcPool) gives the pool itself to the caller
 /// (stream-ordered allocation and free, handles sent the caller's way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
