@@ -74,7 +74,10 @@ pub enum HandleType {
     /// cudarc and other stream-ordered code allocate, which legacy handles refuse. The `Pool`
     /// buffers of a context share one pool (another once it is full), kept while any of them
     /// lives; a peer imports it once ([`FdSocket::recv_buffer`](crate::FdSocket::recv_buffer)
-    /// shares the import) and then each buffer with `cuMemPoolImportPointer`.
+    /// shares the import) and then each buffer with `cuMemPoolImportPointer`. The pool is the
+    /// unit of trust: a peer sent one `Pool` buffer holds the pool, and should be assumed able
+    /// to open every buffer in it (SECURITY.md); what one peer alone may see belongs in an
+    /// [`IpcPool`](crate::IpcPool) of its own or a [`PosixFd`](Self::PosixFd) buffer.
     Pool,
 }
 
