@@ -895,23 +895,24 @@ impl<T: Pod> BufferCore<T> {
 
     /// The work of [`IpcBuffer::grant_access`] and [`ImportedBuffer::grant_access`].
     pub(crate) fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        let vmm = match &self.origin {
-            Origin::Exported(e) => e.vmm.as_ref(),
-            Origin::Imported(m) => m.vmm.as_ref(),
-            Origin::Pooled(alloc) => return alloc.grant(ctx),
-            Origin::PoolImported(hold) => return hold.grant(ctx),
-        };
-        match (vmm, &self.origin) {
-            (Some(memory), _) => memory.grant(ctx),
-            (None, Origin::Exported(_)) => {
-                crate::device::check_peer(ctx.ordinal(), self.slice.ctx.ordinal())?;
+        match &self.origin {
+            Origin::Pooled(alloc) => alloc.grant(ctx),
+            Origin::PoolImported(hold) => hold.grant(ctx),
+            Origin::Exported(Export {
+                vmm: Some(memory), ..
+            }) => memory.grant(ctx),
+            Origin::Exported(_) => {
+                device::check_peer(ctx.ordinal(), self.slice.ctx.ordinal())?;
                 ctx.enable_peer_access(&self.slice.ctx)
             }
-            (None, Origin::Imported(_)) if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
-            (None, _) => Err(Error::HandleTypeMismatch {
-                handle: HandleType::Legacy,
-                conflict: TypeConflict::ImportMappedPerContext,
-            }),
+            Origin::Imported(mapping) => match &mapping.vmm {
+                Some(memory) => memory.grant(ctx),
+                None if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
+                None => Err(Error::HandleTypeMismatch {
+                    handle: HandleType::Legacy,
+                    conflict: TypeConflict::ImportMappedPerContext,
+                }),
+            },
         }
     }
 
@@ -1005,7 +1006,9 @@ impl<T: Pod> BufferCore<T> {
         fd: OwnedFd,
         buffer: &PoolHandle<T>,
     ) -> Result<Self> {
-        let (slice, hold) = crate::ImportedPool::open_buffer(ctx, pool, fd, buffer)?.into_parts();
+        let (slice, hold) = crate::ImportedPool::open_fd(ctx, pool, fd)?
+            .open(buffer)?
+            .into_parts();
         Ok(Self {
             slice,
             origin: Origin::PoolImported(hold),
@@ -1517,15 +1520,7 @@ fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
             },
         });
     };
-    if ordinal == ctx.ordinal() || device::can_access_peer(ctx.ordinal(), ordinal)? {
-        Ok(())
-    } else {
-        Err(Error::DeviceNotReachable {
-            uuid: format!("(device {ordinal})"),
-            from: ctx.ordinal(),
-            peer: Some(ordinal),
-        })
-    }
+    device::check_peer(ctx.ordinal(), ordinal)
 }
 
 impl<T: Pod> std::ops::Deref for BufferCore<T> {

@@ -345,7 +345,7 @@ pub enum Error {
         }
     )]
     DeviceNotReachable {
-        /// The exporting device's UUID (or, where only its ordinal is known, `(device N)`).
+        /// The UUID of the device that holds the memory.
         uuid: String,
         /// The opening context's device ordinal.
         from: u32,

@@ -669,21 +669,13 @@ pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) ->
 /// Refuse memory on a device this process cannot see, or cannot reach from `ctx`'s device
 /// (no peer access); the memory's device ordinal otherwise.
 pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
-    let unreachable = |peer| Error::DeviceNotReachable {
-        uuid: device::uuid_string(uuid),
-        from: ctx.ordinal(),
-        peer,
-    };
     match device::ordinal_of_uuid(uuid)? {
-        None => Err(unreachable(None)),
-        Some(o) if o == ctx.ordinal() => Ok(o),
-        Some(o) => {
-            if device::can_access_peer(ctx.ordinal(), o)? {
-                Ok(o)
-            } else {
-                Err(unreachable(Some(o)))
-            }
-        }
+        None => Err(Error::DeviceNotReachable {
+            uuid: device::uuid_string(uuid),
+            from: ctx.ordinal(),
+            peer: None,
+        }),
+        Some(o) => device::check_peer(ctx.ordinal(), o).map(|()| o),
     }
 }
 

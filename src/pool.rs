@@ -144,14 +144,10 @@ impl Owner {
             return Ok(());
         }
         crate::device::check_peer(ctx.ordinal(), self.ctx.ordinal())?;
-        let desc = sys::CUmemAccessDesc {
-            location: crate::vmm::on_device(ctx.device()),
-            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
         let _g = self.ctx.enter()?;
         // SAFETY: our pool, live while `self` is; adding a device's access leaves every other
         // device's as it was.
-        unsafe { driver::pool::set_access(self.pool, &desc) }
+        unsafe { driver::pool::set_access(self.pool, &crate::vmm::read_write(ctx.device())) }
     }
 }
 
@@ -1118,15 +1114,11 @@ impl Import {
             return Ok(());
         }
         crate::device::check_peer(ctx.ordinal(), self.holder)?;
-        let location = crate::vmm::on_device(ctx.device());
+        let desc = crate::vmm::read_write(ctx.device());
         let _g = ctx.enter()?;
         // SAFETY: our imported pool, live while `self` is.
-        let has = unsafe { driver::pool::access(self.pool, &location) }?;
-        if has != sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
-            let desc = sys::CUmemAccessDesc {
-                location,
-                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
+        let has = unsafe { driver::pool::access(self.pool, &desc.location) }?;
+        if has != desc.flags {
             // SAFETY: as above.
             unsafe { driver::pool::set_access(self.pool, &desc) }?;
         }
@@ -1346,17 +1338,6 @@ impl ImportedPool {
     #[doc(alias = "cuMemPoolSetAccess")]
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
         self.import.grant(ctx)
-    }
-
-    /// Import the pool `pool` names (or share this process's import of it) and open the buffer
-    /// `buffer` names: the work of [`ImportedBuffer::open_pooled`](crate::ImportedBuffer::open_pooled).
-    pub(crate) fn open_buffer<T: Pod>(
-        ctx: &GpuContext,
-        pool: &IpcPoolHandle,
-        fd: OwnedFd,
-        buffer: &PoolHandle<T>,
-    ) -> Result<PoolView<T>> {
-        Self::open_fd(ctx, pool, fd)?.open(buffer)
     }
 }
 

@@ -59,6 +59,14 @@ pub(crate) fn on_device(dev: sys::CUdevice) -> sys::CUmemLocation {
     }
 }
 
+/// Read-write access for device `dev`, for `cuMemSetAccess` and `cuMemPoolSetAccess`.
+pub(crate) fn read_write(dev: sys::CUdevice) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: on_device(dev),
+        flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
+}
+
 /// Properties of pinned memory on device `dev` exportable as `handle_type`
 /// (`CU_MEM_HANDLE_TYPE_*`).
 pub(crate) fn pinned_prop(dev: sys::CUdevice, handle_type: c_uint) -> sys::CUmemAllocationProp {
@@ -128,12 +136,8 @@ fn map(
     // code).
     let mapped = unsafe { driver::vmm::map(ptr, size, handle) };
     let accessible = mapped.and_then(|()| {
-        let desc = sys::CUmemAccessDesc {
-            location: on_device(ctx.device()),
-            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
         // SAFETY: the range is ours, mapped just above.
-        let rc = unsafe { driver::vmm::set_access(ptr, size, &desc) };
+        let rc = unsafe { driver::vmm::set_access(ptr, size, &read_write(ctx.device())) };
         if rc.is_err() {
             // SAFETY: mapped above, unmapped once, never handed out.
             let _ = unsafe { driver::vmm::unmap(ptr, size) };
@@ -246,13 +250,9 @@ impl VmmMemory {
         }
         crate::device::check_peer(ctx.ordinal(), self.holder)?;
         let _g = self.ctx.enter()?;
-        let desc = sys::CUmemAccessDesc {
-            location: on_device(device),
-            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
         // SAFETY: our range, mapped from creation/import until drop (`&self` keeps it);
         // adding a device's access leaves every other device's as it was.
-        unsafe { driver::vmm::set_access(self.ptr, self.size, &desc) }?;
+        unsafe { driver::vmm::set_access(self.ptr, self.size, &read_write(device)) }?;
         granted.push(device);
         Ok(())
     }
