@@ -189,6 +189,10 @@ pub mod __private {
     pub use crate::handle::reseal;
     pub use crate::lease::__testing as lease;
     pub use crate::registry::__testing as registry;
+    /// The liveness cache, for the tests of the liveness rule.
+    pub mod process {
+        pub use crate::process::is_alive_cached;
+    }
 }
 
 /// The README's Rust examples, compiled as doc tests (so the README cannot drift from the API).

@@ -1,4 +1,4 @@
-//! Process identities that survive pid reuse.
+//! Process identities that survive pid reuse, and the one rule that says a process is dead.
 //!
 //! A pid alone names a process only while it lives: once it exits, the kernel may hand the same
 //! number to a new process, and `kill(pid, 0)` would then report the stranger as alive. A
@@ -6,6 +6,44 @@
 //! `/proc/<pid>/stat`) and, where the kernel has pidfs (Linux 6.9+), the process's pidfs inode
 //! number. The start time is counted in clock ticks (10 ms), so a pid reused within the same
 //! tick repeats it (a test forces exactly that); the pidfs inode is unique until reboot.
+//!
+//! # The liveness rule
+//!
+//! A process is alive until its death is **proven**; one of these proves it:
+//!
+//! | Signal | Why it is a proof |
+//! |---|---|
+//! | the pid is 0 | no process has it |
+//! | `pidfd_open(pid)` fails `ESRCH` | no thread group has the pid |
+//! | the pid's pidfd has another pidfs inode than the record | the pid was reused |
+//! | the pid's pidfd polls readable | the whole thread group has exited |
+//! | `/proc/<pid>/stat` is gone, or names another start time | gone, or the pid was reused |
+//! | `stat` says `X` | dead |
+//! | `stat` says `Z`, no pidfd could be opened, and `/proc/<pid>/task` lists the leader alone | the group is empty |
+//!
+//! Not proofs: `Z` alone (a thread-group leader that exited — `pthread_exit` in `main`, some
+//! language runtimes — is a zombie until the group's last thread exits, and the others still
+//! run and map memory), `T` (stopped), `D`, and any answer the kernel would not give (`EMFILE`,
+//! `ENOSYS`, a seccomp `EPERM`, an unreadable `/proc`): those read as alive. A record without a
+//! pidfs inode cannot tell a successor that got the same pid in the same clock tick from itself;
+//! both read alive (the safe side).
+//!
+//! [`ProcessIdentity::is_alive`] applies the rule; `is_alive_cached` applies it once per
+//! process and then polls a pinned pidfd. Every caller asks one of the two, and nothing else in
+//! the crate reads `/proc` for liveness. What a wrong answer would cost each of them:
+//!
+//! | Caller | On "dead" it… | A live process taken for dead would… |
+//! |---|---|---|
+//! | lease close / drop (`lease.rs`), arena and pool books | frees an export with no live holder | free memory another process maps (use after free) |
+//! | export registry collect (`registry.rs`) | clears the slot, grants it to the next importer | let two importers share one slot, then free under one |
+//! | stale-table sweep (`lease::reclaim_stale_lease_tables`, registry) | unlinks the tables | delete a live exporter's tables: its handles turn stale |
+//! | [`reclaim_stale`](crate::reclaim_stale), region open (`NotReady { creator_dead }`) | replaces or reports the region | replace a live creator's region under it |
+//! | barrier arrival and wait | poisons with `PeerGone` | poison a barrier a live peer is about to reach |
+//! | channel ends (`channel.rs`, `channel/ring.rs`) | forces the dead end's counters | let a slot be refilled under a live reader |
+//! | handle admission, event and signal waits, buffer opens | refuses with `PeerGone` | refuse a valid open or end a wait early |
+//!
+//! A live process taken for alive costs only time: a wait runs to its timeout, a free waits for
+//! the next close or collect.
 
 use crate::os;
 
@@ -114,41 +152,61 @@ impl ProcessIdentity {
         self.start_time
     }
 
-    /// Whether this very process still runs: the pid exists, is not a zombie, and started at
-    /// the recorded time; where the pidfs inode is known, the pid's current process must also
-    /// have that inode, so a reused pid reads as dead even within one clock tick.
+    /// Whether this very process still runs: some thread of the process that started at the
+    /// recorded time (with the recorded pidfs inode, where known) has not exited. A reused pid
+    /// reads as dead even within one clock tick where the inode is known.
     ///
-    /// Only a proven death reads as dead: when the kernel cannot be asked (`/proc` unreadable,
-    /// no file descriptors left), the process counts as alive, because the crate frees shared
-    /// memory and reaps slots on a death, and a guess there would be a use-after-free.
-    /// A stopped process (`SIGSTOP`) is alive.
+    /// Only a proven death reads as dead (the [liveness rule](crate::process#the-liveness-rule)):
+    /// when the kernel cannot be asked (`/proc` unreadable, no file descriptors left), the process
+    /// counts as alive, because the crate frees shared memory and reaps slots on a death, and a
+    /// guess there would be a use-after-free. A stopped process (`SIGSTOP`) is alive, and so is
+    /// one whose main thread has exited while other threads still run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuda_ipc::ProcessIdentity;
+    ///
+    /// assert!(ProcessIdentity::current().is_alive());
+    /// assert!(!ProcessIdentity::from_parts(0, 0).is_alive());
+    /// ```
     pub fn is_alive(&self) -> bool {
         !self.is_proven_dead()
     }
 
+    /// The liveness rule, in one place: see the module docs.
     fn is_proven_dead(&self) -> bool {
         if self.pid == 0 {
             return true;
         }
-        if self.pidfs_ino != 0 {
-            match os::pidfd_open_checked(self.pid) {
-                // No such process.
-                Err(rustix::io::Errno::SRCH) => return true,
-                // Another inode: the pid was reused.
-                Ok(fd) if os::pidfd_ino(&fd).is_some_and(|ino| ino != self.pidfs_ino) => {
+        // What the pid's pidfd says, if one can be opened: `Some(true)` the group is gone or the
+        // pid names another process, `Some(false)` some thread of the pid's process runs.
+        let pidfd_says = match os::pidfd_open_checked(self.pid) {
+            Err(rustix::io::Errno::SRCH) => return true,
+            Ok(fd) => {
+                let other = self.pidfs_ino != 0
+                    && os::pidfd_ino(&fd).is_some_and(|ino| ino != self.pidfs_ino);
+                if other || os::pidfd_exited(&fd) {
                     return true;
                 }
-                Ok(fd) if os::pidfd_exited(&fd) => return true,
-                // Ours and running, or pidfds unusable here: ask /proc too.
-                Ok(_) | Err(_) => {}
+                Some(false)
             }
-        }
+            // EMFILE, ENOSYS (before Linux 5.3), a seccomp EPERM: says nothing.
+            Err(_) => None,
+        };
         match os::proc_stat_checked(self.pid) {
             Ok(None) => true,
             Ok(Some(st)) => {
-                let exited = matches!(st.state, b'Z' | b'X' | b'x');
-                let other = self.start_time != 0 && st.start_time != self.start_time;
-                exited || other
+                if self.start_time != 0 && st.start_time != self.start_time {
+                    return true; // the pid names another process
+                }
+                match st.state {
+                    b'X' | b'x' => true,
+                    // A zombie leader: the whole group is gone only if no other thread runs.
+                    // A pidfd that did not poll readable has already said one does.
+                    b'Z' => pidfd_says.is_none() && only_the_leader_left(self.pid),
+                    _ => false,
+                }
             }
             // Could not tell: not a proof of death.
             Err(_) => false,
@@ -156,17 +214,35 @@ impl ProcessIdentity {
     }
 }
 
-/// Liveness checks of the same processes over and over (an exporter, at every open of its
-/// handles) cost a `/proc` read each. This cache pins each checked process with a pidfd, after
-/// confirming through `/proc` that the pid still names the process that started at the recorded
-/// time; later checks are a zero-timeout `poll` on the pidfd (pid reuse cannot fool a pidfd).
-pub(crate) fn is_alive_cached(id: &ProcessIdentity) -> bool {
+/// Without a pidfd: whether a zombie leader's thread group is empty (`/proc/<pid>/task` lists
+/// the leader alone, or the process is gone). Unreadable: `false`, not a proof.
+fn only_the_leader_left(pid: u32) -> bool {
+    matches!(os::proc_task_count(pid), Ok(None | Some(0 | 1)))
+}
+
+/// [`ProcessIdentity::is_alive`] for the same processes asked about over and over (an exporter,
+/// at every open of its handles), which would cost a `/proc` read each. The cache pins each
+/// checked process with a pidfd, after confirming that the pid still names the recorded
+/// process (its pidfs inode where the record has one, its start time through `/proc`); later
+/// checks are a zero-timeout `poll` on the pidfd, which turns readable only when the whole
+/// thread group has exited (pid reuse cannot fool a pidfd).
+///
+/// The key is everything the verdict depends on: pid, start time and pidfs inode, so two
+/// records that differ only in their inode (two processes that shared a pid within one clock
+/// tick) are judged apart. A pinned process that exited proves the death of a record that
+/// knows its inode (the pin checked it); a record without one is judged afresh, since a
+/// successor in the same tick matches it too.
+pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    static PINNED: Mutex<BTreeMap<(u32, u64), rustix::fd::OwnedFd>> = Mutex::new(BTreeMap::new());
+    type Key = (u32, u64, u64);
+    static PINNED: Mutex<BTreeMap<Key, rustix::fd::OwnedFd>> = Mutex::new(BTreeMap::new());
     const MAX_PINNED: usize = 256;
 
-    let key = (id.pid, id.start_time);
+    if id.pid == 0 {
+        return false;
+    }
+    let key = (id.pid, id.start_time, id.pidfs_ino);
     let mut pinned = PINNED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -175,14 +251,23 @@ pub(crate) fn is_alive_cached(id: &ProcessIdentity) -> bool {
             return true;
         }
         pinned.remove(&key);
-        return false;
+        if id.pidfs_ino != 0 {
+            return false;
+        }
     }
     let Some(fd) = os::pidfd_open(id.pid) else {
         return id.is_alive();
     };
     // The pidfd names whatever process has the pid now: keep it only if that is ours.
+    if id.pidfs_ino != 0 && os::pidfd_ino(&fd).is_some_and(|ino| ino != id.pidfs_ino) {
+        return false;
+    }
     if !id.is_alive() {
         return false;
+    }
+    if os::pidfd_exited(&fd) {
+        // The pinned-to-be process exited after `is_alive` looked: judge again, pin nothing.
+        return id.is_alive();
     }
     if pinned.len() >= MAX_PINNED {
         pinned.retain(|_, fd| !os::pidfd_exited(fd));

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmSafe};
+use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ProcessIdentity, ShmOptions, ShmSafe};
 
 #[repr(C)]
 struct Shared {
@@ -35,6 +35,9 @@ fn child_process() {
         1
     });
 }
+
+/// The tests of this binary choose pids through one kernel setting: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Start `sleep` so that it gets `pid`; `None` if the kernel does not let us choose.
 fn spawn_with_pid(pid: u32) -> Option<std::process::Child> {
@@ -63,6 +66,7 @@ fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
         eprintln!("SKIPPED: choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid");
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let _dog = watchdog("pid reuse", Duration::from_secs(60));
     let region = ShmOptions::new(unique_name("pid-reuse"))
         .create_with(|s: &Shared| s.barrier.init(2))
@@ -109,4 +113,73 @@ fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
         ),
     }
     eprintln!("pid {victim_pid} reused by a new process: PeerGone after {took:?}");
+}
+
+/// The start tick and pidfs inode of a live process (`None` without pidfs).
+fn start_and_inode(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let fd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?,
+        rustix::process::PidfdFlags::empty(),
+    )
+    .ok()?;
+    let ino = rustix::fs::fstat(&fd).ok()?.st_ino;
+    Some((start, ino))
+}
+
+/// Two processes that get one pid within one clock tick share pid and start time and differ
+/// only in their pidfs inode. The liveness cache keyed its pinned pidfd on (pid, start time)
+/// alone on e94c9f7: after the first died, the second (alive) read as dead, and once the
+/// second was pinned, the first (dead) read as alive.
+#[test]
+fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes() {
+    use cuda_ipc::__private::process::is_alive_cached;
+    if rustix::process::geteuid().as_raw() != 0
+        || std::fs::write(
+            "/proc/sys/kernel/ns_last_pid",
+            std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap_or_default(),
+        )
+        .is_err()
+    {
+        eprintln!("SKIPPED: choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid");
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _dog = watchdog("pid reuse, one tick", Duration::from_secs(120));
+    for attempt in 0..500 {
+        let mut first = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = first.id();
+        let Some((start, ino_first)) = start_and_inode(pid) else {
+            let _ = first.kill();
+            let _ = first.wait();
+            eprintln!("SKIPPED: no pidfs inodes on this kernel");
+            return;
+        };
+        let dead = ProcessIdentity::from_parts(pid, start).with_pidfs_ino(ino_first);
+        assert!(is_alive_cached(&dead), "the first process is alive");
+        let _ = first.kill();
+        let _ = first.wait();
+        let Some(mut second) = spawn_with_pid(pid) else {
+            panic!("could not hand pid {pid} on");
+        };
+        let same_tick = start_and_inode(pid).filter(|&(s, _)| s == start);
+        let Some((_, ino_second)) = same_tick else {
+            let _ = second.kill();
+            let _ = second.wait();
+            continue; // another tick: try again
+        };
+        let live = ProcessIdentity::from_parts(pid, start).with_pidfs_ino(ino_second);
+        let live_reads_alive = is_alive_cached(&live);
+        let dead_reads_dead = !is_alive_cached(&dead);
+        let live_again = is_alive_cached(&live);
+        let _ = second.kill();
+        let _ = second.wait();
+        assert!(live_reads_alive && live_again, "the live process read as dead");
+        assert!(dead_reads_dead, "the dead process read as alive");
+        eprintln!("pid {pid} reused within tick {start} (attempt {attempt}): told apart");
+        return;
+    }
+    panic!("no pid was reused within one clock tick in 500 attempts");
 }

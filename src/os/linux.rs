@@ -261,6 +261,29 @@ pub(crate) fn pidfd_exited(fd: &OwnedFd) -> bool {
     }
 }
 
+/// How many threads `/proc/<pid>/task` lists: `Ok(None)` when the process is gone, `Err` when
+/// `/proc` cannot tell. A thread-group leader that exited while other threads run is a zombie
+/// (`Z` in `stat`) and still listed with them, so a count above 1 proves the group alive.
+pub(crate) fn proc_task_count(pid: u32) -> std::io::Result<Option<usize>> {
+    match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(dir) => {
+            let mut n = 0usize;
+            for entry in dir {
+                entry?;
+                n = n.saturating_add(1);
+            }
+            Ok(Some(n))
+        }
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(Errno::SRCH.raw_os_error()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// What `/proc/<pid>/stat` says about a process: its state letter and start time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ProcStat {

@@ -138,7 +138,18 @@ impl Child {
 
     /// Wait for exit, at most `limit` (then kill it and fail the test). Returns the status
     /// and the lines the child printed that start with `RESULT `.
-    pub fn wait(mut self, limit: Duration) -> (ExitStatus, Vec<String>) {
+    pub fn wait(self, limit: Duration) -> (ExitStatus, Vec<String>) {
+        let (status, out) = self.wait_output(limit);
+        let results = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("RESULT "))
+            .map(str::to_owned)
+            .collect();
+        (status, results)
+    }
+
+    /// [`wait`](Self::wait), returning everything the child printed on its standard output.
+    pub fn wait_output(mut self, limit: Duration) -> (ExitStatus, String) {
         let start = Instant::now();
         loop {
             if let Some(status) = self.inner.try_wait().expect("try_wait") {
@@ -147,12 +158,7 @@ impl Child {
                 if let Some(mut stdout) = self.inner.stdout.take() {
                     let _ = stdout.read_to_string(&mut out);
                 }
-                let results = out
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("RESULT "))
-                    .map(str::to_owned)
-                    .collect();
-                return (status, results);
+                return (status, out);
             }
             if start.elapsed() > limit {
                 let _ = self.inner.kill();
@@ -162,6 +168,19 @@ impl Child {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// Wait for the child and fail the test unless it exited 0 or was killed by `SIGKILL` (the
+    /// test's, or its own [`die`]): a crash (`SIGSEGV`, `SIGBUS`, `SIGABRT`), a panic (101) or
+    /// any other code fails, with what the child printed.
+    pub fn expect_exit_or_kill(self, limit: Duration) -> ExitStatus {
+        let role = self.role.clone();
+        let (status, out) = self.wait_output(limit);
+        assert!(
+            exited_or_killed(status),
+            "child {role:?} ended neither with exit 0 nor by SIGKILL: {status}; it printed:\n{out}"
+        );
+        status
     }
 
     /// Wait for a successful exit and return its `RESULT` lines.
@@ -189,7 +208,7 @@ impl Drop for Child {
 /// holds a process started by `start(k)`; the test kills members at random
 /// ([`kill_and_replace`](Self::kill_and_replace)), members may kill themselves
 /// ([`replace_dead`](Self::replace_dead)), and at the end every member must have exited 0 or
-/// by a signal ([`finish`](Self::finish)).
+/// by `SIGKILL` ([`finish`](Self::finish)); a crash by any other signal fails the test.
 pub struct Crew<F: Fn(usize) -> Child> {
     members: Vec<Child>,
     start: F,
@@ -210,41 +229,40 @@ impl<F: Fn(usize) -> Child> Crew<F> {
         }
     }
 
-    /// `SIGKILL` member `k` wherever it is, reap it, and start another in its place.
+    /// `SIGKILL` member `k` wherever it is, reap it, and start another in its place. The old
+    /// member must have ended by that kill or exited 0 before it ([`exited_or_killed`]).
     pub fn kill_and_replace(&mut self, k: usize) {
         self.members[k].signal(libc::SIGKILL);
         let old = std::mem::replace(&mut self.members[k], (self.start)(k));
-        let _ = old.wait(Duration::from_secs(10));
+        old.expect_exit_or_kill(Duration::from_secs(10));
         self.kills += 1;
     }
 
-    /// Reap and replace the members that died by themselves; each must have exited 0 or by a
-    /// signal.
+    /// Reap and replace the members that died by themselves; each must have exited 0 or
+    /// killed itself with `SIGKILL` ([`die`]).
     pub fn replace_dead(&mut self) {
         for k in 0..self.members.len() {
             if !pid_running(self.members[k].pid()) {
                 let old = std::mem::replace(&mut self.members[k], (self.start)(k));
-                let (status, _) = old.wait(Duration::from_secs(10));
-                assert!(
-                    status.code().is_none_or(|c| c == 0),
-                    "{} failed: {status}",
-                    self.what
-                );
+                old.expect_exit_or_kill(Duration::from_secs(10));
             }
         }
     }
 
-    /// Wait for every member (told to stop by the test); each must exit 0 or by a signal.
+    /// Wait for every member (told to stop by the test); each must exit 0 or have ended by
+    /// `SIGKILL`.
     pub fn finish(self) {
         for child in self.members {
-            let (status, _) = child.wait(Duration::from_secs(20));
-            assert!(
-                status.code().is_none_or(|c| c == 0),
-                "{} failed: {status}",
-                self.what
-            );
+            child.expect_exit_or_kill(Duration::from_secs(20));
         }
     }
+}
+
+/// What a stress test accepts of a child: exit 0, or death by `SIGKILL` (the only signal the
+/// tests send or a child sends itself). Any other signal is a crash the test must report.
+pub fn exited_or_killed(status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.code() == Some(0) || status.signal() == Some(libc::SIGKILL)
 }
 
 /// A child's report: print one line the parent collects.
@@ -350,15 +368,63 @@ pub fn shm_entries_but_registry(prefix: &str) -> Vec<String> {
 
 /// Whether `pid` names a running process, read from `/proc` (a killed child that its parent has
 /// not reaped yet is a zombie, which reads as dead): for shadow records that hold bare pids.
+/// A zombie *leader* whose other threads still run ([`with_main_thread_gone`]) is running: its
+/// `/proc/<pid>/task` lists them.
 pub fn pid_running(pid: u32) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().chars().next()));
+    match state {
+        None | Some(None) | Some(Some('X')) => false,
+        Some(Some('Z')) => std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() > 1),
+        Some(Some(_)) => true,
+    }
+}
+
+/// Whether `pid`'s main thread (the thread-group leader) has exited: `/proc/<pid>/stat` says `Z`.
+pub fn leader_is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|r| !r.trim_start().starts_with(['Z', 'X']))
-        })
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')))
         .unwrap_or(false)
+}
+
+/// In a child: end this process's **main thread** and run `role` on another, then exit the
+/// process with its code — a process whose leader exited while other threads run, as after
+/// `pthread_exit` in `main` (or some language runtimes): `/proc/<pid>/stat` says `Z` until the
+/// last thread exits, yet the process lives and maps memory. `role` starts only once the
+/// leader reads as a zombie.
+pub fn with_main_thread_gone(role: impl FnOnce() -> i32 + Send + 'static) -> ! {
+    extern "C" fn exit_this_thread(_: libc::c_int) {
+        // SAFETY: SYS_exit ends the calling thread only (the main thread, to which the signal
+        // was directed); a raw system call is async-signal-safe and unwinds nothing.
+        unsafe { libc::syscall(libc::SYS_exit, 0) };
+    }
+    let pid = std::process::id();
+    std::thread::spawn(move || {
+        wait_for("the main thread to exit", Duration::from_secs(10), || {
+            leader_is_zombie(pid)
+        });
+        let code = role();
+        std::process::exit(code);
+    });
+    // SAFETY: gettid has no preconditions.
+    let on_main = unsafe { libc::gettid() } == pid as libc::pid_t;
+    if on_main {
+        exit_this_thread(0);
+    }
+    // SAFETY: a handler that only makes a raw system call, installed for a signal nothing
+    // else in the test binary uses; tgkill directs the signal at the main thread (tid == pid).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = exit_this_thread as *const () as libc::sighandler_t;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()), 0);
+        let pid = pid as libc::pid_t;
+        assert_eq!(libc::syscall(libc::SYS_tgkill, pid, pid, libc::SIGUSR2), 0);
+    }
+    loop {
+        std::thread::park();
+    }
 }
 
 /// A cheap random number generator (xorshift64) for stress tests; seed it non-zero.
