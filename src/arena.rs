@@ -114,6 +114,9 @@ pub(crate) fn reap_dead_importers(
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        if !self.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         // Every buffer is gone (each holds the owner), so every block is retired. Refuse new
         // imports; the memory is released below, and the driver keeps it while importers map it.
         self.table.closing.store(1, Ordering::Release);
@@ -475,6 +478,9 @@ impl<T: Pod> ArenaBuffer<T> {
 
 impl<T: Pod> Drop for ArenaBuffer<T> {
     fn drop(&mut self) {
+        if !self.owner.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         self.owner
             .book
             .lock()
@@ -950,6 +956,9 @@ impl<T: Pod> ArenaView<T> {
 
 impl<T: Pod> Drop for ArenaView<T> {
     fn drop(&mut self) {
+        if !self.import.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         let mut views = self.import.views.lock();
         if let Some(entry) = views.get_mut(&self.index) {
             entry.count -= 1;

@@ -375,6 +375,8 @@ pub struct ProcessBarrier<'a> {
     /// Our slot word (`Held`), moved to `Left` on drop.
     held: u64,
     pid: u32,
+    /// The process that joined: a forked child neither arrives nor leaves for it.
+    home: crate::process::Home,
     timeout: Duration,
     spin: Duration,
 }
@@ -443,6 +445,7 @@ impl<'a> ProcessBarrier<'a> {
             slot: slot as u32,
             held,
             pid: me.pid(),
+            home: crate::process::Home::here(),
             timeout: DEFAULT_WAIT_TIMEOUT,
             spin: DEFAULT_SPIN,
         })
@@ -490,7 +493,17 @@ impl<'a> ProcessBarrier<'a> {
     /// - [`Error::PeerGone`] (a barrier participant) when a participant died or left; the barrier is poisoned.
     /// - [`Error::Poisoned`] after [`poison`](Self::poison).
     /// - [`Error::Corrupt`] when the shared state holds impossible values.
+    /// - [`Error::InvalidState`] ([`ObjectState::Inherited`](crate::ObjectState::Inherited)) in
+    ///   a child forked from the process that joined: the slot is the parent's.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<BarrierWaitResult> {
+        if !self.home.is_here() {
+            return Err(Error::InvalidState {
+                call: "ProcessBarrier::wait",
+                state: crate::error::ObjectState::Inherited {
+                    made_in: self.home.pid(),
+                },
+            });
+        }
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let mut clock = || deadline.is_some_and(|d| Instant::now() >= d);
@@ -783,6 +796,9 @@ impl WaitError {
 
 impl Drop for ProcessBarrier<'_> {
     fn drop(&mut self) {
+        if !self.home.is_here() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         // Leaving is final for the slot: the barrier cannot complete without us, so waiters
         // must learn we left (PeerGone) rather than wait for their deadline.
         self.state.slots[self.slot as usize].transition(self.held, OwnerState::Left);

@@ -1533,6 +1533,11 @@ impl<T: Pod> std::ops::Deref for BufferCore<T> {
 
 impl<T: Pod> Drop for BufferCore<T> {
     fn drop(&mut self) {
+        if !self.slice.ctx.is_home() {
+            // Inherited by a forked child: the parent's (see `process::Home`). Its parts
+            // (records, leases, mappings) refuse to act here too.
+            return;
+        }
         // Never waits: freed now, or deferred while importers map it; an import is unmapped
         // when its mapping's last view goes. A failed cuMemFree cannot be reported from drop;
         // `IpcBuffer::close` reports it.

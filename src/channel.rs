@@ -1273,6 +1273,9 @@ pub mod __testing {
 
     impl Drop for HostProducer {
         fn drop(&mut self) {
+            if !self.region.is_home() {
+                return; // as `Endpoint`'s drop: a forked child's copy is the parent's
+            }
             Ring::new(self.region.get(), self.geometry).close_producer(self.held);
         }
     }
@@ -1325,6 +1328,9 @@ pub mod __testing {
 
     impl Drop for HostConsumer {
         fn drop(&mut self) {
+            if !self.region.is_home() {
+                return; // as `Endpoint`'s drop: a forked child's copy is the parent's
+            }
             Ring::new(self.region.get(), self.geometry).close_consumer(self.held);
         }
     }

@@ -20,6 +20,8 @@ struct Inner {
     ordinal: u32,
     /// The device's UUID, asked once (every export carries it).
     uuid: [u8; 16],
+    /// The process that retained it: a forked child never enters or releases it.
+    home: crate::process::Home,
 }
 
 // SAFETY: a CUcontext handle may be used (made current, pushed, popped) from any thread; the
@@ -30,6 +32,9 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if !self.home.is_here() {
+            return; // a forked child's copy: the retain is the parent's
+        }
         // SAFETY: gives back the one retain taken in `GpuContext::new` (or `from_primary`);
         // drop cannot report an error, and the only failure (an invalid device) cannot happen
         // for a device we retained on.
@@ -85,6 +90,7 @@ impl GpuContext {
                 device,
                 ordinal,
                 uuid,
+                home: crate::process::Home::here(),
             }),
         };
         ctx.make_current()?;
@@ -162,6 +168,14 @@ impl GpuContext {
     /// When it already is current (the common case: [`GpuContext::new`] makes it so) nothing
     /// is pushed, and the guard pops nothing: one `cuCtxGetCurrent` instead of a push and a pop.
     pub(crate) fn enter(&self) -> Result<CtxGuard> {
+        if !self.inner.home.is_here() {
+            return Err(crate::error::Error::InvalidState {
+                call: "GpuContext::enter",
+                state: crate::error::ObjectState::Inherited {
+                    made_in: self.inner.home.pid(),
+                },
+            });
+        }
         if driver::ctx::current() == Some(self.inner.raw) {
             return Ok(CtxGuard {
                 pushed: false,
@@ -175,6 +189,11 @@ impl GpuContext {
             pushed: true,
             _not_send: std::marker::PhantomData,
         })
+    }
+
+    /// Whether this is the process that retained the context (false in a forked child).
+    pub(crate) fn is_home(&self) -> bool {
+        self.inner.home.is_here()
     }
 
     /// The device ordinal.

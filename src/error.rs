@@ -924,6 +924,14 @@ pub enum ObjectState {
     /// It was imported from another process: only the exporter's own object can be exported;
     /// share the handle it was opened from.
     Imported,
+    /// It was made in process `made_in`, and this process is a child forked from it without
+    /// `exec`: an inherited object does nothing here (no driver call, no shared-state change,
+    /// nothing unlinked), because its CUDA context and its slots in shared memory are the
+    /// parent's. Create new objects in the child instead.
+    Inherited {
+        /// The pid of the process the object was made in.
+        made_in: u32,
+    },
 }
 
 impl std::fmt::Display for ObjectState {
@@ -932,6 +940,13 @@ impl std::fmt::Display for ObjectState {
             Self::AlreadyInitialised => "it is already initialised",
             Self::Imported => {
                 "an imported object cannot be exported again; share the original handle"
+            }
+            Self::Inherited { made_in } => {
+                return write!(
+                    f,
+                    "it was made in process {made_in} and inherited by this forked child, \
+                     where it does nothing (make a new one here)"
+                );
             }
         })
     }

@@ -508,6 +508,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if !self.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         self.table.slots().release(self.slot, self.held);
         // The exporter died without unlinking its table, or closed it while we held a lease
         // (its free deferred, see `deferred.rs`; it may exit before its next sweep): the last

@@ -153,6 +153,9 @@ impl Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        if !self.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         let mut books = std::mem::replace(
             &mut *self.books.lock(),
             Books {
@@ -500,7 +503,7 @@ fn unlink_shared_at_exit() {
 extern "C" fn unlink_shared() {
     // `try_lock`: an exit from inside an allocation must not deadlock (the names then stay).
     if let Some(shared) = SHARED.try_lock() {
-        for (_, owner) in shared.iter() {
+        for (_, owner) in shared.iter().filter(|(_, o)| o.table.is_home()) {
             let _ = owner.table.unlink_shared();
             owner.leases.unlink_name();
         }
@@ -879,6 +882,9 @@ impl PoolAlloc {
 
 impl Drop for PoolAlloc {
     fn drop(&mut self) {
+        if !self.owner.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         let _ = self.free(None);
         if self.shared {
             drop_shared(&self.owner);
@@ -1446,6 +1452,9 @@ impl PoolHold {
 
 impl Drop for PoolHold {
     fn drop(&mut self) {
+        if !self.import.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         let mut views = self.import.views.lock();
         if let Some(entry) = views.get_mut(&self.index) {
             entry.count -= 1;

@@ -279,6 +279,66 @@ pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
     true
 }
 
+/// The process an object was made in. A child forked without `exec` inherits every object's
+/// memory, but not the right to act for it: the CUDA context, the lease and barrier slots and
+/// the shared tables all belong to the parent, which still uses them. So every object that
+/// acts on shared state or the driver records its `Home` and, in any other process, does
+/// nothing — its `Drop` and its `atexit` hook return at once, [`GpuContext`](crate::GpuContext)
+/// refuses to be entered, regions are not unlinked, slots are not released.
+///
+/// Reading it costs one load: this process's pid is cached, and a `pthread_atfork` child
+/// handler refreshes the cache in every forked child (`fork`, Python's `os.fork`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Home(u32);
+
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn refresh_pid_in_child() {
+    // getpid is async-signal-safe, as an atfork child handler must be.
+    PID.store(os::pid(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// This process's pid, from the cache [`Home`] describes.
+pub(crate) fn current_pid() -> u32 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let pid = PID.load(Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain `extern "C"` function that makes one system call and one
+        // atomic store: it cannot unwind, and it is async-signal-safe. A failed registration
+        // (ENOMEM) leaves the cache empty in children, which then ask the kernel each time.
+        let registered = unsafe { libc::pthread_atfork(None, None, Some(refresh_pid_in_child)) };
+        if registered == 0 {
+            PID.store(os::pid(), Relaxed);
+        }
+    });
+    match PID.load(Relaxed) {
+        0 => os::pid(),
+        pid => pid,
+    }
+}
+
+impl Home {
+    /// The calling process.
+    pub(crate) fn here() -> Self {
+        Self(current_pid())
+    }
+
+    /// Whether the calling process is the one the object was made in (false in a forked
+    /// child). Always true under the model checker, whose threads stand in for processes.
+    pub(crate) fn is_here(self) -> bool {
+        cfg!(loom) || self.0 == current_pid()
+    }
+
+    /// The pid of the process the object was made in.
+    pub(crate) fn pid(self) -> u32 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

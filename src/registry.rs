@@ -110,6 +110,7 @@ extern "C" fn unlink_ledger() {
     // `try_lock`: an exit from inside an export must not deadlock (the names then stay).
     if let Some(slot) = LEDGER.try_lock()
         && let Some(ledger) = &*slot
+        && ledger.table.is_home()
     {
         let _ = ledger.table.unlink_shared();
         ledger.leases.unlink_name();
@@ -208,6 +209,9 @@ impl Record {
 
 impl Drop for Record {
     fn drop(&mut self) {
+        if !self.ledger.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         // A record dropped without a retire (a buffer's drop always retires first) is retired
         // here: its block comes back once no importer holds it.
         self.retire();
@@ -383,6 +387,10 @@ impl ImportedLedger {
 
 impl Drop for ImportedLedger {
     fn drop(&mut self) {
+        if !self.table.is_home() {
+            std::mem::forget(self.lease.take());
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         // The exporter died without removing its names, and nobody else imports from it: the
         // last importer removes them (the lease table's when our lease drops; the block
         // table's here). Tokens are random and never reused, and opens of a dead exporter's
@@ -434,6 +442,9 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        if !self.ledger.table.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         let mut held = self.ledger.held.lock();
         if let Some((_, count)) = held.get_mut(&self.index) {
             *count -= 1;

@@ -230,6 +230,7 @@ impl ShmOptions {
             map,
             name,
             owner: true,
+            home: crate::process::Home::here(),
             dev: info.dev,
             ino: info.ino,
             payload_offset: offset,
@@ -312,6 +313,7 @@ impl ShmOptions {
             map,
             name,
             owner: false,
+            home: crate::process::Home::here(),
             dev: info.dev,
             ino: info.ino,
             payload_offset: offset,
@@ -490,6 +492,8 @@ pub struct ShmRegion<T: ShmSafe> {
     map: MmapRaw,
     name: String,
     owner: bool,
+    /// The process that mapped it: a forked child never unlinks an inherited region.
+    home: crate::process::Home,
     dev: u64,
     ino: u64,
     payload_offset: usize,
@@ -547,9 +551,15 @@ impl<T: ShmSafe> ShmRegion<T> {
         ProcessIdentity::from_parts(pid, start)
     }
 
-    /// Whether this handle unlinks the name on drop.
+    /// Whether this handle unlinks the name on drop: it owns the name and this is the process
+    /// that mapped it (in a child forked without `exec`, an inherited region unlinks nothing).
     pub fn is_owner(&self) -> bool {
-        self.owner
+        self.owner && self.home.is_here()
+    }
+
+    /// Whether this is the process that mapped the region (false in a forked child).
+    pub(crate) fn is_home(&self) -> bool {
+        self.home.is_here()
     }
 
     /// Stop owning the name: drop will not unlink it (another process takes over, or it is meant
@@ -587,7 +597,7 @@ impl<T: ShmSafe> ShmRegion<T> {
     /// The unlink error, with the region handed back (still owning the name).
     #[allow(clippy::result_large_err)] // the handle comes back so the caller can retry
     pub fn close(mut self) -> std::result::Result<(), (Error, Self)> {
-        if self.owner {
+        if self.is_owner() {
             if let Err(e) = os::shm_unlink_if_same(&self.name, self.dev, self.ino) {
                 return Err((e, self));
             }
@@ -616,7 +626,7 @@ impl<T: ShmSafe> std::fmt::Debug for ShmRegion<T> {
 
 impl<T: ShmSafe> Drop for ShmRegion<T> {
     fn drop(&mut self) {
-        if self.owner {
+        if self.is_owner() {
             // Drop cannot report: a failed unlink leaves the name for `reclaim_stale`; callers
             // who need to know use `close`.
             let _ = os::shm_unlink_if_same(&self.name, self.dev, self.ino);

@@ -55,12 +55,20 @@ fn token_of(s: &Shared) -> [u8; 16] {
 }
 
 fn set_token(s: &Shared, t: &[u8; 16]) {
-    s.token[0].store(u64::from_le_bytes(t[..8].try_into().unwrap()), Ordering::SeqCst);
-    s.token[1].store(u64::from_le_bytes(t[8..].try_into().unwrap()), Ordering::SeqCst);
+    s.token[0].store(
+        u64::from_le_bytes(t[..8].try_into().unwrap()),
+        Ordering::SeqCst,
+    );
+    s.token[1].store(
+        u64::from_le_bytes(t[8..].try_into().unwrap()),
+        Ordering::SeqCst,
+    );
 }
 
 fn wait_stop(s: &Shared) {
-    wait_for("the parent's stop", WAIT, || s.stop.load(Ordering::SeqCst) != 0);
+    wait_for("the parent's stop", WAIT, || {
+        s.stop.load(Ordering::SeqCst) != 0
+    });
 }
 
 #[test]
@@ -134,7 +142,9 @@ fn start(region: &ShmRegion<Shared>, role: &str, extra: &[&str]) -> common::Chil
     args.extend_from_slice(extra);
     let child = spawn(role, &args);
     let s = region.get();
-    wait_for("the child to be ready", WAIT, || s.ready.load(Ordering::SeqCst) != 0);
+    wait_for("the child to be ready", WAIT, || {
+        s.ready.load(Ordering::SeqCst) != 0
+    });
     assert!(
         leader_is_zombie(child.pid()),
         "the child's main thread must have exited"
@@ -179,7 +189,11 @@ fn a_lease_close_does_not_free_under_a_holder_whose_main_thread_exited() {
     let child = start(&region, "lease_holder", &[]);
     assert_eq!(export.holders(), vec![child.pid()], "importers() lost it");
     let left = export.close_and_scan();
-    assert_eq!(left, vec![child.pid()], "the close found no holder: it would free");
+    assert_eq!(
+        left,
+        vec![child.pid()],
+        "the close found no holder: it would free"
+    );
     finish(&region, child);
     assert!(export.close_and_wait(WAIT).is_empty());
 }
@@ -247,8 +261,14 @@ fn a_barrier_party_whose_main_thread_exited_is_waited_for_not_reported_gone() {
     let child = start(&region, "barrier_party", &[]);
     let r = me.wait_timeout(WAIT);
     assert!(r.is_ok(), "the parent's wait: {r:?}");
-    wait_for("the child's wait", WAIT, || s.outcome.load(Ordering::SeqCst) != 0);
-    assert_eq!(s.outcome.load(Ordering::SeqCst), 1, "the child's wait failed");
+    wait_for("the child's wait", WAIT, || {
+        s.outcome.load(Ordering::SeqCst) != 0
+    });
+    assert_eq!(
+        s.outcome.load(Ordering::SeqCst),
+        1,
+        "the child's wait failed"
+    );
     drop(me);
     finish(&region, child);
 }

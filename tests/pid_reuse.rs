@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ProcessIdentity, ShmOptions, ShmSafe};
+use cuda_ipc::{
+    BarrierState, Error, PeerRole, ProcessBarrier, ProcessIdentity, ShmOptions, ShmSafe,
+};
 
 #[repr(C)]
 struct Shared {
@@ -66,7 +68,9 @@ fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
         eprintln!("SKIPPED: choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid");
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _dog = watchdog("pid reuse", Duration::from_secs(60));
     let region = ShmOptions::new(unique_name("pid-reuse"))
         .create_with(|s: &Shared| s.barrier.init(2))
@@ -146,7 +150,9 @@ fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_ino
         eprintln!("SKIPPED: choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid");
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _dog = watchdog("pid reuse, one tick", Duration::from_secs(120));
     for attempt in 0..500 {
         let mut first = Command::new("sleep").arg("30").spawn().unwrap();
@@ -176,7 +182,10 @@ fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_ino
         let live_again = is_alive_cached(&live);
         let _ = second.kill();
         let _ = second.wait();
-        assert!(live_reads_alive && live_again, "the live process read as dead");
+        assert!(
+            live_reads_alive && live_again,
+            "the live process read as dead"
+        );
         assert!(dead_reads_dead, "the dead process read as alive");
         eprintln!("pid {pid} reused within tick {start} (attempt {attempt}): told apart");
         return;

@@ -247,6 +247,9 @@ impl<T: Pod> Endpoint<T> {
 
 impl<T: Pod> Drop for Endpoint<T> {
     fn drop(&mut self) {
+        if !self.region.is_home() {
+            return; // inherited by a forked child: the parent's (see `process::Home`)
+        }
         // Drop cannot report: `close` on the owning end returns what went wrong; here a
         // failure leaks at worst.
         let _ = self.teardown(Duration::ZERO);

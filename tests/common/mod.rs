@@ -376,7 +376,9 @@ pub fn pid_running(pid: u32) -> bool {
         .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().chars().next()));
     match state {
         None | Some(None) | Some(Some('X')) => false,
-        Some(Some('Z')) => std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() > 1),
+        Some(Some('Z')) => {
+            std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() > 1)
+        }
         Some(Some(_)) => true,
     }
 }
@@ -385,7 +387,11 @@ pub fn pid_running(pid: u32) -> bool {
 pub fn leader_is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false)
 }
 
@@ -418,7 +424,10 @@ pub fn with_main_thread_gone(role: impl FnOnce() -> i32 + Send + 'static) -> ! {
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = exit_this_thread as *const () as libc::sighandler_t;
-        assert_eq!(libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()), 0);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()),
+            0
+        );
         let pid = pid as libc::pid_t;
         assert_eq!(libc::syscall(libc::SYS_tgkill, pid, pid, libc::SIGUSR2), 0);
     }
