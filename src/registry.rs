@@ -302,7 +302,7 @@ fn enter_pausing(
     pause: impl FnOnce(),
 ) -> Result<Hold> {
     let (ledger_token, index) = split(token)?;
-    if generation.is_multiple_of(2) {
+    if !crate::arena::table::names_a_live_export(generation) {
         return Err(Error::corrupt_handle(HandleDefect::Names {
             detail: format!("generation {generation} is not a live export's (odd)"),
         }));

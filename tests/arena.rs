@@ -355,6 +355,23 @@ fn forged_foreign_and_mistyped_handles_are_refused() {
     }
     let v2 = imported.open(&a2.handle()).unwrap();
     assert_eq!(v2.len(), 100);
+    // A handle carrying a freed buffer's *retired* generation (what its block reads once the
+    // buffer is gone, here kept quarantined by a view): on e94c9f7 it opened the freed range.
+    let doomed = x.alloc_zeroed::<u32>(100).unwrap();
+    let held_view = imported.open(&doomed.handle()).unwrap();
+    let mut bytes = doomed.handle().as_bytes().to_vec();
+    drop(doomed);
+    let retired = u64::from_le_bytes(bytes[48..56].try_into().unwrap()) + 1;
+    bytes[48..56].copy_from_slice(&retired.to_le_bytes());
+    cuda_ipc::__private::arena::reseal_arena_handle(&mut bytes);
+    let forged = ArenaHandle::<u32>::from_bytes(&bytes).unwrap();
+    assert_eq!(forged.generation(), retired);
+    let opened = imported.open(&forged);
+    assert!(
+        matches!(opened, Err(Error::StaleHandle { .. })),
+        "the retired generation opened: {opened:?}"
+    );
+    drop(held_view);
     // Bad sizes and types.
     assert!(matches!(
         x.alloc::<u32>(0),

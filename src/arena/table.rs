@@ -100,6 +100,13 @@ impl Hasher for BlockHasher {
     }
 }
 
+/// The one admission predicate for a handle's generation, used by every open (registry,
+/// arenas, pools): live blocks have odd generations, retired ones even, so only an odd
+/// generation can name a live export.
+pub(crate) fn names_a_live_export(generation: u64) -> bool {
+    generation % 2 == 1
+}
+
 /// One block's shared words (see the module docs).
 #[repr(C)]
 pub(crate) struct Block {
@@ -157,7 +164,14 @@ impl Block {
     /// Importer: set `bit`, then check that the block is live with `generation`; on a mismatch
     /// clear `bit` again. `pause` runs between the two steps (the stress test stalls or kills
     /// itself there).
+    ///
+    /// A generation that [`names_a_live_export`] refuses is stale at once, whatever the block
+    /// holds: a retired block reads its even generation, and a handle carrying it (forged, or
+    /// built from a retired block's words) must not open the range the block once had.
     pub(crate) fn enter_pausing(&self, bit: u64, generation: u64, pause: impl FnOnce()) -> Enter {
+        if !names_a_live_export(generation) {
+            return Enter::Stale;
+        }
         self.holders.fetch_or(bit, Ordering::AcqRel);
         pause();
         // A read-modify-write, against retire's swap: see the module docs.
@@ -177,7 +191,7 @@ impl Block {
     /// Importer, holding a view: whether the block is still generation `generation` (it may
     /// have been retired since; it cannot have been reused while our bit is set).
     pub(crate) fn is_live(&self, generation: u64) -> bool {
-        self.state.load(Ordering::Acquire) == generation
+        names_a_live_export(generation) && self.state.load(Ordering::Acquire) == generation
     }
 
     /// Importer: give up `bit` (the last view of the block in this process is gone).
@@ -336,6 +350,21 @@ mod tests {
         assert!(!b.is_live(1));
         b.leave(A);
         assert_eq!(b.holders(), 0, "reusable once the view is gone");
+    }
+
+    /// On e94c9f7 a handle carrying the retired generation (2, what the block reads once
+    /// generation 1 is retired) entered: arena and pool opens then mapped the freed range,
+    /// reused for another buffer.
+    #[test]
+    fn a_retired_generation_never_enters_and_never_reads_live() {
+        let b = live(1);
+        assert_eq!(b.retire(1), 0);
+        assert_eq!(b.enter(A, 2), Enter::Stale, "the retired generation entered");
+        assert_eq!(b.holders(), 0);
+        assert!(!b.is_live(2));
+        let never = Block::new(); // generation 0: never published
+        assert_eq!(never.enter(A, 0), Enter::Stale);
+        assert!(!never.is_live(0));
     }
 
     #[test]
