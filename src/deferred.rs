@@ -152,7 +152,7 @@ pub fn collect_deferred() -> DeferredFrees {
     drop(list);
     let (held, bytes) = crate::pool::collect_shared();
     report.pending += held;
-    report.pending_bytes += bytes;
+    report.pending_bytes = report.pending_bytes.saturating_add(bytes);
     report
 }
 
@@ -178,7 +178,7 @@ fn sweep<E: Entry>(list: &mut Vec<E>, free: impl Fn(&E) -> Result<()>) -> Deferr
     list.retain(|d| {
         if d.is_held() {
             report.pending += 1;
-            report.pending_bytes += d.bytes();
+            report.pending_bytes = report.pending_bytes.saturating_add(d.bytes());
             return true;
         }
         match free(d) {

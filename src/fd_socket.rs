@@ -36,7 +36,9 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::poll::Deadline;
 
 use rustix::event::PollFlags;
 use rustix::io::Errno;
@@ -143,7 +145,7 @@ fn wait_ready(
     fd: BorrowedFd<'_>,
     flags: PollFlags,
     name: &SocketName,
-    deadline: Instant,
+    deadline: Deadline,
     what: &'static str,
     timeout: Duration,
 ) -> Result<()> {
@@ -223,7 +225,7 @@ impl FdListener {
     #[doc(alias = "accept4")]
     #[doc(alias = "SO_PEERCRED")]
     pub fn accept(&self, timeout: Duration) -> Result<FdSocket> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             wait_ready(
                 self.fd.as_fd(),
@@ -300,7 +302,7 @@ impl FdSocket {
     /// `connect` (`ECONNREFUSED` or `ENOENT`: nobody listens there).
     #[doc(alias = "SO_PEERCRED")]
     pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
-        let fd = sys::connect(&name.address(), Instant::now() + timeout)
+        let fd = sys::connect(&name.address(), Deadline::after(timeout))
             .map_err(|e| os_error("connect", name, e))?;
         let peer = check_peer(fd.as_fd(), name, policy)?;
         Ok(Self {
@@ -338,7 +340,7 @@ impl FdSocket {
         let mut framed = Vec::with_capacity(payload.len() + 1);
         framed.push(FRAME_VERSION);
         framed.extend_from_slice(payload);
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             match sys::send(self.fd.as_fd(), &framed, fds) {
                 Ok(()) => return Ok(()),
@@ -366,15 +368,29 @@ impl FdSocket {
     /// [`Error::PeerClosed`] when the peer closed its socket or died; [`Error::Timeout`];
     /// [`Error::Corrupt`] for a message that was cut short (more bytes or descriptors than
     /// this side accepts: the descriptors that did arrive are closed) or not framed by this
-    /// crate; [`Error::Os`] naming `recvmsg`.
+    /// crate (an empty record among them: the connection stays up, and the next `recv`
+    /// reads the next message); [`Error::Os`] naming `recvmsg`.
     #[doc(alias = "recvmsg")]
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv(&self, timeout: Duration) -> Result<FdMessage> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
         loop {
             match sys::recv(self.fd.as_fd(), &mut buf) {
-                Ok(r) if r.bytes == 0 => return Err(Error::PeerClosed { pid: self.peer.pid }),
+                // End of file, or an empty record (which no sender of this crate makes: every
+                // frame has its version byte) while the connection stays up.
+                Ok(r) if r.bytes == 0 && sys::peer_hung_up(self.fd.as_fd()) => {
+                    return Err(Error::PeerClosed { pid: self.peer.pid });
+                }
+                Ok(r) if r.bytes == 0 => {
+                    drop(r.fds); // closed: no message of ours carries them
+                    return Err(Error::Corrupt {
+                        what: "fd socket message",
+                        defect: StateDefect::Missing {
+                            what: "the frame's version byte (an empty record)",
+                        },
+                    });
+                }
                 Ok(r) if r.truncated => {
                     return Err(Error::Corrupt {
                         what: "fd socket message",

@@ -11,6 +11,36 @@
 
 use std::time::{Duration, Instant};
 
+/// The moment a bounded wait ends, or never: a timeout too large for an [`Instant`]
+/// (`Duration::MAX`, say) waits without end instead of panicking as `Instant::now() + timeout`
+/// would. Every wait of the crate that takes a caller's timeout builds its end with this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// `timeout` from now.
+    pub(crate) fn after(timeout: Duration) -> Self {
+        Self::since(Instant::now(), timeout)
+    }
+
+    /// `timeout` from `start`.
+    pub(crate) fn since(start: Instant, timeout: Duration) -> Self {
+        Self(start.checked_add(timeout))
+    }
+
+    /// Time left (zero once passed; `Duration::MAX` for a wait without end).
+    pub(crate) fn remaining(&self) -> Duration {
+        self.0.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// Whether the deadline has passed (never, for a wait without end).
+    pub(crate) fn has_passed(&self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
 /// A deadline and the pause schedule of one wait (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Backoff {

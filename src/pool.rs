@@ -41,6 +41,8 @@ const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
 struct Retired {
     index: u32,
     ptr: sys::CUdeviceptr,
+    /// Its size, from our own record (the shared table's words are the peers' to scribble).
+    bytes: usize,
 }
 
 struct Books {
@@ -471,11 +473,11 @@ pub(crate) fn collect_shared() -> (usize, usize) {
             continue;
         }
         held += left;
-        bytes += books
+        // Our own records of the sizes, summed without wrapping (each is a real allocation).
+        bytes = books
             .quarantine
             .iter()
-            .map(|r| owner.table.blocks[r.index as usize].range().1 as usize)
-            .sum::<usize>();
+            .fold(bytes, |sum: usize, r| sum.saturating_add(r.bytes));
         drop(books);
         i += 1;
     }
@@ -614,6 +616,7 @@ fn alloc_from(owner: &Arc<Owner>, bytes: usize, stream: sys::CUstream) -> Result
         index,
         generation,
         ready,
+        bytes,
         freed: false,
         shared: false,
     })
@@ -666,6 +669,8 @@ pub(crate) struct PoolAlloc {
     generation: u64,
     /// Recorded after the allocation on its stream.
     ready: sys::CUevent,
+    /// Bytes allocated (our record; the shared table's copy is for importers).
+    bytes: usize,
     freed: bool,
     /// From a pool of [`SHARED`] (an [`IpcBuffer`](crate::IpcBuffer) of [`HandleType::Pool`]).
     shared: bool,
@@ -864,6 +869,7 @@ impl PoolAlloc {
             books.quarantine.push(Retired {
                 index: self.index,
                 ptr: self.ptr,
+                bytes: self.bytes,
             });
 
             return Ok(());

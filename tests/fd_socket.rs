@@ -332,3 +332,48 @@ fn pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission() {
     let out = spawn("nobody_takes", &[&std::process::id().to_string(), &raw]).expect_success(T);
     assert_eq!(out, [format!("denied {}", std::process::id())]);
 }
+
+/// A connected pair in this process (the peer check passes: same uid).
+fn pair(what: &str) -> (FdSocket, FdSocket) {
+    let (listener, raw) = common::fd_listener(what);
+    let connector = std::thread::spawn(move || common::fd_connect(&raw));
+    let accepted = listener.accept(T).unwrap();
+    (accepted, connector.join().unwrap())
+}
+
+/// On e94c9f7 `accept`, `connect`, `send` and `recv` computed `Instant::now() + timeout`
+/// and panicked on `Duration::MAX`; the crate's other waits accepted it.
+#[test]
+fn the_longest_timeout_is_a_wait_without_end_not_a_panic() {
+    let _dog = watchdog("fd socket, Duration::MAX", Duration::from_secs(30));
+    let (listener, raw) = common::fd_listener("max-timeout");
+    let name = SocketName::Abstract(raw);
+    let connector = std::thread::spawn(move || {
+        FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::MAX).unwrap()
+    });
+    let a = listener.accept(Duration::MAX).unwrap();
+    let b = connector.join().unwrap();
+    a.send(b"ping", &[], Duration::MAX).unwrap();
+    assert_eq!(b.recv(Duration::MAX).unwrap().payload, b"ping");
+}
+
+/// A 0-byte `SOCK_SEQPACKET` record while the connection is up: on e94c9f7 `recv` said
+/// `PeerClosed`, though the next `recv` worked. It is a record no sender of this crate makes
+/// (every frame has its version byte): `Corrupt`, and the connection goes on.
+#[test]
+fn an_empty_record_is_corrupt_not_peer_closed_and_the_next_message_arrives() {
+    let _dog = watchdog("fd socket, empty record", Duration::from_secs(30));
+    let (a, b) = pair("empty-record");
+    rustix::net::send(b.as_fd(), &[], rustix::net::SendFlags::empty()).unwrap();
+    match a.recv(T) {
+        Err(Error::Corrupt { .. }) => {}
+        other => panic!("an empty record read as {other:?}"),
+    }
+    b.send(b"after", &[], T).unwrap();
+    assert_eq!(a.recv(T).unwrap().payload, b"after");
+    drop(b);
+    assert!(
+        matches!(a.recv(T), Err(Error::PeerClosed { .. })),
+        "a closed peer is still PeerClosed"
+    );
+}

@@ -359,7 +359,11 @@ mod tests {
     fn a_retired_generation_never_enters_and_never_reads_live() {
         let b = live(1);
         assert_eq!(b.retire(1), 0);
-        assert_eq!(b.enter(A, 2), Enter::Stale, "the retired generation entered");
+        assert_eq!(
+            b.enter(A, 2),
+            Enter::Stale,
+            "the retired generation entered"
+        );
         assert_eq!(b.holders(), 0);
         assert!(!b.is_live(2));
         let never = Block::new(); // generation 0: never published

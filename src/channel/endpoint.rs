@@ -4,7 +4,7 @@
 //! GPU work.
 
 use std::mem::ManuallyDrop;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytemuck::Pod;
 
@@ -234,8 +234,8 @@ impl<T: Pod> Endpoint<T> {
             });
         }
         let (data, sent, released) = parts;
-        let deadline = Instant::now() + peer_wait;
-        let left = || deadline.saturating_duration_since(Instant::now());
+        let deadline = crate::poll::Deadline::after(peer_wait);
+        let left = || deadline.remaining();
         let results = [
             data.close(left()),
             sent.close(left()),

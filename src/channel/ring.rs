@@ -315,15 +315,18 @@ impl<'a> Ring<'a> {
     fn slot_free(&self, k: u64) -> Result<bool> {
         let released = self.entry().released.load(Ordering::Acquire);
         let sent = self.state.sent.load(Ordering::Relaxed);
-        if released > sent {
-            return Err(corrupt(StateDefect::OutOfRange {
+        // Both words are the peer's to scribble: bound `released` by `sent`, and add without
+        // wrapping (`released = sent = u64::MAX` must read as corrupt, not as a full ring).
+        let room = released.checked_add(self.geometry.slots);
+        match room {
+            Some(room) if released <= sent => Ok(room >= k),
+            _ => Err(corrupt(StateDefect::OutOfRange {
                 field: "items released",
                 value: released,
                 min: 0,
-                max: sent,
-            }));
+                max: sent.min(u64::MAX - self.geometry.slots),
+            })),
         }
-        Ok(released + self.geometry.slots >= k)
     }
 
     /// Producer: fail if the consumer closed or died (an unattached consumer is fine).
@@ -439,11 +442,22 @@ impl<'a> Ring<'a> {
             return Ok(None);
         }
         let k = received + 1;
+        // `released` is ours to write but the producer's to scribble: it must not exceed what
+        // we received (our own record), so `sent - released` cannot wrap.
         let released = self.entry().released.load(Ordering::Relaxed);
-        if sent - released > self.geometry.slots {
+        if released > received {
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "items released",
+                value: released,
+                min: 0,
+                max: received,
+            }));
+        }
+        let outstanding = sent - released; // sent > received >= released
+        if outstanding > self.geometry.slots {
             return Err(corrupt(StateDefect::OutOfRange {
                 field: "items sent and not released",
-                value: sent - released,
+                value: outstanding,
                 min: 0,
                 max: self.geometry.slots,
             }));
@@ -536,6 +550,26 @@ mod tests {
     /// A dead process's identity (pid 0 is never alive; use a pid that cannot exist).
     fn dead() -> ProcessIdentity {
         ProcessIdentity::from_parts(4_194_000, 1)
+    }
+
+    /// Counters a peer scribbled: on e94c9f7 `released > sent` panicked the consumer in debug
+    /// builds (`sent - released`) and `sent = released = u64::MAX` made the producer wait for
+    /// a `Timeout` (`released + slots` wrapped) instead of reporting `Corrupt`.
+    #[test]
+    fn scribbled_counters_are_corrupt_on_both_sides_never_a_panic_or_a_wait() {
+        let is_corrupt = |r: Result<bool>| matches!(r, Err(Error::Corrupt { .. }));
+        let s = RingState::boxed();
+        let r = ring(&s, 2);
+        producer(&s);
+        r.publish(1, 10).unwrap();
+        // The consumer received nothing yet, so it released nothing: 5 is forged.
+        s.consumer[0].released.store(5, Ordering::Relaxed);
+        assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
+        assert!(is_corrupt(r.try_acquire(2)), "released > sent");
+        s.sent.store(u64::MAX, Ordering::Relaxed);
+        s.consumer[0].released.store(u64::MAX, Ordering::Relaxed);
+        assert!(is_corrupt(r.try_acquire(2)), "released + slots wraps");
+        assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
     }
 
     #[test]

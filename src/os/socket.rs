@@ -4,7 +4,9 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::poll::Deadline;
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{BorrowedFd, OwnedFd};
@@ -52,13 +54,13 @@ pub(crate) fn listen(addr: &Address<'_>) -> Result<OwnedFd, Errno> {
 
 /// A connected socket to `addr`, retrying while the listener's backlog is full, until
 /// `deadline`.
-pub(crate) fn connect(addr: &Address<'_>, deadline: Instant) -> Result<OwnedFd, Errno> {
+pub(crate) fn connect(addr: &Address<'_>, deadline: Deadline) -> Result<OwnedFd, Errno> {
     let target = unix_addr(addr)?;
     loop {
         let fd = seqpacket()?;
         match rustix::net::connect(&fd, &target) {
             Ok(()) => return Ok(fd),
-            Err(Errno::AGAIN) if Instant::now() < deadline => {
+            Err(Errno::AGAIN) if !deadline.has_passed() => {
                 std::thread::sleep(Duration::from_micros(200));
             }
             Err(e) => return Err(e),
@@ -68,9 +70,13 @@ pub(crate) fn connect(addr: &Address<'_>, deadline: Instant) -> Result<OwnedFd, 
 
 /// Wait until `fd` is ready for `flags` (or hung up), at most until `deadline`; `false` on
 /// timeout.
-pub(crate) fn wait(fd: BorrowedFd<'_>, flags: PollFlags, deadline: Instant) -> Result<bool, Errno> {
+pub(crate) fn wait(
+    fd: BorrowedFd<'_>,
+    flags: PollFlags,
+    deadline: Deadline,
+) -> Result<bool, Errno> {
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.remaining();
         let timeout = rustix::time::Timespec {
             tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
             tv_nsec: i64::from(left.subsec_nanos()),
@@ -82,6 +88,26 @@ pub(crate) fn wait(fd: BorrowedFd<'_>, flags: PollFlags, deadline: Instant) -> R
             Err(Errno::INTR) => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Whether the peer has closed its end (`POLLRDHUP`/`POLLHUP` now, without waiting). A
+/// `SOCK_SEQPACKET` read of 0 bytes means either that or an empty record: this tells them
+/// apart. A failed `poll` says nothing: `false`.
+pub(crate) fn peer_hung_up(fd: BorrowedFd<'_>) -> bool {
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::RDHUP)];
+    match poll(&mut fds, Some(&zero)) {
+        Ok(n) => {
+            n > 0
+                && fds[0]
+                    .revents()
+                    .intersects(PollFlags::RDHUP | PollFlags::HUP)
+        }
+        Err(_) => false,
     }
 }
 
