@@ -665,8 +665,10 @@ impl<T: Pod> SendSlot<'_, T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when `len` exceeds the capacity (the slot is kept: send
-    /// again); [`Error::Cuda`] naming `cuStreamWriteValue64` or `cuEventRecord`;
-    /// [`Error::Corrupt`] when the shared state is inconsistent.
+    /// again); [`Error::Cuda`] naming `cuStreamWriteValue64`; [`Error::Corrupt`] when the
+    /// shared state is inconsistent. An error means the item was not published (send again,
+    /// or drop the slot); once published, `send` returns `Ok` — a tracking event that could
+    /// not be recorded after that is reported by the sender's `close`.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn send(mut self, len: usize) -> Result<()> {
         self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
@@ -675,7 +677,12 @@ impl<T: Pod> SendSlot<'_, T> {
         self.waited = false;
         self.tx.ring().publish(k, len as u64)?;
         self.tx.next += 1;
-        recorded
+        // Published: the item is the consumer's now. A tracking event that could not be
+        // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
+        // rather than free them under GPU work); returning it here would tell the caller to
+        // send again an item already delivered.
+        drop(recorded);
+        Ok(())
     }
 }
 

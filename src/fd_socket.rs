@@ -123,7 +123,10 @@ impl PeerPolicy {
 /// The credentials of the process at the other end of a socket, as the kernel recorded them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerCred {
-    /// Its pid (in this process's pid namespace).
+    /// Its pid, as this process's pid namespace sees it; **0** when the peer runs in a pid
+    /// namespace this one cannot see (a container's, say): the kernel then has no number to
+    /// give ([`PeerPolicy`] judges uids only), and errors that name the peer
+    /// ([`Error::PeerClosed`]) carry the 0.
     pub pid: u32,
     /// Its effective uid.
     pub uid: u32,

@@ -231,8 +231,9 @@ fn random_kills_keep_the_channel_protocol_sound() {
             let child = if victim == 1 { &producer } else { &consumer };
             child.signal(libc_sigkill());
         }
-        producer.wait(Duration::from_secs(30));
-        consumer.wait(Duration::from_secs(30));
+        // Each ends with exit 0 or by our SIGKILL; a crash or a panic fails the run.
+        producer.expect_exit_or_kill(Duration::from_secs(30));
+        consumer.expect_exit_or_kill(Duration::from_secs(30));
 
         let s = &*shadow;
         let (p, c) = (

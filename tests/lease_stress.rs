@@ -40,9 +40,21 @@ unsafe impl ShmSafe for Shadow {}
 
 #[test]
 fn child_process() {
-    common::child_main(|role, args| {
-        let shadow = ShmOptions::new(&args[0]).open::<Shadow>().unwrap();
-        assert_eq!(role, "claimer");
+    common::child_main(|role, args| match role {
+        "claimer" => claimer(&args[0]),
+        // A claimer whose main thread exited first: its leader reads `Z`, and it must be
+        // treated as the live process it is (issue 31, item 1).
+        "claimer_without_main_thread" => {
+            let name = args[0].clone();
+            common::with_main_thread_gone(move || claimer(&name))
+        }
+        other => panic!("unknown role {other}"),
+    });
+}
+
+fn claimer(shadow_name: &str) -> i32 {
+    {
+        let shadow = ShmOptions::new(shadow_name).open::<Shadow>().unwrap();
         let me = std::process::id();
         let mut rng = Rng(u64::from(me).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let token = shadow.token.load();
@@ -96,7 +108,7 @@ fn child_process() {
                 std::thread::yield_now();
             }
         }
-    });
+    }
 }
 
 /// One run: an exporter, `n` claimers, one killed by the parent at a random time (others may
@@ -114,7 +126,17 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) -> u64 {
         o.store(0, Ordering::SeqCst);
     }
     let export = Export::create(&token).unwrap();
-    let children: Vec<_> = (0..n).map(|_| spawn("claimer", &[shadow.name()])).collect();
+    // One claimer in every third run has no main thread (its leader reads as a zombie).
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            let role = if i == 0 && run % 3 == 2 {
+                "claimer_without_main_thread"
+            } else {
+                "claimer"
+            };
+            spawn(role, &[shadow.name()])
+        })
+        .collect();
     let mut rng = Rng(run.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
     let polls = rng.next() % 20;
     for _ in 0..polls {
@@ -150,7 +172,8 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) -> u64 {
         }
     }
     for c in children {
-        let _ = c.wait(Duration::from_secs(30)); // killed ones end by signal: fine
+        // Killed ones end by SIGKILL (ours or their own); any other end is a failure.
+        c.expect_exit_or_kill(Duration::from_secs(30));
     }
     drop(export);
     let name = cuda_ipc::__private::lease::table_name(&token);

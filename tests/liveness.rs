@@ -246,7 +246,7 @@ fn a_region_of_a_creator_whose_main_thread_exited_is_not_reclaimed() {
     let region = shared("live-zombie-region");
     let name = unique_name("live-zombie-created");
     let child = start(&region, "region_creator", &[&name]);
-    assert_eq!(cuda_ipc::reclaim_stale(&name).unwrap(), false, "reclaimed");
+    assert!(!cuda_ipc::reclaim_stale(&name).unwrap(), "reclaimed");
     assert!(common::shm_exists(&name));
     finish(&region, child);
     assert!(!common::shm_exists(&name), "the creator unlinks its region");

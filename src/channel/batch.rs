@@ -145,8 +145,10 @@ impl<T: Pod> SendBatch<'_, T> {
     ///
     /// [`Error::InvalidArgument`] unless `lens` has one length per slot, each within the
     /// capacity (the slots are kept: send again); [`Error::Cuda`] naming
-    /// `cuStreamWriteValue64`, `cuStreamBatchMemOp` or `cuEventRecord`; [`Error::Corrupt`]
-    /// when the shared state is inconsistent.
+    /// `cuStreamWriteValue64` or `cuStreamBatchMemOp`; [`Error::Corrupt`] when the shared
+    /// state is inconsistent. An error means no item of the batch was published (send again,
+    /// or drop the batch); once published, `send` returns `Ok` — a tracking event that could
+    /// not be recorded after that is reported by the sender's `close`.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn send(mut self, lens: &[usize]) -> Result<()> {
         if lens.len() as u64 != self.count {
@@ -167,12 +169,16 @@ impl<T: Pod> SendBatch<'_, T> {
         let last = first + self.count - 1;
         let recorded = self.tx.end.signal(self.stream, last)?;
         self.waited = false;
-        let ring = self.tx.ring();
-        for (k, &len) in (first..=last).zip(lens) {
-            ring.publish(k, len as u64)?;
-        }
+        self.tx
+            .ring()
+            .publish_from(first, self.count, lens.iter().map(|&len| len as u64))?;
         self.tx.next = last + 1;
-        recorded
+        // Published: every item is the consumer's now. A tracking event that could not be
+        // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
+        // rather than free them under GPU work); returning it here would tell the caller to
+        // send again items already delivered.
+        drop(recorded);
+        Ok(())
     }
 }
 

@@ -374,16 +374,32 @@ impl<'a> Ring<'a> {
 
     /// Producer: publish item `k` of `len` elements (its GPU signal already enqueued).
     pub(crate) fn publish(&self, k: u64, len: u64) -> Result<()> {
+        self.publish_from(k, 1, [len])
+    }
+
+    /// Producer: publish items `first..first + count` (of lengths `lens`) in one step — every check before
+    /// anything is written, then the lengths, then one store of `sent` — so that an error
+    /// always means "nothing of this call was published" (a caller must know whether to send
+    /// again).
+    pub(crate) fn publish_from(
+        &self,
+        first: u64,
+        count: u64,
+        lens: impl IntoIterator<Item = u64>,
+    ) -> Result<()> {
         let sent = self.state.sent.load(Ordering::Relaxed);
-        if sent != k - 1 {
+        let expected = first.saturating_sub(1);
+        if sent != expected || count == 0 {
             return Err(corrupt(StateDefect::Counter {
                 field: "items sent",
                 found: sent,
-                expected: k - 1,
+                expected,
             }));
         }
-        self.state.lens[self.geometry.slot_of(k)].store(len, Ordering::Relaxed);
-        self.state.sent.store(k, Ordering::Release);
+        for (k, len) in (first..first + count).zip(lens) {
+            self.state.lens[self.geometry.slot_of(k)].store(len, Ordering::Relaxed);
+        }
+        self.state.sent.store(first + count - 1, Ordering::Release);
         self.state.sent_bell.ring();
         Ok(())
     }
@@ -570,6 +586,27 @@ mod tests {
         s.consumer[0].released.store(u64::MAX, Ordering::Relaxed);
         assert!(is_corrupt(r.try_acquire(2)), "released + slots wraps");
         assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
+    }
+
+    /// A batch is published in one step: an error (here a forged `sent`) leaves nothing of it
+    /// published. On e94c9f7 a batch published item by item, so a failure on its second item
+    /// came after the first was the consumer's, and `SendBatch::send` reported an error for a
+    /// batch partly delivered.
+    #[test]
+    fn a_batch_is_published_whole_or_not_at_all() {
+        let s = RingState::boxed();
+        let r = ring(&s, 4);
+        producer(&s);
+        r.publish_from(1, 3, [10, 20, 30]).unwrap();
+        assert_eq!(s.sent.load(Ordering::Relaxed), 3);
+        assert_eq!(r.try_recv(0).unwrap(), Some(10));
+        s.sent.store(9, Ordering::Relaxed); // forged by the peer
+        assert!(matches!(
+            r.publish_from(4, 2, [40, 50]),
+            Err(Error::Corrupt { .. })
+        ));
+        assert_eq!(s.sent.load(Ordering::Relaxed), 9, "nothing published");
+        assert_eq!(s.lens[3].load(Ordering::Relaxed), 0, "no length written");
     }
 
     #[test]
