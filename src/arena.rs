@@ -84,30 +84,38 @@ fn reclaim(
     }
 }
 
-/// Reap the importers proven dead: clear their bits in every block (they may hold bits of live
-/// blocks too), then free their lease slots, so that a new importer taking a slot starts with
-/// no bits. Returns whether any was reaped. Shared by arenas and pools.
+/// Reap the importers proven dead: take their lease slots (so that no importer can take one
+/// over meanwhile, see `lease::Slots::claim_or_take_over`), clear their bits in every block
+/// (they may hold bits of live blocks too), then free the slots, so that a new importer taking
+/// a slot starts with no bits. Returns whether any was reaped. Shared by the export registry,
+/// arenas and pools.
 pub(crate) fn reap_dead_importers(
     table: &ArenaTable,
     leases: &ExportLeases,
     max_buffers: usize,
 ) -> bool {
-    let dead: Vec<(usize, u64)> = leases
-        .dead_slots()
+    let taken: Vec<(usize, u64)> = leases
+        .take_dead_slots()
         .into_iter()
-        .filter(|&(i, _)| i < 64)
+        .filter(|&(i, held)| {
+            // Slots past 64 have no bit (the table has 64): give them straight back.
+            i < 64 || {
+                leases.release_taken(i, held);
+                false
+            }
+        })
         .collect();
-    if dead.is_empty() {
+    if taken.is_empty() {
         return false;
     }
-    let mask = dead.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
+    let mask = taken.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
     for block in &table.blocks[..max_buffers.min(MAX_ARENA_BUFFERS)] {
         if block.holders() & mask != 0 {
             block.clear_dead(mask);
         }
     }
-    for (i, word) in dead {
-        leases.reap_slot(i, word);
+    for (i, held) in taken {
+        leases.release_taken(i, held);
     }
     true
 }
@@ -726,9 +734,11 @@ impl ImportedArena {
             }
         }
         let memory_device = handle.admit_live(ctx, &exporter, true)?;
-        let lease = Lease::acquire(&env.token, env.generation)?;
-        let bit = 1u64 << lease.slot();
         let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;
+        let lease = Lease::acquire_taking_over(&env.token, env.generation, &mut |slot| {
+            table.clear_slot_bits(slot);
+        })?;
+        let bit = 1u64 << lease.slot();
         let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
         let memory = VmmMemory::import(ctx, fd, bytes, memory_device)?;
         let import = Arc::new(Import {
@@ -1144,8 +1154,9 @@ pub mod __testing {
         ///
         /// As `ImportedArena::open_fd` for the tables.
         pub fn open(token: &[u8; 16], capacity: u64) -> Result<Self> {
-            let lease = Lease::acquire(token, 0)?;
             let table = ArenaTable::open(token, capacity, 0)?;
+            let lease =
+                Lease::acquire_taking_over(token, 0, &mut |slot| table.clear_slot_bits(slot))?;
             Ok(Self { table, lease })
         }
 

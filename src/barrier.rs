@@ -493,7 +493,7 @@ impl<'a> ProcessBarrier<'a> {
     /// - [`Error::PeerGone`] (a barrier participant) when a participant died or left; the barrier is poisoned.
     /// - [`Error::Poisoned`] after [`poison`](Self::poison).
     /// - [`Error::Corrupt`] when the shared state holds impossible values.
-    /// - [`Error::InvalidState`] ([`ObjectState::Inherited`](crate::ObjectState::Inherited)) in
+    /// - [`Error::InvalidState`] ([`ObjectState::Inherited`]) in
     ///   a child forked from the process that joined: the slot is the parent's.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<BarrierWaitResult> {
         if !self.home.is_here() {

@@ -28,10 +28,16 @@
 //! - Setting *closing* and the claimer's check of it after its claim are both
 //!   read-modify-writes of the one word, so either the exporter's scan sees a claim, or the
 //!   claimer sees *closing* and backs off before mapping.
-//! - Reaping happens only under *closing* (and only of proven deaths: a process the kernel
-//!   cannot be asked about counts as alive); [`ExportLeases::holders`] outside a close only
-//!   reads. The one exception is an arena's owner, which reaps a proven-dead importer's slot
-//!   at any time after clearing its bits ([`ExportLeases::reap_slot`] says why that is safe).
+//! - Reaping a slot under *closing* frees it at once (nobody can be about to use it);
+//!   [`ExportLeases::holders`] outside a close only reads. Outside a close, a proven-dead
+//!   holder's slot is **taken, never freed directly**: the owner of an export registry, arena
+//!   or pool takes it (`dead word → Claiming(owner)`, compare-exchange against the exact word
+//!   judged), clears its bits in the block table, and gives it back
+//!   ([`ExportLeases::take_dead_slots`]); an importer that finds every slot taken takes one
+//!   over the same way, clears its bits, and holds it ([`Slots::claim_or_take_over`]). Of two
+//!   processes racing for one dead word one compare-exchange wins, and only the winner touches
+//!   that slot's bits, so no process ever clears a bit that a live holder set. Reaping thus
+//!   needs no call of an idle exporter: dead importers never lock the 65th one out.
 //!
 //! # What each side sees when the other stops
 //!
@@ -41,6 +47,8 @@
 //! | importer, between the compare-exchange and `Held` | `Claiming(pid)`: a live holder while it runs; once it is dead, the exporter's close reaps it |
 //! | importer, after `Held`, before or after mapping | a holder; once dead, reaped by the close (its mapping died with it) |
 //! | importer, after unmapping, before release | a holder until it releases or dies: close waits, then reaps |
+//! | importer taking over a dead slot, after its compare-exchange (bits partly cleared) | `Claiming(pid)`: a live holder while it runs; once dead, the next reaper or claimer takes the slot and clears the bits again (clearing a dead holder's bits twice is harmless) |
+//! | owner taking a dead slot, before it gives it back | `Held(owner)`: a claimer skips it (the owner is alive); the owner's own close counts it until it is given back |
 //! | exporter, after *closing*, before freeing | importers' new claims fail (`StaleHandle`); the last importer to release unlinks the table's name (the exporter keeps its mapping) |
 //! | exporter, killed at any point | its memory is freed by the driver with its context; importers see `PeerGone` (exporter) on later opens and waits |
 //!
@@ -131,26 +139,81 @@ impl<'a> Slots<'a> {
     /// `claim`, calling `pause` at its two windows: after the slot reads
     /// `Claiming` and after it reads `Held`, before the *closing* check. The stress test
     /// stalls or kills itself there; `claim` passes a no-op.
-    pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, mut pause: impl FnMut()) -> Claim {
+    #[cfg(test)]
+    pub(crate) fn claim_pausing(&self, me: &ProcessIdentity, pause: impl FnMut()) -> Claim {
+        self.claim_or_take_over(me, &|_: &ProcessIdentity| true, &mut |_| {}, pause)
+    }
+
+    /// Claim a free slot for `me`; with none free, **take over** the slot of a holder that
+    /// `alive` proves dead: `dead word → Claiming(me)` in one compare-exchange against the exact
+    /// word judged, then `take_over(slot)` while the slot reads `Claiming(me)` (an arena or
+    /// registry importer clears the dead holder's bits there, so it starts with none), then
+    /// `Held` and the *closing* check as for a free slot. `pause` runs at the claim's two
+    /// windows (after the slot reads `Claiming`, and after `Held` before the *closing* check).
+    ///
+    /// Safe against the exporter's reaping because the exporter, too, takes a dead slot before
+    /// it clears its bits ([`ExportLeases::take_dead_slots`]): of two processes racing for one
+    /// dead word, one compare-exchange wins, and only the winner clears that slot's bits —
+    /// never after another process made the slot its own and set a bit.
+    pub(crate) fn claim_or_take_over(
+        &self,
+        me: &ProcessIdentity,
+        alive: &dyn Fn(&ProcessIdentity) -> bool,
+        take_over: &mut dyn FnMut(usize),
+        mut pause: impl FnMut(),
+    ) -> Claim {
         if self.closing.load(Ordering::SeqCst) != 0 {
             return Claim::Closing;
         }
+        let mut granted = None;
         for (i, slot) in self.slots.iter().enumerate() {
             if let Some(held) = slot.claim_pausing(me, &mut pause) {
-                pause();
-                // Against `begin_close`: both sides read-modify-write `closing`, so one of the
-                // two comes second and reads from the other: if ours comes second we see
-                // *closing*; if the exporter's does, it acquires our claim and its scan sees
-                // our slot. (A plain SeqCst load here is also correct, but the RMW makes the
-                // argument hold under acquire/release alone, which loom checks exactly.)
-                if self.closing.fetch_or(0, Ordering::SeqCst) != 0 {
-                    slot.transition(held, OwnerState::Free);
-                    return Claim::Closing;
-                }
-                return Claim::Granted(i, held);
+                granted = Some((i, slot, held));
+                break;
             }
         }
-        Claim::Full
+        if granted.is_none() {
+            granted = self.slots.iter().enumerate().find_map(|(i, slot)| {
+                let (owner, id) = slot.load_identity();
+                if owner.state == OwnerState::Free || alive(&id) {
+                    return None;
+                }
+                let held = slot.claim_from(owner.word, me, || {
+                    take_over(i);
+                    pause();
+                })?;
+                Some((i, slot, held))
+            });
+        }
+        let Some((i, slot, held)) = granted else {
+            return Claim::Full;
+        };
+        pause();
+        // Against `begin_close`: both sides read-modify-write `closing`, so one of the two
+        // comes second and reads from the other: if ours comes second we see *closing*; if the
+        // exporter's does, it acquires our claim and its scan sees our slot. (A plain SeqCst
+        // load here is also correct, but the RMW makes the argument hold under
+        // acquire/release alone, which loom checks exactly.)
+        if self.closing.fetch_or(0, Ordering::SeqCst) != 0 {
+            slot.transition(held, OwnerState::Free);
+            return Claim::Closing;
+        }
+        Claim::Granted(i, held)
+    }
+
+    /// Take, for `me`, every slot held by a process `alive` proves dead (compare-exchange
+    /// against the exact word judged, as a claimer taking a dead slot over does): the slots
+    /// taken and our words in them. The caller clears their bits, then
+    /// [`release`](Self::release)s them.
+    pub(crate) fn take_dead(
+        &self,
+        me: &ProcessIdentity,
+        alive: &dyn Fn(&ProcessIdentity) -> bool,
+    ) -> Vec<(usize, u64)> {
+        self.dead_slots(alive)
+            .into_iter()
+            .filter_map(|(i, word)| Some((i, self.slots.get(i)?.claim_from(word, me, || {})?)))
+            .collect()
     }
 
     /// Give slot `i` back, if it still holds our word `held`.
@@ -199,7 +262,7 @@ impl<'a> Slots<'a> {
     }
 
     /// The slots held by processes proven dead, with the exact word judged (for
-    /// [`ExportLeases::reap_slot`]). Read-only.
+    /// [`Slots::take_dead`]). Read-only.
     pub(crate) fn dead_slots(&self, alive: &dyn Fn(&ProcessIdentity) -> bool) -> Vec<(usize, u64)> {
         let mut dead = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
@@ -354,22 +417,24 @@ impl ExportLeases {
             .holders(&|id: &ProcessIdentity| id.is_alive(), false)
     }
 
-    /// The lease slots held by processes proven dead, with the word judged.
-    pub(crate) fn dead_slots(&self) -> Vec<(usize, u64)> {
+    /// Take every slot held by an importer proven dead, for this process (see
+    /// [`Slots::take_dead`]): the reap outside a close. An export registry, arena or pool
+    /// lives long, and each importer that dies would otherwise keep its slot until it is
+    /// dropped. The caller clears the taken slots' bits in its block table and then
+    /// [`release_taken`](Self::release_taken)s them, so a new holder starts clean; an importer
+    /// that finds every slot taken does the same for one dead slot itself
+    /// ([`Slots::claim_or_take_over`]), so reaping needs no call from an idle exporter.
+    pub(crate) fn take_dead_slots(&self) -> Vec<(usize, u64)> {
         self.region
             .slots()
-            .dead_slots(&|id: &ProcessIdentity| id.is_alive())
+            .take_dead(&ProcessIdentity::current(), &|id: &ProcessIdentity| {
+                id.is_alive()
+            })
     }
 
-    /// Free slot `i` if it still holds `word`, a dead holder's (from
-    /// [`dead_slots`](Self::dead_slots)). The one reap outside a close: an
-    /// [`IpcArena`](crate::IpcArena) lives long, and each importer that dies would otherwise
-    /// keep its slot until the arena is dropped. Safe at any time: a claim starts from a free
-    /// slot, so nobody can be mid-claim on a dead holder's word, and the compare-exchange
-    /// against the exact word fails if the slot changed hands. The arena clears the dead
-    /// importer's bits in its block table first, so a new holder of the slot starts clean.
-    pub(crate) fn reap_slot(&self, i: usize, word: u64) -> bool {
-        self.region.slots.get(i).is_some_and(|s| s.reap(word))
+    /// Give back a slot taken by [`take_dead_slots`](Self::take_dead_slots).
+    pub(crate) fn release_taken(&self, i: usize, held: u64) {
+        self.region.slots().release(i, held);
     }
 
     /// Mark the table closing (from now on no new lease is granted) and scan it once, reaping
@@ -450,13 +515,26 @@ impl Lease {
     /// [`Error::StaleHandle`] if the table is gone, names another export, or is closing;
     /// [`Error::TooManyImporters`]; region open errors otherwise.
     pub(crate) fn acquire(token: &[u8; 16], generation: u64) -> Result<Self> {
-        Self::acquire_pausing(token, generation, || {})
+        Self::acquire_pausing(token, generation, &mut |_| {}, || {})
     }
 
-    /// [`acquire`](Self::acquire) with [`Slots::claim_pausing`]'s pauses (for the stress test).
+    /// [`acquire`](Self::acquire) for a table with block bits: with every slot taken, take
+    /// over one whose holder is proven dead, calling `take_over(slot)` to clear that slot's
+    /// bits before holding it ([`Slots::claim_or_take_over`]).
+    pub(crate) fn acquire_taking_over(
+        token: &[u8; 16],
+        generation: u64,
+        take_over: &mut dyn FnMut(usize),
+    ) -> Result<Self> {
+        Self::acquire_pausing(token, generation, take_over, || {})
+    }
+
+    /// [`acquire_taking_over`](Self::acquire_taking_over) with the claim's
+    /// pauses (for the stress test).
     pub(crate) fn acquire_pausing(
         token: &[u8; 16],
         generation: u64,
+        take_over: &mut dyn FnMut(usize),
         pause: impl FnMut(),
     ) -> Result<Self> {
         let stale = || Error::StaleHandle { generation };
@@ -485,7 +563,11 @@ impl Lease {
             }
         };
         let me = ProcessIdentity::current();
-        match table.slots().claim_pausing(&me, pause) {
+        let alive = |id: &ProcessIdentity| crate::process::is_alive_cached(id);
+        match table
+            .slots()
+            .claim_or_take_over(&me, &alive, take_over, pause)
+        {
             Claim::Granted(slot, held) => Ok(Self { table, slot, held }),
             Claim::Closing => {
                 forget_table(token);
@@ -594,7 +676,7 @@ pub mod __testing {
         ///
         /// As [`acquire`](Self::acquire).
         pub fn acquire_pausing(token: &[u8; 16], pause: impl FnMut()) -> Result<Self> {
-            Lease::acquire_pausing(token, 0, pause).map(Self)
+            Lease::acquire_pausing(token, 0, &mut |_| {}, pause).map(Self)
         }
 
         /// The slot held.
@@ -608,6 +690,54 @@ pub mod __testing {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// The owner judged a slot's holder dead; before it acts, an importer that found the
+    /// table full takes the slot over (clearing the dead holder's bits) and holds it. The
+    /// owner's take, against the word it judged, must fail, and its next look must see a live
+    /// holder: it never clears the new holder's bits.
+    #[test]
+    fn an_owner_acting_on_a_stale_judgement_never_takes_a_slot_taken_over() {
+        let closing = AtomicU32::new(0);
+        let slots = [OwnedSlot::new()];
+        let s = Slots {
+            closing: &closing,
+            slots: &slots,
+        };
+        let dead = ProcessIdentity::from_parts(4_194_000, 1);
+        let Claim::Granted(0, word) = s.claim(&dead) else {
+            panic!("the first claim takes slot 0");
+        };
+        let alive = |i: &ProcessIdentity| i.pid() != dead.pid();
+        let judged = s.dead_slots(&alive);
+        assert_eq!(judged, vec![(0, word)], "the owner's judgement");
+        let me = ProcessIdentity::current();
+        let mut cleared = Vec::new();
+        let got = s.claim_or_take_over(&me, &alive, &mut |i| cleared.push(i), || {});
+        assert!(matches!(got, Claim::Granted(0, _)), "{got:?}");
+        assert_eq!(cleared, vec![0], "the taker clears the dead holder's bits");
+        let owner = ProcessIdentity::from_parts(me.pid(), me.start_time() + 1);
+        assert!(
+            slots[0].claim_from(word, &owner, || {}).is_none(),
+            "the owner took a slot on a stale judgement"
+        );
+        assert!(
+            s.take_dead(&owner, &alive).is_empty(),
+            "a live holder is not dead"
+        );
+        // And a table with a free slot is claimed normally, without a take-over.
+        let s2 = [OwnedSlot::new(), OwnedSlot::new()];
+        let t = Slots {
+            closing: &closing,
+            slots: &s2,
+        };
+        assert!(matches!(t.claim(&dead), Claim::Granted(0, _)));
+        let mut none = Vec::new();
+        let got = t.claim_or_take_over(&me, &alive, &mut |i| none.push(i), || {});
+        assert!(
+            matches!(got, Claim::Granted(1, _)) && none.is_empty(),
+            "{got:?}"
+        );
+    }
 
     #[test]
     fn leases_are_granted_released_and_refused_once_closing() {
@@ -857,6 +987,57 @@ mod loom_tests {
                     .iter()
                     .all(|s| s.load().word == 0 || s.load().pid == 3)
             );
+        });
+    }
+
+    /// An owner reaping a dead importer's slot (take it, clear its bit, give it back) against
+    /// an importer that finds the table full and takes the same dead slot over. Invariant:
+    /// once the importer holds the slot and has set its bit, nobody clears that bit under it.
+    /// (With the owner clearing bits *before* taking the slot, as it did before the
+    /// take-over existed, the model finds the bit cleared under the new holder.)
+    #[test]
+    fn a_dead_slot_taken_over_keeps_its_new_holders_bit() {
+        loom::model(|| {
+            let m = Arc::new((AtomicU32::new(0), [OwnedSlot::new()], AtomicU64::new(0)));
+            let slots = || Slots {
+                closing: &m.0,
+                slots: &m.1,
+            };
+            // Slot 0 is held by pid 3, which died holding bit 0.
+            assert!(matches!(slots().claim(&id(3)), Claim::Granted(0, _)));
+            m.2.store(1, Ordering::SeqCst);
+            let alive = |i: &ProcessIdentity| i.pid() != 3;
+            let importer = {
+                let m = m.clone();
+                loom::thread::spawn(move || {
+                    let slots = Slots {
+                        closing: &m.0,
+                        slots: &m.1,
+                    };
+                    let bits = &m.2;
+                    let claim = slots.claim_or_take_over(
+                        &id(2),
+                        &alive,
+                        &mut |_| {
+                            bits.fetch_and(!1, Ordering::SeqCst);
+                        },
+                        || {},
+                    );
+                    if let Claim::Granted(i, held) = claim {
+                        bits.fetch_or(1, Ordering::SeqCst); // enters a block
+                        loom::thread::yield_now();
+                        assert_ne!(bits.load(Ordering::SeqCst) & 1, 0, "bit cleared under us");
+                        bits.fetch_and(!1, Ordering::SeqCst);
+                        slots.release(i, held);
+                    }
+                })
+            };
+            // The owner's reap.
+            for (i, held) in slots().take_dead(&id(1), &alive) {
+                m.2.fetch_and(!1, Ordering::SeqCst);
+                slots().release(i, held);
+            }
+            importer.join().unwrap();
         });
     }
 

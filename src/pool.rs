@@ -438,8 +438,12 @@ static SHARED_PENDING: AtomicBool = AtomicBool::new(false);
 fn drop_shared(owner: &Arc<Owner>) {
     let mut shared = SHARED.lock();
     // The list's reference and the dropping allocation's only: no other buffer, and nobody
-    // about to allocate from it (that takes a reference under this lock first).
+    // about to allocate from it (that takes a reference under this lock first). A third
+    // reference may be another thread's, looking through the context's pools for room: if it
+    // allocates elsewhere, this pool is left with no buffer, so the next pending scan (at an
+    // allocation, an export or `collect_deferred`) must look at it.
     if Arc::strong_count(owner) != 2 {
+        SHARED_PENDING.store(true, StdOrdering::Relaxed);
         return;
     }
     if owner.reclaim(&mut owner.books.lock(), Reap::IfHeld) != 0 {
@@ -1097,8 +1101,10 @@ impl Import {
         holder: u32,
     ) -> Result<Self> {
         let env = &handle.env;
-        let lease = Lease::acquire(&env.token, env.generation)?;
         let table = ArenaTable::open(&env.token, 0, env.generation)?;
+        let lease = Lease::acquire_taking_over(&env.token, env.generation, &mut |slot| {
+            table.clear_slot_bits(slot);
+        })?;
         let _g = ctx.enter()?;
         let pool = driver::pool::import_fd(fd.as_fd())?;
         drop(fd);

@@ -7,26 +7,10 @@
 //! number. The start time is counted in clock ticks (10 ms), so a pid reused within the same
 //! tick repeats it (a test forces exactly that); the pidfs inode is unique until reboot.
 //!
-//! # The liveness rule
+//! # Liveness
 //!
-//! A process is alive until its death is **proven**; one of these proves it:
-//!
-//! | Signal | Why it is a proof |
-//! |---|---|
-//! | the pid is 0 | no process has it |
-//! | `pidfd_open(pid)` fails `ESRCH` | no thread group has the pid |
-//! | the pid's pidfd has another pidfs inode than the record | the pid was reused |
-//! | the pid's pidfd polls readable | the whole thread group has exited |
-//! | `/proc/<pid>/stat` is gone, or names another start time | gone, or the pid was reused |
-//! | `stat` says `X` | dead |
-//! | `stat` says `Z`, no pidfd could be opened, and `/proc/<pid>/task` lists the leader alone | the group is empty |
-//!
-//! Not proofs: `Z` alone (a thread-group leader that exited — `pthread_exit` in `main`, some
-//! language runtimes — is a zombie until the group's last thread exits, and the others still
-//! run and map memory), `T` (stopped), `D`, and any answer the kernel would not give (`EMFILE`,
-//! `ENOSYS`, a seccomp `EPERM`, an unreadable `/proc`): those read as alive. A record without a
-//! pidfs inode cannot tell a successor that got the same pid in the same clock tick from itself;
-//! both read alive (the safe side).
+//! The rule that proves a death is written once, on [`ProcessIdentity`]
+//! ([the liveness rule](ProcessIdentity#the-liveness-rule)).
 //!
 //! [`ProcessIdentity::is_alive`] applies the rule; `is_alive_cached` applies it once per
 //! process and then polls a pinned pidfd. Every caller asks one of the two, and nothing else in
@@ -49,6 +33,27 @@ use crate::os;
 
 /// A process named by pid and start time, as recorded in shared memory by the barrier and the
 /// region header.
+///
+/// # The liveness rule
+///
+/// A process is alive until its death is **proven**; one of these proves it:
+///
+/// | Signal | Why it is a proof |
+/// |---|---|
+/// | the pid is 0 | no process has it |
+/// | `pidfd_open(pid)` fails `ESRCH` | no thread group has the pid |
+/// | the pid's pidfd has another pidfs inode than the record | the pid was reused |
+/// | the pid's pidfd polls readable | the whole thread group has exited |
+/// | `/proc/<pid>/stat` is gone, or names another start time | gone, or the pid was reused |
+/// | `stat` says `X` | dead |
+/// | `stat` says `Z`, no pidfd could be opened, and `/proc/<pid>/task` lists the leader alone | the group is empty |
+///
+/// Not proofs: `Z` alone (a thread-group leader that exited — `pthread_exit` in `main`, some
+/// language runtimes — is a zombie until the group's last thread exits, and the others still
+/// run and map memory), `T` (stopped), `D`, and any answer the kernel would not give (`EMFILE`,
+/// `ENOSYS`, a seccomp `EPERM`, an unreadable `/proc`): those read as alive. A record without a
+/// pidfs inode cannot tell a successor that got the same pid in the same clock tick from itself;
+/// both read alive (the safe side).
 ///
 /// `ProcessIdentity` is plain data (`Copy`, `Send`, `Sync`). `==` compares every field, the
 /// pidfs inode included, so it is an equivalence; [`is_same_process`](Self::is_same_process)
@@ -156,7 +161,7 @@ impl ProcessIdentity {
     /// recorded time (with the recorded pidfs inode, where known) has not exited. A reused pid
     /// reads as dead even within one clock tick where the inode is known.
     ///
-    /// Only a proven death reads as dead (the [liveness rule](crate::process#the-liveness-rule)):
+    /// Only a proven death reads as dead (the [liveness rule](Self#the-liveness-rule)):
     /// when the kernel cannot be asked (`/proc` unreadable, no file descriptors left), the process
     /// counts as alive, because the crate frees shared memory and reaps slots on a death, and a
     /// guess there would be a use-after-free. A stopped process (`SIGSTOP`) is alive, and so is

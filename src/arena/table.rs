@@ -298,6 +298,20 @@ impl ArenaTable {
     pub(crate) fn block(&self, index: u32) -> Option<&Block> {
         self.blocks.get(index as usize)
     }
+
+    /// Clear lease slot `slot`'s bit in every block: done by whoever took a dead importer's
+    /// slot (the owner reaping, or an importer taking it over), while it holds the slot and
+    /// before it gives it on or uses it, so that the slot's next holder starts with no bits.
+    pub(crate) fn clear_slot_bits(&self, slot: usize) {
+        let Some(bit) = 1u64.checked_shl(u32::try_from(slot).unwrap_or(u32::MAX)) else {
+            return;
+        };
+        for block in &self.blocks {
+            if block.holders() & bit != 0 {
+                block.clear_dead(bit);
+            }
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]
