@@ -7,14 +7,14 @@
 //!
 //! The flow is `examples/simple_ipc.rs`'s (read that first): the parent picks the devices,
 //! starts one child per device, allocates a buffer and a signal on each and publishes their
-//! handles; in step `i` child `id` writes `id` into buffer `(i + id) % n`. Instead of waiting
+//! handles; in step `i` child `id` writes `id + 1` into buffer `(i + id) % n`. Instead of waiting
 //! for the buffer's event, the child's stream waits (`GpuSignal::wait`, `cuStreamWaitValue64`)
 //! for the buffer's counter to reach `i` — the number of writes the buffer has had — and
 //! signals `i + 1` after its kernel (`GpuSignal::signal`, `cuStreamWriteValue64`, after a fence
 //! for the kernel's writes). A stream can so enqueue a wait for a write that has not been
 //! enqueued yet, which an event cannot express. At the end each child waits on the host
 //! (`wait_host`, with a deadline that notices a dead peer) for its own buffer's counter to
-//! reach `n`, and verifies the buffer holds `(id + 1) % n`.
+//! reach `n`, and verifies the buffer holds `(id + 1) % n + 1` (never the 0 of fresh memory).
 //!
 //! Needs 64-bit stream memory operations on every device
 //! ([`can_use_stream_mem_ops`](cuda_ipc::can_use_stream_mem_ops)); waived otherwise. What
@@ -139,9 +139,10 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
             // without dropping them, see above). Buffer `target` has had `i` writes.
             unsafe { signals[target].wait(&stream, i as u64)? };
             let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
+            let val = id as u32 + 1; // as simple_ipc: never the 0 of fresh memory
             // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
             // buffer, which stays mapped until the stream is synchronised below.
-            unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
+            unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, val)) }?;
             // SAFETY: as for the wait above.
             unsafe { signals[target].signal(&stream, i as u64 + 1)? };
             barrier.wait()?;
@@ -158,7 +159,7 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
             );
         }
         buffers[id].copy_to_host(&mut host)?;
-        let expect = ((id + 1) % n) as u8;
+        let expect = ((id + 1) % n + 1) as u8;
         if let Some(pos) = host.iter().position(|&b| b != expect) {
             return Err(format!(
                 "Process {id}: verification failed at byte {pos}: {} != {expect}",

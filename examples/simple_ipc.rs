@@ -12,9 +12,11 @@
 //! shared region; parent and children then meet at a start barrier, and the children open the
 //! handles. (NVIDIA's sample allocates first and then starts its children, so their context
 //! creation follows the parent's set-up instead of overlapping it.) In step `i` child `id` waits
-//! for the event of buffer `(i + id) % n`, writes `id` into every byte of it, records the
+//! for the event of buffer `(i + id) % n`, writes `id + 1` into every byte of it, records the
 //! event, and meets the others at the barrier. At the end every buffer `id` must hold
-//! `(id + 1) % n`, which each child verifies byte by byte.
+//! `(id + 1) % n + 1`, which each child verifies byte by byte. (NVIDIA's sample writes `id`;
+//! the `+ 1` keeps every expected byte apart from the zeros fresh memory usually holds, so a
+//! run on one GPU — one child, one value — still shows that the kernels ran.)
 //! Every process keeps its contexts until it exits ([`GpuContext::retain_until_exit`]), as
 //! NVIDIA's runtime does.
 //!
@@ -258,9 +260,10 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
             // Buffer `target` was last written in step i - 1; its event was recorded after.
             events[target].wait_on(&stream)?;
             let (ptr, len) = (buf.as_raw_ptr(), buf.len() as i32);
+            let val = id as u32 + 1; // see the module docs: never the 0 of fresh memory
             // SAFETY: simple_kernel(char*, int, unsigned) writes bytes [0, len) of the mapped
             // buffer, which stays mapped until the stream is synchronised below.
-            unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, id as u32)) }?;
+            unsafe { launch!(kernel<<<blocks, THREADS, 0, stream>>>(ptr, len, val)) }?;
             events[target].record(&stream)?;
             barrier.wait()?;
             if id == 0 {
@@ -278,7 +281,7 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
             );
         }
         buffers[id].copy_to_host(&mut host)?;
-        let expect = ((id + 1) % n) as u8;
+        let expect = ((id + 1) % n + 1) as u8;
         if let Some(pos) = first_difference(&host, expect) {
             return Err(format!(
                 "Process {id}: verification failed at byte {pos}: {} != {expect}",

@@ -11,7 +11,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{gpu, gpu_count, pattern, report, spawn, unique_name, wait_for, watchdog};
+use common::{gpu, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
     Error, GpuContext, HandleDefect, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, ShmCell,
     ShmOptions, ShmRegion, ShmSafe,
@@ -279,9 +279,7 @@ fn round_trip_across_processes_on_one_gpu() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn round_trip_across_processes_and_two_gpus() {
-    let n = gpu_count();
-    if n < 2 {
-        eprintln!("SKIPPED round_trip_across_processes_and_two_gpus: {n} GPU visible, needs 2");
+    if !common::has_gpus(2, "round_trip_across_processes_and_two_gpus") {
         return;
     }
     // Exported on device 0, mapped in a context of device 1 (lazy peer access).
@@ -291,11 +289,7 @@ fn round_trip_across_processes_and_two_gpus() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn memory_on_an_invisible_device_is_refused_before_cuda() {
-    let n = gpu_count();
-    if n < 2 {
-        eprintln!(
-            "SKIPPED memory_on_an_invisible_device_is_refused_before_cuda: needs 2 GPUs, {n} visible"
-        );
+    if !common::has_gpus(2, "memory_on_an_invisible_device_is_refused_before_cuda") {
         return;
     }
     let _dog = watchdog("unreachable", Duration::from_secs(60));

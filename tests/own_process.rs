@@ -124,5 +124,8 @@ fn an_arena_opened_in_its_own_process_leaves_the_owner_intact() {
 #[ignore = "requires a CUDA device"]
 fn a_pool_opened_in_its_own_process_leaves_the_owner_intact() {
     let _dog = watchdog("own_pool", Duration::from_secs(90));
-    run("pool");
+    let lines = run("pool");
+    // Measured on an H200 (driver 580): the pool's own process opens its buffer and reads
+    // what the owner wrote. An open that read wrong data passed here before (issue 37).
+    assert_eq!(lines[0], "opened, reads true", "{lines:?}");
 }

@@ -17,7 +17,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{expect_message, fd_connect, fd_listener, gpu, gpu_count, report, spawn, watchdog};
+use common::{expect_message, fd_connect, fd_listener, gpu, report, spawn, watchdog};
 use cuda_ipc::{
     ArenaHandle, FdSocket, GpuContext, HandleType, ImportedBuffer, IpcArena, IpcBuffer,
     IpcMemHandle, IpcPool, PoolHandle, RawStream, TypeConflict,
@@ -268,15 +268,9 @@ fn run_import(kind: &str) {
     );
 }
 
-fn two_gpus() -> bool {
-    if gpu_count() < 2
-        || !cuda_ipc::can_access_peer(1, 0).unwrap()
-        || !cuda_ipc::can_access_peer(0, 1).unwrap()
-    {
-        eprintln!("peer_access: needs two GPUs, each reaching the other: not run");
-        return false;
-    }
-    true
+/// Whether the test `name` can run here: two GPUs, each reaching the other.
+fn two_gpus(name: &str) -> bool {
+    common::has_gpus(2, name) && common::peers(1, 0, name) && common::peers(0, 1, name)
 }
 
 macro_rules! two_gpu_case {
@@ -288,7 +282,7 @@ macro_rules! two_gpu_case {
                 concat!("peer_access_", stringify!($name)),
                 Duration::from_secs(120),
             );
-            if two_gpus() {
+            if two_gpus(stringify!($name)) {
                 $run($kind);
             }
         }

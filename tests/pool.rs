@@ -12,8 +12,7 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use common::{
-    contents, expect_message, fd_connect, fd_listener, gpu, gpu_count, pattern, report, spawn,
-    watchdog,
+    contents, expect_message, fd_connect, fd_listener, gpu, pattern, report, spawn, watchdog,
 };
 use cuda_ipc::{
     Error, FdSocket, GpuContext, ImportedPool, IpcPool, PeerRole, PoolHandle, RawStream,
@@ -182,15 +181,12 @@ fn pool_buffers_cross_processes_on_every_device_pair() {
     let _dog = watchdog("pool_many", Duration::from_secs(180));
     let _ = gpu();
     many_buffers(0, 0);
-    if gpu_count() < 2 {
-        eprintln!("pool: 1 GPU visible, pairs across devices not run");
+    if !common::has_gpus(2, "pool: buffers across device pairs") {
         return;
     }
     for (o, i) in [(1, 0), (0, 1)] {
-        if cuda_ipc::can_access_peer(i, o).unwrap() {
+        if common::peers(i, o, "pool: a device pair") {
             many_buffers(o, i);
-        } else {
-            eprintln!("pool: device {i} cannot reach device {o}: pair not run");
         }
     }
 }

@@ -35,6 +35,8 @@ const SLOTS: usize = 32;
 /// Words of "memory", one per export, reused round-robin (checked free before reuse).
 const MEMORY: usize = 1 << 16;
 const IMPORTERS: usize = 6;
+/// Importers that die holding a filler export before the run, so that slots run short.
+const FILLERS: usize = 60;
 
 #[repr(C)]
 struct World {
@@ -118,6 +120,14 @@ fn block_of(token: &[u8; 16]) -> usize {
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
+        if role == "fill" {
+            // Enter the filler export and die holding it: a dead importer's slot and bit.
+            let token: [u8; 16] = common::from_hex(&args[0]).try_into().unwrap();
+            let exporter =
+                ProcessIdentity::from_parts(args[2].parse().unwrap(), args[3].parse().unwrap());
+            let _held = enter_pausing(&token, args[1].parse().unwrap(), exporter, || {}).unwrap();
+            die();
+        }
         assert_eq!(role, "importer");
         let world = ShmOptions::new(&args[0]).open::<World>().unwrap();
         let k: usize = args[1].parse().unwrap();
@@ -211,6 +221,24 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
     let me = ProcessIdentity::current();
     world.exporter.store([u64::from(me.pid()), me.start_time()]);
 
+    // Fill all but four of the registry's 64 importer slots with importers that died holding
+    // a filler export: the six live importers (and every replacement) then keep taking dead
+    // slots over while this exporter's collects reap them too (issue 31, item 6).
+    let filler = Export::publish().unwrap();
+    let (token, generation) = (
+        common::to_hex(&filler.token()),
+        filler.generation().to_string(),
+    );
+    let (pid, start) = (me.pid().to_string(), me.start_time().to_string());
+    for _ in 0..FILLERS {
+        let (status, _) =
+            spawn("fill", &[&token, &generation, &pid, &start]).wait(Duration::from_secs(30));
+        assert!(
+            status.code().is_none(),
+            "a filler did not die holding: {status}"
+        );
+    }
+    let mut filler = Some(filler);
     let mut importers = Crew::start(IMPORTERS, "an importer", |k: usize| -> Child {
         spawn("importer", &[&name, &k.to_string()])
     });
@@ -222,7 +250,9 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
     let (mut exports, mut deferrals) = (0u64, 0u64);
     let free = |world: &World, e: &Export, m: usize| {
         check_free(world, stamp(&e.token(), e.generation()));
-        world.memory[m].store(0, Ordering::SeqCst);
+        if let Some(word) = world.memory.get(m) {
+            word.store(0, Ordering::SeqCst);
+        }
     };
     let began = Instant::now();
     let mut last_kill = Instant::now();
@@ -293,6 +323,10 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
         world.published[slot].store([0; 4]);
         export.retire();
         deferred.push((export, m));
+    }
+    if let Some(mut f) = filler.take() {
+        f.retire();
+        deferred.push((f, MEMORY)); // no memory word: never read by importers
     }
     collect();
     let held: Vec<_> = deferred.iter().filter(|(e, _)| e.is_held()).collect();

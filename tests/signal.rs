@@ -12,7 +12,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{gpu, gpu_count, report, spawn, unique_name, wait_for, watchdog};
+use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::driver::{error_name, sys};
 use cuda_ipc::{
     ArgumentDefect, Error, GpuContext, GpuSignal, GpuSlice, HandleDefect, ImportedBuffer,
@@ -282,11 +282,7 @@ fn a_signal_orders_a_slow_kernel_before_the_consumers_copy() {
 #[ignore = "requires a CUDA device"]
 fn a_signal_orders_a_slow_kernel_across_two_gpus() {
     let _serial = serial();
-    let n = gpu_count();
-    if n < 2 {
-        eprintln!(
-            "SKIPPED a_signal_orders_a_slow_kernel_across_two_gpus: {n} GPU visible, needs 2"
-        );
+    if !common::has_gpus(2, "a_signal_orders_a_slow_kernel_across_two_gpus") {
         return;
     }
     slow_producer_is_never_overtaken(0, 1);
@@ -362,9 +358,7 @@ fn a_hundred_thousand_handoffs_on_one_gpu() {
 #[ignore = "requires a CUDA device"]
 fn a_hundred_thousand_handoffs_across_two_gpus() {
     let _serial = serial();
-    let n = gpu_count();
-    if n < 2 {
-        eprintln!("SKIPPED a_hundred_thousand_handoffs_across_two_gpus: {n} GPU visible, needs 2");
+    if !common::has_gpus(2, "a_hundred_thousand_handoffs_across_two_gpus") {
         return;
     }
     handoffs_without_lost_or_early_wakeups(0, 1);

@@ -310,19 +310,16 @@ fn owner(kind: &str) {
     assert_eq!(lines, [first, "intact true"], "{kind}");
 }
 
-fn two_gpus() -> bool {
-    if gpu_count() < 2 || !cuda_ipc::can_access_peer(1, 0).unwrap() {
-        eprintln!("two_contexts: needs two GPUs, the second reaching the first: not run");
-        return false;
-    }
-    true
+/// Whether the test `name` can run here: two GPUs, the second reaching the first.
+fn two_gpus(name: &str) -> bool {
+    common::has_gpus(2, name) && common::peers(1, 0, name)
 }
 
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_legacy_buffer_opened_in_two_contexts_survives_one_closing() {
     let _dog = watchdog("two_ctx_legacy", Duration::from_secs(90));
-    if two_gpus() {
+    if two_gpus("a_legacy_buffer_opened_in_two_contexts_survives_one_closing") {
         owner("legacy");
     }
 }
@@ -331,7 +328,7 @@ fn a_legacy_buffer_opened_in_two_contexts_survives_one_closing() {
 #[ignore = "requires a CUDA device"]
 fn a_posix_fd_buffer_imported_in_two_contexts_survives_one_closing() {
     let _dog = watchdog("two_ctx_fd", Duration::from_secs(90));
-    if two_gpus() {
+    if two_gpus("a_posix_fd_buffer_imported_in_two_contexts_survives_one_closing") {
         owner("fd");
     }
 }
@@ -340,7 +337,7 @@ fn a_posix_fd_buffer_imported_in_two_contexts_survives_one_closing() {
 #[ignore = "requires a CUDA device"]
 fn an_arena_imported_in_two_contexts_survives_one_closing() {
     let _dog = watchdog("two_ctx_arena", Duration::from_secs(90));
-    if two_gpus() {
+    if two_gpus("an_arena_imported_in_two_contexts_survives_one_closing") {
         owner("arena");
     }
 }
@@ -349,7 +346,7 @@ fn an_arena_imported_in_two_contexts_survives_one_closing() {
 #[ignore = "requires a CUDA device"]
 fn a_pool_imported_in_two_contexts_survives_one_closing() {
     let _dog = watchdog("two_ctx_pool", Duration::from_secs(90));
-    if two_gpus() {
+    if two_gpus("a_pool_imported_in_two_contexts_survives_one_closing") {
         owner("pool");
     }
 }
@@ -358,7 +355,7 @@ fn a_pool_imported_in_two_contexts_survives_one_closing() {
 #[ignore = "requires a CUDA device"]
 fn a_pool_kind_buffer_received_in_two_contexts_survives_one_closing() {
     let _dog = watchdog("two_ctx_pooled", Duration::from_secs(90));
-    if two_gpus() {
+    if two_gpus("a_pool_kind_buffer_received_in_two_contexts_survives_one_closing") {
         owner("pooled");
     }
 }

@@ -337,6 +337,68 @@ pub fn gpu_count() -> u32 {
     }
 }
 
+/// Whether this machine shows `n` GPUs, for the test (or the part of one) named `what`.
+/// Without them the test is **skipped, visibly**: it prints `SKIPPED <what>: ...`, which
+/// `.ci/gpu-check` lists by name and counts (a skip is never counted as a pass) — unless
+/// `CUDA_IPC_REQUIRE_GPUS` asks for at least `n` GPUs, which makes their absence a failure.
+/// (The GPU check sets it to the machine's count, so a regression that hid a GPU fails.)
+pub fn has_gpus(n: u32, what: &str) -> bool {
+    let visible = gpu_count();
+    if visible >= n {
+        return true;
+    }
+    let required: u32 = std::env::var("CUDA_IPC_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        required < n,
+        "{what}: needs {n} GPUs, {visible} visible, and CUDA_IPC_REQUIRE_GPUS={required}"
+    );
+    eprintln!("SKIPPED {what}: needs {n} GPUs, {visible} visible");
+    false
+}
+
+/// Whether a context on device `from` can map memory of device `to` (peer access), for the
+/// test named `what`; `false` (with a visible `SKIPPED`) where it cannot. The crate's answer
+/// (`can_access_peer`) is checked against the machine's own (`nvidia-smi topo -p2p r`, when
+/// nvidia-smi is there and `CUDA_VISIBLE_DEVICES` does not renumber the devices): a
+/// disagreement fails the test, so a regression in the crate's check cannot skip the tests
+/// that depend on it.
+pub fn peers(from: u32, to: u32, what: &str) -> bool {
+    let crate_says = cuda_ipc::can_access_peer(from, to).unwrap();
+    if let Some(machine_says) = machine_peer_access(from, to) {
+        assert_eq!(
+            crate_says, machine_says,
+            "{what}: can_access_peer({from}, {to}) = {crate_says}, nvidia-smi topo says {machine_says}"
+        );
+    }
+    if !crate_says {
+        eprintln!("SKIPPED {what}: device {from} cannot reach device {to} (peer access)");
+    }
+    crate_says
+}
+
+/// What `nvidia-smi topo -p2p r` says of reads from device `from` to device `to` (`OK` or
+/// not), or `None` when it cannot be asked or the numbering may differ from ours.
+fn machine_peer_access(from: u32, to: u32) -> Option<bool> {
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        return None;
+    }
+    let out = Command::new("nvidia-smi")
+        .args(["topo", "-p2p", "r"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let row = text
+        .lines()
+        .map(str::split_whitespace)
+        .map(Iterator::collect::<Vec<_>>)
+        .find(|cols| cols.first() == Some(&format!("GPU{from}").as_str()))?;
+    let cell = row.get(1 + to as usize)?;
+    Some(*cell == "OK" || *cell == "X")
+}
+
 /// Open files of this process.
 pub fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd")
