@@ -167,7 +167,16 @@ fn run(round: u64) -> u32 {
         .unwrap();
     let mut rng = Rng(round.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
     let children: Vec<_> = (0..PARTIES)
-        .map(|_| spawn("party", &[region.name(), &rng.next().to_string()]))
+        .map(|k| {
+            let args = [region.name(), &rng.next().to_string()];
+            // In every third round one party runs with its main thread gone (a live process
+            // whose leader reads `Z`): it must be waited for, never reported gone.
+            if k == 0 && round % 3 == 1 {
+                common::spawn_without_main_thread("party", &args)
+            } else {
+                spawn("party", &args)
+            }
+        })
         .collect();
     common::wait_for("parties about to join", Duration::from_secs(30), || {
         region.entered.load(Ordering::SeqCst) == PARTIES

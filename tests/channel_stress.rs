@@ -218,8 +218,21 @@ fn random_kills_keep_the_channel_protocol_sound() {
         shadow.producer_outcome.store(RUNNING, Ordering::SeqCst);
         shadow.consumer_outcome.store(RUNNING, Ordering::SeqCst);
         let seed = rng.next().to_string();
-        let producer = spawn("producer", &[&name, &seed]);
-        let consumer = spawn("consumer", &[&name, &seed, &producer.pid().to_string()]);
+        // In one run of three the producer, in another the consumer, runs with its main thread
+        // gone (its leader reads `Z`): its peer must keep treating it as alive.
+        let start = |role: &str, args: &[&str], leaderless: bool| {
+            if leaderless {
+                common::spawn_without_main_thread(role, args)
+            } else {
+                spawn(role, args)
+            }
+        };
+        let producer = start("producer", &[&name, &seed], run % 3 == 1);
+        let consumer = start(
+            "consumer",
+            &[&name, &seed, &producer.pid().to_string()],
+            run % 3 == 2,
+        );
         let victim = rng.next() % 3; // 0: none, 1: producer, 2: consumer
         if victim != 0 {
             // Kill once the consumer is about to open (earlier, it is no peer of anybody yet).

@@ -35,8 +35,12 @@ const T: Duration = Duration::from_secs(30);
 
 #[test]
 fn only_exit_zero_and_sigkill_count_as_an_expected_end() {
-    for (role, expected) in [("exit0", true), ("panic", false), ("segv", false), ("abort", false)]
-    {
+    for (role, expected) in [
+        ("exit0", true),
+        ("panic", false),
+        ("segv", false),
+        ("abort", false),
+    ] {
         let (status, _) = spawn(role, &[]).wait(T);
         assert_eq!(exited_or_killed(status), expected, "{role}: {status}");
     }

@@ -42,12 +42,6 @@ unsafe impl ShmSafe for Shadow {}
 fn child_process() {
     common::child_main(|role, args| match role {
         "claimer" => claimer(&args[0]),
-        // A claimer whose main thread exited first: its leader reads `Z`, and it must be
-        // treated as the live process it is (issue 31, item 1).
-        "claimer_without_main_thread" => {
-            let name = args[0].clone();
-            common::with_main_thread_gone(move || claimer(&name))
-        }
         other => panic!("unknown role {other}"),
     });
 }
@@ -126,15 +120,15 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) -> u64 {
         o.store(0, Ordering::SeqCst);
     }
     let export = Export::create(&token).unwrap();
-    // One claimer in every third run has no main thread (its leader reads as a zombie).
+    // One claimer in every third run has no main thread (its leader reads as a zombie, and it
+    // must be treated as the live process it is: issue 31, item 1).
     let children: Vec<_> = (0..n)
         .map(|i| {
-            let role = if i == 0 && run % 3 == 2 {
-                "claimer_without_main_thread"
+            if i == 0 && run % 3 == 2 {
+                common::spawn_without_main_thread("claimer", &[shadow.name()])
             } else {
-                "claimer"
-            };
-            spawn(role, &[shadow.name()])
+                spawn("claimer", &[shadow.name()])
+            }
         })
         .collect();
     let mut rng = Rng(run.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);

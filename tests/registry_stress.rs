@@ -240,7 +240,13 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
     }
     let mut filler = Some(filler);
     let mut importers = Crew::start(IMPORTERS, "an importer", |k: usize| -> Child {
-        spawn("importer", &[&name, &k.to_string()])
+        // Importer 0 (and every replacement of it) runs with its main thread gone: a live
+        // process whose leader reads `Z`, whose holds must never be reaped.
+        if k == 0 {
+            common::spawn_without_main_thread("importer", &[&name, &k.to_string()])
+        } else {
+            spawn("importer", &[&name, &k.to_string()])
+        }
     });
     let mut live: Vec<Live> = Vec::new();
     let mut deferred: Vec<(Export, usize)> = Vec::new();

@@ -51,9 +51,14 @@ pub fn helper_role() -> Option<(String, Vec<String>)> {
     Some((role, args))
 }
 
-/// In a child: run `role` with its arguments and exit with the returned code. In the parent
-/// test run: return at once.
-pub fn child_main(run: impl FnOnce(&str, &[String]) -> i32) {
+/// The environment variable that makes [`child_main`] run the role with the child's main
+/// thread gone ([`with_main_thread_gone`]); [`spawn_without_main_thread`] sets it.
+const NO_MAIN_THREAD_ENV: &str = "CUDA_IPC_TEST_NO_MAIN_THREAD";
+
+/// In a child: run `role` with its arguments and exit with the returned code (with its main
+/// thread exited first when started by [`spawn_without_main_thread`]). In the parent test run:
+/// return at once.
+pub fn child_main(run: impl FnOnce(&str, &[String]) -> i32 + Send + 'static) {
     let Some((role, args)) = helper_role() else {
         return;
     };
@@ -63,8 +68,18 @@ pub fn child_main(run: impl FnOnce(&str, &[String]) -> i32) {
         eprintln!("child watchdog: exceeded {CHILD_LIFETIME:?}, exiting");
         std::process::exit(97);
     });
+    if std::env::var_os(NO_MAIN_THREAD_ENV).is_some() {
+        with_main_thread_gone(move || run(&role, &args));
+    }
     let code = run(&role, &args);
     std::process::exit(code);
+}
+
+/// [`spawn`] a child whose main thread exits before the role runs on another thread: its
+/// leader reads `Z` in `/proc/<pid>/stat` while the process lives, as after `pthread_exit` in
+/// `main` (issue 31, item 1). Every stress test runs some of its children this way.
+pub fn spawn_without_main_thread(role: &str, args: &[&str]) -> Child {
+    spawn_env(role, args, &[(NO_MAIN_THREAD_ENV, "1")])
 }
 
 /// A child process, killed and reaped on drop if the test did not wait for it.
