@@ -86,6 +86,14 @@ fn child_process() {
                 std::thread::sleep(Duration::from_millis(500));
                 0
             }
+            "listen_and_report_peer" => {
+                // In a pid namespace of its own: the connecting parent's pid is not visible.
+                let listener = FdListener::bind(name, PeerPolicy::SameUid).unwrap();
+                let s = listener.accept(T).unwrap();
+                report(format!("peer pid {}", s.peer().pid));
+                let _ = s.recv(T); // until the parent closes
+                0
+            }
             "hold_memfd" => {
                 let _file = memfd_with("taken, not sent");
                 std::thread::sleep(Duration::from_secs(30));
@@ -376,4 +384,42 @@ fn an_empty_record_is_corrupt_not_peer_closed_and_the_next_message_arrives() {
         matches!(a.recv(T), Err(Error::PeerClosed { .. })),
         "a closed peer is still PeerClosed"
     );
+}
+
+/// `PeerCred::pid` is 0 for a peer in a pid namespace this process cannot see (documented,
+/// issue 31 item 9): the listener runs in a new pid namespace (`unshare --pid --fork`, as root)
+/// and the connector, this process, is outside it. From outside, the listener's pid is seen.
+#[test]
+fn a_peer_outside_our_pid_namespace_has_pid_zero() {
+    if !is_root() {
+        eprintln!("SKIPPED a_peer_outside_our_pid_namespace_has_pid_zero: needs root (unshare)");
+        return;
+    }
+    let _dog = watchdog("fd socket, pid namespace", Duration::from_secs(60));
+    let raw = unique_name("pidns");
+    let child = common::spawn_wrapped(
+        &["unshare", "--pid", "--fork"],
+        "listen_and_report_peer",
+        &[&raw],
+    );
+    let name = SocketName::Abstract(raw);
+    let start = Instant::now();
+    let s = loop {
+        match FdSocket::connect(&name, &PeerPolicy::SameUid, T) {
+            Ok(s) => break s,
+            Err(e) if start.elapsed() < T => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("the listener in its pid namespace never came up: {e}"),
+        }
+    };
+    assert_ne!(
+        s.peer().pid,
+        0,
+        "from outside, the listener's pid is visible"
+    );
+    drop(s);
+    let lines = child.expect_success(T);
+    assert_eq!(lines, ["peer pid 0"], "the peer outside the namespace");
 }

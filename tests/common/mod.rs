@@ -119,6 +119,35 @@ pub fn spawn_env(role: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
     }
 }
 
+/// [`spawn`] under a wrapper command, such as `["unshare", "--pid", "--fork"]`: the wrapper
+/// runs this test binary as its last arguments (as root, to put the child in new namespaces).
+pub fn spawn_wrapped(wrapper: &[&str], role: &str, args: &[&str]) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let (program, before) = wrapper.split_first().expect("a wrapper command");
+    let inner = Command::new(program)
+        .args(before)
+        .arg("--")
+        .arg(exe)
+        .args([
+            DISPATCHER,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env(ROLE_ENV, role)
+        .env(ARGS_ENV, args.join("\x1f"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn wrapped child");
+    Child {
+        inner,
+        role: role.to_owned(),
+        reaped: false,
+    }
+}
+
 /// Start this `harness = false` binary again as a helper running `role` (its `main` reads
 /// [`helper_role`]), its output going to ours; killed and reaped on drop.
 pub fn spawn_helper(role: &str, args: &[&str]) -> Child {
