@@ -8,7 +8,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
@@ -157,8 +157,17 @@ fn synchronize_notices_a_dead_exporter() {
     let _ = writer.wait(Duration::from_secs(30));
     // With the exporter gone the wait ends well before its 40 s deadline: either the driver
     // completed the event as the context died, or synchronize saw the exporter gone.
-    match event.synchronize(Duration::from_secs(40)) {
-        Ok(()) => eprintln!("event completed when its exporter died"),
+    let waited = Instant::now();
+    let outcome = event.synchronize(Duration::from_secs(40));
+    let waited = waited.elapsed();
+    // The 60 s kernel cannot have finished: any end before the 40 s deadline came from the
+    // exporter's death (an `Ok` at the deadline would be a timeout misreported).
+    assert!(
+        waited < Duration::from_secs(40),
+        "the wait ran to its deadline ({waited:?}): the dead exporter went unnoticed"
+    );
+    match outcome {
+        Ok(()) => eprintln!("event completed when its exporter died, after {waited:?}"),
         Err(Error::PeerGone {
             pid: p,
             role: PeerRole::Exporter,

@@ -305,7 +305,12 @@ fn owner(kind: &str) {
     let first = match kind {
         "pool_threads" | "arena_threads" => "one address true",
         "event" => "opened",
-        _ => lines[0].as_str(),
+        // Measured on 2 × H200 (2026-11-30, BENCHMARKS.md): the driver maps an imported pool
+        // allocation at one address per process (so the crate imports a pool once); legacy,
+        // POSIX-fd and arena imports in two contexts each get their own. Before issue 37 this
+        // compared the line with itself.
+        "pool" | "pooled" => "same address true",
+        _ => "same address false",
     };
     assert_eq!(lines, [first, "intact true"], "{kind}");
 }
