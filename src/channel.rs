@@ -360,7 +360,8 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
 ///   Left`; the producer's next acquire reports `ChannelClosed`.
 ///
-/// `IpcSender<T>` is `Send` (and `Sync`: every method that changes it takes `&mut self`).
+/// `IpcSender<T>` is `Send`, not `Sync`: one thread at a time drives it (move it between
+/// threads; to share it, put it behind a lock).
 ///
 /// # Examples
 ///
@@ -709,7 +710,8 @@ impl<T: Pod> std::fmt::Debug for SendSlot<'_, T> {
 
 /// The consuming side of a GPU channel, opened from the producer's [`IpcChannelHandle`].
 ///
-/// `IpcReceiver<T>` is `Send` (and `Sync`: every method that changes it takes `&mut self`).
+/// `IpcReceiver<T>` is `Send`, not `Sync`: one thread at a time drives it (move it between
+/// threads; to share it, put it behind a lock).
 ///
 /// # Examples
 ///

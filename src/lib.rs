@@ -57,9 +57,13 @@
 //! # Threading
 //!
 //! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
-//! [`IpcSignal`] (and their imported counterparts), [`IpcSender`], [`IpcReceiver`], [`IpcArena`], [`IpcPool`] and their buffers
-//! and views are `Send` and `Sync`. Shared memory is reached only through atomics
-//! ([`ShmSafe`]), so it can be read and written from any thread of any process.
+//! [`IpcSignal`] (and their imported counterparts), [`IpcArena`], [`IpcPool`] and their
+//! buffers and views, [`FdListener`], [`FdSocket`] and [`Error`] are `Send` and `Sync`.
+//! [`IpcSender`] and [`IpcReceiver`] are `Send` but not `Sync`: each end of a channel is
+//! driven by one thread at a time (move it, don't share it). Each of these statements is a
+//! compile-time assertion in the crate (`src/threading.rs`), so the docs cannot drift from
+//! the types. Shared memory is reached only through atomics ([`ShmSafe`]), so it can be read
+//! and written from any thread of any process.
 //!
 //! # Platform
 //!
@@ -142,6 +146,8 @@ mod signal;
 mod slice;
 mod stream;
 mod sync;
+#[cfg(not(loom))]
+mod threading;
 mod vmm;
 
 pub use arena::{ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena, IpcArenaHandle};
