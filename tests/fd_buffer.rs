@@ -299,7 +299,10 @@ fn a_dead_exporters_descriptor_and_a_bare_handle_are_refused() {
 fn another_uid_with_the_handle_bytes_cannot_map_fd_memory() {
     let _serial = serial();
     if !is_root() {
-        eprintln!("fd buffers: not root, cannot start a process of another uid: not run");
+        common::skip(
+            "fd buffers of another uid",
+            "needs root to start a process of another uid",
+        );
         return;
     }
     let _dog = watchdog("fd_other_uid", Duration::from_secs(60));

@@ -190,7 +190,10 @@ fn a_peer_that_never_sends_is_a_bounded_timeout_and_a_killed_one_is_peer_closed(
 #[test]
 fn peers_of_another_uid_are_refused_on_both_sides() {
     if !is_root() {
-        eprintln!("fd socket: not root, cannot start a process of another uid: not run");
+        common::skip(
+            "fd socket peers of another uid",
+            "needs root to start a process of another uid",
+        );
         return;
     }
     let _dog = watchdog("fd_other_uid", Duration::from_secs(60));
@@ -296,7 +299,10 @@ fn path_sockets_are_0600_and_unlinked_and_bad_sends_are_refused() {
 #[test]
 fn pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission() {
     if !is_root() {
-        eprintln!("fd socket: not root, cannot show both sides of pidfd_getfd: not run");
+        common::skip(
+            "pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission",
+            "needs root to show both sides",
+        );
         return;
     }
     let _dog = watchdog("pidfd_getfd", Duration::from_secs(60));
@@ -392,7 +398,10 @@ fn an_empty_record_is_corrupt_not_peer_closed_and_the_next_message_arrives() {
 #[test]
 fn a_peer_outside_our_pid_namespace_has_pid_zero() {
     if !is_root() {
-        eprintln!("SKIPPED a_peer_outside_our_pid_namespace_has_pid_zero: needs root (unshare)");
+        common::skip(
+            "a_peer_outside_our_pid_namespace_has_pid_zero",
+            "needs root (unshare)",
+        );
         return;
     }
     let _dog = watchdog("fd socket, pid namespace", Duration::from_secs(60));

@@ -65,7 +65,10 @@ fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
         )
         .is_err()
     {
-        eprintln!("SKIPPED: choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid");
+        common::skip(
+            "a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost",
+            "choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid",
+        );
         return;
     }
     let _one = ONE_AT_A_TIME
@@ -147,7 +150,10 @@ fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_ino
         )
         .is_err()
     {
-        eprintln!("SKIPPED: choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid");
+        common::skip(
+            "the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes",
+            "choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid",
+        );
         return;
     }
     let _one = ONE_AT_A_TIME
@@ -160,7 +166,10 @@ fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_ino
         let Some((start, ino_first)) = start_and_inode(pid) else {
             let _ = first.kill();
             let _ = first.wait();
-            eprintln!("SKIPPED: no pidfs inodes on this kernel");
+            common::skip(
+                "the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes",
+                "no pidfs inodes on this kernel",
+            );
             return;
         };
         let dead = ProcessIdentity::from_parts(pid, start).with_pidfs_ino(ino_first);

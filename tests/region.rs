@@ -154,7 +154,10 @@ fn open_missing_region_is_not_found() {
 #[test]
 fn region_of_another_uid_is_refused() {
     if rustix::process::geteuid().as_raw() != 0 {
-        eprintln!("skipped: needs root to create a region as uid 65534 (CI runs as root)");
+        common::skip(
+            "a region of another uid",
+            "needs root to create a region as uid 65534 (CI runs as root)",
+        );
         return;
     }
     let _dog = watchdog("other_uid", Duration::from_secs(30));

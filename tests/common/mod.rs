@@ -381,9 +381,27 @@ pub fn gpu_count() -> u32 {
     }
 }
 
+/// Skip the test (or the part of one) named `what` because of `why`, **visibly**: print
+/// `SKIPPED <what>: <why>`, and append that line to the file `CUDA_IPC_SKIP_LOG` names (one
+/// `write` per line, so parallel tests never interleave), which `.ci/gpu-check` lists by name
+/// and counts apart from the passes. A skip is never a pass.
+pub fn skip(what: &str, why: &str) {
+    use std::io::Write;
+    eprintln!("SKIPPED {what}: {why}");
+    if let Some(path) = std::env::var_os("CUDA_IPC_SKIP_LOG") {
+        let line = format!("{what}: {why}\n");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
+        if let Ok(mut file) = file {
+            let _ = file.write_all(line.as_bytes());
+        }
+    }
+}
+
 /// Whether this machine shows `n` GPUs, for the test (or the part of one) named `what`.
-/// Without them the test is **skipped, visibly**: it prints `SKIPPED <what>: ...`, which
-/// `.ci/gpu-check` lists by name and counts (a skip is never counted as a pass) — unless
+/// Without them the test is **skipped, visibly** ([`skip`]) — unless
 /// `CUDA_IPC_REQUIRE_GPUS` asks for at least `n` GPUs, which makes their absence a failure.
 /// (The GPU check sets it to the machine's count, so a regression that hid a GPU fails.)
 pub fn has_gpus(n: u32, what: &str) -> bool {
@@ -399,7 +417,7 @@ pub fn has_gpus(n: u32, what: &str) -> bool {
         required < n,
         "{what}: needs {n} GPUs, {visible} visible, and CUDA_IPC_REQUIRE_GPUS={required}"
     );
-    eprintln!("SKIPPED {what}: needs {n} GPUs, {visible} visible");
+    skip(what, &format!("needs {n} GPUs, {visible} visible"));
     false
 }
 
@@ -418,7 +436,10 @@ pub fn peers(from: u32, to: u32, what: &str) -> bool {
         );
     }
     if !crate_says {
-        eprintln!("SKIPPED {what}: device {from} cannot reach device {to} (peer access)");
+        skip(
+            what,
+            &format!("device {from} cannot reach device {to} (peer access)"),
+        );
     }
     crate_says
 }
