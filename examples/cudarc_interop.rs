@@ -172,6 +172,13 @@ fn consumer(region_name: &str, device: usize) -> Result<(), Failure> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "cudarc_interop: a cudarc kernel, a cuda-ipc signal and a buffer shared with a \
+             consumer process\n\nusage: cudarc_interop (no options; exit 2 without a GPU)"
+        );
+        return ExitCode::SUCCESS;
+    }
     if args.first().map(String::as_str) == Some("--consumer") {
         let (Some(name), Some(device)) = (args.get(1), args.get(2).and_then(|d| d.parse().ok()))
         else {

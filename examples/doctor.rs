@@ -16,6 +16,16 @@ fn main() -> ExitCode {
     let json = match std::env::args().nth(1).as_deref() {
         None => false,
         Some("--json") => true,
+        Some("--help" | "-h") => {
+            println!(
+                "doctor: what this machine allows for sharing GPU memory between processes\n\n\
+                 usage: doctor [--json]\n\
+                 \x20 --json   the report as JSON (`cuda_ipc::Probe::to_json`)\n\n\
+                 exit status: 0 when legacy IPC works on a device, 1 when on none, 2 for a bad \
+                 argument"
+            );
+            return ExitCode::SUCCESS;
+        }
         Some(other) => {
             eprintln!("doctor: unknown argument {other:?} (usage: doctor [--json])");
             return ExitCode::from(2);

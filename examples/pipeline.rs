@@ -71,7 +71,7 @@ fn options(args: &[String]) -> Result<Options, Failure> {
             "--words" => o.words = value()?.parse()?,
             "--slots" => o.slots = value()?.parse()?,
             "--same-gpu" => o.same_gpu = true,
-            _ => return Err(format!("unknown argument {a}").into()),
+            _ => return Err(format!("unknown argument {a} (try --help)").into()),
         }
     }
     Ok(o)
@@ -269,7 +269,20 @@ fn parent(o: &Options) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+const USAGE: &str = "pipeline: a producer and a consumer process streaming GPU buffers through an \
+     IpcSender / IpcReceiver channel, checked on the consumer's GPU\n\n\
+     usage: pipeline [--items N] [--words N] [--slots N] [--same-gpu]\n\
+     \x20 --items N    items in the stream phase (default 10000)\n\
+     \x20 --words N    32-bit words per item (default 262144: 1 MiB)\n\
+     \x20 --slots N    channel slots (default 4)\n\
+     \x20 --same-gpu   producer and consumer on GPU 0 even with two GPUs\n\n\
+     exit status: 0 when every item checked out, 2 (waived) without a suitable GPU, 1 on a failure";
+
 fn main() -> ExitCode {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = if args.first().map(String::as_str) == Some("--producer") {
         let run = || -> Result<ExitCode, Failure> {

@@ -996,6 +996,7 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 /// (`tests/arena_stress.rs`): the owner's books, block table and lease table, and an importer's
 /// lease and block entries, with no memory behind them. Not part of the API.
 #[doc(hidden)]
+#[allow(missing_debug_implementations)] // test hooks, not API
 pub mod __testing {
     use super::*;
 

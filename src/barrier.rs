@@ -159,6 +159,18 @@ struct BarrierConfig {
 // is valid for every bit pattern, zero included, and only accessed atomically.
 unsafe impl crate::ShmSafe for BarrierState {}
 
+impl std::fmt::Debug for BarrierState {
+    /// A snapshot of the shared words (each read once; another process may change them).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BarrierState")
+            .field("parties", &self.config.0.parties.load(Ordering::Relaxed))
+            .field("arrived", &self.arrived())
+            .field("generation", &self.generation())
+            .field("poisoned", &self.is_poisoned())
+            .finish_non_exhaustive()
+    }
+}
+
 impl BarrierState {
     /// A barrier for `parties` participants outside shared memory (for threads, or tests).
     ///

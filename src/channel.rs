@@ -1217,6 +1217,7 @@ mod tests {
 /// Host-only ends of the channel protocol (no GPU): the random-kill stress test drives the
 /// shared-memory ring through them, with the slots' contents in its own shared memory.
 #[doc(hidden)]
+#[allow(missing_debug_implementations)] // test hooks, not API
 pub mod __testing {
     use super::*;
 

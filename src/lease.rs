@@ -615,6 +615,7 @@ impl Drop for Lease {
 /// The lease protocol without a GPU, for the multi-process stress test
 /// (`tests/lease_stress.rs`). Not part of the API.
 #[doc(hidden)]
+#[allow(missing_debug_implementations)] // test hooks, not API
 pub mod __testing {
     use super::*;
 

@@ -183,6 +183,30 @@ pub use signal::{GpuSignal, ImportedSignal, IpcSignal};
 pub use slice::GpuSlice;
 pub use stream::{AsStream, RawStream};
 
+/// The `bytemuck` this crate's element bounds (`T: Pod`) are written against, re-exported so
+/// that an application derives [`Pod`](bytemuck::Pod) and [`Zeroable`](bytemuck::Zeroable)
+/// for its element types from the same version, whatever `bytemuck` it depends on itself
+/// (or without depending on it: the derives then name this path with
+/// `#[bytemuck(crate = "cuda_ipc::bytemuck")]`).
+///
+/// # Examples
+///
+/// ```
+/// use cuda_ipc::bytemuck::{Pod, Zeroable};
+///
+/// #[derive(Clone, Copy, Pod, Zeroable)]
+/// #[bytemuck(crate = "cuda_ipc::bytemuck")]
+/// #[repr(C)]
+/// struct Particle {
+///     position: [f32; 3],
+///     mass: f32,
+/// }
+///
+/// fn element<T: Pod>() {}
+/// element::<Particle>(); // fit for an `IpcBuffer<Particle>`
+/// ```
+pub use bytemuck;
+
 /// Hooks for this crate's own tests, fuzz targets and benches: the shared-memory protocols
 /// without a GPU, and handle forgers. Not part of the API: no stability, no documentation
 /// promises.

@@ -466,6 +466,7 @@ impl Drop for Hold {
 /// an exporter's records and an importer's holds, with no memory behind them. Not part of the
 /// API.
 #[doc(hidden)]
+#[allow(missing_debug_implementations)] // test hooks, not API
 pub mod __testing {
     use super::*;
 

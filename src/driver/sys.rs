@@ -32,8 +32,15 @@ pub struct CUipcHandle {
     pub reserved: [u8; 64],
 }
 
+impl std::fmt::Debug for CUipcHandle {
+    /// Never the bytes: they are a capability to map the memory.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CUipcHandle { .. }")
+    }
+}
+
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct CUuuid {
     pub bytes: [u8; 16],
 }
