@@ -240,6 +240,22 @@ pub struct SkippedDevice {
 
 /// The devices simpleIPC would use: each supports unified addressing, is in the default
 /// compute mode, and can reach every other member both ways.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::PeerGroup;
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let group = PeerGroup::select(8)?; // at most 8 devices, as simpleIPC takes
+/// for d in &group.devices {
+///     println!("device {}: {} selected", d.ordinal, d.name);
+/// }
+/// for s in &group.skipped {
+///     println!("device {} left out: {}", s.ordinal, s.reason);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct PeerGroup {
     /// The chosen devices, in ordinal order.

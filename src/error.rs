@@ -13,6 +13,32 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in this crate.
 ///
 /// The enum is `#[non_exhaustive]`: match the variants you handle and keep a `_` arm.
+///
+/// # Examples
+///
+/// Branch on what the caller can act on; `Display` says the rest for people:
+///
+/// ```no_run
+/// use cuda_ipc::{Error, GpuContext, ImportedBuffer, IpcMemHandle, PeerRole};
+///
+/// fn open(ctx: &GpuContext, handle: &IpcMemHandle<f32>) -> Option<ImportedBuffer<f32>> {
+///     match ImportedBuffer::open(ctx, handle) {
+///         Ok(buf) => Some(buf),
+///         // The exporter freed the buffer (even if a new one sits at its address).
+///         Err(Error::StaleHandle { .. }) => None,
+///         // The exporting process died: stop waiting for it.
+///         Err(Error::PeerGone { pid, role: PeerRole::Exporter }) => {
+///             eprintln!("exporter {pid} is gone");
+///             None
+///         }
+///         Err(other) => {
+///             eprintln!("cannot open the buffer: {other}");
+///             None
+///         }
+///     }
+/// }
+/// # fn main() {}
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -82,10 +82,36 @@
 //! - `cudarc`: interop with cudarc 0.19 — its streams are [`AsStream`],
 //!   `GpuContext::from_cudarc`, and an [`IpcBuffer`] is a kernel argument of its launch builder.
 //!
-//! # Example
+//! # Examples
+//!
+//! GPU memory shared between two processes (what `examples/hello_ipc.rs` runs): the exporter
+//! writes, hands over the handle's bytes any way it likes, and keeps the buffer alive; the
+//! importer opens the same memory and reads it.
+//!
+//! ```no_run
+//! use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle};
+//!
+//! // In the exporting process:
+//! fn export(ctx: &GpuContext) -> cuda_ipc::Result<(IpcBuffer<f32>, Vec<u8>)> {
+//!     let buf = IpcBuffer::<f32>::new(ctx, 1 << 20)?;
+//!     buf.copy_from_host(&vec![1.5; 1 << 20])?;
+//!     let bytes = buf.handle()?.as_bytes().to_vec(); // 184 bytes: a socket, a region, a file...
+//!     Ok((buf, bytes)) // keep `buf` while the importer uses it
+//! }
+//!
+//! // In the importing process:
+//! fn import(ctx: &GpuContext, bytes: &[u8]) -> cuda_ipc::Result<f32> {
+//!     let handle = IpcMemHandle::<f32>::from_bytes(bytes)?; // checked: size, kind, checksum
+//!     let buf = ImportedBuffer::open(ctx, &handle)?; // maps the exporter's memory
+//!     let mut host = vec![0.0f32; buf.len()];
+//!     buf.copy_to_host(&mut host)?;
+//!     Ok(host[0])
+//! }
+//! # fn main() {}
+//! ```
 //!
 //! A parent creates a region holding a barrier and a value; children open it by name, join the
-//! barrier, and read the value after the barrier:
+//! barrier, and read the value after the barrier (no GPU needed):
 //!
 //! ```no_run
 //! use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,6 +143,10 @@
 //! }
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+// docs.rs (nightly, `--cfg docsrs`): a badge on every item behind a feature, and none for the
+// model checker's internal `cfg(loom)`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(loom))))]
 #![warn(missing_docs)]
 
 mod arena;

@@ -295,6 +295,27 @@ impl std::fmt::Debug for ImportedSignal {
 /// semantics, what a dead party does to waits, and when to prefer an event.
 ///
 /// `GpuSignal` is `Send` and `Sync`.
+///
+/// # Examples
+///
+/// Code that waits takes a `&GpuSignal`, whether this process exported the signal or opened it:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cuda_ipc::{GpuContext, GpuSignal, IpcSignal};
+///
+/// fn wait_for_step(signal: &GpuSignal, step: u64) -> cuda_ipc::Result<u64> {
+///     // On the host, with a deadline: a dead peer ends the wait with `PeerGone`.
+///     signal.wait_host(step, Duration::from_secs(5))
+/// }
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let ctx = GpuContext::new(0)?;
+/// let signal = IpcSignal::new(&ctx)?; // share `signal.handle()?` with the other process
+/// let reached = wait_for_step(&signal, 1)?; // the peer's stream signals 1 when done
+/// println!("the counter reads {reached}");
+/// # Ok(()) }
+/// ```
 pub struct GpuSignal {
     counter: BufferCore<u64>,
     host: Mutex<HostPort>,

@@ -37,6 +37,28 @@ use crate::stream::AsStream;
 /// event recorded after the work, before dropping).
 ///
 /// `GpuSlice<T>` is `Send` and `Sync` (a device address and a context handle).
+///
+/// # Examples
+///
+/// Code that only reads and writes device memory takes a `&GpuSlice<T>`, whatever kind of
+/// buffer it came from:
+///
+/// ```no_run
+/// use cuda_ipc::{GpuContext, GpuSlice, IpcBuffer};
+///
+/// fn checksum(data: &GpuSlice<u32>) -> cuda_ipc::Result<u64> {
+///     let mut host = vec![0u32; data.len()];
+///     data.copy_to_host(&mut host)?;
+///     Ok(host.iter().map(|&x| u64::from(x)).sum())
+/// }
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// let ctx = GpuContext::new(0)?;
+/// let buf = IpcBuffer::<u32>::new(&ctx, 4)?; // an exported buffer; an import works the same
+/// buf.copy_from_host(&[1, 2, 3, 4])?;
+/// assert_eq!(checksum(&buf)?, 10);
+/// # Ok(()) }
+/// ```
 pub struct GpuSlice<T: Pod> {
     pub(crate) ctx: GpuContext,
     pub(crate) ptr: sys::CUdeviceptr,
