@@ -81,6 +81,8 @@
 //!   `libcuda` at build time; without this feature nothing CUDA is needed to build.
 //! - `cudarc`: interop with cudarc 0.19 — its streams are [`AsStream`],
 //!   `GpuContext::from_cudarc`, and an [`IpcBuffer`] is a kernel argument of its launch builder.
+//!   It enables no cudarc CUDA-version or linking feature: as cudarc asks, the application
+//!   picks them in its own `cudarc` dependency (`cuda-12080` and `dynamic-loading`, say).
 //!
 //! # Examples
 //!

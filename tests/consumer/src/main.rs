@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use cuda_ipc::{Error, GpuContext, ShmCell, ShmOptions};
 
-#[cfg(feature = "cudarc")]
+#[cfg(any(feature = "cudarc", feature = "cudarc-13-linked"))]
 fn takes_a_stream(_: &(impl cuda_ipc::AsStream + ?Sized)) {}
 
 fn main() -> ExitCode {
@@ -23,7 +23,7 @@ fn main() -> ExitCode {
 
     // cudarc's stream is a stream cuda-ipc accepts (checked at compile time; not run, since
     // cudarc panics without a driver).
-    #[cfg(feature = "cudarc")]
+    #[cfg(any(feature = "cudarc", feature = "cudarc-13-linked"))]
     {
         let _accepts: fn(&std::sync::Arc<cudarc::driver::CudaStream>) = |s| takes_a_stream(s);
         println!("consumer: built with cudarc interop");
