@@ -32,6 +32,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{Function, Module, Stream, StreamFlags, launch};
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
 use cuda_ipc::{
@@ -39,9 +40,6 @@ use cuda_ipc::{
     IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmCell, ShmOptions, ShmRegion,
     ShmSafe,
 };
-use cust::function::Function;
-use cust::module::Module;
-use cust::prelude::*;
 
 const LEN: usize = 1 << 20;
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");

@@ -23,15 +23,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::cuda::{BlockSize, Module, Stream, StreamFlags, launch};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use cuda_ipc::driver::sys;
 use cuda_ipc::{
     FdListener, FdSocket, GpuContext, GpuSlice, HandleType, IpcBuffer, IpcPool, PeerPolicy,
     PoolHandle, RawStream, SocketName,
 };
-use cust::function::BlockSize;
-use cust::module::Module;
-use cust::prelude::*;
 
 const MAX: usize = 256 << 20;
 const SIZES: [usize; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
@@ -99,7 +97,7 @@ fn peer_buffer(ctx: &GpuContext, device: u32, kind: &str) -> (Mapped, common::He
 
 struct Engine<'m> {
     stream: Stream,
-    kernel: cust::function::Function<'m>,
+    kernel: common::cuda::Function<'m>,
     blocks: u32,
 }
 

@@ -31,8 +31,9 @@ use cuda_ipc::{
     Error, GpuContext, IpcBuffer, IpcChannelHandle, IpcReceiver, IpcSender, ShmCell, ShmOptions,
     ShmSafe,
 };
-use cust::module::Module;
-use cust::prelude::*;
+#[path = "common/cuda.rs"]
+mod cuda;
+use cuda::{Module, Stream, StreamFlags, launch};
 
 const KERNELS: &str = include_str!("../kernels/pipeline.ptx");
 const WAIT: Duration = Duration::from_secs(30);

@@ -30,9 +30,9 @@ use cuda_ipc::{
     BarrierState, GpuContext, ImportedBuffer, ImportedSignal, IpcBuffer, IpcMemHandle, IpcSignal,
     IpcSignalHandle, PeerGroup, ProcessBarrier, ShmCell, ShmOptions, ShmSafe,
 };
-use cust::function::BlockSize;
-use cust::module::Module;
-use cust::prelude::*;
+#[path = "common/cuda.rs"]
+mod cuda;
+use cuda::{BlockSize, Module, Stream, StreamFlags, launch};
 
 const MAX_DEVICES: usize = 8;
 const THREADS: u32 = 128;

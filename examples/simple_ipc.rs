@@ -45,9 +45,9 @@ use cuda_ipc::{
     ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerGroup, PeerPolicy,
     ProcessBarrier, ShmCell, ShmOptions, ShmSafe, SocketName,
 };
-use cust::function::BlockSize;
-use cust::module::Module;
-use cust::prelude::*;
+#[path = "common/cuda.rs"]
+mod cuda;
+use cuda::{BlockSize, Module, Stream, StreamFlags, launch};
 
 const MAX_DEVICES: usize = 8;
 const THREADS: u32 = 128;

@@ -368,11 +368,11 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// ```no_run
 /// use std::time::Duration;
 /// use cuda_ipc::{GpuContext, IpcChannelHandle, IpcSender};
-/// use cust::stream::{Stream, StreamFlags};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = GpuContext::new(0)?;
-/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// // Any `AsStream`: a cust or cudarc stream (with their features), or a raw `CUstream`.
+/// let stream = cuda_ipc::RawStream::LEGACY;
 /// // 4 slots of up to 1 Mi floats each.
 /// let mut tx = IpcSender::<f32>::new(&ctx, 4, 1 << 20)?;
 /// let handle: IpcChannelHandle<f32> = tx.handle(); // give it to the consumer
@@ -718,12 +718,12 @@ impl<T: Pod> std::fmt::Debug for SendSlot<'_, T> {
 /// ```no_run
 /// use std::time::Duration;
 /// use cuda_ipc::{GpuContext, IpcChannelHandle, IpcReceiver};
-/// use cust::stream::{Stream, StreamFlags};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let handle: IpcChannelHandle<f32> = bytemuck::Zeroable::zeroed();
 /// let ctx = GpuContext::new(1)?;
-/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// // Any `AsStream`: a cust or cudarc stream (with their features), or a raw `CUstream`.
+/// let stream = cuda_ipc::RawStream::LEGACY;
 /// let mut rx = IpcReceiver::<f32>::open(&ctx, &handle)?;
 /// loop {
 ///     let item = match rx.recv(&stream, Duration::from_secs(5)) {

@@ -49,12 +49,12 @@ use crate::stream::AsStream;
 /// # Examples
 ///
 /// ```no_run
-/// use cust::stream::{Stream, StreamFlags};
 /// use cuda_ipc::{GpuContext, IpcEvent};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = GpuContext::new(0)?;
-/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// // Any `AsStream`: a cust or cudarc stream (with their features), or a raw `CUstream`.
+/// let stream = cuda_ipc::RawStream::LEGACY;
 /// let done = IpcEvent::new(&ctx)?;
 /// done.record(&stream)?;
 /// let handle = done.handle()?; // another process: ImportedEvent::open(&its_ctx, &handle)?
@@ -83,13 +83,13 @@ impl std::ops::Deref for IpcEvent {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cust::stream::{Stream, StreamFlags};
 /// use cuda_ipc::{GpuContext, ImportedEvent, IpcEventHandle, ShmCell};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let cell: &ShmCell<IpcEventHandle> = unimplemented!();
 /// let ctx = GpuContext::new(0)?;
-/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// // Any `AsStream`: a cust or cudarc stream (with their features), or a raw `CUstream`.
+/// let stream = cuda_ipc::RawStream::LEGACY;
 /// let written = ImportedEvent::open(&ctx, &cell.load())?;
 /// written.wait_on(&stream)?; // the exporter's last record, before our next work
 /// written.synchronize(Duration::from_secs(5))?;

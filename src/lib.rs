@@ -76,7 +76,7 @@
 //!
 //! # Features
 //!
-//! - `cust` (default): interop with cust 0.3 — its streams are [`AsStream`],
+//! - `cust` (opt-in): interop with cust 0.3 — its streams are [`AsStream`],
 //!   `GpuContext::from_cust`, `IpcBuffer::device_ptr` for cust's `launch!`. cust links
 //!   `libcuda` at build time; without this feature nothing CUDA is needed to build.
 //! - `cudarc`: interop with cudarc 0.19 — its streams are [`AsStream`],

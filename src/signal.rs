@@ -105,27 +105,27 @@ const LOST_PEER: u64 = 2 << 32;
 /// # Examples
 ///
 /// ```no_run
-/// use cust::stream::{Stream, StreamFlags};
 /// use cuda_ipc::{GpuContext, ImportedSignal, IpcSignal};
 /// use std::time::Duration;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // Producer: export a signal (put the handle in a ShmCell for the consumer).
 /// let ctx = GpuContext::new(0)?;
-/// let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+/// // Any `AsStream`: a cust or cudarc stream (with their features), or a raw `CUstream`.
+/// let stream = cuda_ipc::RawStream::LEGACY;
 /// let ready = IpcSignal::new(&ctx)?;
 /// let handle = ready.handle()?;
 /// // ... enqueue the work that fills a shared buffer for hand-off 1, then:
-/// // SAFETY: `ready` outlives the write: the stream is synchronised before it drops.
+/// // SAFETY: `ready` outlives the write: the host waits for it below, before `ready` drops.
 /// unsafe { ready.signal(&stream, 1)? };
-/// stream.synchronize()?;
+/// ready.wait_host(1, Duration::from_secs(5))?; // the write has landed
 ///
 /// // Consumer, in another process: its stream waits for hand-off 1 on the GPU.
 /// let ready = ImportedSignal::open(&ctx, &handle)?;
-/// // SAFETY: as above: the stream is synchronised before `ready` drops.
+/// // SAFETY: the stream is synchronised (with the CUDA crate that made it) before `ready`
+/// // drops.
 /// unsafe { ready.wait(&stream, 1)? };
-/// // ... enqueue work that reads the buffer ...
-/// stream.synchronize()?;
+/// // ... enqueue work that reads the buffer, synchronise the stream ...
 /// // Or wait on the host, with a deadline:
 /// ready.wait_host(1, Duration::from_secs(5))?;
 /// # Ok(()) }

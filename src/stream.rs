@@ -7,7 +7,7 @@ use crate::driver::sys;
 
 /// A CUDA stream that this crate's asynchronous methods can enqueue work on.
 ///
-/// Implemented for cust's `Stream` (feature `cust`, on by default), cudarc's `CudaStream`
+/// Implemented for cust's `Stream` (feature `cust`), cudarc's `CudaStream`
 /// (feature `cudarc`), a raw handle wrapped in [`RawStream`], and references and `Arc`s of
 /// any of them, so a call site passes what it has: `&stream` for a cust stream, `&stream` for
 /// cudarc's `Arc<CudaStream>`.

@@ -11,13 +11,12 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{gpu, pattern, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
     Error, GpuContext, HandleDefect, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, ShmCell,
     ShmOptions, ShmRegion, ShmSafe,
 };
-use cust::module::Module;
-use cust::prelude::*;
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 

@@ -13,13 +13,12 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{DeviceBuffer, Module, Stream, StreamFlags, launch};
 use common::{die, gpu, gpu_count, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
     ArgumentDefect, Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, PeerRole, ShmCell,
     ShmOptions, ShmRegion, ShmSafe,
 };
-use cust::module::Module;
-use cust::prelude::*;
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 const ITEM: usize = 4 << 20;
@@ -416,7 +415,7 @@ fn items_released_on_several_streams_free_slots_in_order() {
     let scratch = DeviceBuffer::<u8>::zeroed(16).unwrap();
     // Item 1: spin 150 ms on `slow`, then copy the slot out, then release — all on `slow`.
     let item = rx.recv(&slow, WAIT).unwrap();
-    let p = scratch.as_device_ptr().as_raw();
+    let p = scratch.as_raw_ptr();
     // SAFETY: delay_fill writes 16 bytes of a live scratch buffer after spinning.
     unsafe {
         launch!(delay<<<1, 32, 0, slow>>>(p, 16u64, 0u32, 150_000_000u64)).unwrap();
@@ -425,7 +424,7 @@ fn items_released_on_several_streams_free_slots_in_order() {
     // the release after the copy has run (the receiver tracks its stream).
     let rc = unsafe {
         sys::cuMemcpyDtoDAsync_v2(
-            copy.as_device_ptr().as_raw(),
+            copy.as_raw_ptr(),
             item.as_raw_ptr(),
             ITEM,
             slow.as_inner().cast(),

@@ -10,13 +10,12 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{
     Error, ImportedBuffer, ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
     PeerRole, ShmCell, ShmOptions, ShmRegion, ShmSafe,
 };
-use cust::module::Module;
-use cust::prelude::*;
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 const LEN: usize = 16 << 20;

@@ -17,15 +17,12 @@ mod common;
 
 use std::time::Duration;
 
+use common::cuda::{DeviceBuffer, Module, Stream, StreamFlags, launch};
 use common::{expect_message, fd_connect, fd_listener, gpu, report, spawn, watchdog};
 use cuda_ipc::{
     ArenaHandle, FdSocket, GpuContext, HandleType, ImportedBuffer, IpcArena, IpcBuffer,
     IpcMemHandle, IpcPool, PoolHandle, RawStream, TypeConflict,
 };
-use cust::launch;
-use cust::memory::{CopyDestination, DeviceBuffer, DevicePointer, DeviceSlice};
-use cust::module::Module;
-use cust::stream::{Stream, StreamFlags};
 
 const T: Duration = Duration::from_secs(20);
 const BYTES: usize = 4 << 20;
@@ -35,10 +32,17 @@ const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 fn copy_in(ctx: &GpuContext, ptr: u64) -> Result<(), String> {
     ctx.make_current().map_err(|e| e.to_string())?;
     let src = DeviceBuffer::<u8>::zeroed(BYTES).map_err(|e| e.to_string())?;
-    // SAFETY: `ptr..ptr + BYTES` is memory this process maps for the whole call; a slice frees
-    // nothing when it goes.
-    let mut dst = unsafe { DeviceSlice::from_raw_parts_mut(DevicePointer::from_raw(ptr), BYTES) };
-    dst.copy_from(&src).map_err(|e| e.to_string())
+    // SAFETY: `ptr..ptr + BYTES` is memory this process maps for the whole call, and `src`
+    // holds BYTES bytes.
+    let rc = unsafe { cuda_ipc::driver::sys::cuMemcpyDtoD_v2(ptr, src.as_raw_ptr(), BYTES) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "cuMemcpyDtoD: {}",
+            cuda_ipc::driver::error_name(rc)
+        ))
+    }
 }
 
 /// Set every byte of `ptr..ptr + BYTES` to `val` with a kernel on `ctx`'s device, and wait.

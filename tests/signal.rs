@@ -12,6 +12,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::driver::{error_name, sys};
 use cuda_ipc::{
@@ -19,8 +20,6 @@ use cuda_ipc::{
     ImportedSignal, IpcBuffer, IpcMemHandle, IpcSignal, IpcSignalHandle, PeerRole, ShmCell,
     ShmOptions, ShmRegion, ShmSafe,
 };
-use cust::module::Module;
-use cust::prelude::*;
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 /// Bytes the slow kernel fills.

@@ -14,7 +14,10 @@
 //! which a libtest binary would take as test filters. Without a GPU every scenario is waived
 //! (exit 0), unless `CUDA_IPC_REQUIRE_GPU` is set, which makes that a failure.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// test code
+// Both examples load examples/common/cuda.rs as a module of their own: two copies, harmless.
+#![allow(clippy::duplicate_mod)]
 
 #[path = "../examples/signal_ring.rs"]
 mod signal_ring;

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 /// The re-exec harness shared with the tests (`tests/common/mod.rs`).
 #[path = "../../tests/common/mod.rs"]
 mod process;
+/// Kernels and streams without cust (`examples/common/cuda.rs`).
+#[allow(unused_imports)] // not every bench launches a kernel
+pub use process::cuda;
 #[allow(unused_imports)] // not every bench waits for its helper
 pub use process::wait_for;
 

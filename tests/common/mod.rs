@@ -22,6 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// Kernels and streams without cust (cudarc's driver calls, PTX loaded at run time): the same
+/// file the examples use.
+#[path = "../../examples/common/cuda.rs"]
+pub mod cuda;
+
 const ROLE_ENV: &str = "CUDA_IPC_TEST_ROLE";
 const ARGS_ENV: &str = "CUDA_IPC_TEST_ARGS";
 const DISPATCHER: &str = "child_process";
