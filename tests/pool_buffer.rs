@@ -186,6 +186,24 @@ fn pool_buffers_travel_like_any_buffer_on_every_device() {
     }
 }
 
+/// Write `value` into the size word of every block of the block table `/dev/shm/<name>`, as a
+/// hostile process could: the table (`arena/table.rs`: a header, then token, capacity, closing
+/// and 16,384 blocks of state, holders, offset and size words) ends the file.
+fn scribble_block_sizes(name: &str, value: u64) {
+    use std::os::unix::fs::FileExt;
+    const BLOCKS: u64 = cuda_ipc::IpcArena::MAX_BUFFERS as u64;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    let first_block = len - BLOCKS * 32;
+    for i in 0..BLOCKS {
+        file.write_at(&value.to_le_bytes(), first_block + i * 32 + 24)
+            .unwrap();
+    }
+}
+
 /// The owner drops (or closes) a buffer its importer holds; no other pool buffer lives.
 #[test]
 #[ignore = "requires a CUDA device"]
@@ -199,7 +217,12 @@ fn a_dropped_pool_buffer_stays_with_its_importer_and_is_freed_after() {
     let len = 64 << 20;
     let child = spawn("holder", &[&raw, "0", &len.to_string()]);
     let s = l.accept(T).unwrap();
+    let tables_before = common::shm_entries("cuda-ipc-arena.");
     let buf = pool_buffer(&ctx, len, 4);
+    let pool_table: Vec<String> = common::shm_entries("cuda-ipc-arena.")
+        .into_iter()
+        .filter(|n| !tables_before.contains(n))
+        .collect();
     s.send_buffer(&buf, T).unwrap();
     expect_message(&s, b"holding");
     // close waits, gives up, names the holder and hands the buffer back.
@@ -216,10 +239,24 @@ fn a_dropped_pool_buffer_stays_with_its_importer_and_is_freed_after() {
     // A new message for the same buffer, then the drop: the importer opens it after.
     s.send_buffer(&buf, T).unwrap();
     drop(buf);
+    // A hostile importer scribbles every block's size word in the pool's shared table: the
+    // owner's count of what waits must come from its own records (issue 31, item 5; on
+    // e94c9f7 two scribbled sizes summed to pending_bytes = 18446744073709551614).
+    assert_eq!(
+        pool_table.len(),
+        1,
+        "the shared pool's block table: {pool_table:?}"
+    );
+    scribble_block_sizes(&pool_table[0], u64::MAX);
     let pending = cuda_ipc::collect_deferred();
     assert_eq!(
         pending.pending, 1,
         "the dropped buffer waits for its importer"
+    );
+    assert_eq!(
+        pending.pending_bytes,
+        len * 4,
+        "the bytes waiting are the buffer's, whatever the shared table says"
     );
     s.send(b"dropped", &[], T).unwrap();
     s.send(b"release", &[], T).unwrap();
