@@ -250,6 +250,7 @@ pub mod __private {
     pub use crate::channel::fuzz_reseal_channel as reseal_channel;
     pub use crate::handle::reseal;
     pub use crate::lease::__testing as lease;
+    pub use crate::pool::__testing as pool;
     pub use crate::registry::__testing as registry;
     /// The liveness cache, for the tests of the liveness rule.
     pub mod process {

@@ -1497,3 +1497,19 @@ impl<T: Pod> std::fmt::Debug for PoolView<T> {
             .finish_non_exhaustive()
     }
 }
+
+/// Hooks for the tests of the shared pools (`tests/pool_buffer.rs`). Not part of the API.
+#[allow(missing_debug_implementations)] // test hooks, not API
+pub mod __testing {
+    use super::*;
+
+    /// What a thread looking through the context's shared pools for room holds meanwhile: a
+    /// reference to each (as `alloc_shared` takes them, under the list's lock).
+    pub struct LookingForRoom(#[allow(dead_code)] Vec<Arc<Owner>>);
+
+    /// Take the references a thread allocating from the shared pools takes, and keep them
+    /// until the value drops.
+    pub fn look_for_room() -> LookingForRoom {
+        LookingForRoom(SHARED.lock().iter().map(|(_, o)| o.clone()).collect())
+    }
+}

@@ -186,6 +186,37 @@ fn pool_buffers_travel_like_any_buffer_on_every_device() {
     }
 }
 
+/// A shared pool whose last buffer drops while another thread looks through the context's
+/// pools for room (holding a reference to each) is destroyed at the next allocation, not kept
+/// until an explicit `collect_deferred()` (issue 31, item 9: on e94c9f7 its table stayed).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_shared_pool_left_without_buffers_while_another_thread_looked_is_destroyed_next() {
+    let _dog = watchdog("pool_buffer_left", Duration::from_secs(60));
+    let _serial = serial();
+    let ctx = gpu();
+    let before = common::shm_entries("cuda-ipc-arena.");
+    let buf = pool_buffer(&ctx, 1024, 6);
+    let table: Vec<String> = common::shm_entries("cuda-ipc-arena.")
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert_eq!(table.len(), 1, "the shared pool's block table: {table:?}");
+    let looking = cuda_ipc::__private::pool::look_for_room();
+    drop(buf); // the pool's last buffer, while "another thread" holds the pool
+    drop(looking); // that thread allocated elsewhere
+    assert!(
+        common::shm_exists(&table[0]),
+        "not destroyed under a reference"
+    );
+    // Any next allocation runs the pending scan, which must find the pool left over.
+    let _other = IpcBuffer::<u32>::new(&ctx, 16).unwrap();
+    assert!(
+        !common::shm_exists(&table[0]),
+        "the shared pool outlived its last buffer"
+    );
+}
+
 /// Write `value` into the size word of every block of the block table `/dev/shm/<name>`, as a
 /// hostile process could: the table (`arena/table.rs`: a header, then token, capacity, closing
 /// and 16,384 blocks of state, holders, offset and size words) ends the file.
