@@ -27,6 +27,7 @@ const NAME_ENV: &str = "CUDA_IPC_BENCH_REGION";
 const PARTIES: [u32; 3] = [2, 4, 8];
 
 /// Everything the three barriers need, in one region.
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     ours: BarrierState,
@@ -44,7 +45,6 @@ struct Shared {
 }
 // SAFETY: repr(C); every field is ShmSafe (the pthread storage is atomics that only glibc's
 // barrier code, through a raw pointer, reads and writes).
-unsafe impl ShmSafe for Shared {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {

@@ -55,6 +55,7 @@ const BATCH_SLOTS: usize = 16;
 const BATCH: usize = 8;
 const CMD_EXIT: u32 = 9;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     chan: ShmCell<IpcChannelHandle<u32>>,
@@ -75,8 +76,6 @@ struct Shared {
     batches_done: AtomicU64,
     native_ns: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn spin(what: &str, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();

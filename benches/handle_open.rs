@@ -47,6 +47,7 @@ use cuda_ipc::{
     SocketName,
 };
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     mem: ShmCell<IpcMemHandle<u8>>,
@@ -55,8 +56,6 @@ struct Shared {
     raw_event: ShmCell<[u8; 64]>,
     ready: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 /// Pool buffers opened once each, by each side, for the cold-open row; and their size, larger
 /// than a pool's chunk so that each lies in memory of its own.

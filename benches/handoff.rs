@@ -86,6 +86,7 @@ impl Mode {
     }
 }
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     mem: ShmCell<IpcMemHandle<u8>>,
@@ -103,8 +104,6 @@ struct Shared {
     ack: AtomicU64,
     stop_at: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 /// Spin until `cond`. A consumer idles here while the other modes are measured, so the limit
 /// only catches a partner that is gone for good.

@@ -34,6 +34,7 @@ const BYTES: usize = 2 << 20;
 /// Fresh buffers timed per sample set of the summary (each exported once).
 const FRESH: usize = 200;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     ready: AtomicU32,
@@ -41,8 +42,6 @@ struct Shared {
     raw: ShmCell<[u8; 64]>,
     mem: [ShmCell<IpcMemHandle<u8>>; MAX],
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 /// The helper: 10,000 buffers exported and kept live.
 fn exporter(region: &str) {

@@ -32,6 +32,7 @@ const REPLY: u8 = 0x55;
 type Failure = Box<dyn std::error::Error>;
 
 /// What the producer publishes for the consumer.
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     data: ShmCell<IpcMemHandle<u8>>,
@@ -39,8 +40,6 @@ struct Shared {
     ack: ShmCell<IpcSignalHandle>,
     published: AtomicU32,
 }
-// SAFETY: repr(C); every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 /// A cudarc context, a stream of it, and `simple_kernel` loaded there.
 fn cudarc_side(ordinal: usize) -> Result<(GpuContext, Arc<CudaStream>, CudaFunction), Failure> {

@@ -2,44 +2,40 @@
 //! process maps the same memory, checks them and doubles them, and this one reads the result.
 //! `cargo run --release --example hello_ipc`; exit 0 on success, 2 without a GPU, 1 on failure.
 
-use std::process::{Command, ExitCode};
+use std::io::{Read, Write};
+use std::process::{Command, ExitCode, Stdio};
 
 use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle};
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 const NUMBERS: std::ops::Range<u32> = 0..1024;
 
 fn main() -> ExitCode {
-    let outcome = match std::env::args().nth(1) {
-        Some(arg) => child(&arg),
-        None => match GpuContext::new(0) {
-            Ok(ctx) => parent(&ctx),
-            Err(e) => {
-                println!("hello_ipc: no CUDA device ({e}): waived");
-                return ExitCode::from(2);
-            }
-        },
-    };
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hello_ipc: {e}");
-            ExitCode::FAILURE
-        }
+    let arg = std::env::args().nth(1);
+    if arg.as_deref().is_some_and(|a| a.starts_with('-')) {
+        println!("usage: hello_ipc (no options: it runs its own second process)");
+        return ExitCode::SUCCESS;
     }
+    let ctx = GpuContext::new(0).inspect_err(|e| println!("hello_ipc: {e}: waived"));
+    let Ok(ctx) = ctx else {
+        return ExitCode::from(2);
+    };
+    if let Err(e) = arg.map_or_else(|| parent(&ctx), |_| child(&ctx)) {
+        eprintln!("hello_ipc: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 fn parent(ctx: &GpuContext) -> Result {
     let buf = IpcBuffer::<u32>::new(ctx, NUMBERS.len())?;
     buf.copy_from_host(&NUMBERS.collect::<Vec<_>>())?;
-    // A handle is plain bytes: send it any way you like (here, as a command-line argument).
-    let hex: String = buf
-        .handle()?
-        .as_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let status = Command::new(std::env::current_exe()?).arg(hex).status()?;
+    // A handle is plain bytes: send it any way you like (here, through the child's stdin).
+    let mut command = Command::new(std::env::current_exe()?);
+    let mut child = command.arg("child").stdin(Stdio::piped()).spawn()?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    stdin.write_all(buf.handle()?.as_bytes())?;
+    let status = child.wait()?;
     let mut host = vec![0u32; buf.len()];
     buf.copy_to_host(&mut host)?;
     if !status.success() || host != NUMBERS.map(|x| 2 * x).collect::<Vec<_>>() {
@@ -49,16 +45,10 @@ fn parent(ctx: &GpuContext) -> Result {
     Ok(())
 }
 
-fn child(hex: &str) -> Result {
-    if hex.starts_with('-') {
-        println!("usage: hello_ipc (no options)"); // --help
-        return Ok(());
-    }
-    let bytes = (hex.as_bytes().chunks(2))
-        .map(|pair| Ok(u8::from_str_radix(std::str::from_utf8(pair)?, 16)?))
-        .collect::<Result<Vec<u8>>>()?;
-    let ctx = GpuContext::new(0)?;
-    let buf = ImportedBuffer::open(&ctx, &IpcMemHandle::<u32>::from_bytes(&bytes)?)?;
+fn child(ctx: &GpuContext) -> Result {
+    let mut bytes = [0u8; 64];
+    std::io::stdin().read_exact(&mut bytes)?;
+    let buf = ImportedBuffer::open(ctx, &IpcMemHandle::<u32>::from_bytes(&bytes)?)?;
     let mut host = vec![0u32; buf.len()];
     buf.copy_to_host(&mut host)?;
     if host != NUMBERS.collect::<Vec<_>>() {

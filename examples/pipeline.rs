@@ -39,14 +39,13 @@ const KERNELS: &str = include_str!("../kernels/pipeline.ptx");
 const WAIT: Duration = Duration::from_secs(30);
 const LATENCY_ITEMS: u64 = 1000;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     stream: ShmCell<IpcChannelHandle<u32>>,
     latency: ShmCell<IpcChannelHandle<u32>>,
     up: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 type Failure = Box<dyn std::error::Error>;
 

@@ -12,14 +12,13 @@ use std::time::Instant;
 
 use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe, StateDefect};
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     barrier: BarrierState,
     /// Each child adds its id + 1 here at every step.
     sum: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn child(name: &str, id: u64, steps: u64) -> cuda_ipc::Result<()> {
     let region = ShmOptions::new(name).open::<Shared>()?;

@@ -39,6 +39,7 @@ const THREADS: u32 = 128;
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 
 /// The shared region: simpleIPC's `shmStruct` with a signal in place of each event.
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     /// The children and the parent, twice: the handles are published; every child has
@@ -52,8 +53,6 @@ struct Shared {
     mem: [ShmCell<IpcMemHandle<u8>>; MAX_DEVICES],
     signals: [ShmCell<IpcSignalHandle>; MAX_DEVICES],
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 type Failure = Box<dyn std::error::Error>;
 

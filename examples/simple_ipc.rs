@@ -54,6 +54,7 @@ const THREADS: u32 = 128;
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 
 /// simpleIPC's `shmStruct`.
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     /// The children and the parent, twice: the handles below are published; every child has
@@ -71,8 +72,6 @@ struct Shared {
     /// the parent's socket, not from `mem`.
     handles: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 type Failure = Box<dyn std::error::Error>;
 

@@ -354,11 +354,13 @@ impl IpcArena {
     }
 
     /// The arena's size in bytes (the request rounded up to the allocation granularity).
+    #[must_use]
     pub fn capacity(&self) -> usize {
         self.owner.memory.size()
     }
 
     /// Bytes free now (not necessarily contiguous; not counting quarantined ranges).
+    #[must_use]
     pub fn free_bytes(&self) -> usize {
         self.owner.book.lock().free_bytes() as usize
     }
@@ -378,6 +380,10 @@ impl IpcArena {
     /// println!("{waiting} bytes of freed buffers still viewed by live importers");
     /// # }
     /// ```
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "it frees what it can; the count is information"
+    )]
     pub fn collect(&self) -> usize {
         let mut book = self.owner.book.lock();
         self.owner.reclaim(&mut book, true);
@@ -385,11 +391,13 @@ impl IpcArena {
     }
 
     /// The pids of live processes that imported the arena.
+    #[must_use]
     pub fn importers(&self) -> Vec<u32> {
         self.owner.leases.holders()
     }
 
     /// The context the arena lives in.
+    #[must_use]
     pub fn context(&self) -> &GpuContext {
         &self.owner.ctx
     }
@@ -456,6 +464,7 @@ impl<T: Pod> std::ops::Deref for ArenaBuffer<T> {
 impl<T: Pod> ArenaBuffer<T> {
     /// The handle a process that imported the arena opens with [`ImportedArena::open`]: 80
     /// bytes of plain data ([`ArenaHandle::as_bytes`]), no descriptor.
+    #[must_use]
     pub fn handle(&self) -> ArenaHandle<T> {
         ArenaHandle::new(RawArenaHandle {
             elem_size: std::mem::size_of::<T>() as u32,
@@ -471,11 +480,13 @@ impl<T: Pod> ArenaBuffer<T> {
     }
 
     /// Byte offset of the buffer in its arena.
+    #[must_use]
     pub fn offset(&self) -> usize {
         self.placed.offset as usize
     }
 
     /// Whether another process (or an import in this one) holds a view of this buffer now.
+    #[must_use]
     pub fn is_viewed(&self) -> bool {
         self.owner
             .table
@@ -590,6 +601,7 @@ impl<T> ArenaHandle<T> {
     }
 
     /// The handle's bytes, to send to a peer.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.raw)
     }
@@ -614,16 +626,19 @@ impl<T> ArenaHandle<T> {
     }
 
     /// Number of elements.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.raw.len as usize
     }
 
     /// Whether the buffer holds no elements (never, for handles the crate made).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.raw.len == 0
     }
 
     /// The buffer's generation: each allocation of a block index has its own.
+    #[must_use]
     pub fn generation(&self) -> u64 {
         self.raw.generation
     }
@@ -647,6 +662,7 @@ pub type IpcArenaHandle = Handle<IpcArena>;
 
 impl Handle<IpcArena> {
     /// The arena's size in bytes.
+    #[must_use]
     pub fn capacity(&self) -> usize {
         usize::try_from(self.env.len).unwrap_or(usize::MAX)
     }
@@ -871,16 +887,19 @@ impl ImportedArena {
     }
 
     /// The arena's size in bytes.
+    #[must_use]
     pub fn capacity(&self) -> usize {
         self.import.capacity as usize
     }
 
     /// The process that owns the arena.
+    #[must_use]
     pub fn exporter(&self) -> ProcessIdentity {
         self.import.exporter
     }
 
     /// The context the arena is mapped in.
+    #[must_use]
     pub fn context(&self) -> &GpuContext {
         &self.import.ctx
     }
@@ -955,6 +974,7 @@ impl<T: Pod> std::ops::Deref for ArenaView<T> {
 impl<T: Pod> ArenaView<T> {
     /// Whether the owner still has the buffer (false once it was freed: the view stays valid,
     /// but nobody else will write it for this buffer's purpose any more).
+    #[must_use]
     pub fn is_live(&self) -> bool {
         let views = self.import.views.lock();
         match (views.get(&self.index), self.import.table.block(self.index)) {
@@ -1075,6 +1095,7 @@ pub mod __testing {
 
     impl Books {
         /// Books for `capacity` bytes and up to `max_buffers` buffers.
+        #[must_use]
         pub fn new(capacity: u64, max_buffers: usize) -> Self {
             let book = Book::new(capacity, max_buffers);
             let blocks = (0..max_buffers.clamp(1, MAX_ARENA_BUFFERS))
@@ -1112,6 +1133,7 @@ pub mod __testing {
         }
 
         /// An importer with bit `bit` enters block `index` of `generation`.
+        #[must_use]
         pub fn enter(&self, bit: u64, index: u32, generation: u64) -> bool {
             self.blocks
                 .get(index as usize)
@@ -1132,11 +1154,13 @@ pub mod __testing {
         }
 
         /// Bytes free now.
+        #[must_use]
         pub fn free_bytes(&self) -> u64 {
             self.book.free_bytes()
         }
 
         /// Bytes of freed buffers still viewed.
+        #[must_use]
         pub fn quarantined_bytes(&self) -> u64 {
             self.book.quarantined_bytes()
         }
@@ -1162,6 +1186,7 @@ pub mod __testing {
         }
 
         /// The importer's bit index (its lease slot).
+        #[must_use]
         pub fn slot(&self) -> usize {
             self.lease.slot()
         }

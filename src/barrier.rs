@@ -154,9 +154,10 @@ struct BarrierConfig {
     poison_info: AtomicU64,
 }
 
-#[cfg(not(loom))]
 // SAFETY: repr(C); every field is an integer atomic (in padded lines and plain arrays), so it
-// is valid for every bit pattern, zero included, and only accessed atomically.
+// is valid for every bit pattern, zero included, and only accessed atomically. (Under
+// `--cfg loom` the atomics are loom's, which only the model checks use, on the heap: see the
+// loom impls in `shared.rs`.)
 unsafe impl crate::ShmSafe for BarrierState {}
 
 impl std::fmt::Debug for BarrierState {
@@ -263,6 +264,7 @@ impl BarrierState {
     }
 
     /// Whether the barrier is poisoned.
+    #[must_use]
     pub fn is_poisoned(&self) -> bool {
         poisoned(self.state.0.load(Ordering::Acquire))
     }
@@ -276,11 +278,13 @@ impl BarrierState {
 
     /// How many participants have arrived in the current generation (a snapshot, for
     /// monitoring and tests).
+    #[must_use]
     pub fn arrived(&self) -> u32 {
         count_of(self.state.0.load(Ordering::Acquire)) as u32
     }
 
     /// The current generation: the number of completed generations, wrapping at `u32::MAX`.
+    #[must_use]
     pub fn generation(&self) -> u32 {
         generation_of(self.state.0.load(Ordering::Acquire))
     }
@@ -336,11 +340,13 @@ pub struct BarrierWaitResult {
 impl BarrierWaitResult {
     /// True for exactly one participant per generation: the one whose arrival completed it
     /// (as [`std::sync::BarrierWaitResult::is_leader`]).
+    #[must_use]
     pub fn is_leader(&self) -> bool {
         self.leader
     }
 
     /// The generation that completed (0 for the first, wrapping at `u32::MAX`).
+    #[must_use]
     pub fn generation(&self) -> u32 {
         self.generation
     }
@@ -476,11 +482,13 @@ impl<'a> ProcessBarrier<'a> {
     }
 
     /// The number of participants.
+    #[must_use]
     pub fn parties(&self) -> u32 {
         self.parties
     }
 
     /// This participant's slot index (`0..parties`).
+    #[must_use]
     pub fn slot(&self) -> u32 {
         self.slot
     }
@@ -530,6 +538,7 @@ impl<'a> ProcessBarrier<'a> {
     }
 
     /// Whether the barrier is poisoned.
+    #[must_use]
     pub fn is_poisoned(&self) -> bool {
         self.state.is_poisoned()
     }

@@ -552,7 +552,7 @@ impl<T: Pod> IpcBuffer<T> {
 ///
 /// fn reexport(ctx: &GpuContext, handle: &IpcMemHandle<f32>) -> cuda_ipc::Result<()> {
 ///     let peer = ImportedBuffer::open(ctx, handle)?;
-///     let again: IpcMemHandle<f32> = peer.handle()?; // error: no method `handle`
+///     let again: IpcMemHandle<f32> = peer.handle()?; // error: no method named `handle`
 ///     Ok(())
 /// }
 /// ```

@@ -213,6 +213,7 @@ unsafe impl<T: 'static> Pod for IpcChannelHandle<T> {}
 
 impl<T> IpcChannelHandle<T> {
     /// The envelope's bytes.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.env)
     }
@@ -239,16 +240,19 @@ impl<T> IpcChannelHandle<T> {
     }
 
     /// Slots in the ring.
+    #[must_use]
     pub fn slots(&self) -> usize {
         self.env.slots as usize
     }
 
     /// Elements of `T` one slot holds.
+    #[must_use]
     pub fn capacity(&self) -> usize {
         usize::try_from(self.env.capacity).unwrap_or(usize::MAX)
     }
 
     /// The producing process.
+    #[must_use]
     pub fn producer(&self) -> ProcessIdentity {
         ProcessIdentity::from_parts(self.env.producer_pid, self.env.producer_start)
     }
@@ -640,21 +644,25 @@ impl<T: Pod> std::fmt::Debug for IpcSender<T> {
 impl<T: Pod> SendSlot<'_, T> {
     /// The slot's device address (`capacity()` elements of `T`, aligned for `T`), for kernels
     /// and copies enqueued on the acquiring stream.
+    #[must_use]
     pub fn as_raw_ptr(&self) -> u64 {
         self.tx.end.slot_ptr(self.tx.next)
     }
 
     /// Elements of `T` the slot can hold.
+    #[must_use]
     pub fn capacity(&self) -> usize {
         self.tx.end.geometry.capacity as usize
     }
 
     /// The slot's index in the ring.
+    #[must_use]
     pub fn index(&self) -> usize {
         self.tx.end.geometry.slot_of(self.tx.next)
     }
 
     /// The number of the item this slot will carry (items count from 1).
+    #[must_use]
     pub fn seq(&self) -> u64 {
         self.tx.next
     }
@@ -986,26 +994,31 @@ impl<T: Pod> std::fmt::Debug for IpcReceiver<T> {
 impl<T: Pod> Received<'_, T> {
     /// The item's device address (`len()` elements of `T`), for kernels and copies enqueued
     /// on the receiving stream.
+    #[must_use]
     pub fn as_raw_ptr(&self) -> u64 {
         self.rx.end.slot_ptr(self.rx.received)
     }
 
     /// Elements of `T` the producer sent in this item.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the item is empty.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The slot's index in the ring.
+    #[must_use]
     pub fn index(&self) -> usize {
         self.rx.end.geometry.slot_of(self.rx.received)
     }
 
     /// The item's number (items count from 1).
+    #[must_use]
     pub fn seq(&self) -> u64 {
         self.rx.received
     }
@@ -1258,6 +1271,7 @@ pub mod __testing {
         }
 
         /// The region's name.
+        #[must_use]
         pub fn name(&self) -> &str {
             self.region.name()
         }
@@ -1276,6 +1290,7 @@ pub mod __testing {
         }
 
         /// Whether a consumer has attached.
+        #[must_use]
         pub fn has_consumer(&self) -> bool {
             self.region.get().consumer[0].owner.load().state != crate::owner::OwnerState::Free
         }

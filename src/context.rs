@@ -197,6 +197,7 @@ impl GpuContext {
     }
 
     /// The device ordinal.
+    #[must_use]
     pub fn ordinal(&self) -> u32 {
         self.inner.ordinal
     }
@@ -252,6 +253,7 @@ impl GpuContext {
     }
 
     /// The raw `CUcontext`.
+    #[must_use]
     pub fn as_raw(&self) -> sys::CUcontext {
         self.inner.raw
     }

@@ -41,6 +41,7 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     /// Why this device cannot take part in IPC, or `None` if it can.
+    #[must_use]
     pub fn ipc_unsuitable_reason(&self) -> Option<String> {
         if !self.unified_addressing {
             return Some("no unified addressing".into());
@@ -55,12 +56,14 @@ impl DeviceInfo {
     }
 
     /// The UUID in the usual `GPU-xxxxxxxx-xxxx-...` form.
+    #[must_use]
     pub fn uuid_string(&self) -> String {
         uuid_string(&self.uuid)
     }
 }
 
 /// Format a device UUID as `nvidia-smi` does.
+#[must_use]
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
     format!(
@@ -332,6 +335,7 @@ impl PeerGroup {
     }
 
     /// A readable report: one line per chosen and per skipped device.
+    #[must_use]
     pub fn report(&self) -> String {
         let mut out = String::new();
         for d in &self.devices {

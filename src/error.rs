@@ -1094,16 +1094,19 @@ impl<B> CloseError<B> {
     }
 
     /// What went wrong.
+    #[must_use]
     pub fn error(&self) -> &Error {
         &self.0.0
     }
 
     /// The object, still closing (new opens of its handle are refused).
+    #[must_use]
     pub fn into_inner(self) -> B {
         self.0.1
     }
 
     /// The error and the object.
+    #[must_use]
     pub fn into_parts(self) -> (Error, B) {
         *self.0
     }

@@ -102,7 +102,7 @@ impl std::ops::Deref for IpcEvent {
 /// use cuda_ipc::{GpuContext, ImportedEvent, IpcEventHandle};
 ///
 /// fn reexport(ctx: &GpuContext, handle: &IpcEventHandle) -> cuda_ipc::Result<IpcEventHandle> {
-///     ImportedEvent::open(ctx, handle)?.handle() // error: no method `handle`
+///     ImportedEvent::open(ctx, handle)?.handle() // error: no method named `handle`
 /// }
 /// ```
 pub struct ImportedEvent {
@@ -203,6 +203,7 @@ impl ImportedEvent {
     }
 
     /// The exporting process.
+    #[must_use]
     pub fn exporter(&self) -> ProcessIdentity {
         self.exporter
     }
@@ -284,12 +285,14 @@ impl GpuEvent {
     }
 
     /// The context the event lives in.
+    #[must_use]
     pub fn context(&self) -> &GpuContext {
         &self.ctx
     }
 
     /// The device UUID of the event's context (what its handle carries).
     #[doc(alias = "cuDeviceGetUuid")]
+    #[must_use]
     pub fn device_uuid(&self) -> [u8; 16] {
         self.ctx.uuid()
     }

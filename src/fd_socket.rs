@@ -255,6 +255,7 @@ impl FdListener {
     }
 
     /// Where this listener listens.
+    #[must_use]
     pub fn name(&self) -> &SocketName {
         &self.name
     }
@@ -316,6 +317,7 @@ impl FdSocket {
     }
 
     /// The process at the other end.
+    #[must_use]
     pub fn peer(&self) -> PeerCred {
         self.peer
     }

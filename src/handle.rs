@@ -467,6 +467,7 @@ pub trait HandleKind: sealed::Sealed {
     }
     /// The element type's name, for memory handles.
     #[doc(hidden)]
+    #[must_use]
     fn element_type() -> Option<&'static str> {
         None
     }
@@ -542,6 +543,7 @@ impl<K: HandleKind> Handle<K> {
     }
 
     /// The envelope's bytes, to send to a peer.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.env)
     }
@@ -631,6 +633,7 @@ impl<K: HandleKind> Handle<K> {
     }
 
     /// The exporting process.
+    #[must_use]
     pub fn exporter(&self) -> ProcessIdentity {
         self.env.exporter()
     }
@@ -638,12 +641,14 @@ impl<K: HandleKind> Handle<K> {
     /// The UUID of the device that holds the memory (buffers, signals, arenas, pools) or on
     /// which the event was created (events open in a context of any device, as NVIDIA's
     /// `simpleIPC` does: each process waits on every device's events).
+    #[must_use]
     pub fn device_uuid(&self) -> [u8; 16] {
         self.env.device_uuid
     }
 
     /// The export's generation in its exporter: with the token, it names one export for ever
     /// (a handle of a dropped export is stale, never another export's).
+    #[must_use]
     pub fn generation(&self) -> u64 {
         self.env.generation
     }
@@ -681,17 +686,20 @@ pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> 
 
 impl<T: Pod> Handle<crate::IpcBuffer<T>> {
     /// Number of elements of the exported buffer (as the envelope says).
+    #[must_use]
     pub fn len(&self) -> usize {
         usize::try_from(self.env.len).unwrap_or(usize::MAX)
     }
 
     /// Whether the envelope claims zero elements (never true for a valid handle).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.env.len == 0
     }
 
     /// How the memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`] (never
     /// `Auto`).
+    #[must_use]
     pub fn handle_type(&self) -> HandleType {
         self.env.handle_type()
     }

@@ -361,6 +361,10 @@ pub(crate) struct ExportLeases {
 /// let removed = cuda_ipc::reclaim_stale_lease_tables();
 /// println!("removed {removed} stale lease tables");
 /// ```
+#[allow(
+    clippy::must_use_candidate,
+    reason = "it removes stale tables; the count is information"
+)]
 pub fn reclaim_stale_lease_tables() -> usize {
     crate::shm::reclaim_stale_prefixed(PREFIX) + crate::arena::table::reclaim_stale_tables()
 }
@@ -623,6 +627,7 @@ pub mod __testing {
     pub const TABLE_BYTES: usize = std::mem::size_of::<LeaseTable>();
 
     /// The `/dev/shm` name of the lease table of export `token`.
+    #[must_use]
     pub fn table_name(token: &[u8; 16]) -> String {
         region_name(token)
     }
@@ -641,17 +646,26 @@ pub mod __testing {
         }
 
         /// What `importers()` reports: the live holders' pids.
+        #[must_use]
         pub fn holders(&self) -> Vec<u32> {
             self.0.holders()
         }
 
         /// What a drop does before `cuMemFree`: close, wait, reap; the holders left.
+        #[allow(
+            clippy::must_use_candidate,
+            reason = "it closes the table; the holders are information"
+        )]
         pub fn close_and_wait(&self, timeout: Duration) -> Vec<u32> {
             self.0.close_and_wait(timeout).0
         }
 
         /// What a drop does, and each later sweep of a deferred free: close, one reaping
         /// scan; the holders left (empty: the memory would be freed now).
+        #[allow(
+            clippy::must_use_candidate,
+            reason = "it closes the table; the holders are information"
+        )]
         pub fn close_and_scan(&self) -> Vec<u32> {
             self.0.close_and_scan()
         }
@@ -681,6 +695,7 @@ pub mod __testing {
         }
 
         /// The slot held.
+        #[must_use]
         pub fn slot(&self) -> usize {
             self.0.slot
         }

@@ -119,13 +119,12 @@
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe};
 //!
+//! #[derive(ShmSafe)]
 //! #[repr(C)]
 //! struct Shared {
 //!     barrier: BarrierState,
 //!     value: AtomicU64,
 //! }
-//! // SAFETY: repr(C), every field is ShmSafe.
-//! unsafe impl ShmSafe for Shared {}
 //!
 //! fn parent(children: u32) -> cuda_ipc::Result<String> {
 //!     let region = ShmOptions::new("demo")

@@ -366,17 +366,23 @@ impl IpcPool {
 
     /// Free the allocations of freed buffers that no importer holds any more, reaping importers
     /// proven dead; returns how many freed buffers still wait for live importers.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "it frees what it can; the count is information"
+    )]
     pub fn collect(&self) -> usize {
         let mut books = self.owner.books.lock();
         self.owner.reclaim(&mut books, Reap::Always)
     }
 
     /// The pids of live processes that imported the pool.
+    #[must_use]
     pub fn importers(&self) -> Vec<u32> {
         self.owner.leases.holders()
     }
 
     /// The context the pool lives in.
+    #[must_use]
     pub fn context(&self) -> &GpuContext {
         &self.owner.ctx
     }
@@ -752,6 +758,7 @@ impl<T: Pod> PoolBuffer<T> {
     }
 
     /// Whether a process (another, or an import in this one) holds this buffer now.
+    #[must_use]
     pub fn is_viewed(&self) -> bool {
         self.alloc.is_viewed()
     }
@@ -959,6 +966,7 @@ impl<T> PoolHandle<T> {
     pub const SIZE: usize = POOL_HANDLE_SIZE;
 
     /// The handle's bytes.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::bytes_of(&self.raw)
     }
@@ -983,16 +991,19 @@ impl<T> PoolHandle<T> {
     }
 
     /// Number of elements.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.raw.len as usize
     }
 
     /// Whether the buffer holds no elements (never, for handles the crate made).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.raw.len == 0
     }
 
     /// The buffer's generation.
+    #[must_use]
     pub fn generation(&self) -> u64 {
         self.raw.generation
     }
@@ -1316,11 +1327,13 @@ impl ImportedPool {
     }
 
     /// The process that owns the pool.
+    #[must_use]
     pub fn exporter(&self) -> ProcessIdentity {
         self.import.exporter
     }
 
     /// The context this pool was opened for (its views' copies and memsets run in it).
+    #[must_use]
     pub fn context(&self) -> &GpuContext {
         &self.ctx
     }
@@ -1431,6 +1444,7 @@ impl<T: Pod> std::ops::Deref for PoolView<T> {
 
 impl<T: Pod> PoolView<T> {
     /// Whether the owner still has the buffer (false once it was freed; the view stays valid).
+    #[must_use]
     pub fn is_live(&self) -> bool {
         self.hold.is_live()
     }

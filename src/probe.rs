@@ -76,11 +76,13 @@ pub struct Probe {
 
 impl Probe {
     /// Every check, in the order they were made.
+    #[must_use]
     pub fn checks(&self) -> &[Check] {
         &self.checks
     }
 
     /// The check `key` of `subject` (e.g. `("device 0", "legacy_ipc")`), if it was made.
+    #[must_use]
     pub fn get(&self, subject: &str, key: &str) -> Option<&Check> {
         self.checks
             .iter()
@@ -94,6 +96,7 @@ impl Probe {
 
     /// The report as JSON: `{"checks": [{"subject", "key", "status", "detail", "breaks",
     /// "fix"}, ...]}`, one object per check, in order.
+    #[must_use]
     pub fn to_json(&self) -> String {
         let mut out = String::from("{\"checks\": [");
         for (i, c) in self.checks.iter().enumerate() {
@@ -224,6 +227,7 @@ fn failed(e: &Error) -> String {
 /// }
 /// ```
 #[doc(alias = "doctor")]
+#[must_use]
 pub fn probe() -> Probe {
     let mut p = Probe::default();
     let host = os::host_facts();

@@ -108,6 +108,7 @@ impl ProcessIdentity {
 
     /// Rebuild an identity from its parts (as read back from shared memory); the pidfs inode
     /// is unknown (add it with [`with_pidfs_ino`](Self::with_pidfs_ino)).
+    #[must_use]
     pub fn from_parts(pid: u32, start_time: u64) -> Self {
         Self {
             pid,
@@ -117,6 +118,7 @@ impl ProcessIdentity {
     }
 
     /// The same identity with its pidfs inode number (0 for unknown).
+    #[must_use]
     pub fn with_pidfs_ino(mut self, ino: u64) -> Self {
         self.pidfs_ino = ino;
         self
@@ -136,6 +138,7 @@ impl ProcessIdentity {
     /// let recorded = ProcessIdentity::from_parts(me.pid(), me.start_time());
     /// assert!(recorded.is_same_process(&me));
     /// ```
+    #[must_use]
     pub fn is_same_process(&self, other: &Self) -> bool {
         self.pid == other.pid
             && self.start_time == other.start_time
@@ -143,16 +146,19 @@ impl ProcessIdentity {
     }
 
     /// The pidfs inode number: unique per process until reboot (Linux 6.9+); 0 when unknown.
+    #[must_use]
     pub fn pidfs_ino(&self) -> u64 {
         self.pidfs_ino
     }
 
     /// The process id.
+    #[must_use]
     pub fn pid(&self) -> u32 {
         self.pid
     }
 
     /// The start time in clock ticks after boot (0 if it was unknown).
+    #[must_use]
     pub fn start_time(&self) -> u64 {
         self.start_time
     }
@@ -175,6 +181,7 @@ impl ProcessIdentity {
     /// assert!(ProcessIdentity::current().is_alive());
     /// assert!(!ProcessIdentity::from_parts(0, 0).is_alive());
     /// ```
+    #[must_use]
     pub fn is_alive(&self) -> bool {
         !self.is_proven_dead()
     }

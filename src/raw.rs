@@ -135,6 +135,7 @@ impl RawMemHandle {
     }
 
     /// The 64 bytes.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8; 64] {
         &self.0
     }
@@ -205,6 +206,7 @@ pub struct RawImport {
 
 impl RawImport {
     /// `len` elements at byte `offset` of the allocation `handle` maps.
+    #[must_use]
     pub fn new(handle: RawMemHandle, offset: u64, len: usize) -> Self {
         Self {
             handle,
@@ -216,6 +218,7 @@ impl RawImport {
 
     /// Name the exporting process (recommended: a dead exporter is then a clear
     /// [`Error::PeerGone`] (the exporter) instead of the driver's error).
+    #[must_use]
     pub fn exporter_pid(mut self, pid: u32) -> Self {
         self.exporter_pid = Some(pid);
         self

@@ -484,11 +484,13 @@ pub mod __testing {
         }
 
         /// The token a handle would carry.
+        #[must_use]
         pub fn token(&self) -> [u8; 16] {
             self.0.token()
         }
 
         /// The generation a handle would carry.
+        #[must_use]
         pub fn generation(&self) -> u64 {
             self.0.generation()
         }
@@ -499,6 +501,7 @@ pub mod __testing {
         }
 
         /// Whether an importer holds it (read after [`collect`]).
+        #[must_use]
         pub fn is_held(&self) -> bool {
             self.0.is_held()
         }
@@ -507,6 +510,7 @@ pub mod __testing {
     /// The `/dev/shm` names of this process's export registry (its block table and lease
     /// table), empty before its first export: tests that check nothing is left in `/dev/shm`
     /// leave these out (they live until the process exits).
+    #[must_use]
     pub fn names() -> Vec<String> {
         super::names()
     }
@@ -522,6 +526,7 @@ pub mod __testing {
 
     impl Held {
         /// Whether the export is still live.
+        #[must_use]
         pub fn is_live(&self) -> bool {
             self.0.is_live()
         }

@@ -31,30 +31,170 @@ use bytemuck::Pod;
 ///
 /// Integer atomics (not `AtomicBool`, whose invalid bit patterns are undefined behaviour),
 /// [`ShmCell<T>`], [`BarrierState`](crate::BarrierState), and arrays of these qualify. A struct
-/// of such fields qualifies when it is `#[repr(C)]`:
+/// of such fields qualifies when it is `#[repr(C)]`; derive the impl (the
+/// [derive](macro@ShmSafe) checks both, with the crate's default `derive` feature) rather than
+/// writing it:
 ///
 /// ```
 /// use std::sync::atomic::AtomicU32;
 /// use cuda_ipc::{BarrierState, ShmCell, ShmSafe};
 ///
+/// #[derive(ShmSafe)]
 /// #[repr(C)]
 /// struct Shared {
 ///     barrier: BarrierState,
 ///     ready: AtomicU32,
 ///     devices: ShmCell<[i32; 8]>,
 /// }
-/// // SAFETY: repr(C), every field is ShmSafe.
-/// unsafe impl ShmSafe for Shared {}
 /// ```
+///
+/// Written by hand, the impl is `unsafe` and nothing checks the fields:
+///
+/// ```
+/// # use std::sync::atomic::AtomicU32;
+/// # use cuda_ipc::ShmSafe;
+/// #[repr(C)]
+/// struct Flags {
+///     ready: AtomicU32,
+/// }
+/// // SAFETY: repr(C), every field is ShmSafe.
+/// unsafe impl ShmSafe for Flags {}
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` may not live in shared memory: it is not `ShmSafe`",
+    label = "not `ShmSafe`: another process could write it under a plain read",
+    note = "use an integer atomic, `ShmCell<T>` for plain data, or a `#[repr(C)]` struct with `#[derive(ShmSafe)]`"
+)]
 pub unsafe trait ShmSafe: Sync + Sized + 'static {
     /// A tag that names the layout, checked when a region is opened so that a process never
     /// views another program's region as its own type. The default hashes the type's path
     /// (`std::any::type_name`) with FNV-1a, which is stable for one build of a program; override
     /// it with a fixed constant when different programs (or compiler versions) share a region.
+    #[must_use]
     fn type_tag() -> u64 {
         fnv1a64(std::any::type_name::<Self>().as_bytes())
     }
 }
+
+/// Derives [`ShmSafe`](trait@ShmSafe) for a struct, checking at compile time what the trait's
+/// contract asks: a `#[repr(C)]` or `#[repr(transparent)]` layout (not `packed`), no lifetime
+/// parameters, and every field's type `ShmSafe` itself. Generic structs get the impl where
+/// their fields' types are `ShmSafe`.
+///
+/// Options, in `#[shm_safe(...)]`:
+/// - `type_tag = <u64 expression>`: a fixed [`type_tag`](ShmSafe::type_tag), for regions that
+///   different programs (or builds with different compilers) open as this type;
+/// - `crate = "path"`: where cuda-ipc is, when it is renamed or re-exported.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, AtomicU64};
+/// use cuda_ipc::{ShmCell, ShmSafe};
+///
+/// #[derive(ShmSafe)]
+/// #[repr(C)]
+/// #[shm_safe(type_tag = 0x5348_4152_4544_0001)]
+/// struct Shared<T: ShmSafe> {
+///     ready: AtomicU32,
+///     slots: [T; 4],
+///     layout: ShmCell<[u32; 2]>,
+/// }
+///
+/// fn region_payload<T: ShmSafe>() -> u64 {
+///     T::type_tag()
+/// }
+/// assert_eq!(region_payload::<Shared<AtomicU64>>(), 0x5348_4152_4544_0001);
+/// ```
+///
+/// A field that another process could write under a plain read is refused, at the field:
+///
+/// ```compile_fail,E0277
+/// use std::sync::atomic::AtomicU32;
+/// use cuda_ipc::ShmSafe;
+///
+/// #[derive(ShmSafe)]
+/// #[repr(C)]
+/// struct Shared {
+///     ready: AtomicU32,
+///     count: u64, // error: `u64` may not live in shared memory: it is not `ShmSafe`
+/// }
+/// ```
+///
+/// So is a field whose bit patterns are not all valid, and a generic field used where its
+/// type is not `ShmSafe`:
+///
+/// ```compile_fail,E0277
+/// use std::sync::atomic::AtomicBool;
+/// use cuda_ipc::ShmSafe;
+///
+/// #[derive(ShmSafe)]
+/// #[repr(C)]
+/// struct Shared {
+///     done: AtomicBool, // error: `AtomicBool` may not live in shared memory
+/// }
+/// ```
+///
+/// ```compile_fail,E0277
+/// use cuda_ipc::{ShmRegion, ShmSafe};
+///
+/// #[derive(ShmSafe)]
+/// #[repr(transparent)]
+/// struct Slot<T>(T);
+///
+/// fn open(region: ShmRegion<Slot<u32>>) {} // error: `u32` may not live in shared memory
+/// ```
+///
+/// Without a fixed layout two programs may disagree on where each field lives:
+///
+/// ```compile_fail
+/// use std::sync::atomic::AtomicU32;
+/// use cuda_ipc::ShmSafe;
+///
+/// #[derive(ShmSafe)] // error: #[derive(ShmSafe)] needs #[repr(C)] or #[repr(transparent)]
+/// struct Shared {
+///     ready: AtomicU32,
+/// }
+/// ```
+///
+/// A packed struct would misalign its atomics; an enum's discriminant can be written out of
+/// range by a peer; memory another process maps cannot hold references:
+///
+/// ```compile_fail
+/// use std::sync::atomic::AtomicU64;
+/// use cuda_ipc::ShmSafe;
+///
+/// #[derive(ShmSafe)]
+/// #[repr(C, packed)] // error: ShmSafe cannot be derived for a repr(packed) struct
+/// struct Shared {
+///     tag: AtomicU64,
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use cuda_ipc::ShmSafe;
+///
+/// #[derive(ShmSafe)]
+/// #[repr(u32)]
+/// enum State { // error: ShmSafe cannot be derived for an enum
+///     Idle,
+///     Busy,
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use std::sync::atomic::AtomicU32;
+/// use cuda_ipc::ShmSafe;
+///
+/// #[derive(ShmSafe)]
+/// #[repr(C)]
+/// struct Shared<'a> { // error: ShmSafe cannot be derived for a type with a lifetime parameter
+///     ready: &'a AtomicU32,
+/// }
+/// ```
+#[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
+pub use cuda_ipc_derive::ShmSafe;
 
 macro_rules! shm_safe_atomics {
     ($($t:ty),*) => {$(
@@ -105,16 +245,21 @@ pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
 /// A type that must stay on its thread cannot be shared through a cell (a value stored on one
 /// thread would be loaded on another):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use std::marker::PhantomData;
 /// use cuda_ipc::ShmCell;
+/// use cuda_ipc::bytemuck::{Pod, Zeroable};
 ///
-/// #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+/// #[derive(Clone, Copy, Zeroable, Pod)]
+/// #[bytemuck(crate = "cuda_ipc::bytemuck")]
 /// #[repr(transparent)]
 /// struct ThisThreadOnly(u32, PhantomData<*const ()>);
 ///
 /// fn shared<T: Sync>() {}
-/// shared::<ShmCell<ThisThreadOnly>>(); // error: `*const ()` cannot be sent between threads
+///
+/// fn main() {
+///     shared::<ShmCell<ThisThreadOnly>>(); // error: `*const ()` cannot be sent between threads
+/// }
 /// ```
 ///
 /// ```

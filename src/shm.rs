@@ -148,6 +148,7 @@ impl ShmOptions {
 
     /// On create, append `.` and 16 random hex digits to the name so that it cannot collide;
     /// read the full name back with [`ShmRegion::name`]. Ignored by open.
+    #[must_use]
     pub fn random_suffix(mut self, yes: bool) -> Self {
         self.random_suffix = yes;
         self
@@ -155,6 +156,7 @@ impl ShmOptions {
 
     /// How long open waits for a creator to publish the header before [`Error::NotReady`]
     /// (default [`DEFAULT_OPEN_TIMEOUT`](Self::DEFAULT_OPEN_TIMEOUT)). Open returns at once if the creator is known dead.
+    #[must_use]
     pub fn open_timeout(mut self, timeout: Duration) -> Self {
         self.open_timeout = timeout;
         self
@@ -163,6 +165,7 @@ impl ShmOptions {
     /// On create, if the name exists, is ours (our uid, mode `0600`, a regular file) and its
     /// creator process is dead, unlink it and create afresh. Use this only where the creator is
     /// the region's only owner (the default; see [`ShmRegion::release_ownership`]).
+    #[must_use]
     pub fn reclaim_stale(mut self, yes: bool) -> Self {
         self.reclaim_stale = yes;
         self
@@ -474,13 +477,12 @@ fn reclaim(name: &str) -> Result<bool> {
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use cuda_ipc::{ShmCell, ShmRegion, ShmSafe};
 ///
+/// #[derive(ShmSafe)]
 /// #[repr(C)]
 /// struct Shared {
 ///     ready: AtomicU32,
 ///     devices: ShmCell<[i32; 4]>,
 /// }
-/// // SAFETY: repr(C), every field is ShmSafe.
-/// unsafe impl ShmSafe for Shared {}
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let region = ShmRegion::<Shared>::create("simple_ipc_demo")?;
@@ -523,6 +525,7 @@ impl<T: ShmSafe> ShmRegion<T> {
     }
 
     /// The payload.
+    #[must_use]
     pub fn get(&self) -> &T {
         // SAFETY: the mapping is `payload_offset + size_of::<T>()` bytes (checked against the
         // file and header at create/open), page-aligned with `payload_offset` a multiple of
@@ -536,16 +539,19 @@ impl<T: ShmSafe> ShmRegion<T> {
     }
 
     /// The full name, without a leading `/` (as created, suffix included).
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// A snapshot of the header, as published by the creator.
+    #[must_use]
     pub fn header_fields(&self) -> HeaderFields {
         self.header().snapshot()
     }
 
     /// The process that created the region (from the header).
+    #[must_use]
     pub fn creator(&self) -> ProcessIdentity {
         let (pid, start) = self.header().creator();
         ProcessIdentity::from_parts(pid, start)
@@ -553,6 +559,7 @@ impl<T: ShmSafe> ShmRegion<T> {
 
     /// Whether this handle unlinks the name on drop: it owns the name and this is the process
     /// that mapped it (in a child forked without `exec`, an inherited region unlinks nothing).
+    #[must_use]
     pub fn is_owner(&self) -> bool {
         self.owner && self.home.is_here()
     }

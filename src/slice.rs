@@ -79,26 +79,31 @@ impl<T: Pod> GpuSlice<T> {
     }
 
     /// Number of elements.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the slice holds no elements (never, for buffers this crate hands out).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Size in bytes.
+    #[must_use]
     pub fn byte_len(&self) -> usize {
         self.len * std::mem::size_of::<T>()
     }
 
     /// The context the memory is mapped in.
+    #[must_use]
     pub fn context(&self) -> &GpuContext {
         &self.ctx
     }
 
     /// The raw device address.
+    #[must_use]
     pub fn as_raw_ptr(&self) -> u64 {
         self.ptr
     }
@@ -293,6 +298,7 @@ fn sync_legacy_stream() -> Result<()> {
 #[cfg(feature = "cust")]
 impl<T: Pod + cust::memory::DeviceCopy> GpuSlice<T> {
     /// The device pointer, for cust kernel launches (feature `cust`).
+    #[must_use]
     pub fn device_ptr(&self) -> cust::memory::DevicePointer<T> {
         cust::memory::DevicePointer::from_raw(self.ptr)
     }

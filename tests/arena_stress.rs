@@ -30,6 +30,7 @@ const BLOCKS: usize = 48;
 const UNITS: usize = 256;
 const IMPORTERS: usize = 6;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct World {
     token: ShmCell<[u8; 16]>,
@@ -45,8 +46,6 @@ struct World {
     holds: [[AtomicU64; BLOCKS]; IMPORTERS],
     importer_pid: [AtomicU32; IMPORTERS],
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for World {}
 
 fn stamp(index: u32, generation: u64) -> u64 {
     (u64::from(index) << 48) | generation

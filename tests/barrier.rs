@@ -12,6 +12,7 @@ use common::{Child, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
 
 /// The shared layout of these tests.
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     barrier: BarrierState,
@@ -28,8 +29,6 @@ struct Shared {
     /// When the parent killed a peer (monotonic ns).
     killed_at: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn create(name_hint: &str, parties: u32) -> ShmRegion<Shared> {
     ShmOptions::new(unique_name(name_hint))

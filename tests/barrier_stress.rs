@@ -30,6 +30,7 @@ use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmReg
 const PARTIES: u32 = 3;
 const MAX_GENERATIONS: usize = 8;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     barrier: BarrierState,
@@ -47,8 +48,6 @@ struct Shared {
     peer_lost: AtomicU64,
     mid_join_deaths: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn violation(s: &Shared, what: std::fmt::Arguments<'_>) {
     eprintln!("violation ({}): {what}", std::process::id());

@@ -20,6 +20,7 @@ use cuda_ipc::{
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     mem: ShmCell<IpcMemHandle<u32>>,
@@ -27,8 +28,6 @@ struct Shared {
     done: AtomicU32,
     ptr: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn region() -> ShmRegion<Shared> {
     ShmOptions::new(unique_name("gpu-buf")).create().unwrap()

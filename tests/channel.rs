@@ -28,6 +28,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// Items of the several-streams tests.
 const STREAM_ITEMS: u64 = 6;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     handle: ShmCell<IpcChannelHandle<u8>>,
@@ -37,8 +38,6 @@ struct Shared {
     /// Set by the parent to let the child go on.
     go: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn region() -> ShmRegion<Shared> {
     ShmOptions::new(unique_name("gpu-chan")).create().unwrap()

@@ -32,6 +32,7 @@ const CAPACITY: u64 = 1000;
 const ITEMS: u64 = 200;
 const WAIT: Duration = Duration::from_secs(3);
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shadow {
     name: ShmCell<[u8; 64]>,
@@ -49,8 +50,6 @@ struct Shadow {
     producer_outcome: AtomicU32,
     consumer_outcome: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shadow {}
 
 const DONE: u32 = 0;
 const EXPORTER_GONE: u32 = 1;

@@ -21,6 +21,7 @@ const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 const LEN: usize = 16 << 20;
 const ROUNDS: u64 = 3;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     mem: ShmCell<IpcMemHandle<u8>>,
@@ -31,8 +32,6 @@ struct Shared {
     /// Rounds the reader has checked.
     ack: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn region() -> ShmRegion<Shared> {
     ShmOptions::new(unique_name("gpu-evt")).create().unwrap()

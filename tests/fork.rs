@@ -21,12 +21,11 @@ use cuda_ipc::{
     ShmOptions, ShmSafe,
 };
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Handoff {
     handle: ShmCell<IpcMemHandle<u32>>,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Handoff {}
 
 const LEN: usize = 4096;
 
@@ -105,12 +104,11 @@ fn drop_inherited<T>(value: &T) {
     unsafe { std::ptr::drop_in_place(std::ptr::from_ref(value).cast_mut()) };
 }
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Seats {
     barrier: BarrierState,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Seats {}
 
 /// Forks happen one at a time in this binary (each test forks while the others' threads run;
 /// keep the windows apart).

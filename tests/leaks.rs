@@ -48,6 +48,7 @@ const CYCLES: u64 = 10_000;
 const WARMUP: u64 = 100;
 const LEN: usize = 64 << 10;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     mem: ShmCell<IpcMemHandle<u8>>,
@@ -55,8 +56,6 @@ struct Shared {
     ack: AtomicU64,
     done: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 /// The checks both soaks end with: the importer's descriptors (after the warm-up → at the end),
 /// no lease table left, device free memory back (before the exporter started → after it

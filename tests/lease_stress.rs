@@ -24,6 +24,7 @@ use cuda_ipc::{Error, IpcBuffer, ProcessIdentity, ShmCell, ShmOptions, ShmRegion
 
 const MAX_IMPORTERS: usize = IpcBuffer::<u8>::MAX_IMPORTERS;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shadow {
     token: ShmCell<[u8; 16]>,
@@ -35,8 +36,6 @@ struct Shadow {
     /// Claims that succeeded, over all runs (to show the test exercised something).
     claims: AtomicU64,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shadow {}
 
 #[test]
 fn child_process() {

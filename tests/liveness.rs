@@ -18,6 +18,7 @@ use common::{leader_is_zombie, spawn, unique_name, wait_for, watchdog, with_main
 use cuda_ipc::__private::{lease, process, registry};
 use cuda_ipc::{BarrierState, ProcessBarrier, ProcessIdentity, ShmOptions, ShmRegion, ShmSafe};
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     barrier: BarrierState,
@@ -30,8 +31,6 @@ struct Shared {
     stop: AtomicU32,
     outcome: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -18,13 +18,12 @@ use cuda_ipc::{
     BarrierState, Error, PeerRole, ProcessBarrier, ProcessIdentity, ShmOptions, ShmSafe,
 };
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     barrier: BarrierState,
     joined: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 #[test]
 fn child_process() {

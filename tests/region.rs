@@ -15,6 +15,7 @@ use std::time::Duration;
 use common::{report, shm_exists, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::{Error, HeaderFields, NameDefect, ShmCell, ShmOptions, ShmRegion, ShmSafe};
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     ready: AtomicU32,
@@ -22,8 +23,6 @@ struct Shared {
     values: ShmCell<[u64; 4]>,
     reply: ShmCell<[u64; 4]>,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 const HEADER_LEN: usize = 128;
 
@@ -264,6 +263,7 @@ fn opening_as_another_type_is_refused() {
         other => panic!("{other:?}"),
     }
     // Same size and alignment, different type: the tag tells them apart.
+    #[derive(ShmSafe)]
     #[repr(C)]
     struct Twin {
         a: AtomicU32,
@@ -271,8 +271,6 @@ fn opening_as_another_type_is_refused() {
         c: ShmCell<[u64; 4]>,
         d: ShmCell<[u64; 4]>,
     }
-    // SAFETY: repr(C), every field is ShmSafe.
-    unsafe impl ShmSafe for Twin {}
     match ShmRegion::<Twin>::open(region.name()) {
         Err(Error::HeaderMismatch { field, .. }) => assert_eq!(field, "type_tag"),
         other => panic!("{other:?}"),

@@ -38,6 +38,7 @@ const IMPORTERS: usize = 6;
 /// Importers that die holding a filler export before the run, so that slots run short.
 const FILLERS: usize = 60;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct World {
     exporter: ShmCell<[u64; 2]>,
@@ -53,21 +54,18 @@ struct World {
     holds: [[AtomicU64; SLOTS]; IMPORTERS],
     importer_pid: [AtomicU32; IMPORTERS],
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for World {}
 
 /// One published export, written by the exporter alone, read by importers whole: a sequence
 /// number, odd while the four words change, around them (a seqlock). A `ShmCell` would not
 /// do: its loads may tear, and a torn read pairs one export's token with another export's
 /// memory word, which the importer's check then reports as memory freed under a holder (the
 /// first run of this test on a 32-core machine did exactly that).
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Published {
     seq: AtomicU64,
     words: [AtomicU64; 4],
 }
-// SAFETY: repr(C), integer atomics only.
-unsafe impl ShmSafe for Published {}
 
 impl Published {
     /// Exporter (the one writer).

@@ -28,6 +28,7 @@ const SLOW_ROUNDS: u64 = 3;
 /// GPU-side hand-offs in the long test.
 const HANDOFFS: u32 = 100_000;
 
+#[derive(ShmSafe)]
 #[repr(C)]
 struct Shared {
     data: ShmCell<IpcMemHandle<u8>>,
@@ -45,8 +46,6 @@ struct Shared {
     /// Set by the parent when the child may exit.
     release: AtomicU32,
 }
-// SAFETY: repr(C), every field is ShmSafe.
-unsafe impl ShmSafe for Shared {}
 
 fn region() -> ShmRegion<Shared> {
     ShmOptions::new(unique_name("gpu-sig")).create().unwrap()

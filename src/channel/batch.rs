@@ -116,12 +116,14 @@ impl<T: Pod> IpcSender<T> {
 
 impl<T: Pod> SendBatch<'_, T> {
     /// Slots in the batch.
+    #[must_use]
     pub fn len(&self) -> usize {
         // ≤ the ring's slots (checked at acquire), which fit in usize.
         self.count as usize
     }
 
     /// Always false: a batch holds at least one slot.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -261,11 +263,13 @@ impl<T: Pod> IpcReceiver<T> {
 
 impl<T: Pod> ReceivedBatch<'_, T> {
     /// Items in the batch.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.lens.len()
     }
 
     /// Always false: a batch holds at least one item.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         false
     }

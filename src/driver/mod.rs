@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 /// The name of a `CUresult`: from a table of the codes this crate meets, else from the driver's
 /// `cuGetErrorName`, else `CUDA_ERROR_<code>`. Never transmutes the code.
 #[doc(alias = "cuGetErrorName")]
+#[must_use]
 pub fn error_name(code: i32) -> String {
     let known = match code {
         sys::NO_DRIVER => "no CUDA driver library (cuda-ipc)",

@@ -130,6 +130,7 @@ impl HeaderFields {
     }
 
     /// The checksum the fields should carry: FNV-1a over words 1–9.
+    #[must_use]
     pub fn compute_checksum(&self) -> u64 {
         let w = self.words();
         let mut bytes = [0u8; 9 * 8];
@@ -140,6 +141,7 @@ impl HeaderFields {
     }
 
     /// Encode to the header's byte form (little-endian words).
+    #[must_use]
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         for (chunk, word) in out.chunks_exact_mut(8).zip(self.words()) {
@@ -150,6 +152,7 @@ impl HeaderFields {
 
     /// Decode the header's byte form. Any 128 bytes decode; opening a region then validates
     /// every field against the expected layout.
+    #[must_use]
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Self {
         let mut w = [0u64; WORDS];
         for (word, chunk) in w.iter_mut().zip(bytes.chunks_exact(8)) {

@@ -3,7 +3,18 @@
 
 use std::process::ExitCode;
 
-use cuda_ipc::{Error, GpuContext, ShmCell, ShmOptions};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use cuda_ipc::{Error, GpuContext, ShmCell, ShmOptions, ShmSafe};
+
+/// A user's shared layout, checked by cuda-ipc's derive (the consumer depends on no derive
+/// crate of its own).
+#[derive(ShmSafe)]
+#[repr(C)]
+struct Shared {
+    ready: AtomicU32,
+    value: ShmCell<u64>,
+}
 
 #[cfg(any(feature = "cudarc", feature = "cudarc-13-linked"))]
 fn takes_a_stream(_: &(impl cuda_ipc::AsStream + ?Sized)) {}
@@ -11,15 +22,16 @@ fn takes_a_stream(_: &(impl cuda_ipc::AsStream + ?Sized)) {}
 fn main() -> ExitCode {
     // The host side needs no driver.
     let name = format!("cuda-ipc-consumer-{}", std::process::id());
-    let region = match ShmOptions::new(&name).create::<ShmCell<u64>>() {
+    let region = match ShmOptions::new(&name).create::<Shared>() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("consumer: shared memory failed: {e}");
             return ExitCode::FAILURE;
         }
     };
-    region.store(42);
-    println!("consumer: shared memory works ({})", region.load());
+    region.value.store(42);
+    region.ready.store(1, Ordering::Release);
+    println!("consumer: shared memory works ({})", region.value.load());
 
     // cudarc's stream is a stream cuda-ipc accepts (checked at compile time; not run, since
     // cudarc panics without a driver).
