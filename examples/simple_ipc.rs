@@ -580,6 +580,66 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// `launch!` (examples/common/cuda.rs) hands the kernel each argument's address, in
+    /// order, with its own type and value, evaluating each argument once.
+    #[test]
+    fn launch_passes_each_argument_by_address_in_order() {
+        use super::cuda::launch;
+        struct Kernel;
+        impl Kernel {
+            unsafe fn launch(
+                &self,
+                grid: u32,
+                block: u32,
+                shared: u32,
+                _stream: &(),
+                args: &mut [*mut std::ffi::c_void],
+            ) -> Result<(u32, u32, u32, u64, u32, i8), ()> {
+                assert_eq!(args.len(), 3);
+                // SAFETY: the macro passed the addresses of a u64, a u32 and an i8, alive
+                // for the call.
+                unsafe {
+                    let (a, b, c) = (
+                        args[0].cast::<u64>(),
+                        args[1].cast::<u32>(),
+                        args[2].cast::<i8>(),
+                    );
+                    Ok((grid, block, shared, *a, *b, *c))
+                }
+            }
+        }
+        let (kernel, stream) = (Kernel, ());
+        let mut evaluated = 0;
+        let mut next = || {
+            evaluated += 1;
+            evaluated
+        };
+        // SAFETY: the fake kernel only reads its arguments.
+        let seen =
+            unsafe { launch!(kernel<<<7, 128, 16, stream>>>(u64::MAX - 1, next() as u32, -3i8)) };
+        assert_eq!(seen, Ok((7, 128, 16, u64::MAX - 1, 1, -3)));
+        assert_eq!(next(), 2, "each argument evaluated once");
+        // SAFETY: as above (no arguments: an empty array).
+        let none = unsafe {
+            struct Empty;
+            impl Empty {
+                unsafe fn launch(
+                    &self,
+                    _: u32,
+                    _: u32,
+                    _: u32,
+                    _: &(),
+                    args: &mut [*mut std::ffi::c_void],
+                ) -> usize {
+                    args.len()
+                }
+            }
+            let empty = Empty;
+            launch!(empty<<<1, 1, 0, stream>>>())
+        };
+        assert_eq!(none, 0);
+    }
+
     #[test]
     fn first_difference_finds_the_first_differing_byte_anywhere() {
         use super::first_difference;

@@ -94,17 +94,9 @@ pub(crate) fn reap_dead_importers(
     leases: &ExportLeases,
     max_buffers: usize,
 ) -> bool {
-    let taken: Vec<(usize, u64)> = leases
-        .take_dead_slots()
-        .into_iter()
-        .filter(|&(i, held)| {
-            // Slots past 64 have no bit (the table has 64): give them straight back.
-            i < 64 || {
-                leases.release_taken(i, held);
-                false
-            }
-        })
-        .collect();
+    // Every lease slot has a bit in a block's 64-bit holder mask.
+    const _: () = assert!(crate::lease::MAX_IMPORTERS <= 64);
+    let taken: Vec<(usize, u64)> = leases.take_dead_slots();
     if taken.is_empty() {
         return false;
     }
@@ -751,9 +743,7 @@ impl ImportedArena {
         }
         let memory_device = handle.admit_live(ctx, &exporter, true)?;
         let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;
-        let lease = Lease::acquire_taking_over(&env.token, env.generation, &mut |slot| {
-            table.clear_slot_bits(slot);
-        })?;
+        let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
         let bit = 1u64 << lease.slot();
         let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
         let memory = VmmMemory::import(ctx, fd, bytes, memory_device)?;
@@ -1180,8 +1170,7 @@ pub mod __testing {
         /// As `ImportedArena::open_fd` for the tables.
         pub fn open(token: &[u8; 16], capacity: u64) -> Result<Self> {
             let table = ArenaTable::open(token, capacity, 0)?;
-            let lease =
-                Lease::acquire_taking_over(token, 0, &mut |slot| table.clear_slot_bits(slot))?;
+            let lease = Lease::acquire_clearing(token, 0, &table)?;
             Ok(Self { table, lease })
         }
 

@@ -533,6 +533,17 @@ impl Lease {
         Self::acquire_pausing(token, generation, take_over, || {})
     }
 
+    /// What every importer of an export with a block table (`table`: arenas, pools, the
+    /// registry) does: [`acquire_taking_over`](Self::acquire_taking_over), clearing a taken
+    /// slot's bits in `table` ([`ArenaTable::clear_slot_bits`]).
+    pub(crate) fn acquire_clearing(
+        token: &[u8; 16],
+        generation: u64,
+        table: &crate::arena::table::ArenaTable,
+    ) -> Result<Self> {
+        Self::acquire_taking_over(token, generation, &mut |slot| table.clear_slot_bits(slot))
+    }
+
     /// [`acquire_taking_over`](Self::acquire_taking_over) with the claim's
     /// pauses (for the stress test).
     pub(crate) fn acquire_pausing(

@@ -1113,9 +1113,7 @@ impl Import {
     ) -> Result<Self> {
         let env = &handle.env;
         let table = ArenaTable::open(&env.token, 0, env.generation)?;
-        let lease = Lease::acquire_taking_over(&env.token, env.generation, &mut |slot| {
-            table.clear_slot_bits(slot);
-        })?;
+        let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
         let _g = ctx.enter()?;
         let pool = driver::pool::import_fd(fd.as_fd())?;
         drop(fd);

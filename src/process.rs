@@ -84,25 +84,32 @@ impl ProcessIdentity {
     /// as "pid only".
     pub fn current() -> Self {
         // Cached: reading /proc costs microseconds, and exports record it every time. The pid
-        // check re-reads after a fork (the child has a new pid and start time).
-        static CACHE: std::sync::Mutex<Option<ProcessIdentity>> = std::sync::Mutex::new(None);
-        let pid = os::pid();
-        let mut cached = CACHE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match *cached {
-            Some(id) if id.pid == pid => id,
-            _ => {
-                let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
-                let pidfs_ino = os::pidfs_ino(pid).unwrap_or(0);
-                let id = Self {
-                    pid,
-                    start_time,
-                    pidfs_ino,
-                };
-                *cached = Some(id);
-                id
-            }
+        // (`current_pid`: no system call, refreshed in a forked child) says whether the cache
+        // is this process's: after a fork the child has a new pid and start time, so it reads
+        // them again. Lock-free, so that a fork while another thread held a lock cannot leave
+        // the child stuck: every writer in one process writes the same values (its own
+        // identity), the pid last with `Release`, so a reader that sees its own pid sees them.
+        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+        static CACHED_PID: AtomicU32 = AtomicU32::new(0);
+        static START_TIME: AtomicU64 = AtomicU64::new(0);
+        static PIDFS_INO: AtomicU64 = AtomicU64::new(0);
+        let pid = current_pid();
+        if CACHED_PID.load(Ordering::Acquire) == pid {
+            return Self {
+                pid,
+                start_time: START_TIME.load(Ordering::Relaxed),
+                pidfs_ino: PIDFS_INO.load(Ordering::Relaxed),
+            };
+        }
+        let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
+        let pidfs_ino = os::pidfs_ino(pid).unwrap_or(0);
+        START_TIME.store(start_time, Ordering::Relaxed);
+        PIDFS_INO.store(pidfs_ino, Ordering::Relaxed);
+        CACHED_PID.store(pid, Ordering::Release);
+        Self {
+            pid,
+            start_time,
+            pidfs_ino,
         }
     }
 

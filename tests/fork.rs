@@ -282,3 +282,19 @@ fn a_forked_child_leaves_the_parents_gpu_exports_openable() {
         }
     }
 }
+
+#[test]
+fn a_forked_child_is_its_own_process_identity_not_its_parents_cached_one() {
+    let _dog = watchdog("fork: identity", Duration::from_secs(60));
+    let _one = one_at_a_time();
+    let parent = cuda_ipc::ProcessIdentity::current(); // warm the cache
+    fork_and_end(End::DropThenExit, || {
+        let me = cuda_ipc::ProcessIdentity::current();
+        // SAFETY: getpid(2) has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        if me.pid() != pid || me.is_same_process(&parent) || !me.is_alive() {
+            std::process::exit(1); // the parent's assertion on the status reports it
+        }
+    });
+    assert_eq!(cuda_ipc::ProcessIdentity::current(), parent);
+}

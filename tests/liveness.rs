@@ -53,6 +53,14 @@ fn token_of(s: &Shared) -> [u8; 16] {
     t
 }
 
+/// A token unique to this test process and `tag` (12 bytes).
+fn test_token(tag: &[u8; 12]) -> [u8; 16] {
+    let mut token = [0u8; 16];
+    token[..4].copy_from_slice(&std::process::id().to_le_bytes());
+    token[4..].copy_from_slice(tag);
+    token
+}
+
 fn set_token(s: &Shared, t: &[u8; 16]) {
     s.token[0].store(
         u64::from_le_bytes(t[..8].try_into().unwrap()),
@@ -180,9 +188,7 @@ fn a_process_whose_main_thread_exited_is_alive_until_its_last_thread_exits() {
 fn a_lease_close_does_not_free_under_a_holder_whose_main_thread_exited() {
     let _dog = watchdog("liveness", Duration::from_secs(60));
     let region = shared("live-zombie-lease");
-    let mut token = [0u8; 16];
-    token[..4].copy_from_slice(&std::process::id().to_le_bytes());
-    token[4..].copy_from_slice(b"zombie-lease");
+    let token = test_token(b"zombie-lease");
     set_token(region.get(), &token);
     let export = lease::Export::create(&token).unwrap();
     let child = start(&region, "lease_holder", &[]);
@@ -223,9 +229,7 @@ fn the_registry_collect_keeps_the_slot_of_an_importer_whose_main_thread_exited()
 fn the_stale_table_sweep_keeps_the_tables_of_an_exporter_whose_main_thread_exited() {
     let _dog = watchdog("liveness", Duration::from_secs(60));
     let region = shared("live-zombie-sweep");
-    let mut token = [0u8; 16];
-    token[..4].copy_from_slice(&std::process::id().to_le_bytes());
-    token[4..].copy_from_slice(b"zombie-sweep");
+    let token = test_token(b"zombie-sweep");
     set_token(region.get(), &token);
     let child = start(&region, "lease_exporter", &[]);
     let name = lease::table_name(&token);

@@ -55,24 +55,33 @@ fn spawn_with_pid(pid: u32) -> Option<std::process::Child> {
     None
 }
 
-#[test]
-fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
-    if rustix::process::geteuid().as_raw() != 0
-        || std::fs::write(
-            "/proc/sys/kernel/ns_last_pid",
-            std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap_or_default(),
-        )
-        .is_err()
-    {
+/// Whether this process may choose the next pid (root, and `ns_last_pid` writable): the
+/// serialising lock when it may, after recording `test` as skipped when it may not.
+fn may_choose_pids(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    let writable = || {
+        let last = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap_or_default();
+        std::fs::write("/proc/sys/kernel/ns_last_pid", last).is_ok()
+    };
+    if rustix::process::geteuid().as_raw() != 0 || !writable() {
         common::skip(
-            "a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost",
+            test,
             "choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid",
         );
-        return;
+        return None;
     }
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    Some(
+        ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+}
+
+#[test]
+fn a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost() {
+    let Some(_one) = may_choose_pids("a_dead_peers_pid_taken_by_a_new_process_is_still_peer_lost")
+    else {
+        return;
+    };
     let _dog = watchdog("pid reuse", Duration::from_secs(60));
     let region = ShmOptions::new(unique_name("pid-reuse"))
         .create_with(|s: &Shared| s.barrier.init(2))
@@ -142,22 +151,11 @@ fn start_and_inode(pid: u32) -> Option<(u64, u64)> {
 #[test]
 fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes() {
     use cuda_ipc::__private::process::is_alive_cached;
-    if rustix::process::geteuid().as_raw() != 0
-        || std::fs::write(
-            "/proc/sys/kernel/ns_last_pid",
-            std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap_or_default(),
-        )
-        .is_err()
-    {
-        common::skip(
-            "the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes",
-            "choosing a pid needs root and a writable /proc/sys/kernel/ns_last_pid",
-        );
+    let Some(_one) = may_choose_pids(
+        "the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes",
+    ) else {
         return;
-    }
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    };
     let _dog = watchdog("pid reuse, one tick", Duration::from_secs(120));
     for attempt in 0..500 {
         let mut first = Command::new("sleep").arg("30").spawn().unwrap();

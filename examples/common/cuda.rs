@@ -156,18 +156,24 @@ impl Function<'_> {
 }
 
 /// `launch!(kernel<<<grid, block, shared, stream>>>(arg, ...))`: cust's launch syntax over
-/// [`Function::launch`]. Each argument is evaluated once and passed by address; the call is
-/// `unsafe` for the same reasons.
+/// [`Function::launch`]. Each argument is evaluated once, in order, into a local of its own
+/// (the `@bind` steps: one hygienic `arg` per step), and passed by address from an array on
+/// the stack: a launch allocates nothing (benches launch inside their timed loops). The call
+/// is `unsafe` for the same reasons as [`Function::launch`].
 macro_rules! launch {
-    ($f:ident <<< $grid:expr, $block:expr, $shared:expr, $stream:ident >>> ( $($arg:expr),* $(,)? )) => {{
-        let mut boxed: Vec<Box<dyn std::any::Any>> = vec![$(Box::new($arg)),*];
-        let mut params: Vec<*mut std::ffi::c_void> = boxed
-            .iter_mut()
-            .map(|b| (&mut **b as *mut dyn std::any::Any).cast::<std::ffi::c_void>())
-            .collect();
+    ($f:ident <<< $grid:expr, $block:expr, $shared:expr, $stream:ident >>> ( $($arg:expr),* $(,)? )) => {
+        launch!(@bind [$f, $grid, $block, $shared, $stream] [] $($arg,)*)
+    };
+    (@bind $call:tt [$($bound:ident)*] $head:expr, $($rest:expr,)*) => {{
+        let mut arg = $head;
+        launch!(@bind $call [$($bound)* arg] $($rest,)*)
+    }};
+    (@bind [$f:ident, $grid:expr, $block:expr, $shared:expr, $stream:ident] [$($bound:ident)*]) => {{
+        let params: &mut [*mut std::ffi::c_void] =
+            &mut [$(std::ptr::addr_of_mut!($bound).cast::<std::ffi::c_void>()),*];
         let grid: u32 = ($grid) as u32;
         let block: u32 = ($block) as u32;
-        $f.launch(grid, block, $shared, &$stream, &mut params)
+        $f.launch(grid, block, $shared, &$stream, params)
     }};
 }
 pub(crate) use launch;

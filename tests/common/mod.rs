@@ -101,8 +101,29 @@ pub fn spawn(role: &str, args: &[&str]) -> Child {
 
 /// [`spawn`] with extra environment variables.
 pub fn spawn_env(role: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
+    spawn_as(&[], role, args, env)
+}
+
+/// [`spawn`] under a wrapper command, such as `["unshare", "--pid", "--fork"]`: the wrapper
+/// runs this test binary as its last arguments (as root, to put the child in new namespaces).
+pub fn spawn_wrapped(wrapper: &[&str], role: &str, args: &[&str]) -> Child {
+    assert!(!wrapper.is_empty(), "a wrapper command");
+    spawn_as(wrapper, role, args, &[])
+}
+
+/// The one builder of a test child: this test binary (under `wrapper`, if any, followed by
+/// `--`), dispatched to `role` with `args`, `env` added.
+fn spawn_as(wrapper: &[&str], role: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().expect("current_exe");
-    let inner = Command::new(exe)
+    let mut command = match wrapper.split_first() {
+        None => Command::new(exe),
+        Some((program, before)) => {
+            let mut command = Command::new(program);
+            command.args(before).arg("--").arg(exe);
+            command
+        }
+    };
+    let inner = command
         .envs(env.iter().copied())
         .args([
             DISPATCHER,
@@ -116,36 +137,7 @@ pub fn spawn_env(role: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("spawn child");
-    Child {
-        inner,
-        role: role.to_owned(),
-        reaped: false,
-    }
-}
-
-/// [`spawn`] under a wrapper command, such as `["unshare", "--pid", "--fork"]`: the wrapper
-/// runs this test binary as its last arguments (as root, to put the child in new namespaces).
-pub fn spawn_wrapped(wrapper: &[&str], role: &str, args: &[&str]) -> Child {
-    let exe = std::env::current_exe().expect("current_exe");
-    let (program, before) = wrapper.split_first().expect("a wrapper command");
-    let inner = Command::new(program)
-        .args(before)
-        .arg("--")
-        .arg(exe)
-        .args([
-            DISPATCHER,
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(ROLE_ENV, role)
-        .env(ARGS_ENV, args.join("\x1f"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn wrapped child");
+        .unwrap_or_else(|e| panic!("spawn child {role} (wrapper {wrapper:?}): {e}"));
     Child {
         inner,
         role: role.to_owned(),
@@ -503,28 +495,23 @@ pub fn shm_entries_but_registry(prefix: &str) -> Vec<String> {
 /// A zombie *leader* whose other threads still run ([`with_main_thread_gone`]) is running: its
 /// `/proc/<pid>/task` lists them.
 pub fn pid_running(pid: u32) -> bool {
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().chars().next()));
-    match state {
-        None | Some(None) | Some(Some('X')) => false,
-        Some(Some('Z')) => {
-            std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() > 1)
-        }
-        Some(Some(_)) => true,
+    match proc_state(pid) {
+        None | Some('X') => false,
+        Some('Z') => std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() > 1),
+        Some(_) => true,
     }
 }
 
 /// Whether `pid`'s main thread (the thread-group leader) has exited: `/proc/<pid>/stat` says `Z`.
 pub fn leader_is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|r| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+    proc_state(pid) == Some('Z')
+}
+
+/// The state letter of `/proc/<pid>/stat` (the first field after the command's closing
+/// parenthesis, which may itself contain parentheses); `None` when there is no such process.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim_start().chars().next()
 }
 
 /// In a child: end this process's **main thread** and run `role` on another, then exit the
