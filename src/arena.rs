@@ -19,7 +19,7 @@ pub(crate) mod table;
 
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering as StdOrdering;
+use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
 use std::sync::{Arc, Weak};
 
 use bytemuck::{Pod, Zeroable};
@@ -34,7 +34,7 @@ use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
 use crate::sync::Ordering;
-use crate::vmm::VmmMemory;
+use crate::vmm::{Access, VmmMemory};
 use book::{Book, Placed};
 use table::{ArenaTable, BlockMap, Enter};
 
@@ -52,6 +52,8 @@ struct Owner {
     leases: ExportLeases,
     book: Mutex<Book>,
     max_buffers: usize,
+    /// Set by [`IpcArena::read_only_for_importers`]: every handle says so.
+    read_only: AtomicBool,
     // Last: released after the tables are marked closed (see Drop).
     memory: VmmMemory,
 }
@@ -247,6 +249,7 @@ impl IpcArena {
                 leases,
                 book: Mutex::new(Book::new(capacity, max_buffers)),
                 max_buffers,
+                read_only: AtomicBool::new(false),
                 memory,
             }),
         })
@@ -342,7 +345,47 @@ impl IpcArena {
         }
         .seal();
         let fd = owner.memory.export_fd()?;
-        Ok((Handle::from_envelope(env), fd))
+        let handle = Handle::from_envelope(env);
+        if owner.read_only.load(StdOrdering::Relaxed) {
+            return Ok((handle.marked_read_only(), fd));
+        }
+        Ok((handle, fd))
+    }
+
+    /// Share this arena **read-only**: every handle it exports from now on says so
+    /// ([`Handle::is_read_only`]), and importers must open it with
+    /// [`ReadOnlyArena`](crate::ReadOnlyArena) (or
+    /// [`FdSocket::recv_arena_read_only`](crate::FdSocket::recv_arena_read_only)), whose
+    /// mapping is `PROT_READ`: the GPU refuses their writes. A read-write open is refused
+    /// ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)). The owner still allocates
+    /// and writes as before.
+    ///
+    /// This protects the data against bugs in cooperating readers, not against a hostile
+    /// process: whoever holds the descriptor could import the memory read-write itself
+    /// (SECURITY.md).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcArena};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let weights = IpcArena::new(&ctx, 1 << 30)?.read_only_for_importers();
+    /// let (handle, _fd) = weights.export_fd()?;
+    /// assert!(handle.is_read_only());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn read_only_for_importers(self) -> Self {
+        self.owner.read_only.store(true, StdOrdering::Relaxed);
+        self
+    }
+
+    /// Whether [`read_only_for_importers`](Self::read_only_for_importers) was called.
+    #[must_use]
+    pub fn is_read_only_for_importers(&self) -> bool {
+        self.owner.read_only.load(StdOrdering::Relaxed)
     }
 
     /// The arena's size in bytes (the request rounded up to the allocation granularity).
@@ -660,9 +703,12 @@ impl Handle<IpcArena> {
     }
 }
 
-/// Imported arenas of this process by (token, context), so that a second import shares the
-/// mapping, the lease and the importer bit of the first.
-type ImportKey = ([u8; 16], usize);
+/// Imported arenas of this process by (token, context, access), so that a second import
+/// shares the mapping, the lease and the importer bit of the first. A read-only import and a
+/// read-write one of the same arena are two mappings (and two importer slots): a read-write
+/// view must never be handed a mapping the GPU refuses writes through, nor a read-only one a
+/// mapping it allows them through.
+type ImportKey = ([u8; 16], usize, Access);
 static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
 
 /// Held from looking an arena up in [`IMPORTS`] to registering its new import, so that threads
@@ -723,12 +769,27 @@ impl ImportedArena {
     ///
     /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter); [`Error::DeviceNotReachable`];
     /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`];
-    /// then as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor.
+    /// then as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor;
+    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly))
+    /// when the owner shares the arena read-only ([`ReadOnlyArena::open_fd`](crate::ReadOnlyArena::open_fd)
+    /// opens it).
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcArenaHandle, fd: OwnedFd) -> Result<Self> {
+        handle.refuse_if_read_only()?;
+        Self::open_fd_with(ctx, handle, fd, Access::ReadWrite)
+    }
+
+    /// [`open_fd`](Self::open_fd), mapping with `access` (read-only for
+    /// [`ReadOnlyArena`](crate::ReadOnlyArena)).
+    pub(crate) fn open_fd_with(
+        ctx: &GpuContext,
+        handle: &IpcArenaHandle,
+        fd: OwnedFd,
+        access: Access,
+    ) -> Result<Self> {
         let exporter = handle.admit(true)?;
         let env = &handle.env;
-        let key: ImportKey = (env.token, ctx.as_raw() as usize);
+        let key: ImportKey = (env.token, ctx.as_raw() as usize, access);
         let importing = IMPORTING.lock();
         {
             let imports = IMPORTS.lock();
@@ -746,7 +807,7 @@ impl ImportedArena {
         let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
         let bit = 1u64 << lease.slot();
         let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-        let memory = VmmMemory::import(ctx, fd, bytes, memory_device)?;
+        let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
         let import = Arc::new(Import {
             ctx: ctx.clone(),
             key,

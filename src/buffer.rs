@@ -27,7 +27,7 @@ use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
 use crate::registry::{self, Hold, Record};
 use crate::slice::GpuSlice;
-use crate::vmm::VmmMemory;
+use crate::vmm::{Access, VmmMemory};
 
 /// Export generations of this process, one per exported buffer or event.
 pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -36,7 +36,9 @@ pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// counter and a buffer never share a mapping record, whatever a forged envelope claims).
 /// An export (its token padded to 64 bytes, or a raw handle's 64 bytes), the context, and the
 /// kind of handle that opened it ([`KIND_RAW`] for raw handles).
-type Key = ([u8; 64], usize, u16);
+/// A read-only import ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer)) is a mapping of its own
+/// (the last field), never shared with a read-write one.
+type Key = ([u8; 64], usize, u16, Access);
 
 /// The cache kind of raw handles (not an envelope kind: they have no envelope).
 const KIND_RAW: u16 = u16::MAX;
@@ -193,6 +195,9 @@ enum Origin {
 /// ```
 pub struct IpcBuffer<T: Pod> {
     core: BufferCore<T>,
+    /// Set by [`read_only_for_importers`](IpcBuffer::read_only_for_importers): every handle
+    /// says so, and importers must open it read-only.
+    read_only: bool,
 }
 
 impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
@@ -268,7 +273,10 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemCreate")]
     #[doc(alias = "cuMemMap")]
     pub fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
-        BufferCore::new_with(ctx, len, handle_type).map(|core| Self { core })
+        BufferCore::new_with(ctx, len, handle_type).map(|core| Self {
+            core,
+            read_only: false,
+        })
     }
 
     /// [`new`](Self::new), then fill with zero bytes; the zeroes are on the device when it
@@ -294,7 +302,10 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// As [`new_with`](Self::new_with) and [`zeroed`](Self::zeroed).
     pub fn zeroed_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
-        BufferCore::zeroed_with(ctx, len, handle_type).map(|core| Self { core })
+        BufferCore::zeroed_with(ctx, len, handle_type).map(|core| Self {
+            core,
+            read_only: false,
+        })
     }
 
     /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
@@ -307,10 +318,69 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; [`Error::TooManyBuffers`] when
     /// [`MAX_EXPORTS`](Self::MAX_EXPORTS) buffers and signals of this process are exported; at
-    /// this process's first export, a shared-memory error creating its export registry.
+    /// this process's first export, a shared-memory error creating its export registry;
+    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::NoReadOnlyMapping`]) for a legacy buffer
+    /// shared [read-only](Self::read_only_for_importers).
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
-        self.core.handle()
+        self.check_read_only_shareable()?;
+        let handle = self.core.handle()?;
+        Ok(if self.read_only {
+            handle.marked_read_only()
+        } else {
+            handle
+        })
+    }
+
+    /// Share this buffer **read-only**: every handle it exports from now on says so
+    /// ([`Handle::is_read_only`](crate::Handle::is_read_only)), and importers must open it
+    /// with [`ReadOnlyBuffer`](crate::ReadOnlyBuffer) (or
+    /// [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only)): a
+    /// read-write open is refused ([`TypeConflict::ReadOnly`]). For a
+    /// [`HandleType::PosixFd`] buffer the importers' mappings are then `PROT_READ` and the GPU
+    /// refuses their writes; for a [`HandleType::Pool`] buffer only the importers' types are
+    /// read-only (pools cannot be mapped read-only); a [`HandleType::Legacy`] buffer cannot be
+    /// shared read-only, and its exports then fail ([`TypeConflict::NoReadOnlyMapping`]).
+    ///
+    /// This protects the data against bugs in cooperating readers, not against a hostile
+    /// process: whoever holds the descriptor could import the memory read-write itself
+    /// (SECURITY.md). The owner still writes it as before.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let weights = IpcBuffer::<f32>::zeroed_with(&ctx, 1 << 20, HandleType::PosixFd)?
+    ///     .read_only_for_importers();
+    /// let (handle, _fd) = weights.export_fd()?;
+    /// assert!(handle.is_read_only());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn read_only_for_importers(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    /// Whether [`read_only_for_importers`](Self::read_only_for_importers) was called.
+    #[must_use]
+    pub fn is_read_only_for_importers(&self) -> bool {
+        self.read_only
+    }
+
+    /// A legacy buffer shared read-only cannot be exported: the driver would map it
+    /// read-write in every importer.
+    fn check_read_only_shareable(&self) -> Result<()> {
+        if self.read_only && self.core.handle_type() == HandleType::Legacy {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::Legacy,
+                conflict: TypeConflict::NoReadOnlyMapping,
+            });
+        }
+        Ok(())
     }
 
     /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the
@@ -344,7 +414,12 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
-        self.core.export_fd()
+        let (handle, fd) = self.core.export_fd()?;
+        Ok(if self.read_only {
+            (handle.marked_read_only(), fd)
+        } else {
+            (handle, fd)
+        })
     }
 
     /// Export a [`HandleType::Pool`] buffer: its pool's handle and a new descriptor of the
@@ -379,7 +454,12 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemPoolExportPointer")]
     pub fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
-        self.core.export_pooled()
+        let (pool, fd, buffer) = self.core.export_pooled()?;
+        Ok(if self.read_only {
+            (pool.marked_read_only(), fd, buffer)
+        } else {
+            (pool, fd, buffer)
+        })
     }
 
     /// Let the device of `ctx`, another context of this process, read and write this buffer
@@ -453,6 +533,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn raw_export(&self) -> Result<RawExport> {
+        self.check_read_only_shareable()?;
         self.core.raw_export()
     }
 
@@ -503,10 +584,13 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemFree")]
     pub fn close(self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
-        let mut core = self.core;
+        let Self {
+            mut core,
+            read_only,
+        } = self;
         match core.close_in_place(timeout) {
             Ok(()) => Ok(()),
-            Err(error) => Err(CloseError::new(error, Self { core })),
+            Err(error) => Err(CloseError::new(error, Self { core, read_only })),
         }
     }
 }
@@ -604,9 +688,12 @@ impl<T: Pod> ImportedBuffer<T> {
     /// `cuMemImportFromShareableHandle` for a descriptor that is not CUDA memory;
     /// [`Error::CorruptHandle`] when the descriptor's memory is not on the device the handle
     /// names or the handle's size does not fit it; [`Error::Cuda`] naming `cuMemMap` (the
-    /// handle claims more than the allocation holds) or `cuMemSetAccess`.
+    /// handle claims more than the allocation holds) or `cuMemSetAccess`;
+    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`]) when the exporter shares the
+    /// buffer read-only ([`ReadOnlyBuffer::open_fd`](crate::ReadOnlyBuffer::open_fd) opens it).
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
+        handle.refuse_if_read_only()?;
         BufferCore::open_fd(ctx, handle, fd).map(|core| Self { core })
     }
 
@@ -622,7 +709,9 @@ impl<T: Pod> ImportedBuffer<T> {
     ///
     /// As [`ImportedPool::open_fd`](crate::ImportedPool::open_fd), then as
     /// [`ImportedPool::open`](crate::ImportedPool::open) (a buffer of another pool is
-    /// [`Error::CorruptHandle`], a freed one [`Error::StaleHandle`]).
+    /// [`Error::CorruptHandle`], a freed one [`Error::StaleHandle`]); a pool handle marked
+    /// read-only is [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`]:
+    /// [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only) opens it).
     #[doc(alias = "cuMemPoolImportPointer")]
     pub fn open_pooled(
         ctx: &GpuContext,
@@ -630,6 +719,7 @@ impl<T: Pod> ImportedBuffer<T> {
         fd: OwnedFd,
         buffer: &PoolHandle<T>,
     ) -> Result<Self> {
+        pool.refuse_if_read_only()?;
         BufferCore::open_pooled(ctx, pool, fd, buffer).map(|core| Self { core })
     }
 
@@ -1025,6 +1115,16 @@ impl<T: Pod> BufferCore<T> {
         Self::open_handle(ctx, handle, Some(fd))
     }
 
+    /// The work of [`ReadOnlyBuffer::open_fd`](crate::ReadOnlyBuffer::open_fd): a mapping the
+    /// GPU lets this process read only.
+    pub(crate) fn open_fd_read_only(
+        ctx: &GpuContext,
+        handle: &IpcMemHandle<T>,
+        fd: OwnedFd,
+    ) -> Result<Self> {
+        Self::open_handle_with(ctx, handle, Some(fd), Access::ReadOnly)
+    }
+
     /// Validate → lease → map, for a handle of `T`s (a buffer's, a signal's counter, a
     /// channel's slots) of either handle type: `fd` is the descriptor that came with a POSIX-fd
     /// handle (and must be absent for a legacy one).
@@ -1033,6 +1133,23 @@ impl<T: Pod> BufferCore<T> {
         handle: &Handle<K>,
         fd: Option<OwnedFd>,
     ) -> Result<Self> {
+        Self::open_handle_with(ctx, handle, fd, Access::ReadWrite)
+    }
+
+    /// [`open_handle`](Self::open_handle), mapping with `access`. Read-only needs a POSIX-fd
+    /// handle: `cuIpcOpenMemHandle` has no read-only mapping.
+    fn open_handle_with<K: HandleKind>(
+        ctx: &GpuContext,
+        handle: &Handle<K>,
+        fd: Option<OwnedFd>,
+        access: Access,
+    ) -> Result<Self> {
+        if access == Access::ReadOnly && fd.is_none() {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::Legacy,
+                conflict: TypeConflict::NoReadOnlyMapping,
+            });
+        }
         // `admit` checks the element type `K` names, which is `T` for every caller (a buffer's
         // `T`, a signal's `u64`): what makes the view sound.
         let exporter = handle.admit(fd.is_some())?;
@@ -1050,7 +1167,7 @@ impl<T: Pod> BufferCore<T> {
         let mut token = [0u8; 64];
         token[..16].copy_from_slice(&env.token);
         token[16..24].copy_from_slice(&env.generation.to_le_bytes());
-        let key: Key = (token, ctx.as_raw() as usize, kind);
+        let key: Key = (token, ctx.as_raw() as usize, kind, access);
 
         let mut cache = loop {
             let cache = CACHE.lock();
@@ -1078,7 +1195,7 @@ impl<T: Pod> BufferCore<T> {
         let (ptr, mapped, vmm) = match fd {
             Some(fd) => {
                 let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-                let memory = VmmMemory::import(ctx, fd, bytes, memory_device)?;
+                let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
                 (memory.ptr(), memory.size(), Some(memory))
             }
             None => {
@@ -1209,7 +1326,12 @@ impl<T: Pod> BufferCore<T> {
                 }))
             }
         };
-        let key: Key = (import.handle.0, ctx.as_raw() as usize, KIND_RAW);
+        let key: Key = (
+            import.handle.0,
+            ctx.as_raw() as usize,
+            KIND_RAW,
+            Access::ReadWrite,
+        );
         let mut cache = loop {
             let cache = CACHE.lock();
             match cache.get(&key).map(Weak::upgrade) {

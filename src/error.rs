@@ -851,6 +851,16 @@ pub enum TypeConflict {
     /// (for PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::HandleType::Legacy)
     /// memory.
     Needs(crate::HandleType),
+    /// A read-write open of memory its exporter shares read-only
+    /// ([`Handle::is_read_only`](crate::Handle::is_read_only)): open it with
+    /// [`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::ReadOnlyArena) or
+    /// [`ReadOnlyPool`](crate::ReadOnlyPool) (or the sockets' `recv_*_read_only`).
+    ReadOnly,
+    /// A read-only open of legacy memory: `cuIpcOpenMemHandle` maps read-write only, so this
+    /// crate refuses rather than give a read-only type over a writable mapping. Share the
+    /// memory as [`HandleType::PosixFd`](crate::HandleType::PosixFd) (or in an arena) to map it
+    /// read-only.
+    NoReadOnlyMapping,
     /// Another device was to be granted access to a legacy import. `cuIpcOpenMemHandle` maps
     /// the memory for the context that opened it only, and peer access to that context does
     /// not reach it (measured on H200s: a kernel on the other device faults); open the handle
@@ -899,6 +909,14 @@ impl std::fmt::Display for TypeConflict {
                  HandleType::Legacy to share with PyTorch, CuPy or C/C++ peers",
             ),
             Self::Needs(other) => write!(f, "the call needs {other} memory"),
+            Self::ReadOnly => f.write_str(
+                "the exporter shares this memory read-only: open it with ReadOnlyBuffer, \
+                 ReadOnlyArena or ReadOnlyPool (or a socket's recv_*_read_only)",
+            ),
+            Self::NoReadOnlyMapping => f.write_str(
+                "the driver maps legacy IPC memory read-write only (cuIpcOpenMemHandle): share \
+                 it as HandleType::PosixFd, or in an arena, to map it read-only",
+            ),
         }
     }
 }

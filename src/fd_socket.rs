@@ -52,6 +52,7 @@ use crate::error::{ArgumentDefect, Error, Result, StateDefect, TypeConflict};
 use crate::handle::{HandleType, IpcMemHandle};
 use crate::os::socket as sys;
 use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolHandle};
+use crate::read_only::{ReadOnlyArena, ReadOnlyBuffer, ReadOnlyPool};
 
 /// The largest payload of one message, in bytes.
 pub(crate) const MAX_PAYLOAD: usize = 64 * 1024;
@@ -527,6 +528,35 @@ impl FdSocket {
             }
         }
     }
+
+    /// [`recv_buffer`](Self::recv_buffer), mapping the buffer so that this process can only
+    /// read it: a [`HandleType::PosixFd`] buffer mapped `PROT_READ` (the GPU refuses writes),
+    /// a [`HandleType::Pool`] buffer read-only by type only
+    /// ([`ReadOnlyBuffer::is_enforced_by_gpu`] says which).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_buffer`](Self::recv_buffer); a legacy buffer is
+    /// [`Error::HandleTypeMismatch`] (`NoReadOnlyMapping`: the driver has no read-only legacy
+    /// mapping), its handle left unopened.
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn recv_buffer_read_only<T: Pod>(
+        &self,
+        ctx: &GpuContext,
+        timeout: Duration,
+    ) -> Result<ReadOnlyBuffer<T>> {
+        match BufferMessage::<T>::parse(self.recv(timeout)?)? {
+            BufferMessage::Legacy(_) => Err(Error::HandleTypeMismatch {
+                handle: HandleType::Legacy,
+                conflict: TypeConflict::NoReadOnlyMapping,
+            }),
+            BufferMessage::PosixFd(handle, fd) => ReadOnlyBuffer::open_fd(ctx, &handle, fd),
+            BufferMessage::Pooled(pool, fd, buffer) => {
+                crate::buffer::BufferCore::open_pooled(ctx, &pool, fd, &buffer)
+                    .map(ReadOnlyBuffer::pooled)
+            }
+        }
+    }
 }
 
 /// What [`FdSocket::send_buffer`] sends, checked as it arrives.
@@ -631,6 +661,22 @@ impl FdSocket {
     /// One message that must carry exactly one descriptor; any other count is
     /// [`Error::HandleTypeMismatch`], the descriptors closed. The payload is returned
     /// unchecked.
+    /// [`recv_arena`](Self::recv_arena), mapping the arena read-only
+    /// ([`ReadOnlyArena::open_fd`]: the GPU refuses writes through it).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_arena`](Self::recv_arena).
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn recv_arena_read_only(
+        &self,
+        ctx: &GpuContext,
+        timeout: Duration,
+    ) -> Result<ReadOnlyArena> {
+        let (payload, fd) = self.recv_with_one_fd(timeout)?;
+        ReadOnlyArena::open_fd(ctx, &IpcArenaHandle::from_bytes(&payload)?, fd)
+    }
+
     fn recv_with_one_fd(&self, timeout: Duration) -> Result<(Vec<u8>, OwnedFd)> {
         let FdMessage { payload, fds } = self.recv(timeout)?;
         Ok((payload, only_descriptor(HandleType::PosixFd, fds)?))
@@ -664,6 +710,18 @@ impl FdSocket {
     pub fn recv_pool(&self, ctx: &GpuContext, timeout: Duration) -> Result<ImportedPool> {
         let (payload, fd) = self.recv_with_one_fd(timeout)?;
         ImportedPool::open_fd(ctx, &IpcPoolHandle::from_bytes(&payload)?, fd)
+    }
+
+    /// [`recv_pool`](Self::recv_pool), as a [`ReadOnlyPool`]: read-only by type only (the
+    /// driver cannot map pool memory read-only; see [`ReadOnlyPool`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_pool`](Self::recv_pool).
+    #[doc(alias = "SCM_RIGHTS")]
+    pub fn recv_pool_read_only(&self, ctx: &GpuContext, timeout: Duration) -> Result<ReadOnlyPool> {
+        let (payload, fd) = self.recv_with_one_fd(timeout)?;
+        ReadOnlyPool::open_fd(ctx, &IpcPoolHandle::from_bytes(&payload)?, fd)
     }
 }
 

@@ -147,9 +147,15 @@ pub(crate) struct Envelope {
     pub cuda: [u8; 64],
     /// A [`HandleType`] code (memory only; 0 for events and signals).
     pub handle_type: u32,
-    pub reserved: [u8; 4],
+    /// [`FLAG_READ_ONLY`] or 0.
+    pub flags: u8,
+    pub reserved: [u8; 3],
     pub checksum: u64,
 }
+
+/// [`Envelope::flags`]: the exporter shares the memory read-only (POSIX-fd buffers, arenas and
+/// pools): importers must open it with the read-only types, and a read-write open is refused.
+pub(crate) const FLAG_READ_ONLY: u8 = 1;
 
 const _: () = assert!(std::mem::size_of::<Envelope>() == 184);
 
@@ -258,8 +264,17 @@ impl Envelope {
                 computed: sum,
             });
         }
-        if self.reserved != [0; 4] {
+        if self.reserved != [0; 3] || self.flags & !FLAG_READ_ONLY != 0 {
             return bad(HandleDefect::Reserved);
+        }
+        if self.flags & FLAG_READ_ONLY != 0 && !matches!(kind, KIND_MEM | KIND_ARENA | KIND_POOL) {
+            return handle_type(format!("a {} handle marked read-only", kind_name(kind)));
+        }
+        if self.flags & FLAG_READ_ONLY != 0 && self.handle_type == HandleType::Legacy.code() {
+            return handle_type(
+                "a legacy handle marked read-only (the driver maps legacy handles read-write only)"
+                    .into(),
+            );
         }
         match (kind, HandleType::from_code(self.handle_type)) {
             (_, None) => return handle_type(format!("unknown handle type {}", self.handle_type)),
@@ -548,6 +563,33 @@ impl<K: HandleKind> Handle<K> {
         bytemuck::bytes_of(&self.env)
     }
 
+    /// Whether the exporter shares this memory read-only (its owner was made with
+    /// `read_only_for_importers`): it opens only with the read-only types
+    /// ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::ReadOnlyArena),
+    /// [`ReadOnlyPool`](crate::ReadOnlyPool)), and a read-write open is refused.
+    #[must_use]
+    pub fn is_read_only(&self) -> bool {
+        self.env.flags & FLAG_READ_ONLY != 0
+    }
+
+    /// This handle marked read-only for importers, sealed again.
+    pub(crate) fn marked_read_only(mut self) -> Self {
+        self.env.flags |= FLAG_READ_ONLY;
+        self.env = self.env.seal();
+        self
+    }
+
+    /// For a read-write open: refused when the exporter shares the memory read-only.
+    pub(crate) fn refuse_if_read_only(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::from_code(self.env.handle_type).unwrap_or(HandleType::PosixFd),
+                conflict: crate::error::TypeConflict::ReadOnly,
+            });
+        }
+        Ok(())
+    }
+
     /// Rebuild a handle from bytes received from another process, checking length, magic,
     /// version, kind, checksum and layout. The element type, the exporter and the export are
     /// checked on open (as for arena and pool buffer handles), so a handle can be read as
@@ -768,6 +810,84 @@ mod tests {
             ..Zeroable::zeroed()
         }
         .seal()
+    }
+
+    fn posix_fd_sample() -> Envelope {
+        let mut cuda = [0u8; 64];
+        cuda[..8].copy_from_slice(&(2u64 << 20).to_le_bytes());
+        Envelope {
+            handle_type: HandleType::PosixFd.code(),
+            cuda,
+            ..sample()
+        }
+        .seal()
+    }
+
+    #[test]
+    fn a_read_only_mark_survives_the_bytes_and_refuses_read_write_opens() {
+        let plain = IpcMemHandle::<f32>::from_envelope(posix_fd_sample());
+        assert!(!plain.is_read_only());
+        assert!(plain.refuse_if_read_only().is_ok());
+        let marked = plain.marked_read_only();
+        let back = IpcMemHandle::<f32>::from_bytes(marked.as_bytes()).unwrap();
+        assert!(back.is_read_only(), "the mark is sealed into the bytes");
+        assert!(matches!(
+            back.refuse_if_read_only(),
+            Err(Error::HandleTypeMismatch {
+                handle: HandleType::PosixFd,
+                conflict: crate::error::TypeConflict::ReadOnly,
+            })
+        ));
+        // Clearing the mark in transit breaks the checksum: a read-only export cannot be
+        // turned read-write by editing its bytes (without resealing: see SECURITY.md).
+        let mut bytes = marked.as_bytes().to_vec();
+        bytes[std::mem::offset_of!(Envelope, flags)] = 0;
+        assert!(matches!(
+            IpcMemHandle::<f32>::from_bytes(&bytes),
+            Err(Error::CorruptHandle {
+                defect: HandleDefect::Checksum { .. }
+            })
+        ));
+    }
+
+    #[test]
+    fn unknown_flags_and_a_read_only_legacy_or_event_handle_are_refused() {
+        let mut env = posix_fd_sample();
+        env.flags = 2;
+        assert!(matches!(
+            IpcMemHandle::<f32>::from_bytes(bytemuck::bytes_of(&env.seal())),
+            Err(Error::CorruptHandle {
+                defect: HandleDefect::Reserved
+            })
+        ));
+        let mut legacy = sample(); // a legacy handle
+        legacy.flags = FLAG_READ_ONLY;
+        assert!(matches!(
+            IpcMemHandle::<f32>::from_bytes(bytemuck::bytes_of(&legacy.seal())),
+            Err(Error::CorruptHandle {
+                defect: HandleDefect::HandleType { .. }
+            })
+        ));
+        let event = Envelope {
+            kind: KIND_EVENT,
+            elem_size: 0,
+            elem_align: 0,
+            type_tag: 0,
+            len: 0,
+            ..sample()
+        };
+        IpcEventHandle::from_bytes(bytemuck::bytes_of(&event.seal()))
+            .expect("the unmarked event handle is well formed");
+        let marked = Envelope {
+            flags: FLAG_READ_ONLY,
+            ..event
+        };
+        assert!(matches!(
+            IpcEventHandle::from_bytes(bytemuck::bytes_of(&marked.seal())),
+            Err(Error::CorruptHandle {
+                defect: HandleDefect::HandleType { .. }
+            })
+        ));
     }
 
     #[test]

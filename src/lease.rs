@@ -535,7 +535,7 @@ impl Lease {
 
     /// What every importer of an export with a block table (`table`: arenas, pools, the
     /// registry) does: [`acquire_taking_over`](Self::acquire_taking_over), clearing a taken
-    /// slot's bits in `table` ([`ArenaTable::clear_slot_bits`]).
+    /// slot's bits in `table` ([`ArenaTable::clear_slot_bits`](crate::arena::table::ArenaTable::clear_slot_bits)).
     pub(crate) fn acquire_clearing(
         token: &[u8; 16],
         generation: u64,

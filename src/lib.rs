@@ -170,6 +170,7 @@ mod pool;
 pub mod probe;
 mod process;
 mod raw;
+mod read_only;
 mod registry;
 mod shared;
 mod shm;
@@ -208,6 +209,9 @@ pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, Poo
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
 pub use raw::{RawExport, RawImport, RawMemHandle};
+pub use read_only::{
+    ReadOnlyArena, ReadOnlyArenaView, ReadOnlyBuffer, ReadOnlyPool, ReadOnlyPoolView, ReadOnlySlice,
+};
 pub use shared::{ShmCell, ShmSafe};
 pub use shm::{HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name};
 pub use signal::{GpuSignal, ImportedSignal, IpcSignal};

@@ -60,6 +60,8 @@ struct Owner {
     table: ShmRegion<ArenaTable>,
     leases: ExportLeases,
     books: Mutex<Books>,
+    /// Set by [`IpcPool::read_only_for_importers`]: every handle says so.
+    read_only: AtomicBool,
 }
 
 // SAFETY: the pool handle is an opaque driver handle, usable from any thread once its context
@@ -279,6 +281,7 @@ impl IpcPool {
                     generations: vec![0; MAX_POOL_BUFFERS],
                     quarantine: Vec::new(),
                 }),
+                read_only: AtomicBool::new(false),
             }),
         };
         // The driver exports pointers only of a pool that has been shared
@@ -359,9 +362,46 @@ impl IpcPool {
             });
         }
         // SAFETY: the driver opened this descriptor for us; nothing else owns it.
-        Ok((Handle::from_envelope(env), unsafe {
-            OwnedFd::from_raw_fd(fd)
-        }))
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let handle = Handle::from_envelope(env);
+        if owner.read_only.load(StdOrdering::Relaxed) {
+            return Ok((handle.marked_read_only(), fd));
+        }
+        Ok((handle, fd))
+    }
+
+    /// Share this pool **read-only**: every handle it exports from now on says so
+    /// ([`Handle::is_read_only`]), and importers must open it with
+    /// [`ReadOnlyPool`](crate::ReadOnlyPool) (or
+    /// [`FdSocket::recv_pool_read_only`](crate::FdSocket::recv_pool_read_only)); a read-write
+    /// open is refused ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)). Only the
+    /// importers' types are read-only: the driver cannot map pool memory read-only
+    /// (`cuMemPoolSetAccess` answers `CUDA_ERROR_NOT_SUPPORTED` for `PROT_READ`), so a kernel
+    /// handed an importer's address can still write. Use an arena where the GPU must refuse
+    /// writes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, IpcPool};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let pool = IpcPool::new(&ctx)?.read_only_for_importers();
+    /// let (handle, _fd) = pool.export_fd()?;
+    /// assert!(handle.is_read_only());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn read_only_for_importers(self) -> Self {
+        self.owner.read_only.store(true, StdOrdering::Relaxed);
+        self
+    }
+
+    /// Whether [`read_only_for_importers`](Self::read_only_for_importers) was called.
+    #[must_use]
+    pub fn is_read_only_for_importers(&self) -> bool {
+        self.owner.read_only.load(StdOrdering::Relaxed)
     }
 
     /// Free the allocations of freed buffers that no importer holds any more, reaping importers
@@ -1169,9 +1209,22 @@ impl ImportedPool {
     /// not imported yet, before the descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
     /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
     /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool),
-    /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`.
+    /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`; [`Error::HandleTypeMismatch`]
+    /// ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)) when the owner shares the
+    /// pool read-only ([`ReadOnlyPool::open_fd`](crate::ReadOnlyPool::open_fd) opens it).
     #[doc(alias = "cuMemPoolImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
+        handle.refuse_if_read_only()?;
+        Self::open_fd_any(ctx, handle, fd)
+    }
+
+    /// [`open_fd`](Self::open_fd) whether or not the exporter shares the pool read-only (for
+    /// [`ReadOnlyPool`](crate::ReadOnlyPool)).
+    pub(crate) fn open_fd_any(
+        ctx: &GpuContext,
+        handle: &IpcPoolHandle,
+        fd: OwnedFd,
+    ) -> Result<Self> {
         let exporter = handle.admit(true)?;
         let token = handle.env.token;
         let (importing, found) = loop {

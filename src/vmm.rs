@@ -17,8 +17,15 @@
 //!
 //! A mapping is accessible to the devices it was granted to, not to every device of the
 //! process: peer access (`cuCtxEnablePeerAccess`) does not reach virtual memory. Other devices
-//! get read-write access with [`VmmMemory::grant`] (`cuMemSetAccess`), for as long as the
+//! get the mapping's access with [`VmmMemory::grant`] (`cuMemSetAccess`), for as long as the
 //! mapping exists.
+//!
+//! An import may be mapped **read-only** ([`Access::ReadOnly`]: `CU_MEM_ACCESS_FLAGS_PROT_READ`
+//! for every device it is granted to). The GPU enforces it (measured on an H200, driver
+//! 580.159.04): kernel reads return the data; a kernel write through the mapping faults
+//! (`CUDA_ERROR_ILLEGAL_ADDRESS`, in the writing process only, whose context is then lost);
+//! `cuMemsetD*` and `cuMemcpyHtoD` into it fail `CUDA_ERROR_INVALID_VALUE`; the data stays
+//! intact for every other mapping.
 //!
 //! Either role tears down in the same order: `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease`.
 //! The physical memory is freed by the driver only when every process has released its handle
@@ -40,7 +47,9 @@ pub(crate) struct VmmMemory {
     handle: sys::CUmemGenericAllocationHandle,
     ptr: sys::CUdeviceptr,
     size: usize,
-    /// Devices given read-write access to the mapping after `ctx`'s own (see `grant`).
+    /// How every device granted the mapping may access it.
+    access: Access,
+    /// Devices given access to the mapping after `ctx`'s own (see `grant`).
     granted: parking_lot::Mutex<Vec<sys::CUdevice>>,
 }
 
@@ -61,9 +70,28 @@ pub(crate) fn on_device(dev: sys::CUdevice) -> sys::CUmemLocation {
 
 /// Read-write access for device `dev`, for `cuMemSetAccess` and `cuMemPoolSetAccess`.
 pub(crate) fn read_write(dev: sys::CUdevice) -> sys::CUmemAccessDesc {
-    sys::CUmemAccessDesc {
-        location: on_device(dev),
-        flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    Access::ReadWrite.for_device(dev)
+}
+
+/// How a mapping may be accessed by the devices it is granted to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Access {
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+    ReadWrite,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READ`: writes through the mapping fail or fault (module docs).
+    ReadOnly,
+}
+
+impl Access {
+    /// The access descriptor of device `dev`.
+    pub(crate) fn for_device(self, dev: sys::CUdevice) -> sys::CUmemAccessDesc {
+        sys::CUmemAccessDesc {
+            location: on_device(dev),
+            flags: match self {
+                Self::ReadWrite => sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                Self::ReadOnly => sys::CU_MEM_ACCESS_FLAGS_PROT_READ,
+            },
+        }
     }
 }
 
@@ -122,13 +150,14 @@ pub(crate) fn supports_posix_fd(dev: sys::CUdevice) -> Result<bool> {
 }
 
 /// Reserve `size` bytes of address space, map `handle` there and give `ctx`'s device
-/// read-write access; on failure nothing stays reserved or mapped (the handle is the caller's).
+/// `access`; on failure nothing stays reserved or mapped (the handle is the caller's).
 /// A context is current.
 fn map(
     ctx: &GpuContext,
     handle: sys::CUmemGenericAllocationHandle,
     size: usize,
     alignment: usize,
+    access: Access,
 ) -> Result<sys::CUdeviceptr> {
     let ptr = driver::vmm::address_reserve(size, alignment)?;
     // SAFETY: `ptr..ptr+size` was just reserved, nothing mapped in it; `handle` is a live
@@ -137,7 +166,7 @@ fn map(
     let mapped = unsafe { driver::vmm::map(ptr, size, handle) };
     let accessible = mapped.and_then(|()| {
         // SAFETY: the range is ours, mapped just above.
-        let rc = unsafe { driver::vmm::set_access(ptr, size, &read_write(ctx.device())) };
+        let rc = unsafe { driver::vmm::set_access(ptr, size, &access.for_device(ctx.device())) };
         if rc.is_err() {
             // SAFETY: mapped above, unmapped once, never handed out.
             let _ = unsafe { driver::vmm::unmap(ptr, size) };
@@ -170,13 +199,14 @@ impl VmmMemory {
                 },
             })?;
         let handle = driver::vmm::create(size, &prop)?;
-        match map(ctx, handle, size, gran) {
+        match map(ctx, handle, size, gran, Access::ReadWrite) {
             Ok(ptr) => Ok(Self {
                 ctx: ctx.clone(),
                 holder: ctx.ordinal(),
                 handle,
                 ptr,
                 size,
+                access: Access::ReadWrite,
                 granted: parking_lot::Mutex::new(Vec::new()),
             }),
             Err(e) => {
@@ -189,9 +219,15 @@ impl VmmMemory {
 
     /// Import the allocation behind `fd` (received from its exporter), check that it is
     /// pinned memory on device `holder` (this process's ordinal of the device the envelope
-    /// names), and map its first `size` bytes read-write for `ctx`'s device. `fd` is closed
-    /// before this returns, whatever happens.
-    pub(crate) fn import(ctx: &GpuContext, fd: OwnedFd, size: usize, holder: u32) -> Result<Self> {
+    /// names), and map its first `size` bytes for `ctx`'s device with `access`. `fd` is
+    /// closed before this returns, whatever happens.
+    pub(crate) fn import(
+        ctx: &GpuContext,
+        fd: OwnedFd,
+        size: usize,
+        holder: u32,
+        access: Access,
+    ) -> Result<Self> {
         let _g = ctx.enter()?;
         let expected = driver::device::get(holder)?;
         let handle = driver::vmm::import_fd(fd.as_fd())?;
@@ -224,18 +260,20 @@ impl VmmMemory {
                 ),
             })));
         }
-        let ptr = map(ctx, handle, size, gran).map_err(release)?;
+        let ptr = map(ctx, handle, size, gran, access).map_err(release)?;
         Ok(Self {
             ctx: ctx.clone(),
             holder,
             handle,
             ptr,
             size,
+            access,
             granted: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
-    /// Give `ctx`'s device read-write access to the whole mapping (`cuMemSetAccess`), if it
+    /// Give `ctx`'s device the mapping's access (read-write, or read-only for a read-only
+    /// import) to the whole mapping (`cuMemSetAccess`), if it
     /// has none yet: the device this memory was mapped for has it from the start, a device
     /// that cannot reach the memory's device is refused ([`Error::DeviceNotReachable`]), and a
     /// device granted once is not asked for again.
@@ -252,7 +290,7 @@ impl VmmMemory {
         let _g = self.ctx.enter()?;
         // SAFETY: our range, mapped from creation/import until drop (`&self` keeps it);
         // adding a device's access leaves every other device's as it was.
-        unsafe { driver::vmm::set_access(self.ptr, self.size, &read_write(device)) }?;
+        unsafe { driver::vmm::set_access(self.ptr, self.size, &self.access.for_device(device)) }?;
         granted.push(device);
         Ok(())
     }

@@ -104,6 +104,8 @@ pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
 pub const CU_MEM_HANDLE_TYPE_FABRIC: c_uint = 8;
 /// `CUmemAllocationGranularity_flags`: the minimum granularity.
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+/// `CUmemAccess_flags`: read access only to a mapped range.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READ: c_uint = 1;
 /// `CUmemAccess_flags`: read and write access to a mapped range.
 pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
 
