@@ -52,6 +52,12 @@ const _: () = {
     send_and_sync::<ImportedPool>();
     send_and_sync::<PoolBuffer<u8>>();
     send_and_sync::<PoolView<u8>>();
+    send_and_sync::<ReadOnlySlice<u8>>();
+    send_and_sync::<ReadOnlyBuffer<u8>>();
+    send_and_sync::<ReadOnlyArena>();
+    send_and_sync::<ReadOnlyArenaView<u8>>();
+    send_and_sync::<ReadOnlyPool>();
+    send_and_sync::<ReadOnlyPoolView<u8>>();
     send_and_sync::<FdListener>();
     send_and_sync::<FdSocket>();
     send_and_sync::<Error>();

@@ -1,0 +1,52 @@
+"""cuda-ipc for Python: GPU tensors shared between processes, safely.
+
+An owner allocates tensors in an :class:`Arena` (memory another process can map), sends the
+arena once over a :class:`Socket` and each tensor's ``handle()`` as bytes; a reader imports the
+arena once (``Socket.recv_arena``, read-only if asked) and opens every tensor with
+``ImportedArena.open`` — no driver call, microseconds each. Tensors go to PyTorch, CuPy or JAX
+with no copy (``torch.from_dlpack(t)``, ``cupy.asarray(t)``). Handles are typed, checksummed
+bytes (no pickle); every error is a :class:`CudaIpcError` subclass that keeps the reason.
+
+Built on the cuda-ipc Rust crate (https://docs.rs/cuda-ipc); see README.md.
+"""
+
+from ._native import (
+    Arena,
+    ArenaFull,
+    Context,
+    CorruptHandle,
+    CudaIpcError,
+    HandleTypeMismatch,
+    ImportedArena,
+    Listener,
+    NoDevice,
+    PeerClosed,
+    PeerGone,
+    Socket,
+    StaleHandle,
+    Tensor,
+    Timeout,
+    TooManyImporters,
+    connect,
+)
+
+__all__ = [
+    "Arena",
+    "ArenaFull",
+    "Context",
+    "CorruptHandle",
+    "CudaIpcError",
+    "HandleTypeMismatch",
+    "ImportedArena",
+    "Listener",
+    "NoDevice",
+    "PeerClosed",
+    "PeerGone",
+    "Socket",
+    "StaleHandle",
+    "Tensor",
+    "Timeout",
+    "TooManyImporters",
+    "connect",
+]
+__version__ = "0.2.0"

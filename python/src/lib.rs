@@ -1,0 +1,63 @@
+//! `cuda_ipc._native`: the Python package's extension module, a client of cuda-ipc's public
+//! Rust API (no second implementation of any protocol). The Python-facing docs are the type
+//! stubs (`python/cuda_ipc/_native.pyi`) and `python/README.md`.
+//!
+//! What it offers (this release): a [`Context`] per device; [`Arena`]s that hold tensors in
+//! memory another process can map (`arena.empty(shape, dtype)`), shared read-only or
+//! read-write; sockets that carry an arena's descriptor once ([`Listener`], [`connect`]); on
+//! the other side an [`ImportedArena`] whose `open(handle)` gives a tensor with no driver
+//! call. Tensors go to PyTorch, CuPy or JAX with no copy through DLPack (`__dlpack__`) and
+//! `__cuda_array_interface__`. Every error of the crate is a Python exception of a matching
+//! class that keeps the crate's reason (`str(e)`) and, where there is one, the peer's pid.
+
+mod errors;
+mod socket;
+mod tensor;
+
+use pyo3::prelude::*;
+
+use crate::errors::to_py;
+
+/// A CUDA context on one device (its primary context, as PyTorch and CuPy use), made current
+/// on the calling thread when created.
+#[pyclass(module = "cuda_ipc", frozen)]
+pub(crate) struct Context {
+    pub(crate) ctx: cuda_ipc::GpuContext,
+}
+
+#[pymethods]
+impl Context {
+    #[new]
+    #[pyo3(signature = (device = 0))]
+    fn new(py: Python<'_>, device: u32) -> PyResult<Self> {
+        let ctx = py
+            .detach(|| cuda_ipc::GpuContext::new(device))
+            .map_err(to_py)?;
+        Ok(Self { ctx })
+    }
+
+    /// The device ordinal, in this process.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.ctx.ordinal()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Context(device={})", self.ctx.ordinal())
+    }
+}
+
+/// The extension module.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Context>()?;
+    m.add_class::<tensor::Arena>()?;
+    m.add_class::<tensor::ImportedArena>()?;
+    m.add_class::<tensor::Tensor>()?;
+    m.add_class::<socket::Listener>()?;
+    m.add_class::<socket::Socket>()?;
+    m.add_function(wrap_pyfunction!(socket::connect, m)?)?;
+    errors::register(m)?;
+    Ok(())
+}

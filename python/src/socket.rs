@@ -1,0 +1,128 @@
+//! Unix sockets between processes of one user (cuda-ipc's `FdListener`/`FdSocket`, abstract
+//! names, the peer's uid checked): plain bytes, and arenas (their descriptor, `SCM_RIGHTS`).
+//! Every wait releases the GIL and is bounded by its `timeout` (seconds).
+
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::Context;
+use crate::errors::to_py;
+use crate::tensor::{Arena, Imported, ImportedArena};
+
+fn seconds(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .map_err(|_| PyValueError::new_err(format!("timeout {timeout} is not a duration")))
+}
+
+fn name(name: &str) -> cuda_ipc::SocketName {
+    cuda_ipc::SocketName::Abstract(name.to_owned())
+}
+
+/// A listening socket at an abstract name; peers of this user only.
+#[pyclass(module = "cuda_ipc", frozen)]
+pub(crate) struct Listener {
+    listener: cuda_ipc::FdListener,
+}
+
+#[pymethods]
+impl Listener {
+    #[new]
+    fn new(socket_name: &str) -> PyResult<Self> {
+        let listener = cuda_ipc::FdListener::bind(name(socket_name), cuda_ipc::PeerPolicy::SameUid)
+            .map_err(to_py)?;
+        Ok(Self { listener })
+    }
+
+    /// Wait for one peer, at most `timeout` seconds.
+    #[pyo3(signature = (timeout = 30.0))]
+    fn accept(&self, py: Python<'_>, timeout: f64) -> PyResult<Socket> {
+        let timeout = seconds(timeout)?;
+        let socket = py.detach(|| self.listener.accept(timeout)).map_err(to_py)?;
+        Ok(Socket { socket })
+    }
+}
+
+/// A connection to a peer.
+#[pyclass(module = "cuda_ipc", frozen)]
+pub(crate) struct Socket {
+    socket: cuda_ipc::FdSocket,
+}
+
+/// Connect to the listener at `socket_name`, waiting for it at most `timeout` seconds.
+#[pyfunction]
+#[pyo3(signature = (socket_name, timeout = 30.0))]
+pub(crate) fn connect(py: Python<'_>, socket_name: &str, timeout: f64) -> PyResult<Socket> {
+    let timeout = seconds(timeout)?;
+    let n = name(socket_name);
+    let socket = py
+        .detach(|| cuda_ipc::FdSocket::connect(&n, &cuda_ipc::PeerPolicy::SameUid, timeout))
+        .map_err(to_py)?;
+    Ok(Socket { socket })
+}
+
+#[pymethods]
+impl Socket {
+    /// Send `payload` (1 to 65,536 bytes) as one message.
+    #[pyo3(signature = (payload, timeout = 30.0))]
+    fn send(&self, py: Python<'_>, payload: &[u8], timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        py.detach(|| self.socket.send(payload, &[], timeout))
+            .map_err(to_py)
+    }
+
+    /// Receive one message's bytes, waiting at most `timeout` seconds.
+    #[pyo3(signature = (timeout = 30.0))]
+    fn recv<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyBytes>> {
+        let timeout = seconds(timeout)?;
+        let message = py.detach(|| self.socket.recv(timeout)).map_err(to_py)?;
+        Ok(PyBytes::new(py, &message.payload))
+    }
+
+    /// Send `arena` (its descriptor and handle): once per peer; then each tensor's handle.
+    #[pyo3(signature = (arena, timeout = 30.0))]
+    fn send_arena(&self, py: Python<'_>, arena: &Arena, timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        py.detach(|| self.socket.send_arena(&arena.arena, timeout))
+            .map_err(to_py)
+    }
+
+    /// Receive an arena and import it in `ctx`: read-only when `read_only` (the GPU refuses
+    /// writes; required when the owner shares it read-only).
+    #[pyo3(signature = (ctx, *, read_only = false, timeout = 30.0))]
+    fn recv_arena(
+        &self,
+        py: Python<'_>,
+        ctx: &Context,
+        read_only: bool,
+        timeout: f64,
+    ) -> PyResult<ImportedArena> {
+        let timeout = seconds(timeout)?;
+        let gpu = ctx.ctx.clone();
+        let arena = py
+            .detach(|| {
+                if read_only {
+                    self.socket
+                        .recv_arena_read_only(&gpu, timeout)
+                        .map(Imported::ReadOnly)
+                } else {
+                    self.socket
+                        .recv_arena(&gpu, timeout)
+                        .map(Imported::ReadWrite)
+                }
+            })
+            .map_err(to_py)?;
+        Ok(ImportedArena {
+            arena,
+            device: ctx.ctx.ordinal(),
+        })
+    }
+
+    /// The peer's pid (0 when it is in a pid namespace this process cannot see).
+    #[getter]
+    fn peer_pid(&self) -> u32 {
+        self.socket.peer().pid
+    }
+}

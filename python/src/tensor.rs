@@ -1,0 +1,674 @@
+//! Tensors in arenas: the owner's [`Arena`] (`empty`/`zeros` by shape and dtype), the
+//! importer's [`ImportedArena`] (`open(handle)`, read-only or read-write), and the [`Tensor`]
+//! both hand out, which PyTorch, CuPy and JAX take with no copy through DLPack
+//! (`__dlpack__`, `__dlpack_device__`) or `__cuda_array_interface__` (version 3).
+//!
+//! A tensor's handle is the crate's arena handle (80 bytes: checksum, element type, arena,
+//! block, generation, range) followed by its dtype and shape (`TENSOR_HANDLE_VERSION`); the
+//! importer checks the arena handle as the crate does and the shape against its byte length,
+//! so forged bytes are `CorruptHandle`, never a view past the buffer.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyCapsule, PyDict, PyTuple};
+
+use crate::Context;
+use crate::errors::{CorruptHandle, to_py};
+
+/// The element types a tensor can have: name, size, DLPack code and bits, CAI typestr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum DType {
+    Bool = 1,
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+const DTYPES: [DType; 13] = [
+    DType::Bool,
+    DType::U8,
+    DType::I8,
+    DType::U16,
+    DType::I16,
+    DType::U32,
+    DType::I32,
+    DType::U64,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+];
+
+// DLPack's `DLDataTypeCode`.
+const DL_INT: u8 = 0;
+const DL_UINT: u8 = 1;
+const DL_FLOAT: u8 = 2;
+const DL_BFLOAT: u8 = 4;
+const DL_BOOL: u8 = 6;
+/// `kDLCUDA`.
+const DL_CUDA: i32 = 2;
+
+impl DType {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Bool => "bool",
+            Self::U8 => "uint8",
+            Self::I8 => "int8",
+            Self::U16 => "uint16",
+            Self::I16 => "int16",
+            Self::U32 => "uint32",
+            Self::I32 => "int32",
+            Self::U64 => "uint64",
+            Self::I64 => "int64",
+            Self::F16 => "float16",
+            Self::BF16 => "bfloat16",
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+        }
+    }
+
+    /// From a name (`"float32"`), a torch dtype's string (`"torch.float32"`), a NumPy/CuPy
+    /// dtype's (`"float32"`), or the usual aliases (`"half"`, `"float"`, ...).
+    fn parse(name: &str) -> Option<Self> {
+        let name = name.strip_prefix("torch.").unwrap_or(name);
+        let name = match name {
+            "half" => "float16",
+            "float" => "float32",
+            "double" => "float64",
+            "int" => "int32",
+            "long" => "int64",
+            "short" => "int16",
+            other => other,
+        };
+        DTYPES.into_iter().find(|d| d.name() == name)
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        DTYPES.into_iter().find(|d| d.code() == code)
+    }
+
+    fn itemsize(self) -> usize {
+        match self {
+            Self::Bool | Self::U8 | Self::I8 => 1,
+            Self::U16 | Self::I16 | Self::F16 | Self::BF16 => 2,
+            Self::U32 | Self::I32 | Self::F32 => 4,
+            Self::U64 | Self::I64 | Self::F64 => 8,
+        }
+    }
+
+    /// DLPack's (code, bits).
+    fn dlpack(self) -> (u8, u8) {
+        let bits = (self.itemsize() * 8) as u8;
+        let code = match self {
+            Self::Bool => DL_BOOL,
+            Self::U8 | Self::U16 | Self::U32 | Self::U64 => DL_UINT,
+            Self::I8 | Self::I16 | Self::I32 | Self::I64 => DL_INT,
+            Self::F16 | Self::F32 | Self::F64 => DL_FLOAT,
+            Self::BF16 => DL_BFLOAT,
+        };
+        (code, bits)
+    }
+
+    /// `__cuda_array_interface__`'s typestr; `None` for bfloat16, which it cannot express.
+    fn typestr(self) -> Option<String> {
+        let kind = match self {
+            Self::Bool => 'b',
+            Self::U8 | Self::U16 | Self::U32 | Self::U64 => 'u',
+            Self::I8 | Self::I16 | Self::I32 | Self::I64 => 'i',
+            Self::F16 | Self::F32 | Self::F64 => 'f',
+            Self::BF16 => return None,
+        };
+        Some(format!("<{kind}{}", self.itemsize()))
+    }
+}
+
+fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let name = dtype.str()?.to_string();
+    DType::parse(&name).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "unsupported dtype {name:?} (one of: {})",
+            DTYPES.map(DType::name).join(", ")
+        ))
+    })
+}
+
+/// Dimensions a tensor handle may carry.
+const MAX_DIMS: usize = 8;
+/// The layout version of a tensor handle's tail (after the arena handle).
+const TENSOR_HANDLE_VERSION: u8 = 1;
+/// Bytes of the arena handle at the head of a tensor handle.
+const ARENA_HANDLE: usize = cuda_ipc::ArenaHandle::<u8>::SIZE;
+/// Bytes of the tail's fixed part: version, dtype, ndim, five zero bytes.
+const TAIL_HEAD: usize = 8;
+
+/// The bytes of `shape` × `dtype`, checked (every dimension ≥ 1, no overflow).
+fn nbytes_of(shape: &[i64], dtype: DType) -> Option<usize> {
+    shape.iter().try_fold(dtype.itemsize(), |n, &d| {
+        usize::try_from(d).ok().filter(|&d| d > 0)?.checked_mul(n)
+    })
+}
+
+/// What backs a tensor, kept alive by every tensor and every DLPack capsule made of it.
+enum Memory {
+    /// The owner's buffer (its drop frees the range once no importer views it).
+    Owned(cuda_ipc::ArenaBuffer<u8>),
+    /// A read-write view of another process's arena.
+    View(cuda_ipc::ArenaView<u8>),
+    /// A read-only view (`PROT_READ`: the GPU refuses writes).
+    ReadOnly(cuda_ipc::ReadOnlyArenaView<u8>),
+}
+
+struct Inner {
+    memory: Memory,
+    dtype: DType,
+    shape: Vec<i64>,
+    device: u32,
+}
+
+impl Inner {
+    fn ptr(&self) -> u64 {
+        match &self.memory {
+            Memory::Owned(b) => b.as_raw_ptr(),
+            Memory::View(v) => v.as_raw_ptr(),
+            Memory::ReadOnly(v) => v.as_raw_ptr(),
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        matches!(self.memory, Memory::ReadOnly(_))
+    }
+}
+
+/// A tensor in an arena: the owner's, or a view of another process's.
+#[pyclass(module = "cuda_ipc", frozen)]
+pub(crate) struct Tensor {
+    inner: Arc<Inner>,
+}
+
+#[pymethods]
+impl Tensor {
+    /// The shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.inner.shape)
+    }
+
+    /// The element type's name (`"float32"`, `"bfloat16"`, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.dtype.name()
+    }
+
+    /// Bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        nbytes_of(&self.inner.shape, self.inner.dtype).unwrap_or(0)
+    }
+
+    /// The device address.
+    #[getter]
+    fn data_ptr(&self) -> u64 {
+        self.inner.ptr()
+    }
+
+    /// The device ordinal, in this process.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.inner.device
+    }
+
+    /// Whether this process maps the tensor read-only (the GPU refuses writes).
+    #[getter]
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+
+    /// The bytes another process opens this tensor with (`ImportedArena.open`): the arena
+    /// handle, the dtype and the shape. Only the owner's tensors have one.
+    fn handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let Memory::Owned(buffer) = &self.inner.memory else {
+            return Err(PyTypeError::new_err(
+                "a tensor opened from another process's arena has no handle of its own: \
+                 send the owner's",
+            ));
+        };
+        let mut bytes = buffer.handle().as_bytes().to_vec();
+        bytes.extend_from_slice(&[
+            TENSOR_HANDLE_VERSION,
+            self.inner.dtype.code(),
+            self.inner.shape.len() as u8,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]);
+        for &d in &self.inner.shape {
+            bytes.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// `__cuda_array_interface__` (version 3): C-contiguous, `data` = (address, read-only),
+    /// no stream to synchronise (the owner's writes are the caller's to order).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let typestr = self.inner.dtype.typestr().ok_or_else(|| {
+            PyTypeError::new_err(
+                "__cuda_array_interface__ has no bfloat16: use DLPack (torch.from_dlpack)",
+            )
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, &self.inner.shape)?)?;
+        d.set_item("typestr", typestr)?;
+        d.set_item("data", (self.inner.ptr(), self.inner.read_only()))?;
+        d.set_item("version", 3)?;
+        d.set_item("strides", py.None())?;
+        d.set_item("stream", py.None())?;
+        Ok(d)
+    }
+
+    /// `(kDLCUDA, device)`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (DL_CUDA, self.inner.device as i32)
+    }
+
+    /// A DLPack capsule (`"dltensor"`) of this tensor, no copy: the consumer's tensor keeps
+    /// the memory mapped (the capsule holds a reference) until its deleter runs. `stream` is
+    /// accepted and not used: nothing of this package's is pending on the memory. A read-only
+    /// tensor stays read-only on the GPU; DLPack's unversioned capsule cannot say so, so the
+    /// consumer's tensor looks writable and a write through it faults.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = (stream, max_version);
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "cuda_ipc tensors are shared, not copied",
+            ));
+        }
+        if let Some(device) = dl_device
+            && device != self.__dlpack_device__()
+        {
+            return Err(PyBufferError::new_err(format!(
+                "the tensor is on {:?}, not {device:?}",
+                self.__dlpack_device__()
+            )));
+        }
+        crate::tensor::dlpack::capsule(py, &self.inner)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Tensor(shape={:?}, dtype={}, device={}{})",
+            self.inner.shape,
+            self.inner.dtype.name(),
+            self.inner.device,
+            if self.inner.read_only() {
+                ", read_only"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// Memory that another process can map, holding tensors: `empty`/`zeros` allocate, the arena
+/// is sent once (`Socket.send_arena`), each tensor's `handle()` is sent as bytes.
+#[pyclass(module = "cuda_ipc", frozen)]
+pub(crate) struct Arena {
+    pub(crate) arena: cuda_ipc::IpcArena,
+    device: u32,
+}
+
+impl Arena {
+    fn alloc(&self, shape: Vec<i64>, dtype: &Bound<'_, PyAny>, zeroed: bool) -> PyResult<Tensor> {
+        let dtype = dtype_of(dtype)?;
+        if shape.is_empty() || shape.len() > MAX_DIMS {
+            return Err(PyValueError::new_err(format!(
+                "a shape of 1 to {MAX_DIMS} dimensions, not {}",
+                shape.len()
+            )));
+        }
+        let bytes = nbytes_of(&shape, dtype)
+            .ok_or_else(|| PyValueError::new_err(format!("invalid shape {shape:?}")))?;
+        let buffer = if zeroed {
+            self.arena.alloc_zeroed::<u8>(bytes)
+        } else {
+            self.arena.alloc::<u8>(bytes)
+        }
+        .map_err(to_py)?;
+        Ok(Tensor {
+            inner: Arc::new(Inner {
+                memory: Memory::Owned(buffer),
+                dtype,
+                shape,
+                device: self.device,
+            }),
+        })
+    }
+}
+
+#[pymethods]
+impl Arena {
+    /// An arena of at least `nbytes` on `ctx`'s device (rounded up to the allocation
+    /// granularity). `read_only_for_importers`: every importer must open it read-only, and the
+    /// GPU refuses their writes.
+    #[new]
+    #[pyo3(signature = (ctx, nbytes, *, read_only_for_importers = false, max_tensors = None))]
+    fn new(
+        py: Python<'_>,
+        ctx: &Context,
+        nbytes: usize,
+        read_only_for_importers: bool,
+        max_tensors: Option<usize>,
+    ) -> PyResult<Self> {
+        let gpu = ctx.ctx.clone();
+        let arena = py
+            .detach(|| match max_tensors {
+                Some(n) => cuda_ipc::IpcArena::with_max_buffers(&gpu, nbytes, n),
+                None => cuda_ipc::IpcArena::new(&gpu, nbytes),
+            })
+            .map_err(to_py)?;
+        let arena = if read_only_for_importers {
+            arena.read_only_for_importers()
+        } else {
+            arena
+        };
+        Ok(Self {
+            arena,
+            device: ctx.ctx.ordinal(),
+        })
+    }
+
+    /// A tensor of `shape` and `dtype` (contents unspecified).
+    #[pyo3(signature = (shape, dtype))]
+    fn empty(&self, shape: Vec<i64>, dtype: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+        self.alloc(shape, dtype, false)
+    }
+
+    /// A tensor of `shape` and `dtype`, zeroed.
+    #[pyo3(signature = (shape, dtype))]
+    fn zeros(&self, shape: Vec<i64>, dtype: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+        self.alloc(shape, dtype, true)
+    }
+
+    /// Bytes the arena holds.
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.arena.capacity()
+    }
+
+    /// Bytes free for new tensors.
+    #[getter]
+    fn free_bytes(&self) -> usize {
+        self.arena.free_bytes()
+    }
+
+    /// Whether importers must open the arena read-only.
+    #[getter]
+    fn read_only_for_importers(&self) -> bool {
+        self.arena.is_read_only_for_importers()
+    }
+
+    /// The pids of the live processes that import the arena now.
+    fn importers(&self) -> Vec<u32> {
+        self.arena.importers()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Arena(capacity={}, device={}, read_only_for_importers={})",
+            self.arena.capacity(),
+            self.device,
+            self.arena.is_read_only_for_importers()
+        )
+    }
+}
+
+/// Another process's arena, imported once (`Socket.recv_arena`): its tensors open with
+/// `open(handle)`, no driver call each.
+#[pyclass(module = "cuda_ipc", frozen)]
+pub(crate) struct ImportedArena {
+    pub(crate) arena: Imported,
+    pub(crate) device: u32,
+}
+
+pub(crate) enum Imported {
+    ReadWrite(cuda_ipc::ImportedArena),
+    ReadOnly(cuda_ipc::ReadOnlyArena),
+}
+
+#[pymethods]
+impl ImportedArena {
+    /// Open one tensor from the bytes its owner's `Tensor.handle()` gave.
+    fn open(&self, handle: &[u8]) -> PyResult<Tensor> {
+        let corrupt = |why: String| CorruptHandle::new_err(format!("tensor handle: {why}"));
+        if handle.len() < ARENA_HANDLE + TAIL_HEAD {
+            return Err(corrupt(format!("{} bytes, too short", handle.len())));
+        }
+        let (arena_handle, tail) = handle.split_at(ARENA_HANDLE);
+        let (version, code, ndim) = (tail[0], tail[1], usize::from(tail[2]));
+        if version != TENSOR_HANDLE_VERSION {
+            return Err(corrupt(format!("layout version {version}, expected 1")));
+        }
+        if tail[3..TAIL_HEAD] != [0; 5] || ndim == 0 || ndim > MAX_DIMS {
+            return Err(corrupt("reserved bytes or dimension count".into()));
+        }
+        if tail.len() != TAIL_HEAD + 8 * ndim {
+            return Err(corrupt(format!(
+                "{} bytes for {ndim} dimensions",
+                handle.len()
+            )));
+        }
+        let dtype = DType::from_code(code).ok_or_else(|| corrupt(format!("dtype code {code}")))?;
+        let shape: Vec<i64> = tail[TAIL_HEAD..]
+            .chunks(8)
+            .map(|c| {
+                let mut d = [0u8; 8];
+                d.copy_from_slice(c);
+                i64::try_from(u64::from_le_bytes(d)).unwrap_or(-1)
+            })
+            .collect();
+        let arena_handle = cuda_ipc::ArenaHandle::<u8>::from_bytes(arena_handle).map_err(to_py)?;
+        // The shape must describe exactly the buffer the (checked) arena handle names.
+        if nbytes_of(&shape, dtype) != Some(arena_handle.len()) {
+            return Err(corrupt(format!(
+                "shape {shape:?} of {} does not fill the {} bytes of its buffer",
+                dtype.name(),
+                arena_handle.len()
+            )));
+        }
+        let memory = match &self.arena {
+            Imported::ReadWrite(a) => Memory::View(a.open(&arena_handle).map_err(to_py)?),
+            Imported::ReadOnly(a) => Memory::ReadOnly(a.open(&arena_handle).map_err(to_py)?),
+        };
+        Ok(Tensor {
+            inner: Arc::new(Inner {
+                memory,
+                dtype,
+                shape,
+                device: self.device,
+            }),
+        })
+    }
+
+    /// Whether this process maps the arena read-only.
+    #[getter]
+    fn read_only(&self) -> bool {
+        matches!(self.arena, Imported::ReadOnly(_))
+    }
+
+    /// The owner's pid.
+    #[getter]
+    fn exporter_pid(&self) -> u32 {
+        match &self.arena {
+            Imported::ReadWrite(a) => a.exporter().pid(),
+            Imported::ReadOnly(a) => a.exporter().pid(),
+        }
+    }
+
+    /// Bytes mapped.
+    #[getter]
+    fn capacity(&self) -> usize {
+        match &self.arena {
+            Imported::ReadWrite(a) => a.capacity(),
+            Imported::ReadOnly(a) => a.capacity(),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ImportedArena(capacity={}, device={}, read_only={}, exporter_pid={})",
+            self.capacity(),
+            self.device,
+            self.read_only(),
+            self.exporter_pid()
+        )
+    }
+}
+
+/// DLPack's C structures (dlpack.h, v0.8 "unversioned" capsule), built by hand.
+mod dlpack {
+    use super::*;
+
+    #[repr(C)]
+    struct DLDevice {
+        device_type: i32,
+        device_id: i32,
+    }
+
+    #[repr(C)]
+    struct DLDataType {
+        code: u8,
+        bits: u8,
+        lanes: u16,
+    }
+
+    #[repr(C)]
+    struct DLTensor {
+        data: *mut c_void,
+        device: DLDevice,
+        ndim: i32,
+        dtype: DLDataType,
+        shape: *mut i64,
+        strides: *mut i64,
+        byte_offset: u64,
+    }
+
+    #[repr(C)]
+    struct DLManagedTensor {
+        dl_tensor: DLTensor,
+        manager_ctx: *mut c_void,
+        deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+    }
+
+    /// What a capsule owns: the managed tensor (first, so that its address is the box's),
+    /// the shape it points into, and a reference to the memory.
+    #[repr(C)]
+    struct Managed {
+        tensor: DLManagedTensor,
+        shape: Vec<i64>,
+        _keep: Arc<Inner>,
+    }
+
+    const NAME: &std::ffi::CStr = c"dltensor";
+
+    /// The deleter DLPack's consumer calls once it no longer needs the tensor (or the capsule
+    /// destructor calls, for a capsule never consumed).
+    unsafe extern "C" fn delete(tensor: *mut DLManagedTensor) {
+        if tensor.is_null() {
+            return;
+        }
+        // SAFETY: `tensor` is the first field of a `Managed` made by `Box::into_raw` in
+        // `capsule` (its `manager_ctx` says so), freed once: DLPack's consumer calls the
+        // deleter once, and the capsule destructor only for a capsule no consumer took.
+        unsafe { drop(Box::from_raw((*tensor).manager_ctx.cast::<Managed>())) };
+    }
+
+    /// The capsule destructor: frees the tensor if no consumer took it (a consumer renames
+    /// the capsule `used_dltensor` and calls the deleter itself).
+    unsafe extern "C" fn destroy(capsule: *mut pyo3::ffi::PyObject) {
+        // SAFETY: called by Python with the capsule being destroyed; the name check tells an
+        // untaken capsule (ours to free) from a taken one.
+        unsafe {
+            if pyo3::ffi::PyCapsule_IsValid(capsule, NAME.as_ptr()) == 1 {
+                let tensor = pyo3::ffi::PyCapsule_GetPointer(capsule, NAME.as_ptr());
+                delete(tensor.cast::<DLManagedTensor>());
+            } else {
+                pyo3::ffi::PyErr_Clear(); // IsValid sets no error; GetPointer might have
+            }
+        }
+    }
+
+    pub(super) fn capsule<'py>(
+        py: Python<'py>,
+        inner: &Arc<Inner>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let (code, bits) = inner.dtype.dlpack();
+        let mut managed = Box::new(Managed {
+            tensor: DLManagedTensor {
+                dl_tensor: DLTensor {
+                    data: inner.ptr() as *mut c_void,
+                    device: DLDevice {
+                        device_type: DL_CUDA,
+                        device_id: inner.device as i32,
+                    },
+                    ndim: inner.shape.len() as i32,
+                    dtype: DLDataType {
+                        code,
+                        bits,
+                        lanes: 1,
+                    },
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(), // C-contiguous
+                    byte_offset: 0,
+                },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete),
+            },
+            shape: inner.shape.clone(),
+            _keep: inner.clone(),
+        });
+        managed.tensor.dl_tensor.shape = managed.shape.as_mut_ptr();
+        let raw = Box::into_raw(managed);
+        // SAFETY: `raw` is a live box; its first field is the managed tensor.
+        unsafe { (*raw).tensor.manager_ctx = raw.cast::<c_void>() };
+        let pointer = NonNull::new(raw.cast::<c_void>())
+            .ok_or_else(|| PyBufferError::new_err("allocation failed"))?;
+        // SAFETY: `pointer` is the managed tensor (a `Managed`'s first field), valid until
+        // its deleter runs; `destroy` frees it only if no consumer took it.
+        let made =
+            unsafe { PyCapsule::new_with_pointer_and_destructor(py, pointer, NAME, Some(destroy)) };
+        if made.is_err() {
+            // SAFETY: the capsule was not made, so nobody else holds `raw`.
+            unsafe { delete(raw.cast::<DLManagedTensor>()) };
+        }
+        made
+    }
+}

@@ -1,0 +1,56 @@
+"""Shared pieces of the Python tests: the GPU marker (fail loudly with CUDA_IPC_REQUIRE_GPU=1
+when there is no GPU, skip otherwise), unique socket names, and a peer process runner."""
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def unique(what):
+    return f"cuda-ipc-pytest-{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def has_gpu():
+    import cuda_ipc
+
+    try:
+        cuda_ipc.Context(0)
+        return True
+    except cuda_ipc.NoDevice:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if any(item.get_closest_marker("gpu") for item in items) and not has_gpu():
+        if os.environ.get("CUDA_IPC_REQUIRE_GPU"):
+            raise pytest.UsageError("CUDA_IPC_REQUIRE_GPU is set and no CUDA device is usable")
+        skip = pytest.mark.skip(reason="requires a CUDA device")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (and PyTorch)")
+
+
+def spawn_peer(role, *args):
+    """Start tests/peer.py as `role` in a new process (its stdout: RESULT lines)."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "peer.py"), role, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc, timeout=60):
+    """Wait for a peer; its RESULT lines, its exit code and stderr."""
+    out, err = proc.communicate(timeout=timeout)
+    results = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
+    return results, proc.returncode, err

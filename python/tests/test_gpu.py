@@ -1,0 +1,113 @@
+"""cuda-ipc from Python on a GPU, against real PyTorch (and CuPy where installed): an owner in
+this process, readers in others. A read-only import reads the owner's tensor through
+torch.from_dlpack (and CuPy's __cuda_array_interface__) and its writes fault without touching
+the owner's data; a read-write import writes it; a read-write open of a read-only arena is
+refused; forged handles are CorruptHandle, a freed tensor's StaleHandle; a torch tensor made
+from a view keeps the mapping alive after the package's objects are gone."""
+
+import pytest
+
+import cuda_ipc
+from conftest import finish, spawn_peer, unique
+
+pytestmark = pytest.mark.gpu
+
+N = 1 << 20
+
+
+def owner(role, read_only_for_importers=True, free_before_open=False):
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    arena = cuda_ipc.Arena(ctx, 16 << 20, read_only_for_importers=read_only_for_importers)
+    w = arena.empty((N,), torch.int32)
+    view = torch.from_dlpack(w)
+    view.copy_(torch.arange(N, dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    name = unique(role)
+    listener = cuda_ipc.Listener(name)
+    peer = spawn_peer(role, name)
+    s = listener.accept(timeout=60)
+    s.send_arena(arena)
+    if role != "rw_of_ro":
+        s.send(w.handle())
+    if free_before_open:
+        del view, w
+        s.send(b"freed")
+    elif role in ("reader", "writer", "scribbler", "keepalive"):
+        assert s.recv(timeout=60) == b"done"
+    results, rc, err = finish(peer)
+    assert rc == 0, err
+    after = None if free_before_open else torch.from_dlpack(w).to(torch.int64).sum().item()
+    return results, after
+
+
+EXPECTED = N * (N - 1) // 2
+
+
+def test_a_read_only_reader_reads_the_owners_tensor_through_torch_and_cupy():
+    results, after = owner("reader")
+    assert "arena read_only=True" in results[0]
+    assert results[1] == "tensor (1048576,) torch.int32 read_only=True"
+    assert f"sum {EXPECTED}" in results
+    assert f"cupy sum {EXPECTED}" in results or "cupy absent" in results
+    assert after == EXPECTED
+
+
+def test_a_write_through_a_read_only_view_faults_and_leaves_the_owners_data_intact():
+    results, after = owner("scribbler")
+    assert "fault True" in results, results
+    assert after == EXPECTED
+
+
+def test_a_read_write_reader_writes_the_owners_tensor():
+    results, after = owner("writer", read_only_for_importers=False)
+    assert "wrote" in results
+    assert after == EXPECTED + N
+
+
+def test_a_read_write_open_of_a_read_only_arena_is_refused():
+    results, _ = owner("rw_of_ro")
+    assert results and results[0].startswith("refused: "), results
+    assert "read-only" in results[0]
+
+
+def test_forged_tensor_handles_are_corrupt_never_a_view():
+    results, _ = owner("forged")
+    assert results[1:] == ["flipped: corrupt", "short: corrupt", "shape: corrupt", "dtype: corrupt"]
+
+
+def test_a_freed_tensors_handle_is_stale():
+    results, _ = owner("stale", free_before_open=True)
+    assert results[-1] == "stale"
+
+
+def test_a_torch_tensor_keeps_the_mapping_after_the_packages_objects_are_gone():
+    results, after = owner("keepalive")
+    assert f"sum {EXPECTED}" in results
+    assert after == EXPECTED
+
+
+def test_shapes_dtypes_and_interfaces_in_one_process():
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    arena = cuda_ipc.Arena(ctx, 4 << 20)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int64):
+        t = arena.zeros((3, 5, 7), dtype)
+        v = torch.from_dlpack(t)
+        assert v.shape == (3, 5, 7) and v.dtype == dtype and v.is_cuda
+        assert v.data_ptr() == t.data_ptr
+        assert int(v.to(torch.float32).abs().sum()) == 0
+        if dtype != torch.bfloat16:
+            cai = t.__cuda_array_interface__
+            assert cai["shape"] == (3, 5, 7) and cai["data"] == (t.data_ptr, False)
+        else:
+            with pytest.raises(TypeError):
+                t.__cuda_array_interface__
+    with pytest.raises(ValueError):
+        arena.empty((0, 4), torch.float32)
+    with pytest.raises(TypeError):
+        arena.empty((4,), "complex64")
+    with pytest.raises(cuda_ipc.ArenaFull):
+        arena.empty((1 << 30,), torch.float32)

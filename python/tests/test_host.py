@@ -1,0 +1,85 @@
+"""What runs without a GPU: the package imports, every exception class is a CudaIpcError,
+a missing device is NoDevice (never a crash), and sockets carry bytes with bounded waits."""
+
+import threading
+import time
+
+import pytest
+
+import cuda_ipc
+from conftest import has_gpu, unique
+
+
+def test_the_package_exports_its_api_and_exception_hierarchy():
+    for name in cuda_ipc.__all__:
+        assert hasattr(cuda_ipc, name), name
+    for exc in (
+        cuda_ipc.PeerGone,
+        cuda_ipc.StaleHandle,
+        cuda_ipc.Timeout,
+        cuda_ipc.CorruptHandle,
+        cuda_ipc.NoDevice,
+        cuda_ipc.HandleTypeMismatch,
+        cuda_ipc.TooManyImporters,
+        cuda_ipc.ArenaFull,
+        cuda_ipc.PeerClosed,
+    ):
+        assert issubclass(exc, cuda_ipc.CudaIpcError)
+        assert issubclass(cuda_ipc.CudaIpcError, Exception)
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
+def test_without_a_device_a_context_is_no_device_with_the_drivers_reason():
+    with pytest.raises(cuda_ipc.NoDevice) as e:
+        cuda_ipc.Context(0)
+    assert "cu" in str(e.value) or "driver" in str(e.value), str(e.value)
+
+
+def test_a_socket_carries_bytes_both_ways():
+    name = unique("bytes")
+    listener = cuda_ipc.Listener(name)
+    got = {}
+
+    def peer():
+        s = cuda_ipc.connect(name, timeout=10)
+        got["first"] = s.recv(timeout=10)
+        s.send(b"pong" * 1000)
+
+    t = threading.Thread(target=peer)
+    t.start()
+    s = listener.accept(timeout=10)
+    s.send(b"ping")
+    assert s.recv(timeout=10) == b"pong" * 1000
+    t.join()
+    assert got["first"] == b"ping"
+    assert s.peer_pid > 0
+
+
+def test_a_receive_with_nothing_coming_is_a_bounded_timeout():
+    name = unique("timeout")
+    listener = cuda_ipc.Listener(name)
+    c = cuda_ipc.connect(name, timeout=10)
+    s = listener.accept(timeout=10)
+    t = time.monotonic()
+    with pytest.raises(cuda_ipc.Timeout):
+        s.recv(timeout=0.2)
+    assert time.monotonic() - t < 5
+    del c
+
+
+def test_a_peer_that_closes_is_peer_closed():
+    name = unique("closed")
+    listener = cuda_ipc.Listener(name)
+    c = cuda_ipc.connect(name, timeout=10)
+    s = listener.accept(timeout=10)
+    del c
+    with pytest.raises(cuda_ipc.PeerClosed) as e:
+        s.recv(timeout=5)
+    assert "closed" in str(e.value)
+
+
+def test_bad_arguments_are_python_errors_not_crashes():
+    with pytest.raises(ValueError):
+        cuda_ipc.connect(unique("nobody"), timeout=-1.0)
+    with pytest.raises(cuda_ipc.CudaIpcError):
+        cuda_ipc.connect(unique("nobody"), timeout=0.05)
