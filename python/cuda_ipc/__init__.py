@@ -28,6 +28,7 @@ from ._native import (
     Timeout,
     TooManyImporters,
     connect,
+    reclaim_stale_lease_tables,
 )
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "Timeout",
     "TooManyImporters",
     "connect",
+    "reclaim_stale_lease_tables",
 ]
 __version__ = "0.2.0"

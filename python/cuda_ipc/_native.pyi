@@ -77,6 +77,8 @@ class Arena:
     @property
     def read_only_for_importers(self) -> bool: ...
     def importers(self) -> list[int]: ...
+    def collect(self) -> int:
+        """Reuse freed tensors' ranges no live importer views; reap dead importers."""
 
 class ImportedArena:
     """Another process's arena, mapped once; its tensors open without a driver call."""
@@ -108,3 +110,5 @@ class Socket:
     def peer_pid(self) -> int: ...
 
 def connect(socket_name: str, timeout: float = 30.0) -> Socket: ...
+def reclaim_stale_lease_tables() -> int:
+    """Remove the shared-memory tables dead exporters left behind; how many."""

@@ -47,6 +47,14 @@ impl Context {
     }
 }
 
+/// Remove the shared-memory tables (`/dev/shm/cuda-ipc-lease.*`, `cuda-ipc-arena.*`) that
+/// exporters which died left behind; returns how many were removed. Every exporting process
+/// does this once, at its first export.
+#[pyfunction]
+fn reclaim_stale_lease_tables() -> usize {
+    cuda_ipc::reclaim_stale_lease_tables()
+}
+
 /// The extension module.
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -58,6 +66,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<socket::Listener>()?;
     m.add_class::<socket::Socket>()?;
     m.add_function(wrap_pyfunction!(socket::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(reclaim_stale_lease_tables, m)?)?;
     errors::register(m)?;
     Ok(())
 }

@@ -441,6 +441,13 @@ impl Arena {
         self.arena.importers()
     }
 
+    /// Reuse the ranges of freed tensors that no live importer views any more, reaping
+    /// importers that died holding views; returns how many freed tensors still wait for live
+    /// importers.
+    fn collect(&self) -> usize {
+        self.arena.collect()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Arena(capacity={}, device={}, read_only_for_importers={})",

@@ -17,6 +17,25 @@ def main():
 
     ctx = cuda_ipc.Context(0)
     owner = cuda_ipc.connect(name, timeout=30)
+    if role == "owner":
+        # The owner, in this process: an arena with one tensor, sent; then wait to be killed.
+        arena = cuda_ipc.Arena(ctx, 8 << 20, read_only_for_importers=True)
+        w = arena.empty((1 << 20,), torch.int32)
+        torch.from_dlpack(w).copy_(torch.arange(1 << 20, dtype=torch.int32, device="cuda"))
+        torch.cuda.synchronize()
+        owner.send_arena(arena)
+        owner.send(w.handle())
+        result("sent")
+        owner.recv(timeout=600)  # until killed
+        return
+    if role == "holder":
+        # A reader that opens the tensor, says so, and waits to be killed holding it.
+        arena = owner.recv_arena(ctx, read_only=True)
+        t = arena.open(owner.recv())
+        owner.send(b"opened")
+        owner.recv(timeout=600)
+        del t
+        return
     if role == "rw_of_ro":
         try:
             owner.recv_arena(ctx, read_only=False)

@@ -3,7 +3,8 @@ this process, readers in others. A read-only import reads the owner's tensor thr
 torch.from_dlpack (and CuPy's __cuda_array_interface__) and its writes fault without touching
 the owner's data; a read-write import writes it; a read-write open of a read-only arena is
 refused; forged handles are CorruptHandle, a freed tensor's StaleHandle; a torch tensor made
-from a view keeps the mapping alive after the package's objects are gone."""
+from a view keeps the mapping alive after the package's objects are gone; a killed owner or
+reader leaves the survivor a prompt error and nothing behind (device memory, /dev/shm)."""
 
 import pytest
 
@@ -111,3 +112,83 @@ def test_shapes_dtypes_and_interfaces_in_one_process():
         arena.empty((4,), "complex64")
     with pytest.raises(cuda_ipc.ArenaFull):
         arena.empty((1 << 30,), torch.float32)
+
+
+def shm_names():
+    import os
+
+    return {n for n in os.listdir("/dev/shm") if n.startswith("cuda-ipc")}
+
+
+def free_memory():
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def test_a_killed_owner_leaves_the_reader_its_tensor_a_prompt_error_and_no_leak():
+    import gc
+    import signal
+    import time
+
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    torch.zeros(1, device="cuda")
+    shm_before, free_before = shm_names(), free_memory()
+    name = unique("killed-owner")
+    listener = cuda_ipc.Listener(name)
+    owner_proc = spawn_peer("owner", name)
+    s = listener.accept(timeout=60)
+    arena = s.recv_arena(ctx, read_only=True)
+    t = arena.open(s.recv(timeout=60))
+    view = torch.from_dlpack(t)
+    assert int(view.to(torch.int64).sum()) == EXPECTED
+    owner_proc.send_signal(signal.SIGKILL)
+    owner_proc.wait(timeout=30)
+    # The owner's death: the reader's next receive fails at once, not at its timeout.
+    started = time.monotonic()
+    with pytest.raises(cuda_ipc.PeerClosed):
+        s.recv(timeout=30)
+    assert time.monotonic() - started < 2.0
+    # The mapping keeps the memory: the reader still reads the owner's data.
+    assert int(view.to(torch.int64).sum()) == EXPECTED
+    del view, t, arena, s
+    gc.collect()
+    # Nothing left: the memory is freed once the last mapping goes, the owner's tables are
+    # reclaimed (it could not unlink them), the device is back to where it was.
+    cuda_ipc.reclaim_stale_lease_tables()
+    assert shm_names() <= shm_before, shm_names() - shm_before
+    assert abs(free_memory() - free_before) <= 4 << 20
+
+
+def test_a_killed_reader_is_reaped_and_the_owner_frees_everything():
+    import gc
+    import signal
+
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    torch.zeros(1, device="cuda")
+    shm_before, free_before = shm_names(), free_memory()
+    arena = cuda_ipc.Arena(ctx, 8 << 20, read_only_for_importers=True)
+    w = arena.empty((1 << 20,), torch.int32)
+    name = unique("killed-reader")
+    listener = cuda_ipc.Listener(name)
+    reader = spawn_peer("holder", name)
+    s = listener.accept(timeout=60)
+    s.send_arena(arena)
+    s.send(w.handle())
+    assert s.recv(timeout=60) == b"opened"
+    assert arena.importers() == [reader.pid]
+    reader.send_signal(signal.SIGKILL)
+    reader.wait(timeout=30)
+    assert arena.importers() == []
+    # The tensor freed while the dead reader "held" it: reaped, nothing waits.
+    del w
+    assert arena.collect() == 0
+    del arena, s
+    gc.collect()
+    assert shm_names() <= shm_before, shm_names() - shm_before
+    assert abs(free_memory() - free_before) <= 4 << 20
