@@ -46,7 +46,7 @@ fn parent(ctx: &GpuContext) -> Result {
 }
 
 fn child(ctx: &GpuContext) -> Result {
-    let mut bytes = [0u8; 64];
+    let mut bytes = [0u8; IpcMemHandle::<u32>::SIZE];
     std::io::stdin().read_exact(&mut bytes)?;
     let buf = ImportedBuffer::open(ctx, &IpcMemHandle::<u32>::from_bytes(&bytes)?)?;
     let mut host = vec![0u32; buf.len()];
