@@ -17,8 +17,8 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../examples/common/shapes.rs"]
-mod shapes;
+#[path = "../examples/common/weights.rs"]
+mod weights;
 
 use std::time::{Duration, Instant};
 
@@ -36,25 +36,17 @@ fn socket_name(raw: &str) -> SocketName {
     SocketName::Abstract(raw.to_owned())
 }
 
-fn send_chunks(s: &FdSocket, bytes: &[u8], size: usize) {
-    for chunk in bytes.chunks(FdSocket::MAX_PAYLOAD / size * size) {
-        s.send(chunk, &[], WAIT).unwrap();
-    }
-}
-
-fn recv_handles(s: &FdSocket, size: usize) -> Vec<Vec<u8>> {
-    let mut bytes = Vec::new();
-    while bytes.len() < TENSORS * size {
-        bytes.extend(s.recv(WAIT).unwrap().payload);
-    }
-    bytes.chunks(size).map(<[u8]>::to_vec).collect()
+/// The handles of every tensor, as the owner sent them.
+fn recv_all<H>(s: &FdSocket, size: usize, parse: impl Fn(&[u8]) -> H) -> Vec<H> {
+    let bytes = weights::recv_handles(s, TENSORS, size, WAIT).unwrap();
+    bytes.chunks(size).map(parse).collect()
 }
 
 /// The owner: both sets of tensors; then a new arena descriptor per request ("arena" for a
 /// read-only one, "arena-rw" for one of the unmarked twin arena).
 fn owner(raw: &str) {
     let ctx = GpuContext::new(0).unwrap();
-    let words = shapes::tensor_words(TENSORS, GIB);
+    let words = weights::tensor_words(TENSORS, GIB);
     let room: usize = words.iter().map(|w| (w * 4).next_multiple_of(256)).sum();
     let weights = IpcArena::with_max_buffers(&ctx, room, TENSORS)
         .unwrap()
@@ -77,17 +69,17 @@ fn owner(raw: &str) {
         .iter()
         .flat_map(|t| t.handle().as_bytes().to_vec())
         .collect();
-    send_chunks(&s, &handles, ArenaHandle::<u32>::SIZE);
+    weights::send_handles(&s, &handles, ArenaHandle::<u32>::SIZE, WAIT).unwrap();
     let handles: Vec<u8> = twins
         .iter()
         .flat_map(|t| t.handle().as_bytes().to_vec())
         .collect();
-    send_chunks(&s, &handles, ArenaHandle::<u32>::SIZE);
+    weights::send_handles(&s, &handles, ArenaHandle::<u32>::SIZE, WAIT).unwrap();
     let mut handles = Vec::new();
     for b in &legacy {
         handles.extend_from_slice(b.handle().unwrap().as_bytes());
     }
-    send_chunks(&s, &handles, IpcMemHandle::<u32>::SIZE);
+    weights::send_handles(&s, &handles, IpcMemHandle::<u32>::SIZE, WAIT).unwrap();
     loop {
         match s.recv(Duration::from_secs(3600)).map(|m| m.payload) {
             Ok(m) if m == b"arena" => s.send_arena(&weights, WAIT).unwrap(),
@@ -106,34 +98,44 @@ struct Fixture {
 }
 
 impl Fixture {
-    /// One cold read-only import and 2,000 opens; the time until the last is open.
-    fn read_only_arena(&self) -> Duration {
-        self.s.send(b"arena", &[], WAIT).unwrap();
+    /// Ask the owner for a new descriptor (`request`), then time one cold import (`import`)
+    /// and the open of every one of `handles` (`open`): from receiving the descriptor to the
+    /// last open. The views and the mapping are dropped after the clock stops. Both arena
+    /// rows go through here, so that they measure exactly the same steps.
+    fn cold_import<A, V>(
+        &self,
+        request: &[u8],
+        handles: &[ArenaHandle<u32>],
+        import: impl FnOnce(&FdSocket) -> A,
+        open: impl Fn(&A, &ArenaHandle<u32>) -> V,
+    ) -> Duration {
+        self.s.send(request, &[], WAIT).unwrap();
         let t = Instant::now();
-        let arena = self.s.recv_arena_read_only(&self.ctx, WAIT).unwrap();
-        let views: Vec<_> = self
-            .arena_handles
-            .iter()
-            .map(|h| arena.open(h).unwrap())
-            .collect();
+        let arena = import(&self.s);
+        let views: Vec<V> = handles.iter().map(|h| open(&arena, h)).collect();
         let took = t.elapsed();
         drop((views, arena));
         took
     }
 
+    /// One cold read-only import and 2,000 opens; the time until the last is open.
+    fn read_only_arena(&self) -> Duration {
+        self.cold_import(
+            b"arena",
+            &self.arena_handles,
+            |s| s.recv_arena_read_only(&self.ctx, WAIT).unwrap(),
+            |a, h| a.open(h).unwrap(),
+        )
+    }
+
     /// The same with a read-write import of the unmarked twin arena.
     fn read_write_arena(&self) -> Duration {
-        self.s.send(b"arena-rw", &[], WAIT).unwrap();
-        let t = Instant::now();
-        let arena: ImportedArena = self.s.recv_arena(&self.ctx, WAIT).unwrap();
-        let views: Vec<_> = self
-            .twin_handles
-            .iter()
-            .map(|h| arena.open(h).unwrap())
-            .collect();
-        let took = t.elapsed();
-        drop((views, arena));
-        took
+        self.cold_import(
+            b"arena-rw",
+            &self.twin_handles,
+            |s| s.recv_arena(&self.ctx, WAIT).unwrap(),
+            |a: &ImportedArena, h| a.open(h).unwrap(),
+        )
     }
 
     /// 2,000 cold legacy opens; the time until the last is open.
@@ -173,18 +175,12 @@ fn main() {
     let listener = FdListener::bind(socket_name(&raw), PeerPolicy::SameUid).unwrap();
     let _helper = common::spawn("owner", &raw);
     let s = listener.accept(WAIT).unwrap();
-    let arena_handles = recv_handles(&s, ArenaHandle::<u32>::SIZE)
-        .iter()
-        .map(|b| ArenaHandle::from_bytes(b).unwrap())
-        .collect();
-    let twin_handles = recv_handles(&s, ArenaHandle::<u32>::SIZE)
-        .iter()
-        .map(|b| ArenaHandle::from_bytes(b).unwrap())
-        .collect();
-    let legacy_handles = recv_handles(&s, IpcMemHandle::<u32>::SIZE)
-        .iter()
-        .map(|b| IpcMemHandle::from_bytes(b).unwrap())
-        .collect();
+    let arena = |b: &[u8]| ArenaHandle::from_bytes(b).unwrap();
+    let arena_handles = recv_all(&s, ArenaHandle::<u32>::SIZE, arena);
+    let twin_handles = recv_all(&s, ArenaHandle::<u32>::SIZE, arena);
+    let legacy_handles = recv_all(&s, IpcMemHandle::<u32>::SIZE, |b| {
+        IpcMemHandle::from_bytes(b).unwrap()
+    });
     let f = Fixture {
         ctx,
         s,

@@ -26,10 +26,10 @@ use cuda_ipc::{
 };
 #[path = "common/cuda.rs"]
 mod cuda;
-#[path = "common/shapes.rs"]
-mod shapes;
+#[path = "common/weights.rs"]
+mod weights;
 use cuda::{DeviceBuffer, Module, Stream, StreamFlags, launch};
-use shapes::tensor_words;
+use weights::{recv_handles, send_handles, tensor_words};
 
 const KERNELS: &str = include_str!("../kernels/pipeline.ptx");
 const WAIT: Duration = Duration::from_secs(120);
@@ -261,9 +261,9 @@ fn serve(
         match arena {
             Some(arena) => {
                 s.send_arena(arena, WAIT)?;
-                send_chunks(s, &arena_handles, ArenaHandle::<u32>::SIZE)?;
+                send_handles(s, &arena_handles, ArenaHandle::<u32>::SIZE, WAIT)?;
             }
-            None => send_chunks(s, &legacy_handles, IpcMemHandle::<u32>::SIZE)?,
+            None => send_handles(s, &legacy_handles, IpcMemHandle::<u32>::SIZE, WAIT)?,
         }
     }
     for s in &sockets {
@@ -301,15 +301,6 @@ fn serve(
     })
 }
 
-/// Send `bytes` (whole handles of `size` bytes) in messages of at most a socket's payload.
-fn send_chunks(s: &FdSocket, bytes: &[u8], size: usize) -> Result<(), Failure> {
-    let per = FdSocket::MAX_PAYLOAD / size * size;
-    for chunk in bytes.chunks(per) {
-        s.send(chunk, &[], WAIT)?;
-    }
-    Ok(())
-}
-
 fn expect(s: &FdSocket, what: &[u8]) -> Result<(), Failure> {
     let got = s.recv(WAIT)?.payload;
     if got != what {
@@ -321,15 +312,6 @@ fn expect(s: &FdSocket, what: &[u8]) -> Result<(), Failure> {
         .into());
     }
     Ok(())
-}
-
-/// Receive `n` handles of `size` bytes, in chunks.
-fn recv_handles(s: &FdSocket, n: usize, size: usize) -> Result<Vec<u8>, Failure> {
-    let mut bytes = Vec::with_capacity(n * size);
-    while bytes.len() < n * size {
-        bytes.extend(s.recv(WAIT)?.payload);
-    }
-    Ok(bytes)
 }
 
 /// Free device memory now (`cuMemGetInfo`).
@@ -360,7 +342,7 @@ fn reader(raw: &str, o: &Options) -> Result<ExitCode, Failure> {
     // Every tensor opened, as the read-only slice each kind dereferences to.
     let (arena_views, legacy_views);
     let tensors: Vec<&ReadOnlySlice<u32>> = if o.legacy {
-        let bytes = recv_handles(&s, o.tensors, IpcMemHandle::<u32>::SIZE)?;
+        let bytes = recv_handles(&s, o.tensors, IpcMemHandle::<u32>::SIZE, WAIT)?;
         legacy_views = bytes
             .chunks(IpcMemHandle::<u32>::SIZE)
             .map(|h| ImportedBuffer::open(&ctx, &IpcMemHandle::<u32>::from_bytes(h)?))
@@ -368,7 +350,7 @@ fn reader(raw: &str, o: &Options) -> Result<ExitCode, Failure> {
         legacy_views.iter().map(|v| v.as_read_only()).collect()
     } else {
         let arena = s.recv_arena_read_only(&ctx, WAIT)?;
-        let bytes = recv_handles(&s, o.tensors, ArenaHandle::<u32>::SIZE)?;
+        let bytes = recv_handles(&s, o.tensors, ArenaHandle::<u32>::SIZE, WAIT)?;
         arena_views = bytes
             .chunks(ArenaHandle::<u32>::SIZE)
             .map(|h| arena.open(&ArenaHandle::<u32>::from_bytes(h)?))

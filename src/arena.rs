@@ -345,11 +345,11 @@ impl IpcArena {
         }
         .seal();
         let fd = owner.memory.export_fd()?;
-        let handle = Handle::from_envelope(env);
-        if owner.read_only.load(StdOrdering::Relaxed) {
-            return Ok((handle.marked_read_only(), fd));
-        }
-        Ok((handle, fd))
+        let read_only = owner.read_only.load(StdOrdering::Relaxed);
+        Ok((
+            Handle::from_envelope(env).marked_read_only_if(read_only),
+            fd,
+        ))
     }
 
     /// Share this arena **read-only**: every handle it exports from now on says so

@@ -324,12 +324,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
         self.check_read_only_shareable()?;
-        let handle = self.core.handle()?;
-        Ok(if self.read_only {
-            handle.marked_read_only()
-        } else {
-            handle
-        })
+        Ok(self.core.handle()?.marked_read_only_if(self.read_only))
     }
 
     /// Share this buffer **read-only**: every handle it exports from now on says so
@@ -415,11 +410,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
         let (handle, fd) = self.core.export_fd()?;
-        Ok(if self.read_only {
-            (handle.marked_read_only(), fd)
-        } else {
-            (handle, fd)
-        })
+        Ok((handle.marked_read_only_if(self.read_only), fd))
     }
 
     /// Export a [`HandleType::Pool`] buffer: its pool's handle and a new descriptor of the
@@ -455,11 +446,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemPoolExportPointer")]
     pub fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
         let (pool, fd, buffer) = self.core.export_pooled()?;
-        Ok(if self.read_only {
-            (pool.marked_read_only(), fd, buffer)
-        } else {
-            (pool, fd, buffer)
-        })
+        Ok((pool.marked_read_only_if(self.read_only), fd, buffer))
     }
 
     /// Let the device of `ctx`, another context of this process, read and write this buffer

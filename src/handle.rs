@@ -572,10 +572,13 @@ impl<K: HandleKind> Handle<K> {
         self.env.flags & FLAG_READ_ONLY != 0
     }
 
-    /// This handle marked read-only for importers, sealed again.
-    pub(crate) fn marked_read_only(mut self) -> Self {
-        self.env.flags |= FLAG_READ_ONLY;
-        self.env = self.env.seal();
+    /// This handle, marked read-only for importers (and sealed again) when `read_only` says
+    /// so: what every owner's export does with its `read_only_for_importers` setting.
+    pub(crate) fn marked_read_only_if(mut self, read_only: bool) -> Self {
+        if read_only {
+            self.env.flags |= FLAG_READ_ONLY;
+            self.env = self.env.seal();
+        }
         self
     }
 
@@ -828,7 +831,7 @@ mod tests {
         let plain = IpcMemHandle::<f32>::from_envelope(posix_fd_sample());
         assert!(!plain.is_read_only());
         assert!(plain.refuse_if_read_only().is_ok());
-        let marked = plain.marked_read_only();
+        let marked = plain.marked_read_only_if(true);
         let back = IpcMemHandle::<f32>::from_bytes(marked.as_bytes()).unwrap();
         assert!(back.is_read_only(), "the mark is sealed into the bytes");
         assert!(matches!(

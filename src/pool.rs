@@ -363,11 +363,11 @@ impl IpcPool {
         }
         // SAFETY: the driver opened this descriptor for us; nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let handle = Handle::from_envelope(env);
-        if owner.read_only.load(StdOrdering::Relaxed) {
-            return Ok((handle.marked_read_only(), fd));
-        }
-        Ok((handle, fd))
+        let read_only = owner.read_only.load(StdOrdering::Relaxed);
+        Ok((
+            Handle::from_envelope(env).marked_read_only_if(read_only),
+            fd,
+        ))
     }
 
     /// Share this pool **read-only**: every handle it exports from now on says so

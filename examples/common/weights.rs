@@ -1,5 +1,10 @@
-//! The tensor shapes of `examples/shared_weights.rs` and `benches/shared_weights.rs` (and,
-//! word for word, of `examples/interop/torch_shared_weights.py`).
+//! What `examples/shared_weights.rs` and `benches/shared_weights.rs` share: the tensors'
+//! shapes (word for word those of `examples/interop/torch_shared_weights.py` too), and how the
+//! owner sends a reader many handles and the reader receives them.
+
+use std::time::Duration;
+
+use cuda_ipc::FdSocket;
 
 /// The words (u32) of each tensor: `n` tensors of a decoder-only transformer about `gib` GiB
 /// in all — an embedding and an output head, then layers of q, k, v, o projections
@@ -26,4 +31,32 @@ pub fn tensor_words(n: usize, gib: f64) -> Vec<usize> {
     }
     words.resize(n, NORM);
     words
+}
+
+/// Send `bytes`, whole handles of `size` bytes each, in as few messages as a socket's payload
+/// allows (no handle split between two).
+pub fn send_handles(
+    s: &FdSocket,
+    bytes: &[u8],
+    size: usize,
+    timeout: Duration,
+) -> cuda_ipc::Result<()> {
+    for chunk in bytes.chunks(FdSocket::MAX_PAYLOAD / size * size) {
+        s.send(chunk, &[], timeout)?;
+    }
+    Ok(())
+}
+
+/// Receive the bytes of `n` handles of `size` bytes each, sent by [`send_handles`].
+pub fn recv_handles(
+    s: &FdSocket,
+    n: usize,
+    size: usize,
+    timeout: Duration,
+) -> cuda_ipc::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(n * size);
+    while bytes.len() < n * size {
+        bytes.extend(s.recv(timeout)?.payload);
+    }
+    Ok(bytes)
 }
