@@ -10,17 +10,14 @@
 //! atomic operations on a shared block table — no mapping, no system call.
 //!
 //! Freeing, reuse and lifetimes are documented on [`IpcArena`]; the shared protocol in
-//! `table.rs`.
+//! `ledger/table.rs`.
 
-pub(crate) mod book;
-pub(crate) mod ledger;
 pub(crate) mod sealed;
-pub(crate) mod table;
 
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
-use std::sync::{Arc, Weak};
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
@@ -28,101 +25,44 @@ use parking_lot::Mutex;
 use crate::context::GpuContext;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
-use crate::lease::{ExportLeases, Lease};
+use crate::ledger::Ledger;
+use crate::ledger::book::{Book, Placed};
+use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::lease::Lease;
+use crate::ledger::table::{BlockMap, BlockTable, Enter};
 use crate::os;
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
 use crate::sync::Ordering;
 use crate::vmm::{Access, VmmMemory};
-use book::{Book, Placed};
-use table::{ArenaTable, BlockMap, Enter};
 
-use book::ALIGN as ARENA_ALIGN;
-use table::MAX_ARENA_BUFFERS;
+use crate::ledger::book::ALIGN as ARENA_ALIGN;
+use crate::ledger::table::MAX_ARENA_BUFFERS;
 
 /// The owner's shared state: the region, its lease table (one slot per importing process),
 /// the block table, and the books.
 struct Owner {
     ctx: GpuContext,
-    token: [u8; 16],
     generation: u64,
     uuid: [u8; 16],
-    table: ShmRegion<ArenaTable>,
-    leases: ExportLeases,
-    book: Mutex<Book>,
-    max_buffers: usize,
+    /// Who holds which buffer: the block table, the lease table and the books.
+    ledger: Ledger,
     /// Set by [`IpcArena::read_only_for_importers`]: every handle says so.
     read_only: AtomicBool,
     // Last: released after the tables are marked closed (see Drop).
     memory: VmmMemory,
 }
 
-impl Owner {
-    fn reclaim(&self, book: &mut Book, reap: bool) {
-        reclaim(book, &self.table, &self.leases, self.max_buffers, reap);
-    }
-}
-
-/// Give back quarantined ranges whose views are gone. If some remain, or with `reap`, reap the
-/// importers proven dead and try again.
-fn reclaim(
-    book: &mut Book,
-    table: &ArenaTable,
-    leases: &ExportLeases,
-    max_buffers: usize,
-    reap: bool,
-) {
-    let held = if book.has_quarantine() {
-        book.reclaim(&table.blocks, 0)
-    } else {
-        0
-    };
-    if (held != 0 || reap)
-        && reap_dead_importers(table, leases, max_buffers)
-        && book.has_quarantine()
-    {
-        book.reclaim(&table.blocks, 0);
-    }
-}
-
-/// Reap the importers proven dead: take their lease slots (so that no importer can take one
-/// over meanwhile, see `lease::Slots::claim_or_take_over`), clear their bits in every block
-/// (they may hold bits of live blocks too), then free the slots, so that a new importer taking
-/// a slot starts with no bits. Returns whether any was reaped. Shared by the export registry,
-/// arenas and pools.
-pub(crate) fn reap_dead_importers(
-    table: &ArenaTable,
-    leases: &ExportLeases,
-    max_buffers: usize,
-) -> bool {
-    // Every lease slot has a bit in a block's 64-bit holder mask.
-    const _: () = assert!(crate::lease::MAX_IMPORTERS <= 64);
-    let taken: Vec<(usize, u64)> = leases.take_dead_slots();
-    if taken.is_empty() {
-        return false;
-    }
-    let mask = taken.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
-    for block in &table.blocks[..max_buffers.min(MAX_ARENA_BUFFERS)] {
-        if block.holders() & mask != 0 {
-            block.clear_dead(mask);
-        }
-    }
-    for (i, held) in taken {
-        leases.release_taken(i, held);
-    }
-    true
-}
-
 impl Drop for Owner {
     fn drop(&mut self) {
-        if !self.table.is_home() {
+        if !self.ledger.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         // Every buffer is gone (each holds the owner), so every block is retired. Refuse new
         // imports; the memory is released below, and the driver keeps it while importers map it.
-        self.table.closing.store(1, Ordering::Release);
-        self.leases.begin_close();
+        self.ledger.table.closing.store(1, Ordering::Release);
+        self.ledger.leases.begin_close();
     }
 }
 
@@ -147,7 +87,7 @@ impl Drop for Owner {
 /// then it is *quarantined*. Dropping an [`ArenaBuffer`] never waits; the range comes back at a
 /// later [`IpcArena::alloc`] or [`IpcArena::collect`] once its views are gone, or once the
 /// processes holding them are proven dead. The protocol, and what each side sees when the other
-/// is killed at each step, is in `src/arena/table.rs`.
+/// is killed at each step, is in `src/ledger/table.rs`.
 ///
 /// # Lifetime
 ///
@@ -237,18 +177,13 @@ impl IpcArena {
         let uuid = ctx.uuid();
         let memory = VmmMemory::create(ctx, bytes)?;
         let capacity = memory.size() as u64;
-        let table = ArenaTable::create(&token, capacity)?;
-        let leases = ExportLeases::create(&token)?;
+        let ledger = Ledger::create(&token, capacity, max_buffers)?;
         Ok(Self {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
-                token,
                 generation: crate::buffer::GENERATION.fetch_add(1, StdOrdering::Relaxed),
                 uuid,
-                table,
-                leases,
-                book: Mutex::new(Book::new(capacity, max_buffers)),
-                max_buffers,
+                ledger,
                 read_only: AtomicBool::new(false),
                 memory,
             }),
@@ -286,22 +221,13 @@ impl IpcArena {
         ArgumentDefect::check_range(call, "element alignment", align, 1, ARENA_ALIGN)?;
         let bytes = crate::buffer::allocation_bytes::<T>(call, len)? as u64;
         let owner = &self.owner;
-        let mut book = owner.book.lock();
-        let placed = match book.alloc(&owner.table.blocks, bytes) {
-            Ok(p) => p,
-            Err(_) => {
-                owner.reclaim(&mut book, false);
-                book.alloc(&owner.table.blocks, bytes)
-                    .map_err(|full| Error::ArenaFull {
-                        requested: bytes,
-                        free: full.free,
-                        quarantined: full.quarantined,
-                        buffers: full.buffers,
-                        max_buffers: owner.max_buffers,
-                    })?
-            }
-        };
-        drop(book);
+        let placed = owner.ledger.alloc(bytes).map_err(|full| Error::ArenaFull {
+            requested: bytes,
+            free: full.free,
+            quarantined: full.quarantined,
+            buffers: full.buffers,
+            max_buffers: owner.ledger.max_buffers(),
+        })?;
         Ok(ArenaBuffer {
             slice: GpuSlice::new(owner.ctx.clone(), owner.memory.ptr() + placed.offset, len),
             owner: owner.clone(),
@@ -339,7 +265,7 @@ impl IpcArena {
             type_tag: type_tag_of::<u8>(),
             len: owner.memory.size() as u64,
             device_uuid: owner.uuid,
-            token: owner.token,
+            token: owner.ledger.token,
             handle_type: HandleType::PosixFd.code(),
             ..Envelope::exported(KIND_ARENA, owner.generation, owner.ctx.ordinal(), cuda)
         }
@@ -397,7 +323,7 @@ impl IpcArena {
     /// Bytes free now (not necessarily contiguous; not counting quarantined ranges).
     #[must_use]
     pub fn free_bytes(&self) -> usize {
-        self.owner.book.lock().free_bytes() as usize
+        self.owner.ledger.free_bytes() as usize
     }
 
     /// Give back the ranges of freed buffers whose views are all gone, and reap every importer
@@ -420,15 +346,13 @@ impl IpcArena {
         reason = "it frees what it can; the count is information"
     )]
     pub fn collect(&self) -> usize {
-        let mut book = self.owner.book.lock();
-        self.owner.reclaim(&mut book, true);
-        book.quarantined_bytes() as usize
+        usize::try_from(self.owner.ledger.collect()).unwrap_or(usize::MAX)
     }
 
     /// The pids of live processes that imported the arena.
     #[must_use]
     pub fn importers(&self) -> Vec<u32> {
-        self.owner.leases.holders()
+        self.owner.ledger.leases.holders()
     }
 
     /// The context the arena lives in.
@@ -505,7 +429,7 @@ impl<T: Pod> ArenaBuffer<T> {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
-            token: self.owner.token,
+            token: self.owner.ledger.token,
             index: self.placed.index,
             generation: self.placed.generation,
             offset: self.placed.offset,
@@ -524,6 +448,7 @@ impl<T: Pod> ArenaBuffer<T> {
     #[must_use]
     pub fn is_viewed(&self) -> bool {
         self.owner
+            .ledger
             .table
             .block(self.placed.index)
             .is_some_and(|b| b.holders() != 0)
@@ -532,13 +457,10 @@ impl<T: Pod> ArenaBuffer<T> {
 
 impl<T: Pod> Drop for ArenaBuffer<T> {
     fn drop(&mut self) {
-        if !self.owner.table.is_home() {
+        if !self.owner.ledger.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        self.owner
-            .book
-            .lock()
-            .free(&self.owner.table.blocks, self.placed);
+        self.owner.ledger.free(self.placed);
     }
 }
 
@@ -709,13 +631,9 @@ impl Handle<IpcArena> {
 /// view must never be handed a mapping the GPU refuses writes through, nor a read-only one a
 /// mapping it allows them through.
 type ImportKey = ([u8; 16], usize, Access);
-static IMPORTS: Mutex<Vec<(ImportKey, Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
-
-/// Held from looking an arena up in [`IMPORTS`] to registering its new import, so that threads
-/// importing one arena in one context at once make one import (and take one importer slot).
-/// Never taken by a drop. (An import being dropped may still be listed; a new one maps a range
-/// of its own, so it need not wait for it.)
-static IMPORTING: Mutex<()> = parking_lot::const_mutex(());
+/// An import whose arena is closing (or that is being dropped) is not shared: a new import maps
+/// a range of its own beside it.
+static IMPORTS: ImportCache<ImportKey, Import> = ImportCache::new(Dying::Coexist);
 
 struct Import {
     ctx: GpuContext,
@@ -724,7 +642,7 @@ struct Import {
     capacity: u64,
     bit: u64,
     exporter: ProcessIdentity,
-    table: ShmRegion<ArenaTable>,
+    table: ShmRegion<BlockTable>,
     /// Views per block in this process. The bit is set while an entry exists.
     views: Mutex<BlockMap<ViewEntry>>,
     // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
@@ -734,9 +652,7 @@ struct Import {
 
 impl Drop for Import {
     fn drop(&mut self) {
-        IMPORTS
-            .lock()
-            .retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
+        IMPORTS.forget(&self.key);
     }
 }
 
@@ -790,38 +706,28 @@ impl ImportedArena {
         let exporter = handle.admit(true)?;
         let env = &handle.env;
         let key: ImportKey = (env.token, ctx.as_raw() as usize, access);
-        let importing = IMPORTING.lock();
-        {
-            let imports = IMPORTS.lock();
-            if let Some(import) = imports
-                .iter()
-                .filter(|(k, _)| *k == key)
-                .find_map(|(_, w)| w.upgrade())
-                && !import.closing()
-            {
-                return Ok(Self { import });
-            }
-        }
-        let memory_device = handle.admit_live(ctx, &exporter, true)?;
-        let table = ArenaTable::open(&env.token, env.vmm_bytes(), env.generation)?;
-        let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
-        let bit = 1u64 << lease.slot();
-        let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-        let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
-        let import = Arc::new(Import {
-            ctx: ctx.clone(),
-            key,
-            base: memory.ptr(),
-            capacity: memory.size() as u64,
-            bit,
-            exporter,
-            table,
-            views: Mutex::new(BlockMap::default()),
-            memory,
-            _lease: lease,
-        });
-        IMPORTS.lock().push((key, Arc::downgrade(&import)));
-        drop(importing);
+        let reuse = |import: &Arc<Import>| Ok(!import.closing());
+        let import = IMPORTS.get_or_create(&key, reuse, || {
+            let memory_device = handle.admit_live(ctx, &exporter, true)?;
+            let table = BlockTable::open(&env.token, env.vmm_bytes(), env.generation)?;
+            let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
+            let bit = 1u64 << lease.slot();
+            let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+            let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
+            let import = Arc::new(Import {
+                ctx: ctx.clone(),
+                key,
+                base: memory.ptr(),
+                capacity: memory.size() as u64,
+                bit,
+                exporter,
+                table,
+                views: Mutex::new(BlockMap::default()),
+                memory,
+                _lease: lease,
+            });
+            Ok(import)
+        })?;
         Ok(Self { import })
     }
 
@@ -1071,10 +977,10 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 pub mod __testing {
     use super::*;
 
-    /// An arena owner without memory: the `Ledger` (`arena/ledger.rs`) that the export registry
+    /// An arena owner without memory: the `Ledger` (`ledger/mod.rs`) that the export registry
     /// uses, so the stress test drives that code.
     pub struct Owner {
-        ledger: ledger::Ledger,
+        ledger: Ledger,
     }
 
     /// One allocation: (block index, generation, byte offset, bytes).
@@ -1088,13 +994,13 @@ pub mod __testing {
         /// As the tables' creation.
         pub fn create(token: &[u8; 16], capacity: u64, max_buffers: usize) -> Result<Self> {
             Ok(Self {
-                ledger: ledger::Ledger::create(token, capacity, max_buffers)?,
+                ledger: Ledger::create(token, capacity, max_buffers)?,
             })
         }
 
         /// Allocate `bytes`, reclaiming (and reaping the dead) when short, as `IpcArena::alloc`.
         pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
-            let placed = self.ledger.alloc(bytes)?;
+            let placed = self.ledger.alloc(bytes).ok()?;
             Some((placed.index, placed.generation, placed.offset, placed.bytes))
         }
 
@@ -1141,7 +1047,7 @@ pub mod __testing {
     /// leases), for the fuzz target: honest operations and hostile writes in any order.
     pub struct Books {
         book: Book,
-        blocks: Vec<table::Block>,
+        blocks: Vec<crate::ledger::table::Block>,
     }
 
     impl Books {
@@ -1150,7 +1056,7 @@ pub mod __testing {
         pub fn new(capacity: u64, max_buffers: usize) -> Self {
             let book = Book::new(capacity, max_buffers);
             let blocks = (0..max_buffers.clamp(1, MAX_ARENA_BUFFERS))
-                .map(|_| table::Block::new())
+                .map(|_| crate::ledger::table::Block::new())
                 .collect();
             Self { book, blocks }
         }
@@ -1219,7 +1125,7 @@ pub mod __testing {
 
     /// An importer: a lease (its bit) and per-block entries, without views' reference counts.
     pub struct Importer {
-        table: ShmRegion<ArenaTable>,
+        table: ShmRegion<BlockTable>,
         lease: Lease,
     }
 
@@ -1230,7 +1136,7 @@ pub mod __testing {
         ///
         /// As `ImportedArena::open_fd` for the tables.
         pub fn open(token: &[u8; 16], capacity: u64) -> Result<Self> {
-            let table = ArenaTable::open(token, capacity, 0)?;
+            let table = BlockTable::open(token, capacity, 0)?;
             let lease = Lease::acquire_clearing(token, 0, &table)?;
             Ok(Self { table, lease })
         }

@@ -40,7 +40,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{ArgumentDefect, Error, ObjectState, PeerRole, Result, StateDefect};
-use crate::owner::{OwnedSlot, OwnerState};
+use crate::owned_slot::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
 use crate::sync::{
     AtomicU32, AtomicU64, Ordering, futex_wait, futex_wake_all, spin_hint, yield_now,

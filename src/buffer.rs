@@ -1,17 +1,15 @@
 //! [`IpcBuffer<T>`]: device memory that another process can map, with typed handles, an import
 //! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
 
-use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::ledger::cache::{Dying, ImportCache};
 use bytemuck::Pod;
-use parking_lot::Mutex;
 
 use crate::context::GpuContext;
-use crate::deferred;
 use crate::device;
 use crate::driver::{self, sys};
 use crate::error::{
@@ -21,11 +19,12 @@ use crate::error::{
 use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
 };
+use crate::ledger::deferred;
+use crate::ledger::registry::{self, Hold, Record};
 use crate::poll::Backoff;
 use crate::pool::{IpcPoolHandle, PoolAlloc, PoolHandle, PoolHold};
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
-use crate::registry::{self, Hold, Record};
 use crate::slice::GpuSlice;
 use crate::vmm::{Access, VmmMemory};
 
@@ -53,9 +52,9 @@ enum Described {
 }
 
 /// Live imports of this process, so that opening a buffer again shares one mapping and the
-/// driver's close runs once. The lock is held across the driver's open and close so that a
-/// mapping being closed is never opened again in between.
-static CACHE: Mutex<BTreeMap<Key, Weak<Mapping>>> = parking_lot::const_mutex(BTreeMap::new());
+/// driver's close runs once. A mapping being closed is waited for, never opened again beside
+/// its close (the driver has one mapping of an export per context: the close would unmap both).
+static CACHE: ImportCache<Key, Mapping> = ImportCache::new(Dying::WaitForIt);
 
 /// One `cuIpcOpenMemHandle` mapping, shared by every [`IpcBuffer`] view of it in this process.
 struct Mapping {
@@ -83,10 +82,6 @@ struct Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        let mut cache = CACHE.lock();
-        if cache.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
-            cache.remove(&self.key);
-        }
         if let Some(vmm) = self.vmm.take() {
             drop(vmm); // unmap, free the range, release the imported handle
         } else if let Ok(_g) = self.ctx.enter() {
@@ -94,7 +89,8 @@ impl Drop for Mapping {
             // once, here, when the last view is gone. Drop cannot report a failure.
             let _ = unsafe { driver::ipc::close_mem_handle(self.ptr) };
         }
-        drop(cache);
+        // Closed: the export may be opened again (a lookup meanwhile waited for this).
+        CACHE.forget(&self.key);
     }
 }
 
@@ -213,11 +209,11 @@ impl<T: Pod> IpcBuffer<T> {
     /// The most processes that can import from one exporting process at a time, across all its
     /// exported buffers and signals (a further process's open is [`Error::TooManyImporters`]);
     /// an arena or a pool has the same bound for its own importers.
-    pub const MAX_IMPORTERS: usize = crate::lease::MAX_IMPORTERS;
+    pub const MAX_IMPORTERS: usize = crate::ledger::lease::MAX_IMPORTERS;
 
     /// The most buffers and signals one process can have exported at a time (live, or dropped
     /// while importers still map them); a further first export is [`Error::TooManyBuffers`].
-    pub const MAX_EXPORTS: usize = crate::registry::MAX_EXPORTS;
+    pub const MAX_EXPORTS: usize = crate::ledger::registry::MAX_EXPORTS;
 
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
     /// a valid `T`: it is `Pod`). Nothing is created in `/dev/shm`: the first export of any
@@ -1156,54 +1152,39 @@ impl<T: Pod> BufferCore<T> {
         token[16..24].copy_from_slice(&env.generation.to_le_bytes());
         let key: Key = (token, ctx.as_raw() as usize, kind, access);
 
-        let mut cache = loop {
-            let cache = CACHE.lock();
-            match cache.get(&key).map(Weak::upgrade) {
-                Some(Some(mapping)) => {
-                    drop(cache);
-                    // A hit is held to everything a first open checks that can have changed
-                    // or been forged since: the export is not closing, its exporter lives,
-                    // and the envelope describes the mapping as the first one did.
-                    mapping.check_reuse(described)?;
-                    return Ok(Self::view(mapping, len));
+        // A hit is held to everything a first open checks that can have changed or been
+        // forged since: the export is not closing, its exporter lives, and the envelope
+        // describes the mapping as the first one did.
+        let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
+        let mapping = CACHE.get_or_create(&key, reuse, || {
+            let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
+            let hold = registry::enter(&env.token, env.generation, exporter)?;
+            // On an error below the hold drops after the memory was unmapped again.
+            let (ptr, mapped, vmm) = match fd {
+                Some(fd) => {
+                    let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+                    let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
+                    (memory.ptr(), memory.size(), Some(memory))
                 }
-                // The last view is being dropped on another thread: its close has not run yet,
-                // and opening now would race it. Wait for it to leave the cache.
-                Some(None) => {
-                    drop(cache);
-                    std::thread::yield_now();
+                None => {
+                    let wanted = len.saturating_mul(std::mem::size_of::<T>());
+                    let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)?;
+                    (ptr, mapped, None)
                 }
-                None => break cache,
-            }
-        };
-        let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
-        let hold = registry::enter(&env.token, env.generation, exporter)?;
-        // On an error below the hold drops after the memory was unmapped again.
-        let (ptr, mapped, vmm) = match fd {
-            Some(fd) => {
-                let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-                let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
-                (memory.ptr(), memory.size(), Some(memory))
-            }
-            None => {
-                let wanted = len.saturating_mul(std::mem::size_of::<T>());
-                let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)?;
-                (ptr, mapped, None)
-            }
-        };
-        let mapping = Arc::new(Mapping {
-            ctx: ctx.clone(),
-            ptr,
-            mapped,
-            described,
-            key,
-            exporter: Some(exporter),
-            exporter_seen_alive: AtomicU64::new(0),
-            vmm,
-            hold: Some(hold),
-        });
-        cache.insert(key, Arc::downgrade(&mapping));
-        drop(cache);
+            };
+            let mapping = Arc::new(Mapping {
+                ctx: ctx.clone(),
+                ptr,
+                mapped,
+                described,
+                key,
+                exporter: Some(exporter),
+                exporter_seen_alive: AtomicU64::new(0),
+                vmm,
+                hold: Some(hold),
+            });
+            Ok(mapping)
+        })?;
         Ok(Self::view(mapping, len))
     }
 
@@ -1319,65 +1300,55 @@ impl<T: Pod> BufferCore<T> {
             KIND_RAW,
             Access::ReadWrite,
         );
-        let mut cache = loop {
-            let cache = CACHE.lock();
-            match cache.get(&key).map(Weak::upgrade) {
-                Some(Some(mapping)) => {
-                    drop(cache);
-                    mapping.check_reuse(Described::Raw)?;
-                    in_range(mapping.mapped)?;
-                    return Ok(Self::view_at(mapping, import.offset, import.len));
-                }
-                Some(None) => {
-                    drop(cache);
-                    std::thread::yield_now();
-                }
-                None => break cache,
-            }
+        let reuse = |mapping: &Arc<Mapping>| {
+            mapping.check_reuse(Described::Raw)?;
+            in_range(mapping.mapped)?;
+            Ok(true)
         };
-        // A named exporter: alive now? By pid alone (a pidfd, kept open for later checks):
-        // a raw handle names no start time to tell a reused pid from the exporter.
-        let exporter = match import.exporter_pid {
-            None => None,
-            Some(pid) => {
-                let id = ProcessIdentity::from_parts(pid, 0);
-                if !crate::process::is_alive_cached(&id) {
-                    return Err(Error::PeerGone {
-                        pid,
-                        role: PeerRole::Exporter,
-                    });
+        let mapping = CACHE.get_or_create(&key, reuse, || {
+            // A named exporter: alive now? By pid alone (a pidfd, kept open for later checks):
+            // a raw handle names no start time to tell a reused pid from the exporter.
+            let exporter = match import.exporter_pid {
+                None => None,
+                Some(pid) => {
+                    let id = ProcessIdentity::from_parts(pid, 0);
+                    if !crate::process::is_alive_cached(&id) {
+                        return Err(Error::PeerGone {
+                            pid,
+                            role: PeerRole::Exporter,
+                        });
+                    }
+                    Some(id)
                 }
-                Some(id)
-            }
-        };
-        let _g = ctx.enter()?;
-        let ptr = driver::ipc::open_mem_handle(import.handle.0)?;
-        let checked = mapped_bytes(ptr).and_then(|mapped| {
-            in_range(mapped)?;
-            check_memory_device(ctx, ptr)?;
-            Ok(mapped)
-        });
-        let mapped = match checked {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: opened just above in this context, closed once, never handed out.
-                let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
-                return Err(e);
-            }
-        };
-        let mapping = Arc::new(Mapping {
-            ctx: ctx.clone(),
-            ptr,
-            mapped,
-            described: Described::Raw,
-            key,
-            exporter,
-            exporter_seen_alive: AtomicU64::new(0),
-            vmm: None,
-            hold: None,
-        });
-        cache.insert(key, Arc::downgrade(&mapping));
-        drop(cache);
+            };
+            let _g = ctx.enter()?;
+            let ptr = driver::ipc::open_mem_handle(import.handle.0)?;
+            let checked = mapped_bytes(ptr).and_then(|mapped| {
+                in_range(mapped)?;
+                check_memory_device(ctx, ptr)?;
+                Ok(mapped)
+            });
+            let mapped = match checked {
+                Ok(m) => m,
+                Err(e) => {
+                    // SAFETY: opened just above in this context, closed once, never handed out.
+                    let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
+                    return Err(e);
+                }
+            };
+            let mapping = Arc::new(Mapping {
+                ctx: ctx.clone(),
+                ptr,
+                mapped,
+                described: Described::Raw,
+                key,
+                exporter,
+                exporter_seen_alive: AtomicU64::new(0),
+                vmm: None,
+                hold: None,
+            });
+            Ok(mapping)
+        })?;
         Ok(Self::view_at(mapping, import.offset, import.len))
     }
 

@@ -602,7 +602,7 @@ impl<T: Pod> IpcSender<T> {
     /// The consumer, once one has attached.
     pub fn consumer(&self) -> Option<ProcessIdentity> {
         let (owner, id) = self.end.region.get().consumer[0].owner.load_identity();
-        (owner.state != crate::owner::OwnerState::Free).then_some(id)
+        (owner.state != crate::owned_slot::OwnerState::Free).then_some(id)
     }
 
     /// How long dropping or closing the sender waits for the channel's GPU operations before
@@ -1292,7 +1292,7 @@ pub mod __testing {
         /// Whether a consumer has attached.
         #[must_use]
         pub fn has_consumer(&self) -> bool {
-            self.region.get().consumer[0].owner.load().state != crate::owner::OwnerState::Free
+            self.region.get().consumer[0].owner.load().state != crate::owned_slot::OwnerState::Free
         }
     }
 

@@ -155,23 +155,21 @@ mod barrier;
 mod buffer;
 mod channel;
 mod context;
-mod deferred;
 mod device;
 pub mod driver;
 mod error;
 mod event;
 mod fd_socket;
 mod handle;
-mod lease;
+mod ledger;
 mod os;
-mod owner;
+mod owned_slot;
 mod poll;
 mod pool;
 pub mod probe;
 mod process;
 mod raw;
 mod read_only;
-mod registry;
 mod shared;
 mod shm;
 mod signal;
@@ -190,7 +188,6 @@ pub use channel::{
     SendBatch, SendSlot,
 };
 pub use context::GpuContext;
-pub use deferred::{DeferredFrees, collect_deferred};
 pub use device::{
     ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,
     device_count, device_info, devices, uuid_string,
@@ -204,7 +201,8 @@ pub use fd_socket::{
     FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,
 };
 pub use handle::{Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
-pub use lease::reclaim_stale_lease_tables;
+pub use ledger::deferred::{DeferredFrees, collect_deferred};
+pub use ledger::lease::reclaim_stale_lease_tables;
 pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, PoolView};
 pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
@@ -252,9 +250,9 @@ pub mod __private {
     #[cfg(fuzzing)]
     pub use crate::channel::fuzz_reseal_channel as reseal_channel;
     pub use crate::handle::reseal;
-    pub use crate::lease::__testing as lease;
+    pub use crate::ledger::lease::__testing as lease;
+    pub use crate::ledger::registry::__testing as registry;
     pub use crate::pool::__testing as pool;
-    pub use crate::registry::__testing as registry;
     /// The liveness cache, for the tests of the liveness rule.
     pub mod process {
         pub use crate::process::is_alive_cached;

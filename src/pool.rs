@@ -7,25 +7,27 @@
 //! on devices with pools), which legacy IPC handles refuse.
 //!
 //! The CUDA guide's rules for pool IPC, and how the types keep them, are documented on
-//! [`IpcPool`]; the shared block-table protocol is the arena's (`src/arena/table.rs`).
+//! [`IpcPool`]; the shared block-table protocol is the arena's (`src/ledger/table.rs`).
 
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
-use crate::arena::reap_dead_importers;
 use crate::arena::sealed;
-use crate::arena::table::{ArenaTable, BlockMap, Enter, MAX_ARENA_BUFFERS};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
-use crate::lease::{ExportLeases, Lease};
+use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::deferred::{Quarantine, register_quarantine};
+use crate::ledger::lease::{ExportLeases, Lease};
+use crate::ledger::reap_dead_importers;
+use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
 use crate::os;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -57,7 +59,7 @@ struct Owner {
     token: [u8; 16],
     generation: u64,
     uuid: [u8; 16],
-    table: ShmRegion<ArenaTable>,
+    table: ShmRegion<BlockTable>,
     leases: ExportLeases,
     books: Mutex<Books>,
     /// Set by [`IpcPool::read_only_for_importers`]: every handle says so.
@@ -194,7 +196,7 @@ impl Drop for Owner {
 ///   exporter*: [`PoolBuffer::handle`] waits for the allocation (an event recorded after it on
 ///   the allocating stream) before exporting, so no handle exists before that.
 /// - *Every importer must free an allocation before its exporter frees it*: each open takes the
-///   importer's bit in the pool's block table (the protocol of `src/arena/table.rs`), and a
+///   importer's bit in the pool's block table (the protocol of `src/ledger/table.rs`), and a
 ///   view's drop frees the import (`cuMemFree`, complete when it returns) before clearing the
 ///   bit. The owner's free ([`PoolBuffer`]'s drop, [`PoolBuffer::free_async`]) retires the
 ///   block first — new opens are [`Error::StaleHandle`] — and frees only once no bit is set;
@@ -260,7 +262,7 @@ impl IpcPool {
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
         let uuid = ctx.uuid();
-        let table = ArenaTable::create(&token, 0)?;
+        let table = BlockTable::create(&token, 0)?;
         let leases = ExportLeases::create(&token)?;
         let props = crate::vmm::pool_props(dev);
         let pool = {
@@ -475,7 +477,7 @@ impl std::fmt::Debug for IpcPool {
 static SHARED: Mutex<Vec<(usize, Arc<Owner>)>> = parking_lot::const_mutex(Vec::new());
 
 /// Whether a shared pool's allocation went to quarantine (or a pool may have been left without
-/// buffers) since [`collect_shared`] last looked (for [`collect_shared_if_pending`]).
+/// buffers) since [`collect_shared`] last looked (for [`SHARED_QUARANTINE`]).
 static SHARED_PENDING: AtomicBool = AtomicBool::new(false);
 
 /// After a shared pool's allocation was freed or quarantined, as it goes: if it was the pool's
@@ -508,7 +510,7 @@ fn drop_shared(owner: &Arc<Owner>) {
 /// proven dead), and destroy the pools left with no buffer and nothing in quarantine. Returns
 /// how many quarantined allocations still wait for live importers, and their bytes. Part of
 /// [`collect_deferred`](crate::collect_deferred).
-pub(crate) fn collect_shared() -> (usize, usize) {
+fn collect_shared() -> (usize, usize) {
     let mut shared = SHARED.lock();
     let (mut held, mut bytes) = (0, 0);
     let mut gone = Vec::new();
@@ -562,12 +564,13 @@ extern "C" fn unlink_shared() {
     }
 }
 
-/// [`collect_shared`] if something may be waiting (see [`SHARED_PENDING`]).
-pub(crate) fn collect_shared_if_pending() {
-    if SHARED_PENDING.load(StdOrdering::Relaxed) {
-        collect_shared();
-    }
-}
+/// The shared pools' quarantine, collected with the deferred frees
+/// ([`collect_deferred`](crate::collect_deferred), and at every allocation and export when
+/// [`SHARED_PENDING`] says something may wait); registered at the first shared pool.
+static SHARED_QUARANTINE: Quarantine = Quarantine {
+    pending: || SHARED_PENDING.load(StdOrdering::Relaxed),
+    collect: collect_shared,
+};
 
 /// Allocate `bytes` for an [`IpcBuffer`](crate::IpcBuffer) of [`HandleType::Pool`] from a pool
 /// of `ctx` this process shares between such buffers (created when none has a free block),
@@ -605,6 +608,7 @@ fn alloc_shared_in(ctx: &GpuContext, bytes: usize) -> Result<PoolAlloc> {
         let pool = IpcPool::new(ctx)?;
         SHARED.lock().push((key, pool.owner.clone()));
         unlink_shared_at_exit();
+        register_quarantine(&SHARED_QUARANTINE);
         match alloc_ready(&pool.owner, bytes) {
             // Filled by other threads in between: look again.
             Err(Error::TooManyBuffers { .. }) => continue,
@@ -865,7 +869,7 @@ impl PoolAlloc {
             })
     }
 
-    fn block(&self) -> &crate::arena::table::Block {
+    fn block(&self) -> &crate::ledger::table::Block {
         &self.owner.table.blocks[self.index as usize]
     }
 
@@ -1075,14 +1079,9 @@ struct ViewEntry {
 }
 
 /// The pools this process imported, by export token: one [`Import`] per pool per process,
-/// whatever the contexts it is opened in.
-static IMPORTS: Mutex<Vec<([u8; 16], Weak<Import>)>> = parking_lot::const_mutex(Vec::new());
-
-/// Held from looking a pool up in [`IMPORTS`] to registering its new import, so that two
-/// threads importing one pool make one import. (Never taken by a drop.) An entry whose import
-/// is being dropped stays in [`IMPORTS`] until the driver destroyed that import, and a new
-/// import of the pool waits for it to go.
-static IMPORTING: Mutex<()> = parking_lot::const_mutex(());
+/// whatever the contexts it is opened in. An import being dropped is waited for: a new import
+/// of the pool must not overlap the driver's destroy of the old one.
+static IMPORTS: ImportCache<[u8; 16], Import> = ImportCache::new(Dying::WaitForIt);
 
 /// A pool imported into this process. There is one per pool per process, shared by the
 /// [`ImportedPool`]s of every context. The driver maps an imported allocation at one address
@@ -1103,7 +1102,7 @@ struct Import {
     pool: sys::CUmemoryPool,
     bit: u64,
     exporter: ProcessIdentity,
-    table: ShmRegion<ArenaTable>,
+    table: ShmRegion<BlockTable>,
     /// Opened buffers per block. The bit is set while an entry exists.
     views: Mutex<BlockMap<ViewEntry>>,
     // Dropped after the pool is destroyed (see Drop).
@@ -1123,10 +1122,8 @@ impl Drop for Import {
             // import) has freed its pointer.
             let _ = unsafe { driver::pool::destroy(self.pool) };
         }
-        // Only now may the pool be imported again (see `IMPORTING`).
-        IMPORTS
-            .lock()
-            .retain(|(k, w)| !(*k == self.token && w.strong_count() == 0));
+        // Only now may the pool be imported again (see `IMPORTS`).
+        IMPORTS.forget(&self.token);
     }
 }
 
@@ -1152,7 +1149,7 @@ impl Import {
         holder: u32,
     ) -> Result<Self> {
         let env = &handle.env;
-        let table = ArenaTable::open(&env.token, 0, env.generation)?;
+        let table = BlockTable::open(&env.token, 0, env.generation)?;
         let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
         let _g = ctx.enter()?;
         let pool = driver::pool::import_fd(fd.as_fd())?;
@@ -1227,43 +1224,21 @@ impl ImportedPool {
     ) -> Result<Self> {
         let exporter = handle.admit(true)?;
         let token = handle.env.token;
-        let (importing, found) = loop {
-            let importing = IMPORTING.lock();
-            let entry = IMPORTS
-                .lock()
-                .iter()
-                .find(|(t, _)| *t == token)
-                .map(|(_, w)| w.upgrade());
-            match entry {
-                // The last holder is dropping this import: wait until the driver destroyed it.
-                Some(None) => {
-                    drop(importing);
-                    std::thread::yield_now();
-                }
-                Some(Some(import)) => break (importing, Some(import)),
-                None => break (importing, None),
+        let generation = handle.env.generation;
+        // The owner dropped the pool: its handles are stale (the import lives on for the
+        // views still held). Known and open: shared without asking the system about the
+        // exporter again (its buffers then open as `open` opens them: by the shared table and
+        // the driver's word).
+        let reuse = |import: &Arc<Import>| {
+            if import.table.closing.load(Ordering::Acquire) != 0 {
+                return Err(Error::StaleHandle { generation });
             }
+            Ok(true)
         };
-        let import = match found {
-            // The owner dropped the pool: its handles are stale (the import lives on for the
-            // views still held).
-            Some(import) if import.table.closing.load(Ordering::Acquire) != 0 => {
-                drop(importing);
-                return Err(Error::StaleHandle {
-                    generation: handle.env.generation,
-                });
-            }
-            // Known: shared without asking the system about the exporter again (its buffers
-            // then open as `open` opens them: by the shared table and the driver's word).
-            Some(import) => import,
-            None => {
-                let holder = handle.admit_live(ctx, &exporter, true)?;
-                let import = Arc::new(Import::new(ctx, handle, fd, exporter, holder)?);
-                IMPORTS.lock().push((token, Arc::downgrade(&import)));
-                import
-            }
-        };
-        drop(importing);
+        let import = IMPORTS.get_or_create(&token, reuse, || {
+            let holder = handle.admit_live(ctx, &exporter, true)?;
+            Ok(Arc::new(Import::new(ctx, handle, fd, exporter, holder)?))
+        })?;
         import.grant(ctx)?;
         Ok(Self {
             import,

@@ -218,7 +218,7 @@ fn a_shared_pool_left_without_buffers_while_another_thread_looked_is_destroyed_n
 }
 
 /// Write `value` into the size word of every block of the block table `/dev/shm/<name>`, as a
-/// hostile process could: the table (`arena/table.rs`: a header, then token, capacity, closing
+/// hostile process could: the table (`ledger/table.rs`: a header, then token, capacity, closing
 /// and 16,384 blocks of state, holders, offset and size words) ends the file.
 fn scribble_block_sizes(name: &str, value: u64) {
     use std::os::unix::fs::FileExt;

@@ -179,7 +179,7 @@ impl<T: Pod> Endpoint<T> {
     /// forcing the counter our streams wait on once the other end is gone — then close the
     /// memory and counters, or leak them if GPU work may still touch them. The producer's
     /// memory is freed once the consumer has unmapped it: `peer_wait` is how long to wait for
-    /// that here (zero from drop: the free is then deferred, see `deferred.rs`). Runs once;
+    /// that here (zero from drop: the free is then deferred, see `ledger/deferred.rs`). Runs once;
     /// later calls return `Ok`.
     ///
     /// The producer closes first and then drains: a consumer keeps receiving what was

@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{ArgumentDefect, Error, PeerRole, Result, StateDefect};
 use crate::handle::Envelope;
-use crate::owner::{OwnedSlot, OwnerState};
+use crate::owned_slot::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
 use crate::shared::{ShmCell, ShmSafe};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};

@@ -16,7 +16,7 @@
 //! - **No device use-after-free**: memory is freed only once its retired block has no holder.
 //!   An importer clears its bit only after unmapping, and one that sets its bit after the
 //!   retire sees the retired generation and backs off before mapping (the arena protocol,
-//!   `arena/table.rs`), so a block without holders means nobody maps the memory and nobody
+//!   `ledger/table.rs`), so a block without holders means nobody maps the memory and nobody
 //!   can start to.
 //! - **Nothing held past its importers**: once the last importer unmaps (or dies), the next
 //!   collect frees the memory. A process that allocates or exports again frees its deferred
@@ -32,14 +32,14 @@
 //! `/dev/shm`; if it is killed, its last importer removes them, or the next process's sweep
 //! does ([`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables)).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::Result;
-use crate::registry::{self, Record};
+use crate::ledger::registry::{self, Record};
 
 /// An allocation whose importers had not all unmapped it when its owner dropped it.
 struct Deferred {
@@ -112,12 +112,50 @@ fn free(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
     unsafe { crate::driver::mem::free(ptr) }
 }
 
+/// Another owner's quarantine, collected with the deferred frees: the pools that
+/// [`HandleType::Pool`](crate::HandleType::Pool) buffers come from register theirs
+/// ([`register_quarantine`]) at their first use, so that this module calls into no owner.
+pub(crate) struct Quarantine {
+    /// Whether something may wait (one atomic load: the allocation paths' fast check).
+    pub(crate) pending: fn() -> bool,
+    /// Free what no live importer holds any more (reaping importers proven dead); returns how
+    /// many allocations still wait, and their bytes.
+    pub(crate) collect: fn() -> (usize, usize),
+}
+
+static QUARANTINES: Mutex<Vec<&'static Quarantine>> = Mutex::new(Vec::new());
+/// Whether [`QUARANTINES`] has an entry (so that a process without one never takes its lock).
+static ANY_QUARANTINE: AtomicBool = AtomicBool::new(false);
+
+/// Collect `quarantine` with the deferred frees from now on (once however often called).
+pub(crate) fn register_quarantine(quarantine: &'static Quarantine) {
+    let mut list = QUARANTINES.lock();
+    if !list.iter().any(|q| std::ptr::eq(*q, quarantine)) {
+        list.push(quarantine);
+    }
+    ANY_QUARANTINE.store(true, Ordering::Release);
+}
+
+/// The registered quarantines, copied out: none is called under the list's lock (a collect
+/// takes its owner's locks, under which an owner may register).
+fn quarantines() -> Vec<&'static Quarantine> {
+    if ANY_QUARANTINE.load(Ordering::Acquire) {
+        QUARANTINES.lock().clone()
+    } else {
+        Vec::new()
+    }
+}
+
 /// Collect if anything is pending (called when this process allocates or exports).
 pub(crate) fn collect_if_pending() {
     if PENDING.load(Ordering::Relaxed) != 0 {
         collect_deferred();
     }
-    crate::pool::collect_shared_if_pending();
+    for quarantine in quarantines() {
+        if (quarantine.pending)() {
+            (quarantine.collect)();
+        }
+    }
 }
 
 /// Free every deferred buffer that no importer maps any more (see
@@ -150,9 +188,11 @@ pub fn collect_deferred() -> DeferredFrees {
     let mut report = sweep(&mut list, |d| free(&d.ctx, d.ptr));
     PENDING.store(list.len(), Ordering::Relaxed);
     drop(list);
-    let (held, bytes) = crate::pool::collect_shared();
-    report.pending += held;
-    report.pending_bytes = report.pending_bytes.saturating_add(bytes);
+    for quarantine in quarantines() {
+        let (held, bytes) = (quarantine.collect)();
+        report.pending += held;
+        report.pending_bytes = report.pending_bytes.saturating_add(bytes);
+    }
     report
 }
 

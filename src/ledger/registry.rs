@@ -13,7 +13,7 @@
 //!
 //! # Protocol
 //!
-//! The arena's, in `arena/table.rs`, with an export in place of an arena buffer:
+//! The arena's, in `ledger/table.rs`, with an export in place of an arena buffer:
 //!
 //! - **Export** (the first `handle` or `export_fd` of a buffer): publish a block with a new odd
 //!   generation.
@@ -48,7 +48,7 @@
 //! # Proofs
 //!
 //! The two-party core (enter against retire, reuse, death mid-enter) is the arena's: its loom
-//! model and replay tests in `arena/table.rs`, and `tests/arena_stress.rs`, whose owner is the
+//! model and replay tests in `ledger/table.rs`, and `tests/arena_stress.rs`, whose owner is the
 //! same [`Ledger`] this registry uses, under random kills with a shadow record. The registry's
 //! own steps (one lease per exporter process shared by every import from it, per-block counts
 //! across mappings, handles naming blocks that were reused) have replay tests below, and
@@ -56,15 +56,16 @@
 //! killed at random through this module, against a shadow record (an injected bug — a retired
 //! export reported free while held — is caught within the 8 s run).
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::arena::book::{ALIGN, Placed};
-use crate::arena::ledger::Ledger;
-use crate::arena::table::{ArenaTable, BlockMap, Enter, MAX_ARENA_BUFFERS};
 use crate::error::{Error, HandleDefect, Result};
-use crate::lease::Lease;
+use crate::ledger::Ledger;
+use crate::ledger::book::{ALIGN, Placed};
+use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::lease::Lease;
+use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
 
@@ -151,7 +152,7 @@ impl Record {
         let ledger = ledger()?;
         let placed = ledger
             .alloc(ALIGN)
-            .ok_or(Error::TooManyBuffers { max: MAX_EXPORTS })?;
+            .map_err(|_| Error::TooManyBuffers { max: MAX_EXPORTS })?;
         Ok(Self {
             ledger,
             placed,
@@ -222,7 +223,7 @@ impl Drop for Record {
 /// hold, its generation and how many of our mappings use it.
 struct ImportedLedger {
     token: [u8; 16],
-    table: Arc<ShmRegion<ArenaTable>>,
+    table: Arc<ShmRegion<BlockTable>>,
     exporter: ProcessIdentity,
     bit: u64,
     held: Mutex<BlockMap<(u64, usize)>>,
@@ -231,26 +232,26 @@ struct ImportedLedger {
 }
 
 /// The exporters' ledgers this process maps, by token (shared by every import from one
-/// exporter; dropped with the last).
-static IMPORTED: Mutex<Vec<([u8; 16], Weak<ImportedLedger>)>> =
-    parking_lot::const_mutex(Vec::new());
+/// exporter; dropped with the last). A ledger being dropped releases its lease meanwhile; a new
+/// import from the exporter takes a lease of its own beside it.
+static IMPORTED: ImportCache<[u8; 16], ImportedLedger> = ImportCache::new(Dying::Coexist);
 
 /// Block tables of exporters this process imported from, kept after the last import from one
 /// ends, so that importing from it again skips the open, `fstat` and `mmap` of its table
 /// (tens of µs, a cold open's worth of overhead). Tokens are random and never reused; an
 /// entry goes when its exporter is found dead (with the last import from it) or, past
 /// [`MAX_CACHED_TABLES`], oldest first.
-static TABLES: Mutex<Vec<(Token, Arc<ShmRegion<ArenaTable>>)>> =
+static TABLES: Mutex<Vec<(Token, Arc<ShmRegion<BlockTable>>)>> =
     parking_lot::const_mutex(Vec::new());
 type Token = [u8; 16];
 const MAX_CACHED_TABLES: usize = 64;
 
-fn cached_table(token: &[u8; 16], generation: u64) -> Result<Arc<ShmRegion<ArenaTable>>> {
+fn cached_table(token: &[u8; 16], generation: u64) -> Result<Arc<ShmRegion<BlockTable>>> {
     let mut tables = TABLES.lock();
     if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
         return Ok(t.clone());
     }
-    let table = Arc::new(ArenaTable::open(token, CAPACITY, generation)?);
+    let table = Arc::new(BlockTable::open(token, CAPACITY, generation)?);
     if tables.len() >= MAX_CACHED_TABLES {
         tables.remove(0);
     }
@@ -302,7 +303,7 @@ fn enter_pausing(
     pause: impl FnOnce(),
 ) -> Result<Hold> {
     let (ledger_token, index) = split(token)?;
-    if !crate::arena::table::names_a_live_export(generation) {
+    if !crate::ledger::table::names_a_live_export(generation) {
         return Err(Error::corrupt_handle(HandleDefect::Names {
             detail: format!("generation {generation} is not a live export's (odd)"),
         }));
@@ -317,41 +318,37 @@ fn imported(
     generation: u64,
     exporter: ProcessIdentity,
 ) -> Result<Arc<ImportedLedger>> {
-    // Held across the open, so that two threads importing from one exporter share one lease.
-    // (Entries of dropped ledgers are removed by their drop.)
-    let mut imported = IMPORTED.lock();
-    if let Some(ledger) = imported
-        .iter()
-        .filter(|(t, _)| t == token)
-        .find_map(|(_, w)| w.upgrade())
-    {
-        return Ok(ledger);
-    }
-    let table = cached_table(token, generation)?;
-    // With every slot taken, take over a dead importer's, clearing its bits first: no call of
-    // an idle exporter is needed to reap (issue 31, item 6).
-    let lease = Lease::acquire_clearing(token, generation, &table)?;
-    // The ledger must be the exporter's own: a handle naming one process and another's
-    // ledger would hold the wrong process's memory.
-    if !table.creator().is_same_process(&exporter) {
-        return Err(Error::corrupt_handle(HandleDefect::Names {
-            detail: format!(
-                "the handle names process {} but an export registry of process {}",
-                exporter.pid(),
-                table.creator().pid()
-            ),
-        }));
-    }
-    let ledger = Arc::new(ImportedLedger {
-        token: *token,
-        table,
-        exporter,
-        bit: 1u64 << lease.slot(),
-        held: Mutex::new(BlockMap::default()),
-        lease: Some(lease),
-    });
-    imported.push((*token, Arc::downgrade(&ledger)));
-    Ok(ledger)
+    // Two threads importing from one exporter share one lease (the cache's creation lock).
+    IMPORTED.get_or_create(
+        token,
+        |_| Ok(true),
+        || {
+            let table = cached_table(token, generation)?;
+            // With every slot taken, take over a dead importer's, clearing its bits first: no call of
+            // an idle exporter is needed to reap (issue 31, item 6).
+            let lease = Lease::acquire_clearing(token, generation, &table)?;
+            // The ledger must be the exporter's own: a handle naming one process and another's
+            // ledger would hold the wrong process's memory.
+            if !table.creator().is_same_process(&exporter) {
+                return Err(Error::corrupt_handle(HandleDefect::Names {
+                    detail: format!(
+                        "the handle names process {} but an export registry of process {}",
+                        exporter.pid(),
+                        table.creator().pid()
+                    ),
+                }));
+            }
+            let ledger = Arc::new(ImportedLedger {
+                token: *token,
+                table,
+                exporter,
+                bit: 1u64 << lease.slot(),
+                held: Mutex::new(BlockMap::default()),
+                lease: Some(lease),
+            });
+            Ok(ledger)
+        },
+    )
 }
 
 impl ImportedLedger {
@@ -391,6 +388,7 @@ impl Drop for ImportedLedger {
     fn drop(&mut self) {
         if !self.table.is_home() {
             std::mem::forget(self.lease.take());
+            IMPORTED.forget(&self.token);
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         // The exporter died without removing its names, and nobody else imports from it: the
@@ -408,10 +406,7 @@ impl Drop for ImportedLedger {
             let _ = self.table.unlink_shared();
             TABLES.lock().retain(|(t, _)| *t != self.token);
         }
-        let token = self.token;
-        IMPORTED
-            .lock()
-            .retain(|(t, w)| !(*t == token && w.strong_count() == 0));
+        IMPORTED.forget(&self.token);
     }
 }
 
@@ -550,7 +545,7 @@ pub mod __testing {
 mod tests {
     //! Replay tests of the registry's own steps, in one process that exports and imports
     //! (as an exporter opening its own POSIX-fd handle does). The enter/retire core has its
-    //! own in `arena/table.rs`.
+    //! own in `ledger/table.rs`.
     use super::*;
 
     fn me() -> ProcessIdentity {

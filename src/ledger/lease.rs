@@ -6,7 +6,7 @@
 //! [`IpcArena`](crate::IpcArena) and per [`IpcPool`](crate::IpcPool). An importer claims a
 //! slot before it maps anything and frees it when it is done with the exporter; its slot
 //! number is its bit in the block table, where it marks each export it maps (the arena
-//! protocol, `arena/table.rs`). The exporter reaps the slots of importers proven dead.
+//! protocol, `ledger/table.rs`). The exporter reaps the slots of importers proven dead.
 //!
 //! The table can also be *closed* (an arena's or pool's owner does it when dropped): claims
 //! after that fail, and a scan that finds no holder proves nobody maps anything and nobody can
@@ -63,7 +63,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::owner::{OwnedSlot, OwnerState};
+use crate::owned_slot::{OwnedSlot, OwnerState};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::shared::ShmSafe;
@@ -96,7 +96,7 @@ fn region_name(token: &[u8; 16]) -> String {
 }
 
 /// The `/dev/shm` name of a table of export `token`: `prefix` and the token in hex (lease
-/// tables here, arena and pool block tables in `arena/table.rs`).
+/// tables here, arena and pool block tables in `ledger/table.rs`).
 pub(crate) fn token_name(prefix: &str, token: &[u8; 16]) -> String {
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
     format!("{prefix}{hex}")
@@ -366,7 +366,7 @@ pub(crate) struct ExportLeases {
     reason = "it removes stale tables; the count is information"
 )]
 pub fn reclaim_stale_lease_tables() -> usize {
-    crate::shm::reclaim_stale_prefixed(PREFIX) + crate::arena::table::reclaim_stale_tables()
+    crate::shm::reclaim_stale_prefixed(PREFIX) + crate::ledger::table::reclaim_stale_tables()
 }
 
 fn reap_stale_tables() {
@@ -535,11 +535,11 @@ impl Lease {
 
     /// What every importer of an export with a block table (`table`: arenas, pools, the
     /// registry) does: [`acquire_taking_over`](Self::acquire_taking_over), clearing a taken
-    /// slot's bits in `table` ([`ArenaTable::clear_slot_bits`](crate::arena::table::ArenaTable::clear_slot_bits)).
+    /// slot's bits in `table` ([`BlockTable::clear_slot_bits`](crate::ledger::table::BlockTable::clear_slot_bits)).
     pub(crate) fn acquire_clearing(
         token: &[u8; 16],
         generation: u64,
-        table: &crate::arena::table::ArenaTable,
+        table: &crate::ledger::table::BlockTable,
     ) -> Result<Self> {
         Self::acquire_taking_over(token, generation, &mut |slot| table.clear_slot_bits(slot))
     }
@@ -610,7 +610,7 @@ impl Drop for Lease {
         }
         self.table.slots().release(self.slot, self.held);
         // The exporter died without unlinking its table, or closed it while we held a lease
-        // (its free deferred, see `deferred.rs`; it may exit before its next sweep): the last
+        // (its free deferred, see `ledger/deferred.rs`; it may exit before its next sweep): the last
         // importer removes the name (and stops caching the table). Names are random tokens
         // never reused, and an open of a closing export is refused anyway: unlinked, it is
         // refused as stale the same. The exporter keeps its mapping of the table.

@@ -182,8 +182,8 @@ impl Book {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::super::table::Enter;
     use super::*;
+    use crate::ledger::table::Enter;
 
     fn blocks(n: usize) -> Vec<Block> {
         (0..n).map(|_| Block::new()).collect()

@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //!
-//! One [`ArenaTable`] per arena, in a [`ShmRegion`] named after the arena's
+//! One [`BlockTable`] per arena, in a [`ShmRegion`] named after the arena's
 //! random token (`cuda-ipc-arena.<token>`), created by the owner. Each [`Block`] is four
 //! words: `state`, `holders`, `offset`, `bytes`.
 //!
@@ -60,7 +60,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use crate::error::{Error, HandleDefect, Result};
-use crate::lease::{token_name, token_words};
+use crate::ledger::lease::{token_name, token_words};
 use crate::shared::ShmSafe;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -222,7 +222,7 @@ impl Block {
 
 /// The shared table of one arena.
 #[repr(C)]
-pub(crate) struct ArenaTable {
+pub(crate) struct BlockTable {
     pub(crate) token: [AtomicU64; 2],
     /// The arena's mapped size in bytes.
     pub(crate) capacity: AtomicU64,
@@ -235,7 +235,7 @@ pub(crate) struct ArenaTable {
 // SAFETY: repr(C), all fields integer atomics (valid for any bits, accessed atomically).
 // Under `--cfg loom` (model checks only, where no region is ever mapped) the atomics are
 // loom's; see `shared.rs`.
-unsafe impl ShmSafe for ArenaTable {
+unsafe impl ShmSafe for BlockTable {
     fn type_tag() -> u64 {
         u64::from_le_bytes(*b"arena001")
     }
@@ -247,7 +247,7 @@ pub(crate) fn reclaim_stale_tables() -> usize {
     crate::shm::reclaim_stale_prefixed(PREFIX)
 }
 
-impl ArenaTable {
+impl BlockTable {
     /// Create the block table of export `token` (an arena of `capacity` bytes, or a pool with
     /// 0), after removing, once per process, tables whose owners died.
     pub(crate) fn create(token: &[u8; 16], capacity: u64) -> Result<ShmRegion<Self>> {
@@ -464,21 +464,21 @@ mod tests {
     #[test]
     fn a_table_opens_only_for_its_token_and_capacity_and_a_missing_one_is_stale() {
         let token: [u8; 16] = std::array::from_fn(|i| i as u8 ^ (std::process::id() as u8));
-        let table = ArenaTable::create(&token, 1 << 21).unwrap();
-        assert!(ArenaTable::open(&token, 1 << 21, 7).is_ok());
+        let table = BlockTable::create(&token, 1 << 21).unwrap();
+        assert!(BlockTable::open(&token, 1 << 21, 7).is_ok());
         assert!(matches!(
-            ArenaTable::open(&token, 1 << 22, 7),
+            BlockTable::open(&token, 1 << 22, 7),
             Err(Error::CorruptHandle { .. })
         ));
         let mut other = token;
         other[0] ^= 0xff;
         assert!(matches!(
-            ArenaTable::open(&other, 1 << 21, 7),
+            BlockTable::open(&other, 1 << 21, 7),
             Err(Error::StaleHandle { generation: 7 })
         ));
         drop(table); // the owner's drop unlinks it: later opens are stale
         assert!(matches!(
-            ArenaTable::open(&token, 1 << 21, 9),
+            BlockTable::open(&token, 1 << 21, 9),
             Err(Error::StaleHandle { generation: 9 })
         ));
     }
@@ -487,7 +487,7 @@ mod tests {
     fn the_table_is_small_enough_for_dev_shm_and_indexes_are_bounded() {
         assert_eq!(std::mem::size_of::<Block>(), 32);
         // 16,384 blocks of 32 bytes: 512 KiB (and the header) of /dev/shm per table.
-        assert!(std::mem::size_of::<ArenaTable>() <= 513 * 1024);
+        assert!(std::mem::size_of::<BlockTable>() <= 513 * 1024);
     }
 }
 
