@@ -5,6 +5,7 @@
 //! the shared-memory half, with every kill point, in `channel/ring.rs`.
 
 mod batch;
+mod drain;
 mod endpoint;
 mod inflight;
 pub(crate) mod ring;
@@ -361,8 +362,9 @@ fn wait_limit(timeout: Duration) -> Duration {
 ///   the consumer every 10 ms and reports [`Error::PeerGone`] (an importer).
 /// - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
 ///   passes; its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
-/// - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
-///   Left`; the producer's next acquire reports `ChannelClosed`.
+/// - Closed: once its GPU operations have completed (bounded by the drop timeout; after a
+///   drop, seen by a later collect or at exit), `Held → Left`; the producer's next acquire
+///   reports `ChannelClosed`.
 ///
 /// `IpcSender<T>` is `Send`, not `Sync`: one thread at a time drives it (move it between
 /// threads; to share it, put it behind a lock).
@@ -568,7 +570,8 @@ impl<T: Pod> IpcSender<T> {
         if waited {
             // SAFETY: the counter stays mapped until this wait has completed: a `record` on
             // this stream follows (at `send`, or when the slot is dropped), and the sender's
-            // drop waits for every recorded event before it frees the counter.
+            // teardown (close, or a collect after its drop) waits for every recorded event before it
+            // frees the counter.
             unsafe { self.end.released.wait(stream, k - slots)? };
         }
         Ok(SendSlot {
@@ -605,17 +608,18 @@ impl<T: Pod> IpcSender<T> {
         (owner.state != crate::owned_slot::OwnerState::Free).then_some(id)
     }
 
-    /// How long dropping or closing the sender waits for the channel's GPU operations before
-    /// leaking the memory rather than freeing it under them, and how long [`close`](Self::close)
-    /// then waits for the consumer to unmap it (default 5 s). Dropping never waits for the
-    /// consumer: the memory is freed once it unmaps (see
-    /// [`collect_deferred`](crate::collect_deferred)).
+    /// How long the channel's GPU operations are waited for before the memory is leaked rather
+    /// than freed under them (default 5 s) — by [`close`](Self::close), which then waits as long
+    /// again for the consumer to unmap it, or, after a drop, by later collects. Dropping never
+    /// waits: the sender is closed at once, and its memory freed once its GPU operations are
+    /// done and the consumer unmapped it (at a later allocation or export of this process,
+    /// [`collect_deferred`](crate::collect_deferred), or exit).
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
         self.end.drain_timeout = timeout;
     }
 
     /// Close the channel: the consumer receives what was sent, then [`Error::ChannelClosed`].
-    /// Waits for the channel's GPU operations as drop does, then up to the drop timeout for
+    /// Waits (up to the drop timeout) for the channel's GPU operations, then as long again for
     /// the consumer to unmap the memory, and reports what drop would hide.
     ///
     /// # Errors
@@ -916,7 +920,8 @@ impl<T: Pod> IpcReceiver<T> {
         let k = self.received + 1;
         // SAFETY: the counter stays mapped until this wait has completed: the item's release
         // (explicit or in its drop) records an event on this stream after it, and the
-        // receiver's drop waits for recorded events before unmapping.
+        // receiver's teardown (close, or a collect after its drop) waits for recorded events
+        // before unmapping.
         unsafe { self.end.sent.wait(stream, k)? };
         self.received = k;
         Ok(Received {
@@ -954,9 +959,11 @@ impl<T: Pod> IpcReceiver<T> {
         self.end.data.exporter()
     }
 
-    /// How long dropping or closing the receiver waits for the channel's GPU operations
-    /// before leaking the mappings rather than unmapping them under those operations (default
-    /// 5 s).
+    /// How long the channel's GPU operations are waited for before the mappings are leaked
+    /// rather than unmapped under them (default 5 s) — by [`close`](Self::close), or, after a
+    /// drop, by later collects. Dropping never waits: the receiver closes (and unmaps) once its
+    /// GPU operations are done — at once if they are, else at a later allocation or export of
+    /// this process, [`collect_deferred`](crate::collect_deferred), or exit.
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
         self.end.drain_timeout = timeout;
     }
@@ -969,7 +976,8 @@ impl<T: Pod> IpcReceiver<T> {
     }
 
     /// Close the receiver: the producer's next acquire reports [`Error::ChannelClosed`].
-    /// Waits for the channel's GPU operations as drop does and reports what drop would hide.
+    /// Waits (up to the drop timeout) for the channel's GPU operations — drop leaves that to
+    /// later collects — and reports what drop would hide.
     ///
     /// # Errors
     ///

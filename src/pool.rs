@@ -24,7 +24,7 @@ use crate::driver::{self, sys};
 use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::ledger::cache::{Dying, ImportCache};
-use crate::ledger::deferred::{Quarantine, register_quarantine};
+use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
 use crate::ledger::lease::{ExportLeases, Lease};
 use crate::ledger::reap_dead_importers;
 use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
@@ -567,9 +567,16 @@ extern "C" fn unlink_shared() {
 /// The shared pools' quarantine, collected with the deferred frees
 /// ([`collect_deferred`](crate::collect_deferred), and at every allocation and export when
 /// [`SHARED_PENDING`] says something may wait); registered at the first shared pool.
-static SHARED_QUARANTINE: Quarantine = Quarantine {
+static SHARED_QUARANTINE: Pending = Pending {
     pending: || SHARED_PENDING.load(StdOrdering::Relaxed),
-    collect: collect_shared,
+    collect: || {
+        let (held, bytes) = collect_shared();
+        DeferredFrees {
+            pending: held,
+            pending_bytes: bytes,
+            ..DeferredFrees::default()
+        }
+    },
 };
 
 /// Allocate `bytes` for an [`IpcBuffer`](crate::IpcBuffer) of [`HandleType::Pool`] from a pool
@@ -608,7 +615,7 @@ fn alloc_shared_in(ctx: &GpuContext, bytes: usize) -> Result<PoolAlloc> {
         let pool = IpcPool::new(ctx)?;
         SHARED.lock().push((key, pool.owner.clone()));
         unlink_shared_at_exit();
-        register_quarantine(&SHARED_QUARANTINE);
+        register_pending(&SHARED_QUARANTINE);
         match alloc_ready(&pool.owner, bytes) {
             // Filled by other threads in between: look again.
             Err(Error::TooManyBuffers { .. }) => continue,

@@ -206,6 +206,26 @@ fn child_process() {
                             item.release().unwrap();
                             die();
                         }
+                        // Release behind a 1 s kernel and drop the receiver at once: the drop
+                        // returns without waiting for the kernel (the end drains later), and
+                        // the process returns from its role while the kernel still runs: the
+                        // exit hook finishes the drain, so the producer sees a clean close.
+                        "drop_behind_kernel" => {
+                            let p = scratch;
+                            // SAFETY: writes 16 bytes of a live scratch buffer after 1 s.
+                            unsafe {
+                                launch!(delay<<<1, 32, 0, stream>>>(p, 16u64, 1u32, 1_000_000_000u64))
+                                    .unwrap();
+                            }
+                            item.release().unwrap();
+                            let t = Instant::now();
+                            drop(rx);
+                            let dropped = t.elapsed();
+                            let left = cuda_ipc::collect_deferred();
+                            common::report(format!("dropped in {} ms", dropped.as_millis()));
+                            common::report(format!("draining {}", left.draining));
+                            return 0;
+                        }
                         _ => item.release().unwrap(),
                     }
                 }
@@ -649,8 +669,75 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
             "{die_at}: the stream was not released"
         );
         stream.synchronize().unwrap();
+        // The drop forced the dead producer's counter and left the rest to a collect: with the
+        // stream done, this one closes the receiver (and its import of the dead producer's
+        // memory, whose names the last importer removes).
+        assert_eq!(cuda_ipc::collect_deferred().draining, 0, "{die_at}");
         assert_nothing_left(&before, die_at);
     }
+}
+
+/// Dropping a channel end never waits for its GPU work (issue 33, item 6): a consumer that
+/// releases its last item behind a 1 s kernel drops its receiver in well under that second
+/// (the end waits on this process's list of draining ends), then returns from `main` while
+/// the kernel runs; the exit hook finishes the drain, so the producer sees `ChannelClosed`, a
+/// clean close, not `PeerGone` (which a consumer that never closed would be).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_dropped_end_never_waits_and_still_closes_cleanly_at_exit() {
+    let _g = serial();
+    let _dog = watchdog("drop never waits", Duration::from_secs(120));
+    let s = region();
+    let before = entries();
+    let ctx = gpu();
+    ctx.make_current().unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut tx = IpcSender::<u8>::new(&ctx, 2, 1 << 20).unwrap();
+    s.handle.store(tx.handle());
+    let child = spawn(
+        "consumer",
+        &[
+            s.name(),
+            &other_device().to_string(),
+            "drop_behind_kernel",
+            "2",
+        ],
+    );
+    wait_for("consumer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    for _ in 0..2 {
+        tx.acquire(&stream, WAIT).unwrap().send(16).unwrap();
+    }
+    let out = child.expect_success(WAIT);
+    let dropped: u64 = out[0]
+        .strip_prefix("dropped in ")
+        .and_then(|r| r.strip_suffix(" ms"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("child said {out:?}"));
+    println!(
+        "receiver dropped in {dropped} ms behind a 1 s kernel; {}",
+        out[1]
+    );
+    assert!(
+        dropped < 500,
+        "the drop waited for the kernel: {dropped} ms"
+    );
+    assert_eq!(
+        out[1], "draining 1",
+        "the dropped end was not left to a collect"
+    );
+    let err = loop {
+        match tx.acquire(&stream, WAIT) {
+            Ok(slot) => slot.send(16).unwrap(),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, Error::ChannelClosed { .. }),
+        "the consumer's exit did not close its end: {err}"
+    );
+    tx.close().unwrap();
+    stream.synchronize().unwrap();
+    assert_nothing_left(&before, "after the exit drain");
 }
 
 /// The consumer dies holding an item, or right after releasing one behind a 1 s kernel: the

@@ -101,7 +101,8 @@ impl<T: Pod> IpcSender<T> {
         if waited {
             // SAFETY: the counter stays mapped until this wait has completed: a `record` on
             // this stream follows (at `send`, or when the batch is dropped), and the sender's
-            // drop waits for every recorded event before it frees the counter.
+            // teardown (close, or a collect after its drop) waits for every recorded event before it
+            // frees the counter.
             unsafe { self.end.released.wait(stream, last - slots)? };
         }
         Ok(SendBatch {
@@ -246,7 +247,8 @@ impl<T: Pod> IpcReceiver<T> {
         let last = self.received + lens.len() as u64;
         // SAFETY: the counter stays mapped until this wait has completed: the batch's release
         // (explicit or in its drop) records an event on this stream after it, and the
-        // receiver's drop waits for recorded events before unmapping.
+        // receiver's teardown (close, or a collect after its drop) waits for recorded events
+        // before unmapping.
         unsafe { self.end.sent.wait(stream, last)? };
         self.received = last;
         Ok(ReceivedBatch {

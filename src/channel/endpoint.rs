@@ -1,23 +1,25 @@
 //! What each end of a channel holds — its view of the region, the slots' memory, the two
 //! counters and the tracker of its GPU operations — and what both ends do with it: address a
-//! slot, signal a counter and track the write, and tear down without freeing under pending
-//! GPU work.
+//! slot, signal a counter and track the write, and hand itself to a [`Drain`] to be taken
+//! apart (`drain.rs`).
 
 use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use bytemuck::Pod;
 
+use super::drain::Drain;
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::BufferCore;
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
-/// How long dropping or closing an end waits for the channel's GPU operations (and closing the
-/// producer, for the consumer to unmap) by default: see `set_drop_timeout`.
+/// How long an end's GPU operations are waited for (by `close`; after a drop, by later collects)
+/// before its memory is leaked rather than freed under them, and how long closing the producer
+/// waits for the consumer to unmap, by default: see `set_drop_timeout`.
 pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which end: it decides how the end closes and which counter it may force at teardown.
@@ -30,7 +32,8 @@ pub(crate) enum Role {
 /// One end of a channel.
 pub(crate) struct Endpoint<T: Pod> {
     pub(crate) role: Role,
-    pub(crate) region: ShmRegion<RingState>,
+    /// Taken by the [`Drain`] at teardown, like the three below.
+    pub(crate) region: ManuallyDrop<ShmRegion<RingState>>,
     pub(crate) geometry: Geometry,
     /// Elements from one slot's start to the next.
     pub(crate) stride: u64,
@@ -46,7 +49,7 @@ pub(crate) struct Endpoint<T: Pod> {
     last_signal: Option<(Option<u64>, u64)>,
     /// Set when an operation may be on a stream untracked: teardown then leaks the memory.
     untracked: bool,
-    /// Set once `teardown` has run (the three `ManuallyDrop`s are then gone).
+    /// Set once `teardown` has run (the four `ManuallyDrop`s are then gone).
     torn_down: bool,
     pub(crate) drain_timeout: Duration,
 }
@@ -64,7 +67,7 @@ impl<T: Pod> Endpoint<T> {
             role,
             inflight: InFlight::new(data.context()),
             last_signal: None,
-            region,
+            region: ManuallyDrop::new(region),
             geometry,
             stride,
             held,
@@ -164,94 +167,65 @@ impl<T: Pod> Endpoint<T> {
         Ok(recorded)
     }
 
-    /// Whether the other end is gone so that our streams' waits on its counter will never be
-    /// satisfied: a consumer that died or closed (the producer's waits are for releases it
-    /// will never enqueue), or a producer that died (a closed producer's writes are still
-    /// coming: forcing its counter would let our streams read unwritten items).
-    fn peer_gone(role: Role, ring: &Ring<'_>) -> bool {
-        match role {
-            Role::Producer => ring.consumer_status().is_err(),
-            Role::Consumer => ring.producer_dead(),
-        }
-    }
-
-    /// Close our end in the region and wait (at most the drop timeout) for our GPU operations —
-    /// forcing the counter our streams wait on once the other end is gone — then close the
-    /// memory and counters, or leak them if GPU work may still touch them. The producer's
-    /// memory is freed once the consumer has unmapped it: `peer_wait` is how long to wait for
-    /// that here (zero from drop: the free is then deferred, see `ledger/deferred.rs`). Runs once;
-    /// later calls return `Ok`.
-    ///
-    /// The producer closes first and then drains: a consumer keeps receiving what was
-    /// published, and its GPU waits are met by the producer's pending writes. The consumer
-    /// drains first and then closes: a producer that finds the consumer closed may force the
-    /// release counter (its own streams' waits pass at once), which is only harmless once the
-    /// consumer's GPU reads of released slots are done.
-    pub(crate) fn teardown(&mut self, peer_wait: Duration) -> Result<()> {
+    /// Take the end apart: a [`Drain`] of everything it holds (once; `None` after).
+    fn take_drain(&mut self) -> Option<Drain<T>> {
         if self.torn_down {
-            return Ok(());
+            return None;
         }
         self.torn_down = true;
-        let ring = Ring::new(self.region.get(), self.geometry);
-        let waited_on = match self.role {
-            Role::Producer => {
-                ring.close_producer(self.held);
-                &self.released
-            }
-            Role::Consumer => &self.sent,
-        };
-        let (role, mut forced) = (self.role, false);
-        let drained = self.inflight.drain(
-            self.drain_timeout,
-            || {
-                if !forced && Self::peer_gone(role, &ring) {
-                    forced = waited_on.signal_host(GpuSignal::MAX_VALUE).is_ok();
-                }
-            },
-            || false,
-        );
-        if role == Role::Consumer {
-            ring.close_consumer(self.held);
-        }
-        // SAFETY: (all three `take`s) guarded by `torn_down`, set above: taken once, and no
+        // SAFETY: (all four `take`s) guarded by `torn_down`, set above: taken once, and no
         // method uses the fields after teardown (the owning end is being closed or dropped).
-        let parts = unsafe {
+        let (region, data, sent, released) = unsafe {
             (
+                ManuallyDrop::take(&mut self.region),
                 ManuallyDrop::take(&mut self.data),
                 ManuallyDrop::take(&mut self.sent),
                 ManuallyDrop::take(&mut self.released),
             )
         };
-        if !drained || self.untracked {
-            // GPU work may still touch the memory: leak it rather than free it under that work.
-            std::mem::forget(parts);
-            return Err(Error::Timeout {
-                what: match self.role {
-                    Role::Producer => "IPC channel's GPU operations (memory leaked, not freed)",
-                    Role::Consumer => "IPC channel's GPU operations (mappings leaked, not closed)",
-                },
-                waited: self.drain_timeout,
-            });
+        let inflight = std::mem::replace(&mut self.inflight, InFlight::new(data.context()));
+        Some(Drain::start(
+            self.role,
+            region,
+            self.geometry,
+            self.held,
+            (data, sent, released),
+            inflight,
+            self.untracked,
+            self.drain_timeout,
+        ))
+    }
+
+    /// `close`: take the end apart and wait (at most the drain timeout) for its GPU operations
+    /// — forcing the counter our streams wait on once the other end is gone — then close the
+    /// memory and counters, or leak them if GPU work may still touch them. The producer's
+    /// memory is freed once the consumer has unmapped it: `peer_wait` is how long to wait for
+    /// that here (after it the free is deferred, see `ledger/deferred.rs`). Runs once; later
+    /// calls return `Ok`. The order of the steps, and why, is [`Drain`]'s.
+    pub(crate) fn teardown(&mut self, peer_wait: Duration) -> Result<()> {
+        match self.take_drain() {
+            Some(drain) => drain.wait(peer_wait),
+            None => Ok(()),
         }
-        let (data, sent, released) = parts;
-        let deadline = crate::poll::Deadline::after(peer_wait);
-        let left = || deadline.remaining();
-        let results = [
-            data.close(left()),
-            sent.close(left()),
-            released.close(left()),
-        ];
-        results.into_iter().collect::<Result<Vec<()>>>().map(drop)
     }
 }
 
 impl<T: Pod> Drop for Endpoint<T> {
     fn drop(&mut self) {
-        if !self.region.is_home() {
-            return; // inherited by a forked child: the parent's (see `process::Home`)
+        if self.torn_down {
+            return;
         }
-        // Drop cannot report: `close` on the owning end returns what went wrong; here a
-        // failure leaks at worst.
-        let _ = self.teardown(Duration::ZERO);
+        if !self.region.is_home() {
+            // Inherited by a forked child: the parent's (see `process::Home`). Only our view of
+            // the region goes; the memory, counters and tracker are left untouched.
+            self.torn_down = true;
+            // SAFETY: not taken (`torn_down` was clear), dropped once, never used after.
+            unsafe { ManuallyDrop::drop(&mut self.region) };
+            return;
+        }
+        // Never waits: finished now if the GPU work is done, else by a later collect.
+        if let Some(drain) = self.take_drain() {
+            drain.finish_or_defer();
+        }
     }
 }

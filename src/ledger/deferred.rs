@@ -68,6 +68,11 @@ pub struct DeferredFrees {
     pub pending: usize,
     /// Their bytes.
     pub pending_bytes: usize,
+    /// Channel ends ([`IpcSender`](crate::IpcSender), [`IpcReceiver`](crate::IpcReceiver))
+    /// dropped while the channel's GPU operations were still running, still waiting for them:
+    /// closed by a later collect once those complete (or leaked once their drop timeout
+    /// passes, as `close` would).
+    pub draining: usize,
 }
 
 /// Free the exported allocation `ptr` of `bytes` bytes in `ctx` now if no importer maps it
@@ -112,35 +117,35 @@ fn free(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
     unsafe { crate::driver::mem::free(ptr) }
 }
 
-/// Another owner's quarantine, collected with the deferred frees: the pools that
-/// [`HandleType::Pool`](crate::HandleType::Pool) buffers come from register theirs
-/// ([`register_quarantine`]) at their first use, so that this module calls into no owner.
-pub(crate) struct Quarantine {
+/// Work another owner deferred, collected with the deferred frees: the quarantine of the pools
+/// that [`HandleType::Pool`](crate::HandleType::Pool) buffers come from, and channel ends
+/// dropped while their GPU operations ran. Each registers ([`register_pending`]) when it first
+/// defers something, so that this module calls into no owner.
+pub(crate) struct Pending {
     /// Whether something may wait (one atomic load: the allocation paths' fast check).
     pub(crate) pending: fn() -> bool,
-    /// Free what no live importer holds any more (reaping importers proven dead); returns how
-    /// many allocations still wait, and their bytes.
-    pub(crate) collect: fn() -> (usize, usize),
+    /// Finish what can be finished now (reaping importers proven dead); report what is left.
+    pub(crate) collect: fn() -> DeferredFrees,
 }
 
-static QUARANTINES: Mutex<Vec<&'static Quarantine>> = Mutex::new(Vec::new());
-/// Whether [`QUARANTINES`] has an entry (so that a process without one never takes its lock).
-static ANY_QUARANTINE: AtomicBool = AtomicBool::new(false);
+static REGISTERED: Mutex<Vec<&'static Pending>> = Mutex::new(Vec::new());
+/// Whether [`REGISTERED`] has an entry (so that a process without one never takes its lock).
+static ANY_REGISTERED: AtomicBool = AtomicBool::new(false);
 
-/// Collect `quarantine` with the deferred frees from now on (once however often called).
-pub(crate) fn register_quarantine(quarantine: &'static Quarantine) {
-    let mut list = QUARANTINES.lock();
-    if !list.iter().any(|q| std::ptr::eq(*q, quarantine)) {
-        list.push(quarantine);
+/// Collect `pending` with the deferred frees from now on (once however often called).
+pub(crate) fn register_pending(pending: &'static Pending) {
+    let mut list = REGISTERED.lock();
+    if !list.iter().any(|p| std::ptr::eq(*p, pending)) {
+        list.push(pending);
     }
-    ANY_QUARANTINE.store(true, Ordering::Release);
+    ANY_REGISTERED.store(true, Ordering::Release);
 }
 
-/// The registered quarantines, copied out: none is called under the list's lock (a collect
-/// takes its owner's locks, under which an owner may register).
-fn quarantines() -> Vec<&'static Quarantine> {
-    if ANY_QUARANTINE.load(Ordering::Acquire) {
-        QUARANTINES.lock().clone()
+/// The registered owners, copied out: none is called under the list's lock (a collect takes
+/// its owner's locks, under which an owner may register).
+fn registered() -> Vec<&'static Pending> {
+    if ANY_REGISTERED.load(Ordering::Acquire) {
+        REGISTERED.lock().clone()
     } else {
         Vec::new()
     }
@@ -151,9 +156,9 @@ pub(crate) fn collect_if_pending() {
     if PENDING.load(Ordering::Relaxed) != 0 {
         collect_deferred();
     }
-    for quarantine in quarantines() {
-        if (quarantine.pending)() {
-            (quarantine.collect)();
+    for owner in registered() {
+        if (owner.pending)() {
+            (owner.collect)();
         }
     }
 }
@@ -188,10 +193,13 @@ pub fn collect_deferred() -> DeferredFrees {
     let mut report = sweep(&mut list, |d| free(&d.ctx, d.ptr));
     PENDING.store(list.len(), Ordering::Relaxed);
     drop(list);
-    for quarantine in quarantines() {
-        let (held, bytes) = (quarantine.collect)();
-        report.pending += held;
-        report.pending_bytes = report.pending_bytes.saturating_add(bytes);
+    for owner in registered() {
+        let theirs = (owner.collect)();
+        report.freed += theirs.freed;
+        report.failed += theirs.failed;
+        report.pending += theirs.pending;
+        report.pending_bytes = report.pending_bytes.saturating_add(theirs.pending_bytes);
+        report.draining += theirs.draining;
     }
     report
 }
