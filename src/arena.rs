@@ -12,8 +12,6 @@
 //! Freeing, reuse and lifetimes are documented on [`IpcArena`]; the shared protocol in
 //! `ledger/table.rs`.
 
-pub(crate) mod sealed;
-
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -23,6 +21,7 @@ use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
 use crate::context::GpuContext;
+use crate::envelope;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
 use crate::ledger::Ledger;
@@ -475,14 +474,6 @@ impl<T: Pod> std::fmt::Debug for ArenaBuffer<T> {
     }
 }
 
-/// "CIPA" little-endian, layout version 1.
-const ARENA_FORMAT: sealed::Format = sealed::Format {
-    magic: u32::from_le_bytes(*b"CIPA"),
-    version: 1,
-    versions: &[1],
-    what: "an arena handle",
-};
-
 /// The bytes of an [`ArenaHandle`].
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
@@ -504,14 +495,22 @@ struct RawArenaHandle {
 
 const _: () = assert!(std::mem::size_of::<RawArenaHandle>() == 80);
 
-impl RawArenaHandle {
-    fn header(&self) -> sealed::Header {
-        sealed::Header {
-            magic: self.magic,
-            version: self.version,
-            reserved_zero: self.reserved0 == 0 && self.reserved1 == 0,
-            checksum: self.checksum,
-        }
+impl envelope::Sealed for RawArenaHandle {
+    /// "CIPA" little-endian, layout version 1.
+    const FORMAT: envelope::Format = envelope::Format {
+        magic: u32::from_le_bytes(*b"CIPA"),
+        version: 1,
+        versions: &[1],
+        what: "an arena handle",
+    };
+    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
+        (&mut self.magic, &mut self.version, &mut self.checksum)
+    }
+    fn header(&self) -> (u32, u16, u64) {
+        (self.magic, self.version, self.checksum)
+    }
+    fn reserved_zero(&self) -> bool {
+        self.reserved0 == 0 && self.reserved1 == 0
     }
 }
 
@@ -547,12 +546,9 @@ impl<T> ArenaHandle<T> {
     /// Size of a handle in bytes.
     pub const SIZE: usize = ARENA_HANDLE_SIZE;
 
-    fn new(mut raw: RawArenaHandle) -> Self {
-        raw.magic = ARENA_FORMAT.magic;
-        raw.version = ARENA_FORMAT.version;
-        raw.checksum = sealed::sum(&raw);
+    fn new(raw: RawArenaHandle) -> Self {
         Self {
-            raw,
+            raw: envelope::seal(raw),
             _elem: PhantomData,
         }
     }
@@ -570,16 +566,10 @@ impl<T> ArenaHandle<T> {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let handle = Self {
-            raw: sealed::read(bytes, &ARENA_FORMAT)?,
+        Ok(Self {
+            raw: envelope::open(bytes)?,
             _elem: PhantomData,
-        };
-        handle.check_structure()?;
-        Ok(handle)
-    }
-
-    fn check_structure(&self) -> Result<()> {
-        sealed::check(&self.raw, self.raw.header(), &ARENA_FORMAT)
+        })
     }
 
     /// Number of elements.

@@ -13,8 +13,8 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, sys};
 use crate::error::{
-    ArgumentDefect, Capability, CloseError, Error, HandleDefect, ObjectState, PeerRole, Result,
-    StateDefect, TypeConflict,
+    ArgumentDefect, Capability, CloseError, Error, HandleDefect, ObjectState, Result, StateDefect,
+    TypeConflict,
 };
 use crate::handle::{
     Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
@@ -1313,10 +1313,7 @@ impl<T: Pod> BufferCore<T> {
                 Some(pid) => {
                     let id = ProcessIdentity::from_parts(pid, 0);
                     if !crate::process::is_alive_cached(&id) {
-                        return Err(Error::PeerGone {
-                            pid,
-                            role: PeerRole::Exporter,
-                        });
+                        return Err(Error::exporter_gone(pid));
                     }
                     Some(id)
                 }
@@ -1503,10 +1500,7 @@ impl Mapping {
             && now.saturating_sub(seen) >= LIVENESS_REUSE_NS
         {
             if !crate::process::is_alive_cached(exporter) {
-                return Err(Error::PeerGone {
-                    pid: exporter.pid(),
-                    role: PeerRole::Exporter,
-                });
+                return Err(Error::exporter_gone(exporter.pid()));
             }
             self.exporter_seen_alive.store(now, Ordering::Relaxed);
         }

@@ -18,8 +18,9 @@ use bytemuck::{Pod, Zeroable};
 use crate::buffer::BufferCore;
 use crate::context::GpuContext;
 use crate::driver::sys;
-use crate::error::{ArgumentDefect, Error, HandleDefect, PeerRole, Result, StateDefect};
-use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, checksum, type_tag_of};
+use crate::envelope;
+use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
+use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::signal::GpuSignal;
@@ -65,46 +66,35 @@ struct ChannelEnvelope {
 
 const _: () = assert!(std::mem::size_of::<ChannelEnvelope>() == 152);
 
-impl ChannelEnvelope {
-    fn body(&self) -> &[u8] {
-        let bytes = bytemuck::bytes_of(self);
-        &bytes[..bytes.len() - 8]
+impl envelope::Sealed for ChannelEnvelope {
+    const FORMAT: envelope::Format = envelope::Format {
+        magic: MAGIC,
+        version: VERSION,
+        versions: &[VERSION as u32],
+        what: "a channel handle",
+    };
+    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
+        (&mut self.magic, &mut self.version, &mut self.checksum)
     }
+    fn header(&self) -> (u32, u16, u64) {
+        (self.magic, self.version, self.checksum)
+    }
+    fn reserved_zero(&self) -> bool {
+        self.flags == 0
+    }
+}
 
-    fn seal(mut self) -> Self {
-        self.magic = MAGIC;
-        self.version = VERSION;
-        self.checksum = checksum(self.body());
-        self
+impl ChannelEnvelope {
+    fn seal(self) -> Self {
+        envelope::seal(self)
     }
 
     /// Structural checks on bytes from another process; the region name and geometry.
     fn validate(&self) -> Result<(Geometry, u64, String)> {
         let bad = |defect| Err(Error::corrupt_handle(defect));
         let bad_layout = |detail: String| bad(HandleDefect::Layout { detail });
-        if self.magic != MAGIC {
-            return bad(HandleDefect::Magic {
-                what: "a channel handle",
-                found: u64::from(self.magic),
-            });
-        }
-        if self.version != VERSION {
-            return bad(HandleDefect::Version {
-                what: "channel handle",
-                found: u32::from(self.version),
-                supported: &[VERSION as u32],
-            });
-        }
-        let sum = checksum(self.body());
-        if sum != self.checksum {
-            return bad(HandleDefect::Checksum {
-                stored: self.checksum,
-                computed: sum,
-            });
-        }
-        if self.flags != 0 {
-            return bad(HandleDefect::Reserved);
-        }
+        envelope::check_identity(self)?;
+        envelope::check_integrity(self)?;
         if self.consumers != CONSUMERS {
             return bad_layout(format!(
                 "{} consumers (this build serves {CONSUMERS})",
@@ -153,11 +143,7 @@ impl ChannelEnvelope {
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub fn fuzz_reseal_channel(bytes: &mut [u8]) {
-    if let Ok(env) = bytemuck::try_pod_read_unaligned::<ChannelEnvelope>(bytes) {
-        let sum = checksum(env.body());
-        let at = bytes.len() - 8;
-        bytes[at..].copy_from_slice(&sum.to_le_bytes());
-    }
+    envelope::reseal_bytes::<ChannelEnvelope>(bytes);
 }
 
 /// Region names of channels start with this.
@@ -226,13 +212,7 @@ impl<T> IpcChannelHandle<T> {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let env: ChannelEnvelope = bytemuck::try_pod_read_unaligned(bytes).map_err(|_| {
-            Error::corrupt_handle(HandleDefect::Size {
-                what: "a channel handle",
-                expected: std::mem::size_of::<ChannelEnvelope>(),
-                found: bytes.len(),
-            })
-        })?;
+        let env: ChannelEnvelope = envelope::read(bytes)?;
         env.validate()?;
         Ok(Self {
             env,
@@ -786,20 +766,14 @@ impl<T: Pod> IpcReceiver<T> {
         let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
         let producer = handle.producer();
         if env.boot_id != crate::os::boot_id() {
-            return Err(Error::PeerGone {
-                pid: producer.pid(),
-                role: PeerRole::Exporter,
-            });
+            return Err(Error::exporter_gone(producer.pid()));
         }
         let me = ProcessIdentity::current();
         if producer.is_same_process(&me) {
             return Err(Error::SameProcess { pid: me.pid() });
         }
         if !producer.is_alive() {
-            return Err(Error::PeerGone {
-                pid: producer.pid(),
-                role: PeerRole::Exporter,
-            });
+            return Err(Error::exporter_gone(producer.pid()));
         }
         let ring = ShmOptions::new(name).open::<RingState>()?;
         let s = ring.get();
@@ -1079,10 +1053,7 @@ impl<T: Pod> Received<'_, T> {
         // The copy may still be queued: its destination must outlive it.
         std::mem::forget(out);
         Err(match gone.get() {
-            Some(pid) => Error::PeerGone {
-                pid,
-                role: PeerRole::Exporter,
-            },
+            Some(pid) => Error::exporter_gone(pid),
             None => Error::Timeout {
                 what: "copy of a received IPC channel item to the host",
                 waited: timeout,

@@ -492,6 +492,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The exporting process `pid` (of a buffer, event, signal, arena, pool or channel) is
+    /// gone: dead, or from before this boot.
+    pub(crate) fn exporter_gone(pid: u32) -> Self {
+        Error::PeerGone {
+            pid,
+            role: PeerRole::Exporter,
+        }
+    }
+
     /// Map an OS error from a call on a named region to the variant a caller branches on.
     pub(crate) fn from_os(call: &'static str, name: &str, err: rustix::io::Errno) -> Self {
         use rustix::io::Errno;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::buffer::GENERATION;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{Error, PeerRole, Result};
+use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT, check_exporter_alive};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -269,10 +269,7 @@ impl GpuEvent {
             {
                 last_check = Instant::now();
                 if !crate::process::is_alive_cached(&exporter) {
-                    return Err(Error::PeerGone {
-                        pid: exporter.pid(),
-                        role: PeerRole::Exporter,
-                    });
+                    return Err(Error::exporter_gone(exporter.pid()));
                 }
             }
             if let Err(waited) = wait.pause() {

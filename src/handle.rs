@@ -14,7 +14,8 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{Error, HandleDefect, PeerRole, Result, TypeConflict};
+use crate::envelope;
+use crate::error::{Error, HandleDefect, Result, TypeConflict};
 use crate::process::ProcessIdentity;
 use crate::shared::fnv1a64;
 
@@ -159,17 +160,27 @@ pub(crate) const FLAG_READ_ONLY: u8 = 1;
 
 const _: () = assert!(std::mem::size_of::<Envelope>() == 184);
 
-impl Envelope {
-    fn body(&self) -> &[u8] {
-        let bytes = bytemuck::bytes_of(self);
-        &bytes[..bytes.len() - 8]
+impl envelope::Sealed for Envelope {
+    const FORMAT: envelope::Format = envelope::Format {
+        magic: MAGIC,
+        version: VERSION,
+        versions: &[VERSION as u32],
+        what: "a cuda-ipc handle",
+    };
+    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
+        (&mut self.magic, &mut self.version, &mut self.checksum)
     }
+    fn header(&self) -> (u32, u16, u64) {
+        (self.magic, self.version, self.checksum)
+    }
+    fn reserved_zero(&self) -> bool {
+        self.reserved == [0; 3] && self.flags & !FLAG_READ_ONLY == 0
+    }
+}
 
-    pub(crate) fn seal(mut self) -> Self {
-        self.magic = MAGIC;
-        self.version = VERSION;
-        self.checksum = checksum(self.body());
-        self
+impl Envelope {
+    pub(crate) fn seal(self) -> Self {
+        envelope::seal(self)
     }
 
     /// The handle type (after [`validate`](Self::validate): a known one).
@@ -213,10 +224,7 @@ impl Envelope {
     pub(crate) fn exporter_this_boot(&self) -> Result<ProcessIdentity> {
         let exporter = self.exporter();
         if self.boot_id != crate::os::boot_id() {
-            return Err(Error::PeerGone {
-                pid: exporter.pid(),
-                role: PeerRole::Exporter,
-            });
+            return Err(Error::exporter_gone(exporter.pid()));
         }
         Ok(exporter)
     }
@@ -238,35 +246,15 @@ impl Envelope {
         let bad = |defect| Err(Error::corrupt_handle(defect));
         let layout = |detail: String| bad(HandleDefect::Layout { detail });
         let handle_type = |detail: String| bad(HandleDefect::HandleType { detail });
-        if self.magic != MAGIC {
-            return bad(HandleDefect::Magic {
-                what: "a cuda-ipc handle",
-                found: u64::from(self.magic),
-            });
-        }
-        if self.version != VERSION {
-            return bad(HandleDefect::Version {
-                what: "handle",
-                found: u32::from(self.version),
-                supported: &[VERSION as u32],
-            });
-        }
+        envelope::check_identity(self)?;
+        // Before the checksum: a handle of another kind says so.
         if self.kind != kind {
             return bad(HandleDefect::Kind {
                 expected: kind_name(kind),
                 found: kind_name(self.kind),
             });
         }
-        let sum = checksum(self.body());
-        if sum != self.checksum {
-            return bad(HandleDefect::Checksum {
-                stored: self.checksum,
-                computed: sum,
-            });
-        }
-        if self.reserved != [0; 3] || self.flags & !FLAG_READ_ONLY != 0 {
-            return bad(HandleDefect::Reserved);
-        }
+        envelope::check_integrity(self)?;
         if self.flags & FLAG_READ_ONLY != 0 && !matches!(kind, KIND_MEM | KIND_ARENA | KIND_POOL) {
             return handle_type(format!("a {} handle marked read-only", kind_name(kind)));
         }
@@ -350,21 +338,7 @@ fn kind_name(kind: u16) -> &'static str {
     }
 }
 
-/// The envelope checksum: a word-at-a-time multiply-xorshift hash. Each step
-/// `h = ((h ^ w) * P) ^ (that >> 29)` is a bijection of `h` for a fixed word `w`, so changing any
-/// bits of one word changes the result: every single-bit flip is caught (tested below). It is an
-/// integrity check against corruption and bugs, not a MAC: a handle is a bearer token anyway.
-pub(crate) fn checksum(body: &[u8]) -> u64 {
-    const P: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ body.len() as u64;
-    for chunk in body.chunks(8) {
-        let mut w = [0u8; 8];
-        w[..chunk.len()].copy_from_slice(chunk);
-        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(P);
-        h ^= h >> 29;
-    }
-    h
-}
+pub(crate) use envelope::checksum;
 
 /// Refuse an element layout read from another process (size, alignment, type tag) that is
 /// not `T`'s, naming both.
@@ -710,10 +684,7 @@ pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) ->
     {
         return Ok(());
     }
-    Err(Error::PeerGone {
-        pid: exporter.pid(),
-        role: PeerRole::Exporter,
-    })
+    Err(Error::exporter_gone(exporter.pid()))
 }
 
 /// Refuse memory on a device this process cannot see, or cannot reach from `ctx`'s device
@@ -774,21 +745,11 @@ impl<K: HandleKind> std::fmt::Debug for Handle<K> {
 /// whose checksum is valid. Not part of the API (`__private::reseal`).
 #[doc(hidden)]
 pub fn reseal(bytes: &mut [u8]) {
-    if bytes.len() == HANDLE_SIZE {
-        let sum = checksum(&bytes[..HANDLE_SIZE - 8]);
-        bytes[HANDLE_SIZE - 8..].copy_from_slice(&sum.to_le_bytes());
-    }
+    envelope::reseal_bytes::<Envelope>(bytes);
 }
 
 pub(crate) fn envelope_from_bytes(bytes: &[u8]) -> Result<Envelope> {
-    if bytes.len() != HANDLE_SIZE {
-        return Err(Error::corrupt_handle(HandleDefect::Size {
-            what: "a handle",
-            expected: HANDLE_SIZE,
-            found: bytes.len(),
-        }));
-    }
-    Ok(bytemuck::pod_read_unaligned(bytes))
+    envelope::read(bytes)
 }
 
 #[cfg(test)]

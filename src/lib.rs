@@ -157,6 +157,7 @@ mod channel;
 mod context;
 mod device;
 pub mod driver;
+mod envelope;
 mod error;
 mod event;
 mod fd_socket;

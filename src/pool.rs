@@ -18,9 +18,9 @@ use std::time::Duration;
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 
-use crate::arena::sealed;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
+use crate::envelope;
 use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::ledger::cache::{Dying, ImportCache};
@@ -751,14 +751,6 @@ impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
     }
 }
 
-/// "CIPP" little-endian, layout version 1.
-const POOL_FORMAT: sealed::Format = sealed::Format {
-    magic: u32::from_le_bytes(*b"CIPP"),
-    version: 1,
-    versions: &[1],
-    what: "a pool handle",
-};
-
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
 struct RawPoolHandle {
@@ -782,14 +774,22 @@ const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
 /// Size of a [`PoolHandle`] in bytes.
 pub(crate) const POOL_HANDLE_SIZE: usize = std::mem::size_of::<RawPoolHandle>();
 
-impl RawPoolHandle {
-    fn header(&self) -> sealed::Header {
-        sealed::Header {
-            magic: self.magic,
-            version: self.version,
-            reserved_zero: self.reserved0 == 0 && self.reserved1 == 0,
-            checksum: self.checksum,
-        }
+impl envelope::Sealed for RawPoolHandle {
+    /// "CIPP" little-endian, layout version 1.
+    const FORMAT: envelope::Format = envelope::Format {
+        magic: u32::from_le_bytes(*b"CIPP"),
+        version: 1,
+        versions: &[1],
+        what: "a pool handle",
+    };
+    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
+        (&mut self.magic, &mut self.version, &mut self.checksum)
+    }
+    fn header(&self) -> (u32, u16, u64) {
+        (self.magic, self.version, self.checksum)
+    }
+    fn reserved_zero(&self) -> bool {
+        self.reserved0 == 0 && self.reserved1 == 0
     }
 }
 
@@ -991,9 +991,7 @@ impl<T: Pod> PoolHandle<T> {
     /// The checksummed handle of `len` `T`s in block `index`, generation `generation`, of pool
     /// `token`, with the driver's export data `export`.
     fn sealed(token: [u8; 16], index: u32, generation: u64, len: u64, export: [u8; 64]) -> Self {
-        let mut raw = RawPoolHandle {
-            magic: POOL_FORMAT.magic,
-            version: POOL_FORMAT.version,
+        let raw = envelope::seal(RawPoolHandle {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
@@ -1003,8 +1001,7 @@ impl<T: Pod> PoolHandle<T> {
             len,
             export,
             ..Zeroable::zeroed()
-        };
-        raw.checksum = sealed::sum(&raw);
+        });
         Self {
             raw,
             _elem: PhantomData,
@@ -1029,16 +1026,10 @@ impl<T> PoolHandle<T> {
     ///
     /// [`Error::CorruptHandle`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let h = Self {
-            raw: sealed::read(bytes, &POOL_FORMAT)?,
+        Ok(Self {
+            raw: envelope::open(bytes)?,
             _elem: PhantomData,
-        };
-        h.check_structure()?;
-        Ok(h)
-    }
-
-    fn check_structure(&self) -> Result<()> {
-        sealed::check(&self.raw, self.raw.header(), &POOL_FORMAT)
+        })
     }
 
     /// Number of elements.

@@ -639,10 +639,7 @@ impl GpuSignal {
         let pid = (lost & u64::from(u32::MAX)) as u32;
         match lost & !u64::from(u32::MAX) {
             0 => Ok(()),
-            LOST_EXPORTER => Err(Error::PeerGone {
-                pid,
-                role: PeerRole::Exporter,
-            }),
+            LOST_EXPORTER => Err(Error::exporter_gone(pid)),
             _ => Err(Error::PeerGone {
                 pid,
                 role: PeerRole::Importer("signal"),

@@ -433,10 +433,7 @@ impl<'a> Ring<'a> {
             }
             OwnerState::Claiming | OwnerState::Held if alive(&id) => return Ok(()),
             OwnerState::Claiming | OwnerState::Held => {
-                return Err(Error::PeerGone {
-                    pid: owner.pid,
-                    role: PeerRole::Exporter,
-                });
+                return Err(Error::exporter_gone(owner.pid));
             }
         };
         // Closed: items published before the close are still delivered.

@@ -1,0 +1,247 @@
+//! The one sealed format of every handle the crate makes: plain data read from another process
+//! with a magic number, a layout version, reserved fields that must be zero and a checksum of
+//! every other byte in its last eight — written once here, for every kind.
+//!
+//! | Handle | Bytes | Magic | Kind-specific checks |
+//! |--------|-------|-------|----------------------|
+//! | [`Handle<K>`](crate::Handle): buffers, events, signals, arenas, pools | 184 | `CIPH` | `Envelope::validate` (`handle.rs`): kind, handle type, layout, read-only flag |
+//! | [`IpcChannelHandle`](crate::IpcChannelHandle) | 152 | `CICH` | `ChannelEnvelope::validate` (`channel.rs`): geometry, region name |
+//! | [`ArenaHandle`](crate::ArenaHandle) | 80 | `CIPA` | on open (`arena.rs`): this arena, bounds, generation |
+//! | [`PoolHandle`](crate::PoolHandle) | 136 | `CIPP` | on open (`pool.rs`): this pool, generation |
+//!
+//! [`seal`] stamps a format's magic and version and the checksum; [`open`] reads bytes of
+//! exactly the format's size and checks, in this order and each as its own
+//! [`HandleDefect`]: the magic ([`check_identity`], with the version), then the checksum and
+//! the reserved fields ([`check_integrity`]). A kind that checks more in between (the kind of a
+//! `Handle<K>`, so that a handle of another kind says so rather than failing a later check)
+//! calls the two steps itself. Raw handles for foreign peers (`raw.rs`) are the other side's
+//! formats, not sealed ones.
+//!
+//! The checksum is an integrity check against corruption and bugs, not a MAC: a handle is a
+//! bearer token (see SECURITY.md).
+
+use bytemuck::Pod;
+
+use crate::error::{Error, HandleDefect, Result};
+
+/// A sealed format's identity: its magic, its layout version, and its name in errors.
+pub(crate) struct Format {
+    pub(crate) magic: u32,
+    pub(crate) version: u16,
+    /// `[version]`, for errors.
+    pub(crate) versions: &'static [u32],
+    /// "a channel handle", for errors.
+    pub(crate) what: &'static str,
+}
+
+/// A sealed handle's bytes: a `repr(C)` plain-data struct whose last field is the checksum.
+pub(crate) trait Sealed: Pod {
+    const FORMAT: Format;
+    /// The magic, version and checksum fields, to stamp.
+    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64);
+    /// The magic, version and stored checksum.
+    fn header(&self) -> (u32, u16, u64);
+    /// Whether every reserved field (and every unassigned flag bit) is zero.
+    fn reserved_zero(&self) -> bool;
+}
+
+/// The checksum of `body`: a word-at-a-time multiply-xorshift hash. Each step
+/// `h = ((h ^ w) * P) ^ (that >> 29)` is a bijection of `h` for a fixed word `w`, so changing any
+/// bits of one word changes the result: every single-bit flip is caught (tested below).
+pub(crate) fn checksum(body: &[u8]) -> u64 {
+    const P: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ body.len() as u64;
+    for chunk in body.chunks(8) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(P);
+        h ^= h >> 29;
+    }
+    h
+}
+
+/// The checksum `raw` should store: over every byte but its last eight.
+pub(crate) fn sum<R: Sealed>(raw: &R) -> u64 {
+    let bytes = bytemuck::bytes_of(raw);
+    checksum(&bytes[..bytes.len() - 8])
+}
+
+/// `raw` with its format's magic and version and its checksum stamped.
+pub(crate) fn seal<R: Sealed>(mut raw: R) -> R {
+    let (magic, version, _) = raw.seal_fields();
+    (*magic, *version) = (R::FORMAT.magic, R::FORMAT.version);
+    let sum = sum(&raw);
+    *raw.seal_fields().2 = sum;
+    raw
+}
+
+/// An `R` from exactly `size_of::<R>()` bytes of another process, unchecked.
+///
+/// # Errors
+///
+/// [`HandleDefect::Size`] for any other length.
+pub(crate) fn read<R: Sealed>(bytes: &[u8]) -> Result<R> {
+    bytemuck::try_pod_read_unaligned(bytes).map_err(|_| {
+        Error::corrupt_handle(HandleDefect::Size {
+            what: R::FORMAT.what,
+            expected: std::mem::size_of::<R>(),
+            found: bytes.len(),
+        })
+    })
+}
+
+/// The magic, then the version.
+///
+/// # Errors
+///
+/// [`HandleDefect::Magic`], [`HandleDefect::Version`].
+pub(crate) fn check_identity<R: Sealed>(raw: &R) -> Result<()> {
+    let (magic, version, _) = raw.header();
+    let format = R::FORMAT;
+    if magic != format.magic {
+        return Err(Error::corrupt_handle(HandleDefect::Magic {
+            what: format.what,
+            found: u64::from(magic),
+        }));
+    }
+    if version != format.version {
+        return Err(Error::corrupt_handle(HandleDefect::Version {
+            what: format.what,
+            found: u32::from(version),
+            supported: format.versions,
+        }));
+    }
+    Ok(())
+}
+
+/// The checksum, then the reserved fields.
+///
+/// # Errors
+///
+/// [`HandleDefect::Checksum`], [`HandleDefect::Reserved`].
+pub(crate) fn check_integrity<R: Sealed>(raw: &R) -> Result<()> {
+    let (_, _, stored) = raw.header();
+    let computed = sum(raw);
+    if computed != stored {
+        return Err(Error::corrupt_handle(HandleDefect::Checksum {
+            stored,
+            computed,
+        }));
+    }
+    if !raw.reserved_zero() {
+        return Err(Error::corrupt_handle(HandleDefect::Reserved));
+    }
+    Ok(())
+}
+
+/// [`read`], then [`check_identity`] and [`check_integrity`].
+///
+/// # Errors
+///
+/// [`Error::CorruptHandle`] with the first defect found.
+pub(crate) fn open<R: Sealed>(bytes: &[u8]) -> Result<R> {
+    let raw = read::<R>(bytes)?;
+    check_identity(&raw)?;
+    check_integrity(&raw)?;
+    Ok(raw)
+}
+
+/// Restamp the checksum of `bytes` in place when they are an `R`'s length (fuzzing and test
+/// hooks: a mutated handle then reaches the checks behind the checksum).
+pub(crate) fn reseal_bytes<R: Sealed>(bytes: &mut [u8]) {
+    if bytes.len() == std::mem::size_of::<R>() {
+        let at = bytes.len() - 8;
+        let sum = checksum(&bytes[..at]);
+        bytes[at..].copy_from_slice(&sum.to_le_bytes());
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+#[allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+mod tests {
+    use bytemuck::Zeroable;
+
+    use super::*;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, Zeroable, PartialEq, Eq, Debug)]
+    struct Toy {
+        magic: u32,
+        version: u16,
+        reserved: u16,
+        payload: u64,
+        checksum: u64,
+    }
+
+    impl Sealed for Toy {
+        const FORMAT: Format = Format {
+            magic: u32::from_le_bytes(*b"TOYS"),
+            version: 3,
+            versions: &[3],
+            what: "a toy handle",
+        };
+        fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
+            (&mut self.magic, &mut self.version, &mut self.checksum)
+        }
+        fn header(&self) -> (u32, u16, u64) {
+            (self.magic, self.version, self.checksum)
+        }
+        fn reserved_zero(&self) -> bool {
+            self.reserved == 0
+        }
+    }
+
+    fn sealed() -> Toy {
+        seal(Toy {
+            payload: 0xfeed,
+            ..Zeroable::zeroed()
+        })
+    }
+
+    fn defect(bytes: &[u8]) -> HandleDefect {
+        match open::<Toy>(bytes) {
+            Err(Error::CorruptHandle { defect, .. }) => defect,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sealed_handle_opens_and_round_trips() {
+        let t = sealed();
+        assert_eq!(open::<Toy>(bytemuck::bytes_of(&t)).unwrap(), t);
+    }
+
+    #[test]
+    fn each_defect_is_named_in_order() {
+        let t = sealed();
+        let bytes = bytemuck::bytes_of(&t).to_vec();
+        assert!(matches!(
+            defect(&bytes[..8]),
+            HandleDefect::Size { found: 8, .. }
+        ));
+        let mut b = bytes.clone();
+        b[0] ^= 1;
+        assert!(matches!(defect(&b), HandleDefect::Magic { .. }));
+        let mut b = bytes.clone();
+        b[4] = 9; // version 9, checksum now wrong too: the version is named first
+        assert!(matches!(defect(&b), HandleDefect::Version { found: 9, .. }));
+        let mut b = bytes.clone();
+        b[8] ^= 1;
+        assert!(matches!(defect(&b), HandleDefect::Checksum { .. }));
+        let mut b = bytes.clone();
+        b[6] = 1;
+        reseal_bytes::<Toy>(&mut b);
+        assert!(matches!(defect(&b), HandleDefect::Reserved));
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_caught() {
+        let t = sealed();
+        let bytes = bytemuck::bytes_of(&t).to_vec();
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(open::<Toy>(&b).is_err(), "bit {bit}");
+        }
+    }
+}
