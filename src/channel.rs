@@ -764,14 +764,8 @@ impl<T: Pod> IpcReceiver<T> {
         let (geometry, stride, name) = env.validate()?;
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
-        let producer = handle.producer();
-        if env.boot_id != crate::os::boot_id() {
-            return Err(Error::exporter_gone(producer.pid()));
-        }
+        let producer = envelope::admit_exporter(handle.producer(), &env.boot_id, false)?;
         let me = ProcessIdentity::current();
-        if producer.is_same_process(&me) {
-            return Err(Error::SameProcess { pid: me.pid() });
-        }
         if !producer.is_alive() {
             return Err(Error::exporter_gone(producer.pid()));
         }

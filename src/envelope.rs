@@ -23,6 +23,7 @@
 use bytemuck::Pod;
 
 use crate::error::{Error, HandleDefect, Result};
+use crate::process::ProcessIdentity;
 
 /// A sealed format's identity: its magic, its layout version, and its name in errors.
 pub(crate) struct Format {
@@ -144,6 +145,30 @@ pub(crate) fn open<R: Sealed>(bytes: &[u8]) -> Result<R> {
     check_identity(&raw)?;
     check_integrity(&raw)?;
     Ok(raw)
+}
+
+/// The checks on the exporter a handle names that need no system call: it ran since this boot
+/// (`boot_id`, else it is gone: [`Error::PeerGone`]), and — unless `may_be_us` (a POSIX-fd
+/// export maps anywhere, this process included) — it is not this process (CUDA refuses a
+/// self-open of a legacy handle or an event; a channel's consumer is never its producer).
+/// Every handle kind admits its exporter through here. Returns it.
+///
+/// # Errors
+///
+/// [`Error::PeerGone`] (the exporter), [`Error::SameProcess`].
+pub(crate) fn admit_exporter(
+    exporter: ProcessIdentity,
+    boot_id: &[u8; 16],
+    may_be_us: bool,
+) -> Result<ProcessIdentity> {
+    if *boot_id != crate::os::boot_id() {
+        return Err(Error::exporter_gone(exporter.pid()));
+    }
+    let me = ProcessIdentity::current();
+    if !may_be_us && exporter.is_same_process(&me) {
+        return Err(Error::SameProcess { pid: me.pid() });
+    }
+    Ok(exporter)
 }
 
 /// Restamp the checksum of `bytes` in place when they are an `R`'s length (fuzzing and test

@@ -222,22 +222,13 @@ impl Envelope {
 
     /// The exporter, if it ran since this boot (else it is gone: [`Error::PeerGone`] (the exporter)).
     pub(crate) fn exporter_this_boot(&self) -> Result<ProcessIdentity> {
-        let exporter = self.exporter();
-        if self.boot_id != crate::os::boot_id() {
-            return Err(Error::exporter_gone(exporter.pid()));
-        }
-        Ok(exporter)
+        envelope::admit_exporter(self.exporter(), &self.boot_id, true)
     }
 
     /// The checks on an exporter that need no system call: it ran since this boot (else it
     /// is gone), and it is not this process (CUDA refuses a self-open). Returns the exporter.
     pub(crate) fn foreign_exporter(&self) -> Result<ProcessIdentity> {
-        let exporter = self.exporter_this_boot()?;
-        let me = ProcessIdentity::current();
-        if exporter.is_same_process(&me) {
-            return Err(Error::SameProcess { pid: me.pid() });
-        }
-        Ok(exporter)
+        envelope::admit_exporter(self.exporter(), &self.boot_id, false)
     }
 
     /// Structural checks on bytes from another process: magic, version, kind, checksum,
