@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::ShmSafe;
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::shm::{ShmOptions, ShmRegion};
 
 const ROLE_ENV: &str = "CUDA_IPC_BENCH_ROLE";
 const NAME_ENV: &str = "CUDA_IPC_BENCH_REGION";

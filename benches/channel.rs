@@ -33,11 +33,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
+use cuda_ipc::channel::{IpcChannelHandle, IpcReceiver, IpcSender};
 use cuda_ipc::driver::sys;
-use cuda_ipc::{
-    Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, RawStream, ShmCell, ShmOptions,
-    ShmRegion, ShmSafe,
-};
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, GpuContext, RawStream, ShmSafe};
 
 const PING_ELEMS: usize = 1024;
 const SLOTS: usize = 4;
@@ -457,7 +456,7 @@ fn main() {
         return;
     };
     let stream = stream_new();
-    let devices: Vec<u32> = if cuda_ipc::device_count().unwrap() >= 2 {
+    let devices: Vec<u32> = if cuda_ipc::device::device_count().unwrap() >= 2 {
         vec![0, 1]
     } else {
         vec![0]

@@ -39,12 +39,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use cuda_ipc::arena::{ArenaHandle, ImportedArena, IpcArena};
 use cuda_ipc::driver::sys;
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolHandle};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
 use cuda_ipc::{
-    ArenaHandle, FdListener, FdSocket, GpuContext, HandleType, ImportedArena, ImportedBuffer,
-    ImportedEvent, ImportedPool, IpcArena, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
-    IpcPool, IpcPoolHandle, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe,
-    SocketName,
+    GpuContext, HandleType, ImportedBuffer, ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle,
+    IpcMemHandle, RawStream, ShmSafe,
 };
 
 #[derive(ShmSafe)]

@@ -35,10 +35,10 @@ use std::time::{Duration, Instant};
 use common::cuda::{Function, Module, Stream, StreamFlags, launch};
 use criterion::Criterion;
 use cuda_ipc::driver::sys;
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{
     GpuContext, GpuSignal, ImportedBuffer, ImportedEvent, ImportedSignal, IpcBuffer, IpcEvent,
-    IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmCell, ShmOptions, ShmRegion,
-    ShmSafe,
+    IpcEventHandle, IpcMemHandle, IpcSignal, IpcSignalHandle, ShmSafe,
 };
 
 const LEN: usize = 1 << 20;
@@ -598,7 +598,7 @@ fn main() {
     let mut raw_ptr = 0;
     // SAFETY: a raw allocation for the raw protocols, freed at the end.
     unsafe { common::ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut raw_ptr, LEN)) };
-    let consumers: Vec<u32> = if cuda_ipc::device_count().unwrap() >= 2 {
+    let consumers: Vec<u32> = if cuda_ipc::device::device_count().unwrap() >= 2 {
         vec![0, 1]
     } else {
         vec![0]

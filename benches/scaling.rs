@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion};
 use cuda_ipc::driver::sys;
-use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, ShmCell, ShmOptions, ShmSafe};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
+use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
 
 /// The live-buffer counts measured.
 const SIZES: [usize; 4] = [1, 100, 1_000, 10_000];
@@ -79,7 +80,7 @@ fn footprint() -> (usize, usize, usize) {
 
 struct Fixture {
     ctx: GpuContext,
-    shared: cuda_ipc::ShmRegion<Shared>,
+    shared: cuda_ipc::shm::ShmRegion<Shared>,
     raw_handle: sys::CUipcHandle,
     /// This process's exported buffers (the export side's background).
     own: Vec<IpcBuffer<u8>>,

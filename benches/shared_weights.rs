@@ -23,10 +23,9 @@ mod weights;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use cuda_ipc::{
-    ArenaHandle, FdListener, FdSocket, GpuContext, ImportedArena, ImportedBuffer, IpcArena,
-    IpcBuffer, IpcMemHandle, PeerPolicy, SocketName,
-};
+use cuda_ipc::arena::{ArenaHandle, ImportedArena, IpcArena};
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle};
 
 const TENSORS: usize = 2000;
 const GIB: f64 = 8.0;

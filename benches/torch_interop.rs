@@ -24,8 +24,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use criterion::Criterion;
+use cuda_ipc::ImportedBuffer;
 use cuda_ipc::driver::sys;
-use cuda_ipc::{ImportedBuffer, RawImport, RawMemHandle};
+use cuda_ipc::raw::{RawImport, RawMemHandle};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 const NUMEL: usize = 1 << 20;

@@ -26,10 +26,9 @@ use std::time::{Duration, Instant};
 use common::cuda::{BlockSize, Module, Stream, StreamFlags, launch};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use cuda_ipc::driver::sys;
-use cuda_ipc::{
-    FdListener, FdSocket, GpuContext, GpuSlice, HandleType, IpcBuffer, IpcPool, PeerPolicy,
-    PoolHandle, RawStream, SocketName,
-};
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::pool::{IpcPool, PoolHandle};
+use cuda_ipc::{GpuContext, GpuSlice, HandleType, IpcBuffer, RawStream};
 
 const MAX: usize = 256 << 20;
 const SIZES: [usize; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
@@ -139,7 +138,7 @@ fn main() {
     let Some(ctx) = common::gpu_or_skip("transfer") else {
         return;
     };
-    let gpus = cuda_ipc::device_count().unwrap();
+    let gpus = cuda_ipc::device::device_count().unwrap();
     let src = IpcBuffer::<u8>::zeroed(&ctx, MAX).unwrap();
     // (label, legacy-mapped, fd-mapped and pool-mapped targets, native targets on the same
     // device: `cuMemAlloc` and own `cuMemCreate` memory)
@@ -177,7 +176,7 @@ fn main() {
     let per_sm = kernel
         .max_active_blocks_per_multiprocessor(BlockSize::x(128), 0)
         .unwrap();
-    let blocks = per_sm * cuda_ipc::device_info(0).unwrap().multiprocessors;
+    let blocks = per_sm * cuda_ipc::device::device_info(0).unwrap().multiprocessors;
     let e = Engine {
         stream: Stream::new(StreamFlags::NON_BLOCKING, None).unwrap(),
         kernel,

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use cuda_ipc::shm::{ShmCell, ShmOptions};
 use cuda_ipc::{
     Error, GpuContext, GpuSlice, ImportedBuffer, ImportedSignal, IpcBuffer, IpcMemHandle,
-    IpcSignal, IpcSignalHandle, ShmCell, ShmOptions, ShmSafe,
+    IpcSignal, IpcSignalHandle, ShmSafe,
 };
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -88,7 +89,7 @@ fn check_bytes(host: &[u8], want: u8, who: &str) -> Result<(), Failure> {
 }
 
 fn producer() -> Result<Option<Duration>, Failure> {
-    let devices = match cuda_ipc::device_count() {
+    let devices = match cuda_ipc::device::device_count() {
         Ok(n) => n,
         Err(Error::NoDevice { name, .. }) => {
             println!("Waived: no CUDA device ({name})");

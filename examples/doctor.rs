@@ -1,5 +1,5 @@
 //! What this machine allows for sharing GPU memory between processes, and what to do about
-//! each "no": `cuda_ipc::probe()` printed for people, or as JSON.
+//! each "no": `cuda_ipc::probe::probe()` printed for people, or as JSON.
 //!
 //! ```text
 //! cargo run --release --example doctor [-- --json]
@@ -20,7 +20,7 @@ fn main() -> ExitCode {
             println!(
                 "doctor: what this machine allows for sharing GPU memory between processes\n\n\
                  usage: doctor [--json]\n\
-                 \x20 --json   the report as JSON (`cuda_ipc::Probe::to_json`)\n\n\
+                 \x20 --json   the report as JSON (`cuda_ipc::probe::Probe::to_json`)\n\n\
                  exit status: 0 when legacy IPC works on a device, 1 when on none, 2 for a bad \
                  argument"
             );
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = cuda_ipc::probe();
+    let report = cuda_ipc::probe::probe();
     if json {
         println!("{}", report.to_json());
     } else {

@@ -27,10 +27,9 @@ use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_ipc::{
-    Error, GpuContext, IpcBuffer, IpcChannelHandle, IpcReceiver, IpcSender, ShmCell, ShmOptions,
-    ShmSafe,
-};
+use cuda_ipc::channel::{IpcChannelHandle, IpcReceiver, IpcSender};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
+use cuda_ipc::{Error, GpuContext, IpcBuffer, ShmSafe};
 #[path = "common/cuda.rs"]
 mod cuda;
 use cuda::{Module, Stream, StreamFlags, launch};
@@ -208,7 +207,7 @@ fn consumer(
 }
 
 fn parent(o: &Options) -> Result<ExitCode, Failure> {
-    let n = match cuda_ipc::device_count() {
+    let n = match cuda_ipc::device::device_count() {
         Ok(n) if n > 0 => n,
         Ok(_) | Err(Error::NoDevice { .. } | Error::DriverNotFound { .. }) => {
             println!("pipeline: no CUDA device; waived");
@@ -216,7 +215,7 @@ fn parent(o: &Options) -> Result<ExitCode, Failure> {
         }
         Err(e) => return Err(e.into()),
     };
-    if !cuda_ipc::can_use_stream_mem_ops(0)? {
+    if !cuda_ipc::device::can_use_stream_mem_ops(0)? {
         println!("pipeline: device 0 has no 64-bit stream memory operations; waived");
         return Ok(ExitCode::from(2));
     }

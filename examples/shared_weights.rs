@@ -20,10 +20,9 @@
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use cuda_ipc::{
-    ArenaHandle, FdListener, FdSocket, GpuContext, ImportedBuffer, IpcArena, IpcBuffer,
-    IpcMemHandle, PeerPolicy, ReadOnlySlice, SocketName,
-};
+use cuda_ipc::arena::{ArenaHandle, IpcArena};
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, ReadOnlySlice};
 #[path = "common/cuda.rs"]
 mod cuda;
 #[path = "common/weights.rs"]
@@ -229,7 +228,7 @@ fn serve(
     listener: &FdListener,
     o: &Options,
     arena: Option<&IpcArena>,
-    arena_bufs: &[cuda_ipc::ArenaBuffer<u32>],
+    arena_bufs: &[cuda_ipc::arena::ArenaBuffer<u32>],
     legacy_bufs: &[IpcBuffer<u32>],
 ) -> Result<Served, Failure> {
     let mut sockets = Vec::new();

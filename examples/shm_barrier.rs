@@ -10,7 +10,10 @@ use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe, StateDefect};
+use cuda_ipc::ShmSafe;
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::error::StateDefect;
+use cuda_ipc::shm::ShmOptions;
 
 #[derive(ShmSafe)]
 #[repr(C)]

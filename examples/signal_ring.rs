@@ -17,7 +17,7 @@
 //! reach `n`, and verifies the buffer holds `(id + 1) % n + 1` (never the 0 of fresh memory).
 //!
 //! Needs 64-bit stream memory operations on every device
-//! ([`can_use_stream_mem_ops`](cuda_ipc::can_use_stream_mem_ops)); waived otherwise. What
+//! ([`can_use_stream_mem_ops`](cuda_ipc::device::can_use_stream_mem_ops)); waived otherwise. What
 //! happens when a child fails or is killed at any step is `tests/simple_ipc_faults.rs`.
 //!
 //! Exit status: 0 on success, 2 ("waived"), 1 on any failure.
@@ -26,9 +26,12 @@ use std::process::{Child, Command, ExitCode};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::device::PeerGroup;
+use cuda_ipc::shm::{ShmCell, ShmOptions};
 use cuda_ipc::{
-    BarrierState, GpuContext, ImportedBuffer, ImportedSignal, IpcBuffer, IpcMemHandle, IpcSignal,
-    IpcSignalHandle, PeerGroup, ProcessBarrier, ShmCell, ShmOptions, ShmSafe,
+    GpuContext, ImportedBuffer, ImportedSignal, IpcBuffer, IpcMemHandle, IpcSignal,
+    IpcSignalHandle, ShmSafe,
 };
 #[path = "common/cuda.rs"]
 mod cuda;
@@ -113,7 +116,7 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
     let module = Module::from_ptx(KERNELS, &[])?;
     let kernel = module.get_function("simple_kernel")?;
     let per_sm = kernel.max_active_blocks_per_multiprocessor(BlockSize::x(THREADS), 0)?;
-    let blocks = per_sm * cuda_ipc::device_info(device)?.multiprocessors;
+    let blocks = per_sm * cuda_ipc::device::device_info(device)?.multiprocessors;
     start.wait()?; // the parent has published every handle
     let mut host = host.join().map_err(|_| "the allocating thread panicked")?;
     let buffers = (0..n)

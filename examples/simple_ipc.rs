@@ -40,10 +40,13 @@ use std::process::{Child, Command, ExitCode};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::device::PeerGroup;
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
 use cuda_ipc::{
-    BarrierState, Error, FdListener, FdSocket, GpuContext, GpuSlice, HandleType, ImportedBuffer,
-    ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle, PeerGroup, PeerPolicy,
-    ProcessBarrier, ShmCell, ShmOptions, ShmSafe, SocketName,
+    Error, GpuContext, GpuSlice, HandleType, ImportedBuffer, ImportedEvent, IpcBuffer, IpcEvent,
+    IpcEventHandle, IpcMemHandle, ShmSafe,
 };
 #[path = "common/cuda.rs"]
 mod cuda;
@@ -214,7 +217,7 @@ fn child(region_name: &str, id: usize, at_step: StepHook) -> Result<(), Failure>
     let module = Module::from_ptx(KERNELS, &[])?;
     let kernel = module.get_function("simple_kernel")?;
     let per_sm = kernel.max_active_blocks_per_multiprocessor(BlockSize::x(THREADS), 0)?;
-    let blocks = per_sm * cuda_ipc::device_info(device)?.multiprocessors;
+    let blocks = per_sm * cuda_ipc::device::device_info(device)?.multiprocessors;
     phases.mark("module");
     start.wait()?; // the parent has published every handle
     phases.mark("start");

@@ -4,7 +4,7 @@
 //! Opening an [`IpcBuffer`](crate::IpcBuffer) costs one driver import and mapping per buffer
 //! (80–140 µs on an H200, whatever the handle type). An arena pays that once: the owner
 //! creates one [`HandleType::PosixFd`] region, sends it to each peer over an
-//! [`FdSocket`](crate::FdSocket), and then sub-allocates [`ArenaBuffer`]s from it. Each buffer
+//! [`FdSocket`](crate::fd::FdSocket), and then sub-allocates [`ArenaBuffer`]s from it. Each buffer
 //! has an [`ArenaHandle<T>`] (arena id, block, generation, offset, length, element type) that a
 //! peer which imported the arena ([`ImportedArena`]) turns into an [`ArenaView<T>`] with a few
 //! atomic operations on a shared block table — no mapping, no system call.
@@ -12,6 +12,7 @@
 //! Freeing, reuse and lifetimes are documented on [`IpcArena`]; the shared protocol in
 //! `ledger/table.rs`.
 
+pub use crate::read_only::{ReadOnlyArena, ReadOnlyArenaView};
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -73,7 +74,7 @@ impl Drop for Owner {
 /// its buffers without a driver call (161 ns, open + drop, measured in the same run).
 ///
 /// Created with [`new`](Self::new) (a [`HandleType::PosixFd`] allocation, `cuMemCreate`),
-/// sent to peers with [`FdSocket::send_arena`](crate::FdSocket::send_arena) (or
+/// sent to peers with [`FdSocket::send_arena`](crate::fd::FdSocket::send_arena) (or
 /// [`export_fd`](Self::export_fd) and any `SCM_RIGHTS` channel), carved with
 /// [`alloc`](Self::alloc). `IpcArena` is `Send` and `Sync`; it can be shared between threads
 /// (allocation takes a lock).
@@ -99,7 +100,9 @@ impl Drop for Owner {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{FdListener, GpuContext, IpcArena, PeerPolicy, SocketName};
+/// use cuda_ipc::{GpuContext};
+/// use cuda_ipc::arena::IpcArena;
+/// use cuda_ipc::fd::{FdListener, PeerPolicy, SocketName};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let ctx = GpuContext::new(0)?;
@@ -202,7 +205,8 @@ impl IpcArena {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcArena};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::arena::IpcArena;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -247,7 +251,7 @@ impl IpcArena {
     }
 
     /// The arena's handle and a new descriptor of its memory (`cuMemExportToShareableHandle`),
-    /// for a peer's [`ImportedArena::open_fd`]. [`FdSocket::send_arena`](crate::FdSocket::send_arena)
+    /// for a peer's [`ImportedArena::open_fd`]. [`FdSocket::send_arena`](crate::fd::FdSocket::send_arena)
     /// does this and sends both.
     ///
     /// # Errors
@@ -279,10 +283,10 @@ impl IpcArena {
 
     /// Share this arena **read-only**: every handle it exports from now on says so
     /// ([`Handle::is_read_only`]), and importers must open it with
-    /// [`ReadOnlyArena`](crate::ReadOnlyArena) (or
-    /// [`FdSocket::recv_arena_read_only`](crate::FdSocket::recv_arena_read_only)), whose
+    /// [`ReadOnlyArena`] (or
+    /// [`FdSocket::recv_arena_read_only`](crate::fd::FdSocket::recv_arena_read_only)), whose
     /// mapping is `PROT_READ`: the GPU refuses their writes. A read-write open is refused
-    /// ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)). The owner still allocates
+    /// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)). The owner still allocates
     /// and writes as before.
     ///
     /// This protects the data against bugs in cooperating readers, not against a hostile
@@ -292,7 +296,8 @@ impl IpcArena {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcArena};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::arena::IpcArena;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -334,7 +339,7 @@ impl IpcArena {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn tick(arena: &cuda_ipc::IpcArena) {
+    /// # fn tick(arena: &cuda_ipc::arena::IpcArena) {
     /// // Now and then, where importers come and go:
     /// let waiting = arena.collect();
     /// println!("{waiting} bytes of freed buffers still viewed by live importers");
@@ -375,7 +380,8 @@ impl IpcArena {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcArena};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::arena::IpcArena;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
@@ -676,8 +682,8 @@ impl ImportedArena {
     /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter); [`Error::DeviceNotReachable`];
     /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`];
     /// then as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor;
-    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly))
-    /// when the owner shares the arena read-only ([`ReadOnlyArena::open_fd`](crate::ReadOnlyArena::open_fd)
+    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly))
+    /// when the owner shares the arena read-only ([`ReadOnlyArena::open_fd`](crate::arena::ReadOnlyArena::open_fd)
     /// opens it).
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcArenaHandle, fd: OwnedFd) -> Result<Self> {
@@ -686,7 +692,7 @@ impl ImportedArena {
     }
 
     /// [`open_fd`](Self::open_fd), mapping with `access` (read-only for
-    /// [`ReadOnlyArena`](crate::ReadOnlyArena)).
+    /// [`ReadOnlyArena`]).
     pub(crate) fn open_fd_with(
         ctx: &GpuContext,
         handle: &IpcArenaHandle,
@@ -736,7 +742,9 @@ impl ImportedArena {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{ArenaHandle, FdSocket, GpuContext, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::arena::ArenaHandle;
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -867,7 +875,8 @@ impl ImportedArena {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
@@ -1021,7 +1030,7 @@ pub mod __testing {
         reseal(bytes, ARENA_HANDLE_SIZE);
     }
 
-    /// Recompute the checksum of a [`PoolHandle`](crate::PoolHandle)'s bytes (136).
+    /// Recompute the checksum of a [`PoolHandle`](crate::pool::PoolHandle)'s bytes (136).
     pub fn reseal_pool_handle(bytes: &mut [u8]) {
         reseal(bytes, crate::pool::POOL_HANDLE_SIZE);
     }
@@ -1174,11 +1183,11 @@ mod tests {
         send_sync::<ImportedArena>();
         send_sync::<ArenaView<f32>>();
         send_sync::<ArenaHandle<f32>>();
-        send_sync::<crate::IpcPool>();
-        send_sync::<crate::PoolBuffer<f32>>();
-        send_sync::<crate::ImportedPool>();
-        send_sync::<crate::PoolView<f32>>();
-        send_sync::<crate::PoolHandle<f32>>();
+        send_sync::<crate::pool::IpcPool>();
+        send_sync::<crate::pool::PoolBuffer<f32>>();
+        send_sync::<crate::pool::ImportedPool>();
+        send_sync::<crate::pool::PoolView<f32>>();
+        send_sync::<crate::pool::PoolHandle<f32>>();
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //!
 //! Participants register in a slot whose state and owner (pid and start time, which a reused
 //! pid cannot repeat, plus the pidfs inode: [`ProcessIdentity`]) change in one atomic word
-//! ([`OwnedSlot`]).
+//! (`OwnedSlot`, `src/owned_slot.rs`).
 //!
 //! # What each side sees when another participant stops
 //!
@@ -99,7 +99,7 @@ fn passed(now: u32, generation: u32) -> bool {
 #[repr(C, align(64))]
 struct Line<T>(T);
 
-/// The shared state of a [`ProcessBarrier`]: place it in a [`ShmRegion`](crate::ShmRegion), on
+/// The shared state of a [`ProcessBarrier`]: place it in a [`ShmRegion`](crate::shm::ShmRegion), on
 /// its own or as a field of your own `#[repr(C)]` shared struct (as simpleIPC's
 /// `barrier`/`sense` fields are), and call [`init`](Self::init) once, before publishing.
 ///
@@ -112,7 +112,8 @@ struct Line<T>(T);
 /// # Examples
 ///
 /// ```no_run
-/// use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions};
+/// use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+/// use cuda_ipc::shm::ShmOptions;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// // The parent creates the barrier for 2 children...
@@ -202,7 +203,7 @@ impl BarrierState {
 
     /// Initialise zeroed state (as a fresh region's payload is) for `parties` participants.
     /// Call it once, in the creator, before other processes can see the state (in
-    /// [`ShmOptions::create_with`](crate::ShmOptions::create_with)).
+    /// [`ShmOptions::create_with`](crate::shm::ShmOptions::create_with)).
     ///
     /// # Errors
     ///
@@ -370,7 +371,7 @@ impl BarrierWaitResult {
 /// # Examples
 ///
 /// ```
-/// use cuda_ipc::{BarrierState, ProcessBarrier};
+/// use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let state = BarrierState::new(2)?;

@@ -234,12 +234,12 @@ impl<T: Pod> IpcBuffer<T> {
     /// [`HandleType::PosixFd`] a virtual-memory allocation (`cuMemCreate`, its size rounded up
     /// to the allocation granularity, mapped read-write for `ctx`'s device) that other
     /// processes map only through a file descriptor sent to them
-    /// ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer)); [`HandleType::Auto`] the
+    /// ([`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer)); [`HandleType::Auto`] the
     /// latter where the device supports it; [`HandleType::Pool`] an allocation from a
     /// stream-ordered pool this process keeps for such buffers in `ctx` (one pool while it has
-    /// room for [`IpcPool::MAX_BUFFERS`](crate::IpcPool::MAX_BUFFERS), then another; each
+    /// room for [`IpcPool::MAX_BUFFERS`](crate::pool::IpcPool::MAX_BUFFERS), then another; each
     /// freed with its last buffer), complete before this returns, which peers open after
-    /// importing the pool once ([`FdSocket::send_buffer`](crate::FdSocket::send_buffer) sends
+    /// importing the pool once ([`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer) sends
     /// both). [`handle_type`](Self::handle_type) says which.
     ///
     /// # Errors
@@ -247,15 +247,16 @@ impl<T: Pod> IpcBuffer<T> {
     /// As [`new`](Self::new); for POSIX-fd buffers [`Error::Unsupported`] when the device
     /// cannot export virtual memory as file descriptors, and [`Error::Cuda`] naming
     /// `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap` or
-    /// `cuMemSetAccess`; for pool buffers as [`IpcPool::new`](crate::IpcPool::new) and
-    /// [`IpcPool::alloc`](crate::IpcPool::alloc), and [`Error::Cuda`] naming
+    /// `cuMemSetAccess`; for pool buffers as [`IpcPool::new`](crate::pool::IpcPool::new) and
+    /// [`IpcPool::alloc`](crate::pool::IpcPool::alloc), and [`Error::Cuda`] naming
     /// `cuStreamSynchronize`.
     ///
     /// # Examples
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdListener, GpuContext, HandleType, IpcBuffer, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+    /// use cuda_ipc::fd::{FdListener, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -308,7 +309,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// For a [`HandleType::PosixFd`] buffer the handle describes the memory but cannot map it:
     /// use [`export_fd`](Self::export_fd) or
-    /// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer), which send a descriptor with it.
+    /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), which send a descriptor with it.
     ///
     /// # Errors
     ///
@@ -326,7 +327,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// Share this buffer **read-only**: every handle it exports from now on says so
     /// ([`Handle::is_read_only`](crate::Handle::is_read_only)), and importers must open it
     /// with [`ReadOnlyBuffer`](crate::ReadOnlyBuffer) (or
-    /// [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only)): a
+    /// [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only)): a
     /// read-write open is refused ([`TypeConflict::ReadOnly`]). For a
     /// [`HandleType::PosixFd`] buffer the importers' mappings are then `PROT_READ` and the GPU
     /// refuses their writes; for a [`HandleType::Pool`] buffer only the importers' types are
@@ -376,7 +377,7 @@ impl<T: Pod> IpcBuffer<T> {
 
     /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the
     /// memory (`cuMemExportToShareableHandle`), to send together over a Unix socket
-    /// (`SCM_RIGHTS`; [`FdSocket::send`](crate::FdSocket::send) or any other). The receiver
+    /// (`SCM_RIGHTS`; [`FdSocket::send`](crate::fd::FdSocket::send) or any other). The receiver
     /// opens them with [`open_fd`](ImportedBuffer::open_fd). Each call makes a new descriptor; dropping
     /// it after sending is right (the receiver has its own).
     ///
@@ -393,7 +394,8 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```no_run
     /// use std::os::fd::AsFd;
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, HandleType, IpcBuffer};
+    /// use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+    /// use cuda_ipc::fd::FdSocket;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// # let socket: FdSocket = unimplemented!();
@@ -412,7 +414,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// Export a [`HandleType::Pool`] buffer: its pool's handle and a new descriptor of the
     /// pool (`cuMemPoolExportToShareableHandle`), and the buffer's [`PoolHandle`]
     /// (`cuMemPoolExportPointer` data), for a peer's
-    /// [`ImportedBuffer::open_pooled`]. [`FdSocket::send_buffer`](crate::FdSocket::send_buffer)
+    /// [`ImportedBuffer::open_pooled`]. [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer)
     /// does this and sends all three in one message; this is for other channels. A peer that
     /// imported the pool before (for an earlier buffer) shares that import and closes the new
     /// descriptor unused.
@@ -428,7 +430,8 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```no_run
     /// use std::os::fd::AsFd;
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, HandleType, IpcBuffer};
+    /// use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+    /// use cuda_ipc::fd::FdSocket;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// # let socket: FdSocket = unimplemented!();
@@ -489,7 +492,7 @@ impl<T: Pod> IpcBuffer<T> {
 
     /// The raw legacy IPC handle of this exported buffer, for a peer that does not use this
     /// crate (PyTorch, CuPy, C/C++; see [`RawExport`] for the layout and the
-    /// [`raw` module](crate::RawMemHandle) for what a foreign peer gets).
+    /// [`raw` module](crate::raw::RawMemHandle) for what a foreign peer gets).
     ///
     /// What ends at this boundary: a foreign peer takes no lease, so this buffer's drop cannot
     /// see it and frees the memory when the buffer drops, whether the peer still maps it or
@@ -599,7 +602,8 @@ impl<T: Pod> IpcBuffer<T> {
 /// # Examples
 ///
 /// ```no_run
-/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcMemHandle, ShmCell};
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcMemHandle};
+/// use cuda_ipc::shm::ShmCell;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// # let cell: &ShmCell<IpcMemHandle<f32>> = unimplemented!();
@@ -683,18 +687,18 @@ impl<T: Pod> ImportedBuffer<T> {
     /// Open a [`HandleType::Pool`] buffer from its pool's handle and descriptor and its
     /// [`PoolHandle`] ([`IpcBuffer::export_pooled`]): the pool is imported once per process
     /// (`cuMemPoolImportFromShareableHandle`; a pool imported before, in any context, is shared
-    /// and `fd` closed unused, as [`ImportedPool::open_fd`](crate::ImportedPool::open_fd) does),
+    /// and `fd` closed unused, as [`ImportedPool::open_fd`](crate::pool::ImportedPool::open_fd) does),
     /// then the buffer (`cuMemPoolImportPointer`), its size checked against the driver's. `fd`
     /// is consumed. Opening the same buffer again shares the import; the last view's drop
     /// frees it (`cuMemFree`) and lets the owner free the allocation.
     ///
     /// # Errors
     ///
-    /// As [`ImportedPool::open_fd`](crate::ImportedPool::open_fd), then as
-    /// [`ImportedPool::open`](crate::ImportedPool::open) (a buffer of another pool is
+    /// As [`ImportedPool::open_fd`](crate::pool::ImportedPool::open_fd), then as
+    /// [`ImportedPool::open`](crate::pool::ImportedPool::open) (a buffer of another pool is
     /// [`Error::CorruptHandle`], a freed one [`Error::StaleHandle`]); a pool handle marked
     /// read-only is [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`]:
-    /// [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only) opens it).
+    /// [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only) opens it).
     #[doc(alias = "cuMemPoolImportPointer")]
     pub fn open_pooled(
         ctx: &GpuContext,
@@ -751,7 +755,8 @@ impl<T: Pod> ImportedBuffer<T> {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, ImportedBuffer, RawImport, RawMemHandle};
+    /// use cuda_ipc::{GpuContext, ImportedBuffer};
+    /// use cuda_ipc::raw::{RawImport, RawMemHandle};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// # let (torch_handle, storage_offset_bytes, numel, pid) = (vec![0u8; 66], 0u64, 1usize, 1u32);
@@ -1079,7 +1084,7 @@ impl<T: Pod> BufferCore<T> {
         fd: OwnedFd,
         buffer: &PoolHandle<T>,
     ) -> Result<Self> {
-        let (slice, hold) = crate::ImportedPool::open_fd(ctx, pool, fd)?
+        let (slice, hold) = crate::pool::ImportedPool::open_fd(ctx, pool, fd)?
             .open(buffer)?
             .into_parts();
         Ok(Self {

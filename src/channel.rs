@@ -168,7 +168,7 @@ fn layout(geometry: Geometry, size: u64) -> Option<u64> {
 
 /// What opens a channel: its region, its shape, its element type and its producer, in a
 /// checksummed envelope of 152 bytes of plain data. Pass it like the crate's other handles
-/// (a [`ShmCell`](crate::ShmCell), or [`as_bytes`](Self::as_bytes) /
+/// (a [`ShmCell`](crate::shm::ShmCell), or [`as_bytes`](Self::as_bytes) /
 /// [`from_bytes`](Self::from_bytes) over any byte channel).
 ///
 /// The GPU handles themselves are in the channel's region, which only the producer's uid can
@@ -319,7 +319,7 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// any [`IpcBuffer`](crate::IpcBuffer) (dropping the sender while the consumer still maps the memory defers
 /// its free until the consumer unmaps, as for an `IpcBuffer`), so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
 /// the consumer has attached (before that, a killed producer leaves one region for
-/// [`reclaim_stale`](crate::reclaim_stale)).
+/// [`reclaim_stale`](crate::shm::reclaim_stale)).
 ///
 /// # Kill points
 ///
@@ -353,7 +353,8 @@ fn wait_limit(timeout: Duration) -> Duration {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{GpuContext, IpcChannelHandle, IpcSender};
+/// use cuda_ipc::{GpuContext};
+/// use cuda_ipc::channel::{IpcChannelHandle, IpcSender};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = GpuContext::new(0)?;
@@ -455,7 +456,7 @@ impl<T: Pod> IpcSender<T> {
         if name.len() > NAME_BYTES {
             return Err(Error::InvalidName {
                 name: ring.name().into(),
-                defect: crate::NameDefect::TooLong {
+                defect: crate::error::NameDefect::TooLong {
                     len: name.len(),
                     max: NAME_BYTES,
                 },
@@ -709,7 +710,8 @@ impl<T: Pod> std::fmt::Debug for SendSlot<'_, T> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{GpuContext, IpcChannelHandle, IpcReceiver};
+/// use cuda_ipc::{GpuContext};
+/// use cuda_ipc::channel::{IpcChannelHandle, IpcReceiver};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let handle: IpcChannelHandle<f32> = bytemuck::Zeroable::zeroed();

@@ -97,7 +97,7 @@ pub fn device_count() -> Result<u32> {
 ///
 /// ```no_run
 /// # fn main() -> cuda_ipc::Result<()> {
-/// let info = cuda_ipc::device_info(0)?;
+/// let info = cuda_ipc::device::device_info(0)?;
 /// println!("{} {} {}", info.name, info.uuid_string(), info.pci_bus_id);
 /// # Ok(()) }
 /// ```
@@ -163,7 +163,7 @@ pub(crate) fn stream_mem_ops_64(dev: sys::CUdevice) -> Result<bool> {
 ///
 /// ```no_run
 /// # fn main() -> cuda_ipc::Result<()> {
-/// if !cuda_ipc::can_use_stream_mem_ops(0)? {
+/// if !cuda_ipc::device::can_use_stream_mem_ops(0)? {
 ///     println!("device 0: use IpcEvent, IpcSignal is not available");
 /// }
 /// # Ok(()) }
@@ -247,7 +247,7 @@ pub struct SkippedDevice {
 /// # Examples
 ///
 /// ```no_run
-/// use cuda_ipc::PeerGroup;
+/// use cuda_ipc::device::PeerGroup;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let group = PeerGroup::select(8)?; // at most 8 devices, as simpleIPC takes

@@ -5,9 +5,9 @@
 //! | Handle | Bytes | Magic | Kind-specific checks |
 //! |--------|-------|-------|----------------------|
 //! | [`Handle<K>`](crate::Handle): buffers, events, signals, arenas, pools | 184 | `CIPH` | `Envelope::validate` (`handle.rs`): kind, handle type, layout, read-only flag |
-//! | [`IpcChannelHandle`](crate::IpcChannelHandle) | 152 | `CICH` | `ChannelEnvelope::validate` (`channel.rs`): geometry, region name |
-//! | [`ArenaHandle`](crate::ArenaHandle) | 80 | `CIPA` | on open (`arena.rs`): this arena, bounds, generation |
-//! | [`PoolHandle`](crate::PoolHandle) | 136 | `CIPP` | on open (`pool.rs`): this pool, generation |
+//! | [`IpcChannelHandle`](crate::channel::IpcChannelHandle) | 152 | `CICH` | `ChannelEnvelope::validate` (`channel.rs`): geometry, region name |
+//! | [`ArenaHandle`](crate::arena::ArenaHandle) | 80 | `CIPA` | on open (`arena.rs`): this arena, bounds, generation |
+//! | [`PoolHandle`](crate::pool::PoolHandle) | 136 | `CIPP` | on open (`pool.rs`): this pool, generation |
 //!
 //! [`seal`] stamps a format's magic and version and the checksum; [`open`] reads bytes of
 //! exactly the format's size and checks, in this order and each as its own

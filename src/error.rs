@@ -19,7 +19,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Branch on what the caller can act on; `Display` says the rest for people:
 ///
 /// ```no_run
-/// use cuda_ipc::{Error, GpuContext, ImportedBuffer, IpcMemHandle, PeerRole};
+/// use cuda_ipc::{Error, GpuContext, ImportedBuffer, IpcMemHandle};
+/// use cuda_ipc::error::PeerRole;
 ///
 /// fn open(ctx: &GpuContext, handle: &IpcMemHandle<f32>) -> Option<ImportedBuffer<f32>> {
 ///     match ImportedBuffer::open(ctx, handle) {
@@ -210,7 +211,7 @@ pub enum Error {
         role: PeerRole,
     },
 
-    /// The barrier was poisoned explicitly with [`ProcessBarrier::poison`](crate::ProcessBarrier::poison).
+    /// The barrier was poisoned explicitly with [`ProcessBarrier::poison`](crate::barrier::ProcessBarrier::poison).
     #[error("barrier was poisoned by pid {pid}")]
     Poisoned {
         /// The process that poisoned it.
@@ -267,7 +268,7 @@ pub enum Error {
     /// for a listener, the connecting process; for a connector, the listening one (a name
     /// squatted by another user).
     ///
-    /// [`PeerPolicy`]: crate::PeerPolicy
+    /// [`PeerPolicy`]: crate::fd::PeerPolicy
     #[error("socket {name}: peer pid {pid} (uid {uid}) refused ({policy})")]
     PeerRefused {
         /// The peer's pid.
@@ -388,7 +389,7 @@ pub enum Error {
         generation: u64,
     },
 
-    /// The other side of an [`IpcChannel`](crate::IpcSender) closed it: the producer dropped its
+    /// The other side of an [`IpcChannel`](crate::channel::IpcSender) closed it: the producer dropped its
     /// sender and every item it sent was received, or the consumer dropped its receiver.
     #[error("the IPC channel's {role} (pid {pid}) closed it")]
     ChannelClosed {
@@ -398,7 +399,7 @@ pub enum Error {
         role: &'static str,
     },
 
-    /// An [`IpcChannel`](crate::IpcSender) already has its consumer (a channel is opened by one
+    /// An [`IpcChannel`](crate::channel::IpcSender) already has its consumer (a channel is opened by one
     /// consumer for its whole life).
     #[error("the IPC channel already has a consumer (pid {pid})")]
     ChannelInUse {
@@ -439,10 +440,10 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// An [`IpcArena`](crate::IpcArena) cannot place an allocation: not enough contiguous free
+    /// An [`IpcArena`](crate::arena::IpcArena) cannot place an allocation: not enough contiguous free
     /// bytes, or every block index is in use. Freed buffers that importers still view are
     /// `quarantined` until their views drop (or their processes die); dropping views, or
-    /// [`IpcArena::collect`](crate::IpcArena::collect), makes room.
+    /// [`IpcArena::collect`](crate::arena::IpcArena::collect), makes room.
     #[error(
         "the arena cannot place {requested} bytes: {free} bytes free, {quarantined} bytes \
          waiting for importers to drop their views, {buffers} of {max_buffers} buffers in use"
@@ -460,7 +461,7 @@ pub enum Error {
         max_buffers: usize,
     },
 
-    /// An [`IpcPool`](crate::IpcPool), or this process's exported buffers and signals (the
+    /// An [`IpcPool`](crate::pool::IpcPool), or this process's exported buffers and signals (the
     /// export registry), already has the most buffers it tracks live (or freed while importers
     /// still hold them); drop some, or let importers drop their views.
     #[error("already {max} buffers live or waiting for importers")]
@@ -525,7 +526,8 @@ impl Error {
 /// # Examples
 ///
 /// ```
-/// use cuda_ipc::{Error, HandleDefect, IpcEventHandle, IpcMemHandle};
+/// use cuda_ipc::{Error, IpcEventHandle, IpcMemHandle};
+/// use cuda_ipc::error::HandleDefect;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// // Bytes that are not a handle at all.
@@ -650,7 +652,9 @@ impl std::fmt::Display for HandleDefect {
 /// # Examples
 ///
 /// ```
-/// use cuda_ipc::{ArgumentDefect, BarrierState, Error};
+/// use cuda_ipc::{Error};
+/// use cuda_ipc::barrier::BarrierState;
+/// use cuda_ipc::error::ArgumentDefect;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let refused = BarrierState::new(0);
@@ -803,7 +807,7 @@ impl std::fmt::Display for ArgumentDefect {
 }
 
 /// A device capability the driver reports missing, in an [`Error::Unsupported`]; what
-/// [`probe()`](crate::probe()) checks under the key named on each variant.
+/// [`probe()`](crate::probe::probe()) checks under the key named on each variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Capability {
@@ -862,8 +866,8 @@ pub enum TypeConflict {
     Needs(crate::HandleType),
     /// A read-write open of memory its exporter shares read-only
     /// ([`Handle::is_read_only`](crate::Handle::is_read_only)): open it with
-    /// [`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::ReadOnlyArena) or
-    /// [`ReadOnlyPool`](crate::ReadOnlyPool) (or the sockets' `recv_*_read_only`).
+    /// [`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::arena::ReadOnlyArena) or
+    /// [`ReadOnlyPool`](crate::pool::ReadOnlyPool) (or the sockets' `recv_*_read_only`).
     ReadOnly,
     /// A read-only open of legacy memory: `cuIpcOpenMemHandle` maps read-write only, so this
     /// crate refuses rather than give a read-only type over a writable mapping. Share the
@@ -878,8 +882,8 @@ pub enum TypeConflict {
     ImportMappedPerContext,
     /// A [`HandleType::Pool`](crate::HandleType::Pool) buffer was asked for one handle (or a
     /// raw one, or one descriptor): it travels as its pool's handle and descriptor and the
-    /// buffer's [`PoolHandle`](crate::PoolHandle) —
-    /// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer), or
+    /// buffer's [`PoolHandle`](crate::pool::PoolHandle) —
+    /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), or
     /// [`IpcBuffer::export_pooled`](crate::IpcBuffer::export_pooled) for another channel.
     Pooled,
 }
@@ -971,7 +975,7 @@ impl std::fmt::Display for NameDefect {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ObjectState {
-    /// It is initialised already ([`BarrierState::init`](crate::BarrierState::init) runs
+    /// It is initialised already ([`BarrierState::init`](crate::barrier::BarrierState::init) runs
     /// once, in the region's creator).
     AlreadyInitialised,
     /// It was imported from another process: only the exporter's own object can be exported;
@@ -1176,7 +1180,7 @@ pub enum PeerRole {
     /// A process that had opened an object this process exported or shares (the object's
     /// kind: `"signal"`, `"channel"`) and died without closing it.
     Importer(&'static str),
-    /// A participant of a [`ProcessBarrier`](crate::ProcessBarrier), in participant slot
+    /// A participant of a [`ProcessBarrier`](crate::barrier::ProcessBarrier), in participant slot
     /// `slot`: it died, or it `left` (dropped its handle) while the others waited.
     BarrierParty {
         /// Its participant slot.

@@ -83,7 +83,8 @@ impl std::ops::Deref for IpcEvent {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{GpuContext, ImportedEvent, IpcEventHandle, ShmCell};
+/// use cuda_ipc::{GpuContext, ImportedEvent, IpcEventHandle};
+/// use cuda_ipc::shm::ShmCell;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let cell: &ShmCell<IpcEventHandle> = unimplemented!();

@@ -5,7 +5,7 @@
 //! A raw CUDA IPC handle says nothing about what it names: not the element type, not the
 //! length, not whether the buffer still exists. The envelope carries all of that and a
 //! checksum, and it is plain data (`#[repr(C)]`, `Pod`) so it fits in a
-//! [`ShmCell`](crate::ShmCell) or any byte channel. Everything in it is validated before the
+//! [`ShmCell`](crate::shm::ShmCell) or any byte channel. Everything in it is validated before the
 //! CUDA handle inside is passed to the driver.
 
 use std::marker::PhantomData;
@@ -39,7 +39,7 @@ pub(crate) const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 /// | | [`Legacy`](Self::Legacy) | [`PosixFd`](Self::PosixFd) | [`Pool`](Self::Pool) |
 /// |-|-|-|-|
 /// | Allocation | `cuMemAlloc` | `cuMemCreate` + `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess` | `cuMemAllocFromPoolAsync` from a pool this process keeps per context, synchronised |
-/// | What a peer needs | the 184-byte [`IpcMemHandle`] (any channel) | the handle **and** a file descriptor, sent over an [`FdSocket`](crate::FdSocket) | the pool's handle and descriptor and the buffer's [`PoolHandle`](crate::PoolHandle), sent over an [`FdSocket`](crate::FdSocket) ([`send_buffer`](crate::FdSocket::send_buffer)) |
+/// | What a peer needs | the 184-byte [`IpcMemHandle`] (any channel) | the handle **and** a file descriptor, sent over an [`FdSocket`](crate::fd::FdSocket) | the pool's handle and descriptor and the buffer's [`PoolHandle`](crate::pool::PoolHandle), sent over an [`FdSocket`](crate::fd::FdSocket) ([`send_buffer`](crate::fd::FdSocket::send_buffer)) |
 /// | What a peer's open costs | a mapping per buffer | a mapping per buffer | the pool's import once per process, then `cuMemPoolImportPointer` per buffer |
 /// | Who can map it | anyone who reads the handle bytes (a bearer token; any uid, any pid namespace) | only a process the descriptor was sent to (a capability) | only a process the pool's descriptor was sent to |
 /// | Dropping the exporter while mapped elsewhere | never waits: the free is deferred until the last importer unmaps or dies (leases) | never waits: the driver keeps the memory while any process maps it | never waits: the allocation is quarantined until its importers free their imports or die |
@@ -51,13 +51,13 @@ pub(crate) const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 /// management), else [`Legacy`](Self::Legacy); [`IpcBuffer::handle_type`](crate::IpcBuffer::handle_type)
 /// says which. (It never picks [`Pool`](Self::Pool): a pool buffer has no single handle, and
 /// POSIX-fd buffers give the same capability without a pool.)
-/// [`FdSocket::send_buffer`](crate::FdSocket::send_buffer) and
-/// [`recv_buffer`](crate::FdSocket::recv_buffer) carry every kind, so code that passes buffers
+/// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer) and
+/// [`recv_buffer`](crate::fd::FdSocket::recv_buffer) carry every kind, so code that passes buffers
 /// over a socket works with all three.
 ///
 /// For many buffers to one peer, [`Pool`](Self::Pool) makes each open after the first cheap
-/// (no mapping: 1.1 µs on an H200 against 60–70 µs), as an [`IpcArena`](crate::IpcArena) does
-/// without any driver call; an [`IpcPool`](crate::IpcPool) gives the pool itself to the caller
+/// (no mapping: 1.1 µs on an H200 against 60–70 µs), as an [`IpcArena`](crate::arena::IpcArena) does
+/// without any driver call; an [`IpcPool`](crate::pool::IpcPool) gives the pool itself to the caller
 /// (stream-ordered allocation and free, handles sent the caller's way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -74,11 +74,11 @@ pub enum HandleType {
     /// (`cuMemPoolCreate`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`): the memory
     /// cudarc and other stream-ordered code allocate, which legacy handles refuse. The `Pool`
     /// buffers of a context share one pool (another once it is full), kept while any of them
-    /// lives; a peer imports it once ([`FdSocket::recv_buffer`](crate::FdSocket::recv_buffer)
+    /// lives; a peer imports it once ([`FdSocket::recv_buffer`](crate::fd::FdSocket::recv_buffer)
     /// shares the import) and then each buffer with `cuMemPoolImportPointer`. The pool is the
     /// unit of trust: a peer sent one `Pool` buffer holds the pool, and should be assumed able
     /// to open every buffer in it (SECURITY.md); what one peer alone may see belongs in an
-    /// [`IpcPool`](crate::IpcPool) of its own or a [`PosixFd`](Self::PosixFd) buffer.
+    /// [`IpcPool`](crate::pool::IpcPool) of its own or a [`PosixFd`](Self::PosixFd) buffer.
     Pool,
 }
 
@@ -362,9 +362,9 @@ pub(crate) fn type_tag_of<T>() -> u64 {
 /// the memory that comes as a descriptor) in a typed, checksummed envelope, 184 bytes of plain
 /// data. `K` is what it names — [`IpcBuffer<T>`](crate::IpcBuffer),
 /// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
-/// [`IpcArena`](crate::IpcArena) or [`IpcPool`](crate::IpcPool) — and each has a short name:
+/// [`IpcArena`](crate::arena::IpcArena) or [`IpcPool`](crate::pool::IpcPool) — and each has a short name:
 /// [`IpcMemHandle<T>`], [`IpcEventHandle`], [`IpcSignalHandle`],
-/// [`IpcArenaHandle`](crate::IpcArenaHandle), [`IpcPoolHandle`](crate::IpcPoolHandle).
+/// [`IpcArenaHandle`](crate::arena::IpcArenaHandle), [`IpcPoolHandle`](crate::pool::IpcPoolHandle).
 ///
 /// Every handle carries the same fields, checked the same way: the kind (a memory handle is
 /// refused where an event handle is expected, and every other pair), the element size,
@@ -376,10 +376,10 @@ pub(crate) fn type_tag_of<T>() -> u64 {
 /// same order — validate, then lease (events take none), then map — so a bad handle costs no
 /// lease and no mapping.
 ///
-/// Pass a handle to another process through a [`ShmCell`](crate::ShmCell) (it is `Pod`) or as
+/// Pass a handle to another process through a [`ShmCell`](crate::shm::ShmCell) (it is `Pod`) or as
 /// bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). A handle of a
 /// [`HandleType::PosixFd`] export says what the memory is but cannot map it: the memory comes
-/// as a file descriptor, sent with the handle over an [`FdSocket`](crate::FdSocket) or any
+/// as a file descriptor, sent with the handle over an [`FdSocket`](crate::fd::FdSocket) or any
 /// other `SCM_RIGHTS` channel.
 ///
 /// `Debug` never prints the CUDA bytes: a legacy CUDA IPC handle is a bearer token that any
@@ -430,7 +430,7 @@ mod sealed {
 
 /// What a [`Handle`] can name: [`IpcBuffer<T>`](crate::IpcBuffer),
 /// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
-/// [`IpcArena`](crate::IpcArena) and [`IpcPool`](crate::IpcPool). Sealed: the envelope's
+/// [`IpcArena`](crate::arena::IpcArena) and [`IpcPool`](crate::pool::IpcPool). Sealed: the envelope's
 /// checks are this crate's.
 pub trait HandleKind: sealed::Sealed {
     /// The handle's short name, as `Debug` prints it (`"IpcMemHandle"`, `"IpcEventHandle"`, ...).
@@ -480,14 +480,14 @@ impl HandleKind for crate::IpcSignal {
     }
 }
 
-impl sealed::Sealed for crate::IpcArena {}
-impl HandleKind for crate::IpcArena {
+impl sealed::Sealed for crate::arena::IpcArena {}
+impl HandleKind for crate::arena::IpcArena {
     const NAME: &'static str = "IpcArenaHandle";
     const CODE: u16 = KIND_ARENA;
 }
 
-impl sealed::Sealed for crate::IpcPool {}
-impl HandleKind for crate::IpcPool {
+impl sealed::Sealed for crate::pool::IpcPool {}
+impl HandleKind for crate::pool::IpcPool {
     const NAME: &'static str = "IpcPoolHandle";
     const CODE: u16 = KIND_POOL;
 }
@@ -530,8 +530,8 @@ impl<K: HandleKind> Handle<K> {
 
     /// Whether the exporter shares this memory read-only (its owner was made with
     /// `read_only_for_importers`): it opens only with the read-only types
-    /// ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::ReadOnlyArena),
-    /// [`ReadOnlyPool`](crate::ReadOnlyPool)), and a read-write open is refused.
+    /// ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::arena::ReadOnlyArena),
+    /// [`ReadOnlyPool`](crate::pool::ReadOnlyPool)), and a read-write open is refused.
     #[must_use]
     pub fn is_read_only(&self) -> bool {
         self.env.flags & FLAG_READ_ONLY != 0
@@ -998,8 +998,8 @@ mod tests {
         assert_eq!(accepted::<crate::IpcBuffer<f32>>(), [KIND_MEM]);
         assert_eq!(accepted::<crate::IpcEvent>(), [KIND_EVENT]);
         assert_eq!(accepted::<crate::IpcSignal>(), [KIND_SIGNAL]);
-        assert_eq!(accepted::<crate::IpcArena>(), [KIND_ARENA]);
-        assert_eq!(accepted::<crate::IpcPool>(), [KIND_POOL]);
+        assert_eq!(accepted::<crate::arena::IpcArena>(), [KIND_ARENA]);
+        assert_eq!(accepted::<crate::pool::IpcPool>(), [KIND_POOL]);
         // The element type is checked on open (admission), not by `from_bytes`.
         assert_eq!(accepted::<crate::IpcBuffer<u32>>(), [KIND_MEM]);
         let as_u32 = Handle::<crate::IpcBuffer<u32>>::from_envelope(sample());
@@ -1014,8 +1014,8 @@ mod tests {
                 KIND_MEM => format!("{:?}", IpcMemHandle::<f32>::from_envelope(env)),
                 KIND_EVENT => format!("{:?}", IpcEventHandle::from_envelope(env)),
                 KIND_SIGNAL => format!("{:?}", IpcSignalHandle::from_envelope(env)),
-                KIND_ARENA => format!("{:?}", Handle::<crate::IpcArena>::from_envelope(env)),
-                _ => format!("{:?}", Handle::<crate::IpcPool>::from_envelope(env)),
+                KIND_ARENA => format!("{:?}", Handle::<crate::arena::IpcArena>::from_envelope(env)),
+                _ => format!("{:?}", Handle::<crate::pool::IpcPool>::from_envelope(env)),
             };
             let name = [
                 "IpcMemHandle",

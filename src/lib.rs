@@ -11,36 +11,47 @@
 //! | Shared GPU memory | [`IpcBuffer`] (this process's), [`ImportedBuffer`] (another's), [`IpcMemHandle`] | `cuMemAlloc`, `cuIpcGetMemHandle`, `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`, `cuIpcCloseMemHandle`, `cuMemFree` |
 //! | Shared GPU events | [`IpcEvent`], [`ImportedEvent`], [`GpuEvent`] (what both do), [`IpcEventHandle`] | `cuEventCreate(INTERPROCESS\|DISABLE_TIMING)`, `cuIpcGetEventHandle`, `cuIpcOpenEventHandle`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventQuery` |
 //! | GPU-side signalling (counters) | [`IpcSignal`], [`ImportedSignal`], [`GpuSignal`] (what both do), [`IpcSignalHandle`] | `cuMemAlloc` + IPC as for buffers, `cuStreamWriteValue64`, `cuStreamWaitValue64(GEQ)`, `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` |
-//! | A GPU queue between two processes | [`IpcSender`], [`IpcReceiver`], [`IpcChannelHandle`] | an [`IpcBuffer`] of slots, two [`IpcSignal`]s (`cuStreamWaitValue64`/`cuStreamWriteValue64`), a shared-memory ring, `cuEventRecord` |
-//! | Device selection | [`PeerGroup`], [`DeviceInfo`] | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
+//! | A GPU queue between two processes | [`IpcSender`](crate::channel::IpcSender), [`IpcReceiver`](crate::channel::IpcReceiver), [`IpcChannelHandle`](crate::channel::IpcChannelHandle) | an [`IpcBuffer`] of slots, two [`IpcSignal`]s (`cuStreamWaitValue64`/`cuStreamWriteValue64`), a shared-memory ring, `cuEventRecord` |
+//! | Device selection | [`PeerGroup`](crate::device::PeerGroup), [`DeviceInfo`](crate::device::DeviceInfo) | `cuDeviceGetAttribute`, `cuDeviceGetUuid`, `cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess` |
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
-//! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`], [`RawExport`], [`RawImport`], [`ImportedBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuPointerGetAttributes`, `cuPointerGetAttribute` |
+//! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`](crate::raw::RawMemHandle), [`RawExport`](crate::raw::RawExport), [`RawImport`](crate::raw::RawImport), [`ImportedBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuPointerGetAttributes`, `cuPointerGetAttribute` |
 //! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`ImportedBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
-//! | Many buffers through one import | [`IpcArena`], [`ArenaBuffer`], [`ArenaHandle`], [`ImportedArena`], [`ArenaView`] | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
-//! | Stream-ordered pools between processes | [`IpcPool`], [`PoolBuffer`], [`PoolHandle`], [`ImportedPool`], [`PoolView`]; as buffers: [`HandleType::Pool`], [`IpcBuffer::export_pooled`], [`ImportedBuffer::open_pooled`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
+//! | Many buffers through one import | [`IpcArena`](crate::arena::IpcArena), [`ArenaBuffer`](crate::arena::ArenaBuffer), [`ArenaHandle`](crate::arena::ArenaHandle), [`ImportedArena`](crate::arena::ImportedArena), [`ArenaView`](crate::arena::ArenaView) | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
+//! | Stream-ordered pools between processes | [`IpcPool`](crate::pool::IpcPool), [`PoolBuffer`](crate::pool::PoolBuffer), [`PoolHandle`](crate::pool::PoolHandle), [`ImportedPool`](crate::pool::ImportedPool), [`PoolView`](crate::pool::PoolView); as buffers: [`HandleType::Pool`], [`IpcBuffer::export_pooled`], [`ImportedBuffer::open_pooled`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
 //! | Typed device memory, whoever owns it | [`GpuSlice`] | `cuMemcpy*`, `cuMemsetD8*` |
-//! | Another device of the process touching shared memory | `grant_access` on [`IpcBuffer`](IpcBuffer::grant_access), [`ImportedBuffer`](ImportedBuffer::grant_access), [`IpcArena`](IpcArena::grant_access), [`ImportedArena`](ImportedArena::grant_access), [`IpcPool`](IpcPool::grant_access), [`ImportedPool`](ImportedPool::grant_access) | `cuMemSetAccess`, `cuMemPoolSetAccess`, `cuMemPoolGetAccess`, `cuCtxEnablePeerAccess` |
-//! | A handle of any export, every check in one place | [`Handle<K>`](Handle) ([`HandleKind`]: `IpcBuffer<T>`, `IpcEvent`, `IpcSignal`, `IpcArena`, `IpcPool`), with the short names [`IpcMemHandle`], [`IpcEventHandle`], [`IpcSignalHandle`], [`IpcArenaHandle`], [`IpcPoolHandle`] | a checksummed 184-byte envelope around the driver's 64-byte handle |
-//! | Passing file descriptors (and buffers) | [`FdListener`], [`FdSocket`], [`FdSocket::send_buffer`], [`FdSocket::recv_buffer`] | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
-//! | Named shared memory | [`ShmRegion`], [`ShmOptions`] | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
-//! | What may live there | [`ShmSafe`], [`ShmCell`] | atomics only |
-//! | Barrier across processes | [`ProcessBarrier`], [`BarrierState`] | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
+//! | Another device of the process touching shared memory | `grant_access` on [`IpcBuffer`](IpcBuffer::grant_access), [`ImportedBuffer`](ImportedBuffer::grant_access), [`IpcArena`](crate::arena::IpcArena::grant_access), [`ImportedArena`](crate::arena::ImportedArena::grant_access), [`IpcPool`](crate::pool::IpcPool::grant_access), [`ImportedPool`](crate::pool::ImportedPool::grant_access) | `cuMemSetAccess`, `cuMemPoolSetAccess`, `cuMemPoolGetAccess`, `cuCtxEnablePeerAccess` |
+//! | A handle of any export, every check in one place | [`Handle<K>`](Handle) ([`HandleKind`]: `IpcBuffer<T>`, `IpcEvent`, `IpcSignal`, `IpcArena`, `IpcPool`), with the short names [`IpcMemHandle`], [`IpcEventHandle`], [`IpcSignalHandle`], [`IpcArenaHandle`](crate::arena::IpcArenaHandle), [`IpcPoolHandle`](crate::pool::IpcPoolHandle) | a checksummed 184-byte envelope around the driver's 64-byte handle |
+//! | Passing file descriptors (and buffers) | [`FdListener`](crate::fd::FdListener), [`FdSocket`](crate::fd::FdSocket), [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), [`FdSocket::recv_buffer`](crate::fd::FdSocket::recv_buffer) | `socket(AF_UNIX, SOCK_SEQPACKET)`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `SO_PEERCRED`, `poll` |
+//! | Named shared memory | [`ShmRegion`](crate::shm::ShmRegion), [`ShmOptions`](crate::shm::ShmOptions) | `open("/dev/shm/..", O_CREAT\|O_EXCL\|O_NOFOLLOW, 0600)`, `fchmod`, `fallocate`, `fstat`, `mmap`, `unlink` |
+//! | What may live there | [`ShmSafe`], [`ShmCell`](crate::shm::ShmCell) | atomics only |
+//! | Barrier across processes | [`ProcessBarrier`](crate::barrier::ProcessBarrier), [`BarrierState`](crate::barrier::BarrierState) | atomics, shared `futex(FUTEX_WAIT/WAKE)`, `/proc/<pid>/stat` |
 //! | A process that survives pid reuse | [`ProcessIdentity`] | `/proc/<pid>/stat` (pid + start time) |
+//!
+//! # Layout
+//!
+//! The crate root holds what every user of the crate touches: [`GpuContext`], [`GpuSlice`], the
+//! three shared objects and their roles ([`IpcBuffer`]/[`ImportedBuffer`],
+//! [`IpcEvent`]/[`ImportedEvent`], [`IpcSignal`]/[`ImportedSignal`]), [`Handle`] and its short
+//! names, [`ReadOnlyBuffer`], [`Error`], [`ProcessIdentity`], [`AsStream`], [`collect_deferred`]
+//! and [`ShmSafe`]. Each subsystem is a module named after it: [`arena`], [`pool`], [`channel`],
+//! [`fd`] (descriptor passing), [`shm`] (named shared memory), [`barrier`], [`raw`] (foreign
+//! peers' handles), [`device`], [`probe`], [`error`] (the reasons an [`Error`] carries) and
+//! [`driver`] (raw driver calls).
 //!
 //! # Lifetime model
 //!
-//! - A [`ShmRegion`] created by this process **owns its name** and unlinks it on drop; an
+//! - A [`ShmRegion`](crate::shm::ShmRegion) created by this process **owns its name** and unlinks it on drop; an
 //!   opened one does not. Unlinking removes the name; mappings stay valid until dropped.
-//! - A [`ProcessBarrier`] borrows the [`BarrierState`] it joined (so it cannot outlive the
+//! - A [`ProcessBarrier`](crate::barrier::ProcessBarrier) borrows the [`BarrierState`](crate::barrier::BarrierState) it joined (so it cannot outlive the
 //!   region) and gives up its participant slot on drop.
 //! - Nothing read from shared memory is trusted: the region header is checksummed and
 //!   validated field by field before the payload is mapped, and the barrier validates its
 //!   state on every read that could index or loop.
 //! - Every GPU resource holds its [`GpuContext`] and tears down in it. Each shared object has
-//!   one type per role: the exporter's ([`IpcBuffer`], [`IpcEvent`], [`IpcSignal`], [`IpcArena`],
-//!   [`IpcPool`]) and the importer's ([`ImportedBuffer`], [`ImportedEvent`], [`ImportedSignal`],
-//!   [`ImportedArena`], [`ImportedPool`]), so exporting an import or closing what another
+//!   one type per role: the exporter's ([`IpcBuffer`], [`IpcEvent`], [`IpcSignal`], [`IpcArena`](crate::arena::IpcArena),
+//!   [`IpcPool`](crate::pool::IpcPool)) and the importer's ([`ImportedBuffer`], [`ImportedEvent`], [`ImportedSignal`],
+//!   [`ImportedArena`](crate::arena::ImportedArena), [`ImportedPool`](crate::pool::ImportedPool)), so exporting an import or closing what another
 //!   process owns does not compile. An [`IpcBuffer`] is freed only when no live process maps it (leases): dropping it never
 //!   waits — the free is deferred until its last importer unmaps or dies, then done at the
 //!   next allocation, export or [`collect_deferred`] —; an [`ImportedBuffer`] is one
@@ -49,17 +60,17 @@
 //!   even if a new buffer sits at the same address. A [`HandleType::PosixFd`] buffer's memory is
 //!   reference-counted by the driver across processes: the exporter's drop returns at once, and
 //!   each importer's mapping keeps the memory until it is dropped.
-//! - An [`IpcArena`] or [`IpcPool`] is shared once; its buffers are opened by handle. Freeing a
+//! - An [`IpcArena`](crate::arena::IpcArena) or [`IpcPool`](crate::pool::IpcPool) is shared once; its buffers are opened by handle. Freeing a
 //!   buffer never waits: its handles are stale at once, and its range (or pool allocation) is
 //!   reused (freed) only once no importer holds a view of it — until then it is quarantined,
 //!   and importers proven dead are reaped. Views stay valid after their owner frees or exits.
 //!
 //! # Threading
 //!
-//! [`ShmRegion`], [`ProcessBarrier`], [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
-//! [`IpcSignal`] (and their imported counterparts), [`IpcArena`], [`IpcPool`] and their
-//! buffers and views, [`FdListener`], [`FdSocket`] and [`Error`] are `Send` and `Sync`.
-//! [`IpcSender`] and [`IpcReceiver`] are `Send` but not `Sync`: each end of a channel is
+//! [`ShmRegion`](crate::shm::ShmRegion), [`ProcessBarrier`](crate::barrier::ProcessBarrier), [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
+//! [`IpcSignal`] (and their imported counterparts), [`IpcArena`](crate::arena::IpcArena), [`IpcPool`](crate::pool::IpcPool) and their
+//! buffers and views, [`FdListener`](crate::fd::FdListener), [`FdSocket`](crate::fd::FdSocket) and [`Error`] are `Send` and `Sync`.
+//! [`IpcSender`](crate::channel::IpcSender) and [`IpcReceiver`](crate::channel::IpcReceiver) are `Send` but not `Sync`: each end of a channel is
 //! driven by one thread at a time (move it, don't share it). Each of these statements is a
 //! compile-time assertion in the crate (`src/threading.rs`), so the docs cannot drift from
 //! the types. Shared memory is reached only through atomics ([`ShmSafe`]), so it can be read
@@ -117,7 +128,9 @@
 //!
 //! ```no_run
 //! use std::sync::atomic::{AtomicU64, Ordering};
-//! use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions, ShmSafe};
+//! use cuda_ipc::{ShmSafe};
+//! use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+//! use cuda_ipc::shm::ShmOptions;
 //!
 //! #[derive(ShmSafe)]
 //! #[repr(C)]
@@ -150,29 +163,29 @@
 #![cfg_attr(docsrs, doc(auto_cfg(hide(loom))))]
 #![warn(missing_docs)]
 
-mod arena;
-mod barrier;
+pub mod arena;
+pub mod barrier;
 mod buffer;
-mod channel;
+pub mod channel;
 mod context;
-mod device;
+pub mod device;
 pub mod driver;
 mod envelope;
-mod error;
+pub mod error;
 mod event;
-mod fd_socket;
+pub mod fd;
 mod handle;
 mod ledger;
 mod os;
 mod owned_slot;
 mod poll;
-mod pool;
+pub mod pool;
 pub mod probe;
 mod process;
-mod raw;
+pub mod raw;
 mod read_only;
 mod shared;
-mod shm;
+pub mod shm;
 mod signal;
 mod slice;
 mod stream;
@@ -181,38 +194,15 @@ mod sync;
 mod threading;
 mod vmm;
 
-pub use arena::{ArenaBuffer, ArenaHandle, ArenaView, ImportedArena, IpcArena, IpcArenaHandle};
-pub use barrier::{BarrierState, BarrierWaitResult, ProcessBarrier};
 pub use buffer::{ImportedBuffer, IpcBuffer};
-pub use channel::{
-    BatchItem, BatchSlot, IpcChannelHandle, IpcReceiver, IpcSender, Received, ReceivedBatch,
-    SendBatch, SendSlot,
-};
 pub use context::GpuContext;
-pub use device::{
-    ComputeMode, DeviceInfo, PeerGroup, SkippedDevice, can_access_peer, can_use_stream_mem_ops,
-    device_count, device_info, devices, uuid_string,
-};
-pub use error::{
-    ArgumentDefect, Capability, CloseError, Error, HandleDefect, NameDefect, ObjectState, PeerRole,
-    Result, StateDefect, TypeConflict,
-};
+pub use error::{CloseError, Error, Result};
 pub use event::{GpuEvent, ImportedEvent, IpcEvent};
-pub use fd_socket::{
-    FdListener, FdMessage, FdSocket, PeerCred, PeerPolicy, SocketName, take_fd_from_process,
-};
 pub use handle::{Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use ledger::deferred::{DeferredFrees, collect_deferred};
-pub use ledger::lease::reclaim_stale_lease_tables;
-pub use pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolBuffer, PoolHandle, PoolView};
-pub use probe::{Probe, probe};
 pub use process::ProcessIdentity;
-pub use raw::{RawExport, RawImport, RawMemHandle};
-pub use read_only::{
-    ReadOnlyArena, ReadOnlyArenaView, ReadOnlyBuffer, ReadOnlyPool, ReadOnlyPoolView, ReadOnlySlice,
-};
-pub use shared::{ShmCell, ShmSafe};
-pub use shm::{HeaderFields, ShmOptions, ShmRegion, reclaim_stale, unlink, validate_name};
+pub use read_only::{ReadOnlyBuffer, ReadOnlySlice};
+pub use shared::ShmSafe;
 pub use signal::{GpuSignal, ImportedSignal, IpcSignal};
 pub use slice::GpuSlice;
 pub use stream::{AsStream, RawStream};

@@ -9,6 +9,7 @@
 //! The CUDA guide's rules for pool IPC, and how the types keep them, are documented on
 //! [`IpcPool`]; the shared block-table protocol is the arena's (`src/ledger/table.rs`).
 
+pub use crate::read_only::{ReadOnlyPool, ReadOnlyPoolView};
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -185,7 +186,7 @@ impl Drop for Owner {
 /// A stream-ordered memory pool whose allocations other processes can open.
 ///
 /// Created with [`new`](Self::new), sent to each peer once with
-/// [`FdSocket::send_pool`](crate::FdSocket::send_pool) (or [`export_fd`](Self::export_fd)),
+/// [`FdSocket::send_pool`](crate::fd::FdSocket::send_pool) (or [`export_fd`](Self::export_fd)),
 /// allocated from with [`alloc`](Self::alloc) on a stream; each [`PoolBuffer`]'s
 /// [`handle`](PoolBuffer::handle) is 136 bytes of plain data that a peer opens with
 /// [`ImportedPool::open`]. `IpcPool` is `Send` and `Sync`.
@@ -212,7 +213,9 @@ impl Drop for Owner {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{FdListener, GpuContext, IpcPool, PeerPolicy, RawStream, SocketName};
+/// use cuda_ipc::{GpuContext, RawStream};
+/// use cuda_ipc::fd::{FdListener, PeerPolicy, SocketName};
+/// use cuda_ipc::pool::IpcPool;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let ctx = GpuContext::new(0)?;
@@ -308,7 +311,8 @@ impl IpcPool {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcPool, RawStream};
+    /// use cuda_ipc::{GpuContext, RawStream};
+    /// use cuda_ipc::pool::IpcPool;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -336,7 +340,7 @@ impl IpcPool {
     }
 
     /// The pool's handle and a new descriptor of the pool (`cuMemPoolExportToShareableHandle`),
-    /// for a peer's [`ImportedPool::open_fd`]. [`FdSocket::send_pool`](crate::FdSocket::send_pool)
+    /// for a peer's [`ImportedPool::open_fd`]. [`FdSocket::send_pool`](crate::fd::FdSocket::send_pool)
     /// does this and sends both.
     ///
     /// # Errors
@@ -374,9 +378,9 @@ impl IpcPool {
 
     /// Share this pool **read-only**: every handle it exports from now on says so
     /// ([`Handle::is_read_only`]), and importers must open it with
-    /// [`ReadOnlyPool`](crate::ReadOnlyPool) (or
-    /// [`FdSocket::recv_pool_read_only`](crate::FdSocket::recv_pool_read_only)); a read-write
-    /// open is refused ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)). Only the
+    /// [`ReadOnlyPool`] (or
+    /// [`FdSocket::recv_pool_read_only`](crate::fd::FdSocket::recv_pool_read_only)); a read-write
+    /// open is refused ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)). Only the
     /// importers' types are read-only: the driver cannot map pool memory read-only
     /// (`cuMemPoolSetAccess` answers `CUDA_ERROR_NOT_SUPPORTED` for `PROT_READ`), so a kernel
     /// handed an importer's address can still write. Use an arena where the GPU must refuse
@@ -385,7 +389,8 @@ impl IpcPool {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcPool};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::pool::IpcPool;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -445,7 +450,8 @@ impl IpcPool {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{GpuContext, IpcPool, RawStream};
+    /// use cuda_ipc::{GpuContext, RawStream};
+    /// use cuda_ipc::pool::IpcPool;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
@@ -1205,8 +1211,8 @@ impl ImportedPool {
     /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
     /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool),
     /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`; [`Error::HandleTypeMismatch`]
-    /// ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)) when the owner shares the
-    /// pool read-only ([`ReadOnlyPool::open_fd`](crate::ReadOnlyPool::open_fd) opens it).
+    /// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)) when the owner shares the
+    /// pool read-only ([`ReadOnlyPool::open_fd`](crate::pool::ReadOnlyPool::open_fd) opens it).
     #[doc(alias = "cuMemPoolImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcPoolHandle, fd: OwnedFd) -> Result<Self> {
         handle.refuse_if_read_only()?;
@@ -1214,7 +1220,7 @@ impl ImportedPool {
     }
 
     /// [`open_fd`](Self::open_fd) whether or not the exporter shares the pool read-only (for
-    /// [`ReadOnlyPool`](crate::ReadOnlyPool)).
+    /// [`ReadOnlyPool`]).
     pub(crate) fn open_fd_any(
         ctx: &GpuContext,
         handle: &IpcPoolHandle,
@@ -1259,7 +1265,9 @@ impl ImportedPool {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, PoolHandle, SocketName};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
+    /// use cuda_ipc::pool::PoolHandle;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -1380,7 +1388,8 @@ impl ImportedPool {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);

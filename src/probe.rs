@@ -10,7 +10,7 @@
 //! ```
 //! use cuda_ipc::probe::Status;
 //!
-//! let report = cuda_ipc::probe();
+//! let report = cuda_ipc::probe::probe();
 //! match report.get("device 0", "legacy_ipc").map(|c| c.status) {
 //!     Some(Status::Yes) => println!("legacy IPC works on device 0"),
 //!     Some(_) => println!("no legacy IPC on device 0:\n{report}"),
@@ -220,7 +220,7 @@ fn failed(e: &Error) -> String {
 /// # Examples
 ///
 /// ```
-/// let report = cuda_ipc::probe();
+/// let report = cuda_ipc::probe::probe();
 /// print!("{report}"); // or report.to_json()
 /// for c in report.problems() {
 ///     eprintln!("{} {}: {} ({})", c.subject, c.key, c.breaks, c.fix);

@@ -39,7 +39,7 @@ use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
 /// # Examples
 ///
 /// ```
-/// use cuda_ipc::RawMemHandle;
+/// use cuda_ipc::raw::RawMemHandle;
 ///
 /// // What CuPy's `cupy.cuda.runtime.ipcGetMemHandle` returns: the 64 bytes themselves.
 /// let bytes = [7u8; 64];
@@ -90,7 +90,7 @@ impl RawMemHandle {
     /// # Examples
     ///
     /// ```
-    /// use cuda_ipc::RawMemHandle;
+    /// use cuda_ipc::raw::RawMemHandle;
     ///
     /// let mut from_torch = vec![2u8, b'c'];
     /// from_torch.extend_from_slice(&[9u8; 64]);
@@ -143,7 +143,7 @@ impl RawMemHandle {
 
 /// What [`IpcBuffer::raw_export`](crate::IpcBuffer::raw_export) gives a foreign peer: the raw
 /// handle and where the data lies in the allocation it maps. It is [`Pod`], so it can be sent
-/// as bytes or stored in a [`ShmCell`](crate::ShmCell).
+/// as bytes or stored in a [`ShmCell`](crate::shm::ShmCell).
 ///
 /// The layout, for C and C++ peers (`#[repr(C)]`, 104 bytes, native-endian, no padding; also
 /// `examples/interop/cuda_ipc_raw.h`):
@@ -185,7 +185,7 @@ pub struct RawExport {
 /// # Examples
 ///
 /// ```
-/// use cuda_ipc::{RawImport, RawMemHandle};
+/// use cuda_ipc::raw::{RawImport, RawMemHandle};
 ///
 /// let import = RawImport::new(RawMemHandle([0; 64]), 512, 1024).exporter_pid(4242);
 /// assert_eq!((import.offset, import.len, import.exporter_pid), (512, 1024, Some(4242)));

@@ -50,10 +50,10 @@ use crate::vmm::Access;
 ///
 /// | memory | opened with | the GPU refuses writes |
 /// | ------ | ----------- | ---------------------- |
-/// | POSIX-fd buffer | [`ReadOnlyBuffer::open_fd`], [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only) | yes |
-/// | arena and its buffers | [`ReadOnlyArena::open_fd`], [`FdSocket::recv_arena_read_only`](crate::FdSocket::recv_arena_read_only) | yes |
-/// | pool and its buffers | [`ReadOnlyPool::open_fd`], [`FdSocket::recv_pool_read_only`](crate::FdSocket::recv_pool_read_only) | **no**: `cuMemPoolSetAccess` with `PROT_READ` answers `CUDA_ERROR_NOT_SUPPORTED` (measured, same GPU and driver, for the importer's device and the owner's) |
-/// | pool buffer sent whole ([`HandleType::Pool`](crate::HandleType::Pool)) | [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only) | **no**, as pools |
+/// | POSIX-fd buffer | [`ReadOnlyBuffer::open_fd`], [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only) | yes |
+/// | arena and its buffers | [`ReadOnlyArena::open_fd`], [`FdSocket::recv_arena_read_only`](crate::fd::FdSocket::recv_arena_read_only) | yes |
+/// | pool and its buffers | [`ReadOnlyPool::open_fd`], [`FdSocket::recv_pool_read_only`](crate::fd::FdSocket::recv_pool_read_only) | **no**: `cuMemPoolSetAccess` with `PROT_READ` answers `CUDA_ERROR_NOT_SUPPORTED` (measured, same GPU and driver, for the importer's device and the owner's) |
+/// | pool buffer sent whole ([`HandleType::Pool`](crate::HandleType::Pool)) | [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only) | **no**, as pools |
 /// | legacy buffer | — | refused: `cuIpcOpenMemHandle` maps read-write only, so a read-only open of a legacy handle is [`Error::HandleTypeMismatch`](crate::Error::HandleTypeMismatch) (`NoReadOnlyMapping`) rather than a guarantee in name only |
 ///
 /// A read-only import of an export is a mapping of its own: a process that opens the same
@@ -62,11 +62,11 @@ use crate::vmm::Access;
 ///
 /// An owner that wants no read-write importer at all says so before exporting:
 /// [`IpcBuffer::read_only_for_importers`](crate::IpcBuffer::read_only_for_importers),
-/// [`IpcArena::read_only_for_importers`](crate::IpcArena::read_only_for_importers),
-/// [`IpcPool::read_only_for_importers`](crate::IpcPool::read_only_for_importers). Its handles
+/// [`IpcArena::read_only_for_importers`](crate::arena::IpcArena::read_only_for_importers),
+/// [`IpcPool::read_only_for_importers`](crate::pool::IpcPool::read_only_for_importers). Its handles
 /// then carry the mark ([`Handle::is_read_only`](crate::Handle::is_read_only), sealed under
 /// the checksum) and read-write opens are refused
-/// ([`TypeConflict::ReadOnly`](crate::TypeConflict::ReadOnly)).
+/// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)).
 ///
 /// **What this protects against:** bugs in cooperating readers. It does not protect against a
 /// hostile one: whoever holds the file descriptor can import the memory again itself, read-write
@@ -229,7 +229,7 @@ unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b ReadOnlySlice<
 /// A buffer another process exported, mapped so that this process can only read it (see
 /// [`ReadOnlySlice`](ReadOnlySlice#what-the-gpu-enforces)): a [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffer mapped
 /// `PROT_READ` (the GPU refuses writes), or a [`HandleType::Pool`](crate::HandleType::Pool)
-/// buffer received with [`FdSocket::recv_buffer_read_only`](crate::FdSocket::recv_buffer_read_only)
+/// buffer received with [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only)
 /// (the type alone: pools cannot be mapped read-only). It dereferences to its
 /// [`ReadOnlySlice`]; otherwise it is an [`ImportedBuffer`](crate::ImportedBuffer) (a lease
 /// on the export, the mapping kept alive after the exporter drops its buffer).
@@ -238,7 +238,8 @@ unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b ReadOnlySlice<
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+/// use cuda_ipc::{GpuContext};
+/// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let ctx = GpuContext::new(0)?;
@@ -322,7 +323,7 @@ impl<T: Pod> std::fmt::Debug for ReadOnlyBuffer<T> {
     }
 }
 
-/// An [`IpcArena`](crate::IpcArena) imported so that this process can only read it: the whole
+/// An [`IpcArena`](crate::arena::IpcArena) imported so that this process can only read it: the whole
 /// region mapped once with `CU_MEM_ACCESS_FLAGS_PROT_READ` (the GPU refuses writes), each of
 /// its buffers opened with [`open`](Self::open) without a driver call, as a
 /// [`ReadOnlyArenaView`]. Otherwise an [`ImportedArena`] (an importer slot, views that keep
@@ -334,7 +335,9 @@ impl<T: Pod> std::fmt::Debug for ReadOnlyBuffer<T> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{ArenaHandle, FdSocket, GpuContext, PeerPolicy, SocketName};
+/// use cuda_ipc::{GpuContext};
+/// use cuda_ipc::arena::ArenaHandle;
+/// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let ctx = GpuContext::new(0)?;
@@ -449,7 +452,7 @@ impl<T: Pod> std::fmt::Debug for ReadOnlyArenaView<T> {
     }
 }
 
-/// An [`IpcPool`](crate::IpcPool) imported for reading: an [`ImportedPool`] whose buffers
+/// An [`IpcPool`](crate::pool::IpcPool) imported for reading: an [`ImportedPool`] whose buffers
 /// open as [`ReadOnlyPoolView`]s, which have no method that writes. **The GPU does not enforce
 /// it**: `cuMemPoolSetAccess` refuses `CU_MEM_ACCESS_FLAGS_PROT_READ` (see
 /// [`ReadOnlySlice`](ReadOnlySlice#what-the-gpu-enforces)), so the pool's memory is mapped read-write underneath and a kernel
@@ -459,7 +462,8 @@ impl<T: Pod> std::fmt::Debug for ReadOnlyArenaView<T> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+/// use cuda_ipc::{GpuContext};
+/// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let ctx = GpuContext::new(0)?;

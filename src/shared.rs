@@ -30,14 +30,16 @@ use bytemuck::Pod;
 /// - holds no pointers, references or file descriptors (they mean nothing in another process).
 ///
 /// Integer atomics (not `AtomicBool`, whose invalid bit patterns are undefined behaviour),
-/// [`ShmCell<T>`], [`BarrierState`](crate::BarrierState), and arrays of these qualify. A struct
+/// [`ShmCell<T>`], [`BarrierState`](crate::barrier::BarrierState), and arrays of these qualify. A struct
 /// of such fields qualifies when it is `#[repr(C)]`; derive the impl (the
 /// [derive](macro@ShmSafe) checks both, with the crate's default `derive` feature) rather than
 /// writing it:
 ///
 /// ```
 /// use std::sync::atomic::AtomicU32;
-/// use cuda_ipc::{BarrierState, ShmCell, ShmSafe};
+/// use cuda_ipc::{ShmSafe};
+/// use cuda_ipc::barrier::BarrierState;
+/// use cuda_ipc::shm::ShmCell;
 ///
 /// #[derive(ShmSafe)]
 /// #[repr(C)]
@@ -90,7 +92,8 @@ pub unsafe trait ShmSafe: Sync + Sized + 'static {
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU32, AtomicU64};
-/// use cuda_ipc::{ShmCell, ShmSafe};
+/// use cuda_ipc::{ShmSafe};
+/// use cuda_ipc::shm::ShmCell;
 ///
 /// #[derive(ShmSafe)]
 /// #[repr(C)]
@@ -136,7 +139,8 @@ pub unsafe trait ShmSafe: Sync + Sized + 'static {
 /// ```
 ///
 /// ```compile_fail,E0277
-/// use cuda_ipc::{ShmRegion, ShmSafe};
+/// use cuda_ipc::{ShmSafe};
+/// use cuda_ipc::shm::ShmRegion;
 ///
 /// #[derive(ShmSafe)]
 /// #[repr(transparent)]
@@ -247,7 +251,7 @@ pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
 ///
 /// ```compile_fail,E0277
 /// use std::marker::PhantomData;
-/// use cuda_ipc::ShmCell;
+/// use cuda_ipc::shm::ShmCell;
 /// use cuda_ipc::bytemuck::{Pod, Zeroable};
 ///
 /// #[derive(Clone, Copy, Zeroable, Pod)]
@@ -263,7 +267,7 @@ pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
 /// ```
 ///
 /// ```
-/// use cuda_ipc::ShmCell;
+/// use cuda_ipc::shm::ShmCell;
 ///
 /// let cell = ShmCell::new([1u32, 2, 3]);
 /// cell.store([4, 5, 6]);

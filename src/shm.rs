@@ -19,6 +19,8 @@
 
 mod header;
 
+pub use crate::ledger::lease::reclaim_stale_lease_tables;
+pub use crate::shared::{ShmCell, ShmSafe};
 use std::fs::File;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
@@ -32,7 +34,6 @@ use crate::error::{ArgumentDefect, Error, NameDefect, Result};
 use crate::os::{self, FileInfo};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
-use crate::shared::ShmSafe;
 
 /// Length of the random suffix [`ShmOptions::random_suffix`] appends: `.` and 16 hex digits.
 const SUFFIX_LEN: usize = 17;
@@ -55,8 +56,8 @@ pub(crate) const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 /// # Examples
 ///
 /// ```
-/// assert_eq!(cuda_ipc::validate_name("/simple_ipc").unwrap(), "simple_ipc");
-/// assert!(cuda_ipc::validate_name("a/b").is_err());
+/// assert_eq!(cuda_ipc::shm::validate_name("/simple_ipc").unwrap(), "simple_ipc");
+/// assert!(cuda_ipc::shm::validate_name("a/b").is_err());
 /// ```
 pub fn validate_name(name: &str) -> Result<&str> {
     validate_name_within(name, os::NAME_MAX)
@@ -113,7 +114,7 @@ fn layout_of<T>() -> Result<(usize, usize)> {
 ///
 /// ```no_run
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// use cuda_ipc::ShmOptions;
+/// use cuda_ipc::shm::ShmOptions;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let region = ShmOptions::new("counter").random_suffix(true).create::<AtomicU64>()?;
@@ -194,7 +195,8 @@ impl ShmOptions {
     /// # Examples
     ///
     /// ```no_run
-    /// use cuda_ipc::{BarrierState, ShmOptions};
+    /// use cuda_ipc::barrier::BarrierState;
+    /// use cuda_ipc::shm::ShmOptions;
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let region = ShmOptions::new("sync")
@@ -454,7 +456,7 @@ fn reclaim(name: &str) -> Result<bool> {
 ///
 /// The payload is reached through [`get`](Self::get) (or `Deref`) as `&T`; [`ShmSafe`]
 /// guarantees every byte of `T` is accessed atomically, so no `&`/`&mut` to bytes another
-/// process can write is ever handed out. Plain data goes in [`ShmCell`](crate::ShmCell)s,
+/// process can write is ever handed out. Plain data goes in [`ShmCell`]s,
 /// copied in and out.
 ///
 /// The process that created the region **owns the name** and unlinks it on drop; an opener does
@@ -475,7 +477,8 @@ fn reclaim(name: &str) -> Result<bool> {
 ///
 /// ```no_run
 /// use std::sync::atomic::{AtomicU32, Ordering};
-/// use cuda_ipc::{ShmCell, ShmRegion, ShmSafe};
+/// use cuda_ipc::{ShmSafe};
+/// use cuda_ipc::shm::{ShmCell, ShmRegion};
 ///
 /// #[derive(ShmSafe)]
 /// #[repr(C)]

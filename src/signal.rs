@@ -97,7 +97,7 @@ const LOST_PEER: u64 = 2 << 32;
 /// [`wait_host`](GpuSignal::wait_host), [`signal_host`](GpuSignal::signal_host)).
 ///
 /// Requires 64-bit stream memory operations on the device
-/// ([`can_use_stream_mem_ops`](crate::can_use_stream_mem_ops)) and a driver that has the CUDA
+/// ([`can_use_stream_mem_ops`](crate::device::can_use_stream_mem_ops)) and a driver that has the CUDA
 /// 11.7 `_v2` entry points (R515 or newer; every Hopper driver is).
 ///
 /// `IpcSignal` is `Send` and `Sync`, as is `ImportedSignal`.
@@ -213,7 +213,8 @@ impl IpcSignal {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{GpuContext, ImportedSignal, IpcSignalHandle, ShmCell};
+/// use cuda_ipc::{GpuContext, ImportedSignal, IpcSignalHandle};
+/// use cuda_ipc::shm::ShmCell;
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// # let cell: &ShmCell<IpcSignalHandle> = unimplemented!();
@@ -495,8 +496,8 @@ impl GpuSignal {
     /// different streams in any order, so signalling `k` on one stream and `k + 1` on another
     /// can leave the counter at `k + 1` before the first stream's work is done, and then step it
     /// back to `k`. Signal a sequence on one stream, or make the next stream wait for the
-    /// previous value first ([`wait`](Self::wait)) — what [`IpcSender`](crate::IpcSender) and
-    /// [`IpcReceiver`](crate::IpcReceiver) do for their counters.
+    /// previous value first ([`wait`](Self::wait)) — what [`IpcSender`](crate::channel::IpcSender) and
+    /// [`IpcReceiver`](crate::channel::IpcReceiver) do for their counters.
     ///
     /// # Safety
     ///

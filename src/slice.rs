@@ -3,7 +3,7 @@
 //! address, host copies, device copies and memsets.
 //!
 //! A `GpuSlice` is never owned on its own: [`IpcBuffer`](crate::IpcBuffer),
-//! [`ArenaBuffer`](crate::ArenaBuffer) and [`ArenaView`](crate::ArenaView) hold one and
+//! [`ArenaBuffer`](crate::arena::ArenaBuffer) and [`ArenaView`](crate::arena::ArenaView) hold one and
 //! dereference to it, so that these methods are written (and documented) once and every role
 //! offers the same data operations.
 

@@ -8,25 +8,26 @@
 //! ```compile_fail,E0277
 //! fn shared<T: Sync>() {}
 //! fn main() {
-//!     shared::<cuda_ipc::IpcSender<u8>>(); // a sender is `Send`, not `Sync`
+//!     shared::<cuda_ipc::channel::IpcSender<u8>>(); // a sender is `Send`, not `Sync`
 //! }
 //! ```
 //!
 //! ```compile_fail,E0277
 //! fn shared<T: Sync>() {}
 //! fn main() {
-//!     shared::<cuda_ipc::IpcReceiver<u8>>(); // a receiver is `Send`, not `Sync`
+//!     shared::<cuda_ipc::channel::IpcReceiver<u8>>(); // a receiver is `Send`, not `Sync`
 //! }
 //! ```
 //!
 //! ```compile_fail,E0277
 //! fn shared<T: Sync>() {}
 //! fn main() {
-//!     shared::<cuda_ipc::SendSlot<'static, u8>>(); // a slot borrows a sender: not `Sync` either
+//!     shared::<cuda_ipc::channel::SendSlot<'static, u8>>(); // a slot borrows a sender: not `Sync` either
 //! }
 //! ```
 
 use crate::*;
+use crate::{arena::*, barrier::*, channel::*, fd::*, pool::*, shm::*};
 
 const fn send_and_sync<T: Send + Sync>() {}
 const fn send<T: Send>() {}

@@ -137,7 +137,7 @@ pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
 }
 
 /// Whether `ordinal`'s device can create virtual-memory allocations exportable as POSIX file
-/// descriptors (the two device attributes; [`probe`](crate::probe()) also tries one).
+/// descriptors (the two device attributes; [`probe`](crate::probe::probe()) also tries one).
 pub(crate) fn supports_posix_fd(dev: sys::CUdevice) -> Result<bool> {
     Ok(crate::driver::device::attribute(
         dev,

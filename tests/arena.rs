@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use common::{
     contents, expect_message, fd_connect, fd_listener, gpu, pattern, report, spawn, watchdog,
 };
-use cuda_ipc::{
-    ArenaHandle, ArenaView, ArgumentDefect, Error, FdSocket, GpuContext, ImportedArena, IpcArena,
-    IpcArenaHandle, TypeConflict,
-};
+use cuda_ipc::arena::{ArenaHandle, ArenaView, ImportedArena, IpcArena, IpcArenaHandle};
+use cuda_ipc::error::{ArgumentDefect, TypeConflict};
+use cuda_ipc::fd::FdSocket;
+use cuda_ipc::{Error, GpuContext};
 
 const T: Duration = Duration::from_secs(20);
 

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use common::{Child, Crew, Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::arena::{Importer, Owner, Placement};
-use cuda_ipc::{Error, IpcArena, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::arena::IpcArena;
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, ShmSafe};
 
 const BLOCKS: usize = 48;
 const UNITS: usize = 256;

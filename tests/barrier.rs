@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Child, report, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::error::PeerRole;
+use cuda_ipc::shm::{ShmOptions, ShmRegion};
+use cuda_ipc::{Error, ShmSafe};
 
 /// The shared layout of these tests.
 #[derive(ShmSafe)]

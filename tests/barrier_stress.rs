@@ -25,7 +25,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::{BarrierState, Error, PeerRole, ProcessBarrier, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::error::PeerRole;
+use cuda_ipc::shm::{ShmOptions, ShmRegion};
+use cuda_ipc::{Error, ShmSafe};
 
 const PARTIES: u32 = 3;
 const MAX_GENERATIONS: usize = 8;

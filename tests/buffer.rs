@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{gpu, pattern, report, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{
-    Error, GpuContext, HandleDefect, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, ShmCell,
-    ShmOptions, ShmRegion, ShmSafe,
-};
+use cuda_ipc::error::{HandleDefect, PeerRole};
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 

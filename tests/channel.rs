@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use common::cuda::{DeviceBuffer, Module, Stream, StreamFlags, launch};
 use common::{die, gpu, gpu_count, shm_entries, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{
-    ArgumentDefect, Error, GpuContext, IpcChannelHandle, IpcReceiver, IpcSender, PeerRole, ShmCell,
-    ShmOptions, ShmRegion, ShmSafe,
-};
+use cuda_ipc::channel::{IpcChannelHandle, IpcReceiver, IpcSender};
+use cuda_ipc::error::{ArgumentDefect, PeerRole};
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, GpuContext, ShmSafe};
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
 const ITEM: usize = 4 << 20;

@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use common::{Rng, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
-use cuda_ipc::{Error, PeerRole, ShmCell, ShmOptions, ShmSafe};
+use cuda_ipc::error::PeerRole;
+use cuda_ipc::shm::{ShmCell, ShmOptions};
+use cuda_ipc::{Error, ShmSafe};
 
 const SLOTS: usize = 4;
 const CAPACITY: u64 = 1000;
@@ -294,7 +296,10 @@ fn random_kills_keep_the_channel_protocol_sound() {
         if !chan.is_empty() && common::shm_exists(&chan) {
             // Only a producer that died before a consumer attached leaves its region.
             assert!(!attached && victim == 1, "{ctx}: {chan} left in /dev/shm");
-            assert!(cuda_ipc::reclaim_stale(&chan).unwrap(), "{ctx}: not stale");
+            assert!(
+                cuda_ipc::shm::reclaim_stale(&chan).unwrap(),
+                "{ctx}: not stale"
+            );
         }
         tally[victim as usize][p.min(9) as usize] += 1;
         tally[victim as usize][c.min(9) as usize] += 1;

@@ -5,14 +5,16 @@
 
 mod common;
 
-use cuda_ipc::{ArgumentDefect, Error, GpuContext, PeerGroup};
+use cuda_ipc::device::PeerGroup;
+use cuda_ipc::error::ArgumentDefect;
+use cuda_ipc::{Error, GpuContext};
 
 /// Runs everywhere: on a machine without a GPU (CI) every entry point reports `NoDevice`
 /// naming the driver's code; where a GPU is required (`CUDA_IPC_REQUIRE_GPU=1`), finding
 /// none fails the test.
 #[test]
 fn without_a_gpu_every_entry_point_says_no_device() {
-    match cuda_ipc::device_count() {
+    match cuda_ipc::device::device_count() {
         Ok(n) => eprintln!("{n} GPU(s) present: the no-device path is not exercised here"),
         Err(Error::NoDevice { code, name }) => {
             assert!(
@@ -111,14 +113,14 @@ fn child_process() {
         let errors = [
             cuda_ipc::driver::init().unwrap_err(),
             GpuContext::new(0).unwrap_err(),
-            cuda_ipc::device_count().unwrap_err(),
+            cuda_ipc::device::device_count().unwrap_err(),
         ];
         for e in errors {
             assert!(matches!(e, Error::DriverNotFound { .. }), "{e:?}");
             common::report(e);
         }
-        let region = cuda_ipc::ShmOptions::new(common::unique_name("no-driver"))
-            .create::<cuda_ipc::ShmCell<u64>>()
+        let region = cuda_ipc::shm::ShmOptions::new(common::unique_name("no-driver"))
+            .create::<cuda_ipc::shm::ShmCell<u64>>()
             .unwrap();
         region.store(7);
         assert_eq!(region.load(), 7);

@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 
 use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
+use cuda_ipc::error::PeerRole;
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{
     Error, ImportedBuffer, ImportedEvent, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
-    PeerRole, ShmCell, ShmOptions, ShmRegion, ShmSafe,
+    ShmSafe,
 };
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
@@ -195,7 +197,7 @@ fn an_event_cannot_be_opened_by_its_exporter_or_reexported() {
     // The handle names the event's device, as memory handles do.
     assert_eq!(
         h.device_uuid(),
-        cuda_ipc::device_info(ctx.ordinal()).unwrap().uuid
+        cuda_ipc::device::device_info(ctx.ordinal()).unwrap().uuid
     );
     assert_eq!(h.device_uuid(), event.device_uuid());
     assert!(matches!(

@@ -15,10 +15,9 @@ use common::{
     contents, drop_privileges, fd_connect, fd_count, fd_listener, from_hex, gpu, is_root, pattern,
     report, shm_entries_but_registry, spawn, to_hex, watchdog,
 };
-use cuda_ipc::{
-    Error, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, PeerRole, RawImport,
-    RawMemHandle, TypeConflict,
-};
+use cuda_ipc::error::{PeerRole, TypeConflict};
+use cuda_ipc::raw::{RawImport, RawMemHandle};
+use cuda_ipc::{Error, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -138,7 +137,7 @@ fn child_process() {
                     other => report(format!("fd handle: unexpected {other:?}")),
                 }
                 let pid: u32 = args[2].parse().unwrap();
-                match cuda_ipc::take_fd_from_process(pid, args[3].parse().unwrap()) {
+                match cuda_ipc::fd::take_fd_from_process(pid, args[3].parse().unwrap()) {
                     Err(Error::PtraceDenied { .. }) => report("pidfd_getfd: denied"),
                     other => report(format!("pidfd_getfd: unexpected {other:?}")),
                 }

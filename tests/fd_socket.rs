@@ -12,7 +12,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::{NOBODY, drop_privileges, fd_count, is_root, report, spawn, unique_name, watchdog};
-use cuda_ipc::{ArgumentDefect, Error, FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::Error;
+use cuda_ipc::error::ArgumentDefect;
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
 
 const MAX_FDS: usize = FdSocket::MAX_FDS;
 const MAX_PAYLOAD: usize = FdSocket::MAX_PAYLOAD;
@@ -103,7 +105,7 @@ fn child_process() {
                 // args[0]: the (root) parent's pid, args[1]: one of its descriptors.
                 let (pid, fd) = (args[0].parse().unwrap(), args[1].parse().unwrap());
                 drop_privileges();
-                match cuda_ipc::take_fd_from_process(pid, fd) {
+                match cuda_ipc::fd::take_fd_from_process(pid, fd) {
                     Err(Error::PtraceDenied { pid: p }) => report(format!("denied {p}")),
                     other => report(format!("unexpected {other:?}")),
                 }
@@ -329,10 +331,10 @@ fn pidfd_getfd_takes_a_descriptor_only_with_ptrace_permission() {
             std::thread::sleep(Duration::from_millis(5));
         }
     };
-    let taken = cuda_ipc::take_fd_from_process(holder.pid(), fd).unwrap();
+    let taken = cuda_ipc::fd::take_fd_from_process(holder.pid(), fd).unwrap();
     assert_eq!(read_all(taken), "taken, not sent");
     assert!(matches!(
-        cuda_ipc::take_fd_from_process(holder.pid(), 9999),
+        cuda_ipc::fd::take_fd_from_process(holder.pid(), 9999),
         Err(Error::InvalidArgument {
             defect: ArgumentDefect::NoSuchDescriptor { fd: 9999, .. },
             ..

@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use common::{gpu, pattern, report, shm_exists, spawn, unique_name, watchdog};
 use cuda_ipc::__private::{channel, lease, registry};
-use cuda_ipc::{
-    BarrierState, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, ProcessBarrier, ShmCell,
-    ShmOptions, ShmSafe,
-};
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
+use cuda_ipc::{HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
 
 #[derive(ShmSafe)]
 #[repr(C)]

@@ -13,10 +13,9 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{from_hex, gpu, watchdog};
-use cuda_ipc::{
-    ArgumentDefect, Error, HandleDefect, ImportedBuffer, IpcBuffer, PeerRole, RawImport,
-    RawMemHandle,
-};
+use cuda_ipc::error::{ArgumentDefect, HandleDefect, PeerRole};
+use cuda_ipc::raw::{RawImport, RawMemHandle};
+use cuda_ipc::{Error, ImportedBuffer, IpcBuffer};
 
 const PEER: &str = include_str!("../examples/interop/cuda_ipc_peer.py");
 

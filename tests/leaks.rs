@@ -23,11 +23,11 @@ use common::{
     fd_count, gpu, report, shm_entries, shm_entries_but_registry, spawn, unique_name, wait_for,
     watchdog,
 };
-use cuda_ipc::{
-    FdListener, FdSocket, HandleType, ImportedArena, ImportedBuffer, IpcArena, IpcBuffer,
-    IpcMemHandle, IpcPool, PeerPolicy, PoolHandle, RawStream, ShmCell, ShmOptions, ShmSafe,
-    SocketName,
-};
+use cuda_ipc::arena::{ImportedArena, IpcArena};
+use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+use cuda_ipc::pool::{IpcPool, PoolHandle};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
+use cuda_ipc::{HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, RawStream, ShmSafe};
 
 /// Serialises this binary's tests: they measure device-wide free memory.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

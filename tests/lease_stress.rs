@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::lease::{Export, Held};
-use cuda_ipc::{Error, IpcBuffer, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, IpcBuffer, ProcessIdentity, ShmSafe};
 
 const MAX_IMPORTERS: usize = IpcBuffer::<u8>::MAX_IMPORTERS;
 

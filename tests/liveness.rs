@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::{leader_is_zombie, spawn, unique_name, wait_for, watchdog, with_main_thread_gone};
 use cuda_ipc::__private::{lease, process, registry};
-use cuda_ipc::{BarrierState, ProcessBarrier, ProcessIdentity, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::shm::{ShmOptions, ShmRegion};
+use cuda_ipc::{ProcessIdentity, ShmSafe};
 
 #[derive(ShmSafe)]
 #[repr(C)]
@@ -234,7 +236,7 @@ fn the_stale_table_sweep_keeps_the_tables_of_an_exporter_whose_main_thread_exite
     let child = start(&region, "lease_exporter", &[]);
     let name = lease::table_name(&token);
     assert!(common::shm_exists(&name));
-    cuda_ipc::reclaim_stale_lease_tables();
+    cuda_ipc::shm::reclaim_stale_lease_tables();
     assert!(
         common::shm_exists(&name),
         "the sweep removed a live exporter's table"
@@ -249,7 +251,7 @@ fn a_region_of_a_creator_whose_main_thread_exited_is_not_reclaimed() {
     let region = shared("live-zombie-region");
     let name = unique_name("live-zombie-created");
     let child = start(&region, "region_creator", &[&name]);
-    assert!(!cuda_ipc::reclaim_stale(&name).unwrap(), "reclaimed");
+    assert!(!cuda_ipc::shm::reclaim_stale(&name).unwrap(), "reclaimed");
     assert!(common::shm_exists(&name));
     finish(&region, child);
     assert!(!common::shm_exists(&name), "the creator unlinks its region");

@@ -11,10 +11,9 @@ mod common;
 use std::time::Duration;
 
 use common::{pattern, report, spawn, watchdog};
-use cuda_ipc::{
-    Error, GpuContext, GpuSlice, HandleType, ImportedArena, ImportedBuffer, ImportedPool, IpcArena,
-    IpcBuffer, IpcPool, RawStream,
-};
+use cuda_ipc::arena::{ImportedArena, IpcArena};
+use cuda_ipc::pool::{ImportedPool, IpcPool};
+use cuda_ipc::{Error, GpuContext, GpuSlice, HandleType, ImportedBuffer, IpcBuffer, RawStream};
 
 const LEN: usize = 1 << 20;
 

@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use common::cuda::{DeviceBuffer, Module, Stream, StreamFlags, launch};
 use common::{expect_message, fd_connect, fd_listener, gpu, report, spawn, watchdog};
-use cuda_ipc::{
-    ArenaHandle, FdSocket, GpuContext, HandleType, ImportedBuffer, IpcArena, IpcBuffer,
-    IpcMemHandle, IpcPool, PoolHandle, RawStream, TypeConflict,
-};
+use cuda_ipc::arena::{ArenaHandle, IpcArena};
+use cuda_ipc::error::TypeConflict;
+use cuda_ipc::fd::FdSocket;
+use cuda_ipc::pool::{IpcPool, PoolHandle};
+use cuda_ipc::{GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcMemHandle, RawStream};
 
 const T: Duration = Duration::from_secs(20);
 const BYTES: usize = 4 << 20;

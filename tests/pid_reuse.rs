@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{
-    BarrierState, Error, PeerRole, ProcessBarrier, ProcessIdentity, ShmOptions, ShmSafe,
-};
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::error::PeerRole;
+use cuda_ipc::shm::ShmOptions;
+use cuda_ipc::{Error, ProcessIdentity, ShmSafe};
 
 #[derive(ShmSafe)]
 #[repr(C)]

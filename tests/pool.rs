@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use common::{
     contents, expect_message, fd_connect, fd_listener, gpu, pattern, report, spawn, watchdog,
 };
-use cuda_ipc::{
-    Error, FdSocket, GpuContext, ImportedPool, IpcPool, PeerRole, PoolHandle, RawStream,
-    TypeConflict,
-};
+use cuda_ipc::error::{PeerRole, TypeConflict};
+use cuda_ipc::fd::FdSocket;
+use cuda_ipc::pool::{ImportedPool, IpcPool, PoolHandle};
+use cuda_ipc::{Error, GpuContext, RawStream};
 
 const T: Duration = Duration::from_secs(20);
 

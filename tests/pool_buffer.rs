@@ -18,10 +18,10 @@ use common::{
     contents, expect_message, fd_connect, fd_listener, gpu, gpu_count, pattern, report, spawn,
     watchdog,
 };
-use cuda_ipc::{
-    Error, FdSocket, GpuContext, HandleType, ImportedBuffer, IpcBuffer, IpcPoolHandle, PoolHandle,
-    TypeConflict,
-};
+use cuda_ipc::error::TypeConflict;
+use cuda_ipc::fd::FdSocket;
+use cuda_ipc::pool::{IpcPoolHandle, PoolHandle};
+use cuda_ipc::{Error, GpuContext, HandleType, ImportedBuffer, IpcBuffer};
 
 const T: Duration = Duration::from_secs(20);
 const LEN: usize = 300_001;
@@ -180,7 +180,7 @@ fn pool_buffers_travel_like_any_buffer_on_every_device() {
     let _dog = watchdog("pool_buffer_travel", Duration::from_secs(120));
     let _serial = serial();
     for device in 0..gpu_count() {
-        if device == 0 || cuda_ipc::can_access_peer(device, 0).unwrap() {
+        if device == 0 || cuda_ipc::device::can_access_peer(device, 0).unwrap() {
             travel(device);
         }
     }
@@ -222,7 +222,7 @@ fn a_shared_pool_left_without_buffers_while_another_thread_looked_is_destroyed_n
 /// and 16,384 blocks of state, holders, offset and size words) ends the file.
 fn scribble_block_sizes(name: &str, value: u64) {
     use std::os::unix::fs::FileExt;
-    const BLOCKS: u64 = cuda_ipc::IpcArena::MAX_BUFFERS as u64;
+    const BLOCKS: u64 = cuda_ipc::arena::IpcArena::MAX_BUFFERS as u64;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(format!("/dev/shm/{name}"))
@@ -396,7 +396,7 @@ fn a_pool_payload_without_its_descriptor_or_with_forged_parts_is_refused() {
     let payload = [pool.as_bytes(), handle.as_bytes()].concat();
     s.send(&payload, &[], T).unwrap();
     // 2. This pool, the buffer handle of another pool's buffer.
-    let other = cuda_ipc::IpcPool::new(&ctx).unwrap();
+    let other = cuda_ipc::pool::IpcPool::new(&ctx).unwrap();
     let foreign = other
         .alloc::<u32>(64, &cuda_ipc::RawStream::LEGACY)
         .unwrap();

@@ -16,10 +16,10 @@ use cuda_ipc::probe::Status;
 fn a_gpu_machine_reports_what_this_crate_needs() {
     let ctx = gpu(); // keeps device 0's context alive, so its free memory can be compared
     let n = gpu_count();
-    let first = cuda_ipc::probe();
+    let first = cuda_ipc::probe::probe();
     println!("{first}");
     let (fds, free) = (fd_count(), ctx.mem_info().unwrap().0);
-    let p = cuda_ipc::probe();
+    let p = cuda_ipc::probe::probe();
     assert_eq!(
         (fd_count(), ctx.mem_info().unwrap().0),
         (fds, free),

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{expect_message, fd_connect, fd_listener, gpu, pattern, report, spawn, watchdog};
-use cuda_ipc::{
-    ArenaHandle, Error, FdSocket, GpuContext, HandleType, IpcArena, IpcBuffer, IpcPool, PoolHandle,
-    RawStream, ReadOnlyArena, ReadOnlySlice, TypeConflict,
-};
+use cuda_ipc::arena::{ArenaHandle, IpcArena, ReadOnlyArena};
+use cuda_ipc::error::TypeConflict;
+use cuda_ipc::fd::FdSocket;
+use cuda_ipc::pool::{IpcPool, PoolHandle};
+use cuda_ipc::{Error, GpuContext, HandleType, IpcBuffer, RawStream, ReadOnlySlice};
 
 const T: Duration = Duration::from_secs(20);
 const LEN: usize = 1 << 18; // 1 MiB of u32
@@ -328,7 +329,7 @@ fn read_only_and_read_write_imports_of_one_arena_are_two_mappings_of_one_memory(
     let buf = arena.alloc::<u32>(1024).unwrap();
     buf.copy_from_host(&pattern(1024, 1)).unwrap();
     let (h, fd) = arena.export_fd().unwrap();
-    let writable = cuda_ipc::ImportedArena::open_fd(&ctx, &h, fd).unwrap();
+    let writable = cuda_ipc::arena::ImportedArena::open_fd(&ctx, &h, fd).unwrap();
     let (h, fd) = arena.export_fd().unwrap();
     let readable = ReadOnlyArena::open_fd(&ctx, &h, fd).unwrap();
     let (h2, fd2) = arena.export_fd().unwrap();

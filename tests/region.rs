@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{report, shm_exists, spawn, unique_name, wait_for, watchdog};
-use cuda_ipc::{Error, HeaderFields, NameDefect, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::error::NameDefect;
+use cuda_ipc::shm::{HeaderFields, ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, ShmSafe};
 
 #[derive(ShmSafe)]
 #[repr(C)]
@@ -176,10 +178,10 @@ fn region_of_another_uid_is_refused() {
     ));
     // Not ours: reclaiming refuses too, whatever its creator's state.
     assert!(matches!(
-        cuda_ipc::reclaim_stale(&name),
+        cuda_ipc::shm::reclaim_stale(&name),
         Err(Error::WrongOwner { .. })
     ));
-    cuda_ipc::unlink(&name).unwrap();
+    cuda_ipc::shm::unlink(&name).unwrap();
 }
 
 #[test]
@@ -360,7 +362,7 @@ fn unpublished_header_gives_not_ready_and_a_dead_creator_is_noticed() {
         other => panic!("{other:?}"),
     }
     // And the stale name can be reclaimed.
-    assert!(cuda_ipc::reclaim_stale(&name).unwrap());
+    assert!(cuda_ipc::shm::reclaim_stale(&name).unwrap());
     assert!(!shm_exists(&name));
 }
 
@@ -439,7 +441,7 @@ fn stale_region_of_a_dead_creator_is_reclaimed_on_request() {
         .unwrap();
     assert_eq!(region.creator().pid(), std::process::id());
     // A live creator's region is never reclaimed.
-    assert!(!cuda_ipc::reclaim_stale(&name).unwrap());
+    assert!(!cuda_ipc::shm::reclaim_stale(&name).unwrap());
     assert!(matches!(
         ShmOptions::new(&name)
             .reclaim_stale(true)
@@ -519,7 +521,7 @@ fn lease_tables_of_dead_exporters_are_reclaimed() {
     let live =
         ShmRegion::<AtomicU64>::create(&format!("cuda-ipc-lease.{}", unique_name("live"))).unwrap();
     assert!(shm_exists(&dead));
-    let removed = cuda_ipc::reclaim_stale_lease_tables();
+    let removed = cuda_ipc::shm::reclaim_stale_lease_tables();
     assert!(removed >= 1, "removed {removed}");
     assert!(!shm_exists(&dead), "a dead exporter's table is gone");
     assert!(shm_exists(live.name()), "a live exporter's table stays");

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use common::{Child, Crew, Rng, die, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::registry::{Export, collect, enter_pausing};
-use cuda_ipc::{Error, ProcessIdentity, ShmCell, ShmOptions, ShmRegion, ShmSafe};
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{Error, ProcessIdentity, ShmSafe};
 
 /// Exports published at a time (slots in the world), and the registry's blocks.
 const SLOTS: usize = 32;

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use common::cuda::{Module, Stream, StreamFlags, launch};
 use common::{gpu, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::driver::{error_name, sys};
+use cuda_ipc::error::{ArgumentDefect, HandleDefect, PeerRole};
+use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{
-    ArgumentDefect, Error, GpuContext, GpuSignal, GpuSlice, HandleDefect, ImportedBuffer,
-    ImportedSignal, IpcBuffer, IpcMemHandle, IpcSignal, IpcSignalHandle, PeerRole, ShmCell,
-    ShmOptions, ShmRegion, ShmSafe,
+    Error, GpuContext, GpuSignal, GpuSlice, ImportedBuffer, ImportedSignal, IpcBuffer,
+    IpcMemHandle, IpcSignal, IpcSignalHandle, ShmSafe,
 };
 
 const KERNELS: &str = include_str!("../kernels/simple_ipc.ptx");
@@ -516,8 +517,8 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     let _serial = serial();
     let _dog = watchdog("basics", Duration::from_secs(60));
     let ctx = gpu();
-    assert!(cuda_ipc::can_use_stream_mem_ops(0).unwrap());
-    assert!(cuda_ipc::device_info(0).unwrap().stream_mem_ops);
+    assert!(cuda_ipc::device::can_use_stream_mem_ops(0).unwrap());
+    assert!(cuda_ipc::device::device_info(0).unwrap().stream_mem_ops);
     let sig = IpcSignal::new(&ctx).unwrap();
     assert_eq!(sig.value().unwrap(), 0);
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();

@@ -165,7 +165,7 @@ fn run_scenario(sc: &Scenario) -> (Option<i32>, String, Duration) {
 
 fn runner() -> ExitCode {
     let require_gpu = std::env::var_os("CUDA_IPC_REQUIRE_GPU").is_some();
-    let devices = match cuda_ipc::PeerGroup::select(8) {
+    let devices = match cuda_ipc::device::PeerGroup::select(8) {
         Ok(g) => g.devices.len(),
         Err(e) if !require_gpu => {
             println!("simple_ipc_faults: no GPU ({e}); every scenario waived");

@@ -17,10 +17,11 @@ use std::time::Duration;
 use common::{
     expect_message, fd_connect, fd_listener, gpu_count, pattern, report, spawn, watchdog,
 };
+use cuda_ipc::arena::{ArenaHandle, ImportedArena, IpcArena, IpcArenaHandle};
+use cuda_ipc::pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolHandle};
 use cuda_ipc::{
-    ArenaHandle, GpuContext, GpuSlice, HandleType, ImportedArena, ImportedBuffer, ImportedEvent,
-    ImportedPool, IpcArena, IpcArenaHandle, IpcBuffer, IpcEvent, IpcEventHandle, IpcMemHandle,
-    IpcPool, IpcPoolHandle, PoolHandle, RawStream,
+    GpuContext, GpuSlice, HandleType, ImportedBuffer, ImportedEvent, IpcBuffer, IpcEvent,
+    IpcEventHandle, IpcMemHandle, RawStream,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -57,7 +58,7 @@ fn child_process() {
 }
 
 /// One export of `kind` opened through a context on each of two GPUs, the first dropped.
-fn in_two_contexts(s: &cuda_ipc::FdSocket, kind: &str) {
+fn in_two_contexts(s: &cuda_ipc::fd::FdSocket, kind: &str) {
     let ctx0 = GpuContext::new(0).unwrap();
     let ctx1 = GpuContext::new(1).unwrap();
     match kind {
@@ -102,7 +103,7 @@ fn in_two_contexts(s: &cuda_ipc::FdSocket, kind: &str) {
 
 /// An event opened twice in one context and once in every other: dropping the first leaves the
 /// others usable (the crate keeps no cache of opened events; each open is its own driver event).
-fn events(s: &cuda_ipc::FdSocket) {
+fn events(s: &cuda_ipc::fd::FdSocket) {
     let h = IpcEventHandle::from_bytes(&s.recv(T).unwrap().payload).unwrap();
     let contexts: Vec<GpuContext> = (0..gpu_count())
         .map(|i| GpuContext::new(i).unwrap())
@@ -131,7 +132,7 @@ const THREADS: usize = 8;
 /// (import, then open the buffer whose handle arrives after the exports); their views, in
 /// order. Reports whether they all have one address.
 fn at_once<H: Send, V: Send + std::ops::Deref<Target = GpuSlice<u32>>>(
-    s: &cuda_ipc::FdSocket,
+    s: &cuda_ipc::fd::FdSocket,
     contexts: &[GpuContext],
     parse: impl Fn(&[u8]) -> H,
     open: impl Fn(&GpuContext, H, std::os::fd::OwnedFd, &[u8]) -> V + Sync,
@@ -169,7 +170,7 @@ fn at_once<H: Send, V: Send + std::ops::Deref<Target = GpuSlice<u32>>>(
 /// Threads that import the pool at once (one descriptor each), in contexts of every device in
 /// turn, open the same buffer: one import, one address; the views, dropped one by one, leave
 /// the rest intact.
-fn pool_threads(s: &cuda_ipc::FdSocket) {
+fn pool_threads(s: &cuda_ipc::fd::FdSocket) {
     let contexts: Vec<GpuContext> = (0..gpu_count())
         .map(|i| GpuContext::new(i).unwrap())
         .collect();
@@ -198,7 +199,7 @@ fn pool_threads(s: &cuda_ipc::FdSocket) {
 
 /// Threads that import the arena at once in one context (one descriptor each) share one
 /// import: one mapping, so the same address for a buffer, and one importer slot.
-fn arena_threads(s: &cuda_ipc::FdSocket) {
+fn arena_threads(s: &cuda_ipc::fd::FdSocket) {
     let views = at_once(
         s,
         &[GpuContext::new(0).unwrap()],

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cuda_ipc::FdSocket;
+use cuda_ipc::fd::FdSocket;
 
 /// The words (u32) of each tensor: `n` tensors of a decoder-only transformer about `gib` GiB
 /// in all — an embedding and an output head, then layers of q, k, v, o projections

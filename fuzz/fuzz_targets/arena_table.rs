@@ -9,7 +9,7 @@
 #![no_main]
 
 use cuda_ipc::__private::arena::{Books, Placement};
-use cuda_ipc::IpcArena;
+use cuda_ipc::arena::IpcArena;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "steps.rs"]

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use cuda_ipc::{BarrierState, ProcessBarrier, ShmOptions};
+use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::shm::ShmOptions;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

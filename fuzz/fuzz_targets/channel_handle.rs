@@ -4,7 +4,7 @@
 //! checks behind the checksum are reached too.
 #![no_main]
 
-use cuda_ipc::IpcChannelHandle;
+use cuda_ipc::channel::IpcChannelHandle;
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {

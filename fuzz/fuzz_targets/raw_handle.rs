@@ -3,7 +3,7 @@
 //! never a panic.
 #![no_main]
 
-use cuda_ipc::{RawExport, RawImport, RawMemHandle};
+use cuda_ipc::raw::{RawExport, RawImport, RawMemHandle};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

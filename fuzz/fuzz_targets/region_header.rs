@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::AtomicU64;
 
-use cuda_ipc::{HeaderFields, ShmOptions};
+use cuda_ipc::shm::{HeaderFields, ShmOptions};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

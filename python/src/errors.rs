@@ -91,8 +91,8 @@ pub(crate) fn to_py(e: cuda_ipc::Error) -> PyErr {
     let (err, pid, role) = match &e {
         E::PeerGone { pid, role } => {
             let role = match role {
-                cuda_ipc::PeerRole::Exporter => "exporter",
-                cuda_ipc::PeerRole::Importer(_) => "importer",
+                cuda_ipc::error::PeerRole::Exporter => "exporter",
+                cuda_ipc::error::PeerRole::Importer(_) => "importer",
                 _ => "barrier party",
             };
             (PeerGone::new_err(message), Some(*pid), Some(role))

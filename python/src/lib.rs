@@ -52,7 +52,7 @@ impl Context {
 /// does this once, at its first export.
 #[pyfunction]
 fn reclaim_stale_lease_tables() -> usize {
-    cuda_ipc::reclaim_stale_lease_tables()
+    cuda_ipc::shm::reclaim_stale_lease_tables()
 }
 
 /// The extension module.

@@ -17,21 +17,21 @@ fn seconds(timeout: f64) -> PyResult<Duration> {
         .map_err(|_| PyValueError::new_err(format!("timeout {timeout} is not a duration")))
 }
 
-fn name(name: &str) -> cuda_ipc::SocketName {
-    cuda_ipc::SocketName::Abstract(name.to_owned())
+fn name(name: &str) -> cuda_ipc::fd::SocketName {
+    cuda_ipc::fd::SocketName::Abstract(name.to_owned())
 }
 
 /// A listening socket at an abstract name; peers of this user only.
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Listener {
-    listener: cuda_ipc::FdListener,
+    listener: cuda_ipc::fd::FdListener,
 }
 
 #[pymethods]
 impl Listener {
     #[new]
     fn new(socket_name: &str) -> PyResult<Self> {
-        let listener = cuda_ipc::FdListener::bind(name(socket_name), cuda_ipc::PeerPolicy::SameUid)
+        let listener = cuda_ipc::fd::FdListener::bind(name(socket_name), cuda_ipc::fd::PeerPolicy::SameUid)
             .map_err(to_py)?;
         Ok(Self { listener })
     }
@@ -48,7 +48,7 @@ impl Listener {
 /// A connection to a peer.
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Socket {
-    socket: cuda_ipc::FdSocket,
+    socket: cuda_ipc::fd::FdSocket,
 }
 
 /// Connect to the listener at `socket_name`, waiting for it at most `timeout` seconds.
@@ -58,7 +58,7 @@ pub(crate) fn connect(py: Python<'_>, socket_name: &str, timeout: f64) -> PyResu
     let timeout = seconds(timeout)?;
     let n = name(socket_name);
     let socket = py
-        .detach(|| cuda_ipc::FdSocket::connect(&n, &cuda_ipc::PeerPolicy::SameUid, timeout))
+        .detach(|| cuda_ipc::fd::FdSocket::connect(&n, &cuda_ipc::fd::PeerPolicy::SameUid, timeout))
         .map_err(to_py)?;
     Ok(Socket { socket })
 }

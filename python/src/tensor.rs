@@ -156,7 +156,7 @@ const MAX_DIMS: usize = 8;
 /// The layout version of a tensor handle's tail (after the arena handle).
 const TENSOR_HANDLE_VERSION: u8 = 1;
 /// Bytes of the arena handle at the head of a tensor handle.
-const ARENA_HANDLE: usize = cuda_ipc::ArenaHandle::<u8>::SIZE;
+const ARENA_HANDLE: usize = cuda_ipc::arena::ArenaHandle::<u8>::SIZE;
 /// Bytes of the tail's fixed part: version, dtype, ndim, five zero bytes.
 const TAIL_HEAD: usize = 8;
 
@@ -170,11 +170,11 @@ fn nbytes_of(shape: &[i64], dtype: DType) -> Option<usize> {
 /// What backs a tensor, kept alive by every tensor and every DLPack capsule made of it.
 enum Memory {
     /// The owner's buffer (its drop frees the range once no importer views it).
-    Owned(cuda_ipc::ArenaBuffer<u8>),
+    Owned(cuda_ipc::arena::ArenaBuffer<u8>),
     /// A read-write view of another process's arena.
-    View(cuda_ipc::ArenaView<u8>),
+    View(cuda_ipc::arena::ArenaView<u8>),
     /// A read-only view (`PROT_READ`: the GPU refuses writes).
-    ReadOnly(cuda_ipc::ReadOnlyArenaView<u8>),
+    ReadOnly(cuda_ipc::arena::ReadOnlyArenaView<u8>),
 }
 
 struct Inner {
@@ -342,7 +342,7 @@ impl Tensor {
 /// is sent once (`Socket.send_arena`), each tensor's `handle()` is sent as bytes.
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Arena {
-    pub(crate) arena: cuda_ipc::IpcArena,
+    pub(crate) arena: cuda_ipc::arena::IpcArena,
     device: u32,
 }
 
@@ -391,8 +391,8 @@ impl Arena {
         let gpu = ctx.ctx.clone();
         let arena = py
             .detach(|| match max_tensors {
-                Some(n) => cuda_ipc::IpcArena::with_max_buffers(&gpu, nbytes, n),
-                None => cuda_ipc::IpcArena::new(&gpu, nbytes),
+                Some(n) => cuda_ipc::arena::IpcArena::with_max_buffers(&gpu, nbytes, n),
+                None => cuda_ipc::arena::IpcArena::new(&gpu, nbytes),
             })
             .map_err(to_py)?;
         let arena = if read_only_for_importers {
@@ -467,8 +467,8 @@ pub(crate) struct ImportedArena {
 }
 
 pub(crate) enum Imported {
-    ReadWrite(cuda_ipc::ImportedArena),
-    ReadOnly(cuda_ipc::ReadOnlyArena),
+    ReadWrite(cuda_ipc::arena::ImportedArena),
+    ReadOnly(cuda_ipc::arena::ReadOnlyArena),
 }
 
 #[pymethods]
@@ -502,7 +502,7 @@ impl ImportedArena {
                 i64::try_from(u64::from_le_bytes(d)).unwrap_or(-1)
             })
             .collect();
-        let arena_handle = cuda_ipc::ArenaHandle::<u8>::from_bytes(arena_handle).map_err(to_py)?;
+        let arena_handle = cuda_ipc::arena::ArenaHandle::<u8>::from_bytes(arena_handle).map_err(to_py)?;
         // The shape must describe exactly the buffer the (checked) arena handle names.
         if nbytes_of(&shape, dtype) != Some(arena_handle.len()) {
             return Err(corrupt(format!(

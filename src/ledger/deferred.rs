@@ -30,7 +30,7 @@
 //! the retired generation and backs off. If this process exits with frees pending, the driver
 //! frees the memory with the context, and an `atexit` hook removes the registry's names from
 //! `/dev/shm`; if it is killed, its last importer removes them, or the next process's sweep
-//! does ([`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables)).
+//! does ([`reclaim_stale_lease_tables`](crate::shm::reclaim_stale_lease_tables)).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -68,7 +68,7 @@ pub struct DeferredFrees {
     pub pending: usize,
     /// Their bytes.
     pub pending_bytes: usize,
-    /// Channel ends ([`IpcSender`](crate::IpcSender), [`IpcReceiver`](crate::IpcReceiver))
+    /// Channel ends ([`IpcSender`](crate::channel::IpcSender), [`IpcReceiver`](crate::channel::IpcReceiver))
     /// dropped while the channel's GPU operations were still running, still waiting for them:
     /// closed by a later collect once those complete (or leaked once their drop timeout
     /// passes, as `close` would).
@@ -304,7 +304,7 @@ mod tests {
         let r = sweep(&mut list, |_| {
             Err(crate::Error::InvalidArgument {
                 call: "test",
-                defect: crate::ArgumentDefect::NotPrimaryContext,
+                defect: crate::error::ArgumentDefect::NotPrimaryContext,
             })
         });
         assert_eq!((r.freed, r.failed, r.pending), (0, 1, 0));

@@ -3,7 +3,7 @@
 //! A lease table is a [`ShmRegion`] named after a random token (`cuda-ipc-lease.<token>`)
 //! with one slot per importing process: one table per exporting process for all its buffers
 //! and signals (beside the export registry's block table, `registry.rs`), and one per
-//! [`IpcArena`](crate::IpcArena) and per [`IpcPool`](crate::IpcPool). An importer claims a
+//! [`IpcArena`](crate::arena::IpcArena) and per [`IpcPool`](crate::pool::IpcPool). An importer claims a
 //! slot before it maps anything and frees it when it is done with the exporter; its slot
 //! number is its bit in the block table, where it marks each export it maps (the arena
 //! protocol, `ledger/table.rs`). The exporter reaps the slots of importers proven dead.
@@ -358,7 +358,7 @@ pub(crate) struct ExportLeases {
 /// # Examples
 ///
 /// ```
-/// let removed = cuda_ipc::reclaim_stale_lease_tables();
+/// let removed = cuda_ipc::shm::reclaim_stale_lease_tables();
 /// println!("removed {removed} stale lease tables");
 /// ```
 #[allow(

@@ -68,8 +68,8 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 /// Block tables in `/dev/shm` are `cuda-ipc-arena.<token>`, for arenas and pools alike.
 const PREFIX: &str = "cuda-ipc-arena.";
 
-/// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::IpcArena::MAX_BUFFERS),
-/// [`IpcPool::MAX_BUFFERS`](crate::IpcPool::MAX_BUFFERS)).
+/// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::arena::IpcArena::MAX_BUFFERS),
+/// [`IpcPool::MAX_BUFFERS`](crate::pool::IpcPool::MAX_BUFFERS)).
 pub(crate) const MAX_ARENA_BUFFERS: usize = 16_384;
 
 /// A map keyed by block index, for this process's own books on a table (its views of arena
@@ -242,7 +242,7 @@ unsafe impl ShmSafe for BlockTable {
 }
 
 /// Remove block tables whose owners died (see
-/// [`reclaim_stale_lease_tables`](crate::reclaim_stale_lease_tables)).
+/// [`reclaim_stale_lease_tables`](crate::shm::reclaim_stale_lease_tables)).
 pub(crate) fn reclaim_stale_tables() -> usize {
     crate::shm::reclaim_stale_prefixed(PREFIX)
 }

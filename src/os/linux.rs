@@ -350,7 +350,7 @@ pub(crate) fn parent_pid() -> u32 {
     rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get().unsigned_abs())
 }
 
-/// What [`crate::probe()`] asks of the host: facts read from `/proc`, `/sys` and the file
+/// What [`crate::probe::probe()`] asks of the host: facts read from `/proc`, `/sys` and the file
 /// system, each `None` where it could not be read.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HostFacts {

@@ -1,5 +1,5 @@
 //! Unix-domain `SOCK_SEQPACKET` sockets that carry file descriptors (`SCM_RIGHTS`): the system
-//! calls behind [`FdListener`](crate::FdListener) and [`FdSocket`](crate::FdSocket). Every
+//! calls behind [`FdListener`](crate::fd::FdListener) and [`FdSocket`](crate::fd::FdSocket). Every
 //! socket is non-blocking and close-on-exec; waits are `poll` with a deadline.
 
 use std::io::{IoSlice, IoSliceMut};

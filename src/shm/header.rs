@@ -1,4 +1,4 @@
-//! The region header: the first 128 bytes of every [`ShmRegion`](crate::ShmRegion).
+//! The region header: the first 128 bytes of every [`ShmRegion`](crate::shm::ShmRegion).
 //!
 //! In shared memory the header is sixteen `AtomicU64` words. The creator writes its identity
 //! first (so an opener can tell a dead creator from a slow one), then initialises the payload,

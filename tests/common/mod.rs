@@ -393,7 +393,7 @@ pub fn gpu() -> cuda_ipc::GpuContext {
 
 /// Number of GPUs visible (panics without a GPU).
 pub fn gpu_count() -> u32 {
-    match cuda_ipc::device_count() {
+    match cuda_ipc::device::device_count() {
         Ok(n) => n,
         Err(e) => panic!("this GPU test needs a CUDA device and found none: {e}"),
     }
@@ -446,7 +446,7 @@ pub fn has_gpus(n: u32, what: &str) -> bool {
 /// disagreement fails the test, so a regression in the crate's check cannot skip the tests
 /// that depend on it.
 pub fn peers(from: u32, to: u32, what: &str) -> bool {
-    let crate_says = cuda_ipc::can_access_peer(from, to).unwrap();
+    let crate_says = cuda_ipc::device::can_access_peer(from, to).unwrap();
     if let Some(machine_says) = machine_peer_access(from, to) {
         assert_eq!(
             crate_says, machine_says,
@@ -644,28 +644,28 @@ pub fn from_hex(s: &str) -> Vec<u8> {
 pub const SOCKET_WAIT: Duration = Duration::from_secs(20);
 
 /// A listener on a unique abstract socket name (same-uid peers), and the name's text.
-pub fn fd_listener(what: &str) -> (cuda_ipc::FdListener, String) {
+pub fn fd_listener(what: &str) -> (cuda_ipc::fd::FdListener, String) {
     let raw = unique_name(what);
-    let l = cuda_ipc::FdListener::bind(
-        cuda_ipc::SocketName::Abstract(raw.clone()),
-        cuda_ipc::PeerPolicy::SameUid,
+    let l = cuda_ipc::fd::FdListener::bind(
+        cuda_ipc::fd::SocketName::Abstract(raw.clone()),
+        cuda_ipc::fd::PeerPolicy::SameUid,
     )
     .unwrap();
     (l, raw)
 }
 
 /// Connect to the abstract socket `raw` made by [`fd_listener`].
-pub fn fd_connect(raw: &str) -> cuda_ipc::FdSocket {
-    cuda_ipc::FdSocket::connect(
-        &cuda_ipc::SocketName::Abstract(raw.to_owned()),
-        &cuda_ipc::PeerPolicy::SameUid,
+pub fn fd_connect(raw: &str) -> cuda_ipc::fd::FdSocket {
+    cuda_ipc::fd::FdSocket::connect(
+        &cuda_ipc::fd::SocketName::Abstract(raw.to_owned()),
+        &cuda_ipc::fd::PeerPolicy::SameUid,
         SOCKET_WAIT,
     )
     .unwrap()
 }
 
 /// Receive one message and fail unless its payload is `what`.
-pub fn expect_message(s: &cuda_ipc::FdSocket, what: &[u8]) {
+pub fn expect_message(s: &cuda_ipc::fd::FdSocket, what: &[u8]) {
     let got = s.recv(SOCKET_WAIT).unwrap().payload;
     assert_eq!(got, what, "expected {:?}", String::from_utf8_lossy(what));
 }

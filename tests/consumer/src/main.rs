@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use cuda_ipc::{Error, GpuContext, ShmCell, ShmOptions, ShmSafe};
+use cuda_ipc::{Error, GpuContext, ShmSafe};
+use cuda_ipc::shm::{ShmCell, ShmOptions};
 
 /// A user's shared layout, checked by cuda-ipc's derive (the consumer depends on no derive
 /// crate of its own).

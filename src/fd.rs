@@ -183,7 +183,7 @@ fn check_peer(fd: BorrowedFd<'_>, name: &SocketName, policy: &PeerPolicy) -> Res
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_ipc::{FdListener, FdSocket, PeerPolicy, SocketName};
+/// use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
 ///
 /// # fn main() -> cuda_ipc::Result<()> {
 /// let name = SocketName::Abstract(format!("my-app-{}", std::process::id()));
@@ -454,7 +454,8 @@ impl FdSocket {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdListener, GpuContext, HandleType, IpcBuffer, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+    /// use cuda_ipc::fd::{FdListener, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -504,7 +505,8 @@ impl FdSocket {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{FdSocket, GpuContext, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -614,7 +616,7 @@ fn only_descriptor(handle_type: HandleType, mut fds: Vec<OwnedFd>) -> Result<Own
 impl FdSocket {
     /// Send an [`IpcArena`] to the peer: its handle and a new descriptor of its memory, which
     /// this side closes once sent. The peer maps it with [`recv_arena`](Self::recv_arena);
-    /// buffers allocated from the arena then travel as [`ArenaHandle`](crate::ArenaHandle)
+    /// buffers allocated from the arena then travel as [`ArenaHandle`](crate::arena::ArenaHandle)
     /// bytes alone, over this socket or any other channel.
     ///
     /// # Errors
@@ -640,7 +642,9 @@ impl FdSocket {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use cuda_ipc::{ArenaHandle, FdSocket, GpuContext, PeerPolicy, SocketName};
+    /// use cuda_ipc::{GpuContext};
+    /// use cuda_ipc::arena::ArenaHandle;
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
     ///
     /// # fn main() -> cuda_ipc::Result<()> {
     /// let ctx = GpuContext::new(0)?;
@@ -753,7 +757,7 @@ impl AsFd for FdSocket {
 /// ```no_run
 /// # fn main() -> cuda_ipc::Result<()> {
 /// # let (peer_pid, peer_fd) = (4242, 7);
-/// match cuda_ipc::take_fd_from_process(peer_pid, peer_fd) {
+/// match cuda_ipc::fd::take_fd_from_process(peer_pid, peer_fd) {
 ///     Ok(fd) => println!("got {fd:?}"),
 ///     Err(cuda_ipc::Error::PtraceDenied { .. }) => println!("not allowed here: use an FdSocket"),
 ///     Err(e) => return Err(e),
