@@ -1624,29 +1624,6 @@ impl<T: Pod> Drop for BufferCore<T> {
     }
 }
 
-/// An `IpcBuffer` or `ImportedBuffer` is a kernel argument of cudarc launches (feature
-/// `cudarc`), as its [`GpuSlice`] is: it passes the buffer's device address. cudarc's launch is
-/// `unsafe`; its caller keeps the buffer alive until the kernel has completed (see
-/// [asynchronous work](GpuSlice#asynchronous-work)).
-macro_rules! cudarc_kernel_arg {
-    ($ty:ident) => {
-        // SAFETY: pushes a reference to the buffer's `u64` device address, which lives as long
-        // as the borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the
-        // kernel's pointer parameter reads.
-        #[cfg(feature = "cudarc")]
-        unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b $ty<T>>
-            for cudarc::driver::LaunchArgs<'a>
-        {
-            #[inline(always)]
-            fn arg(&mut self, arg: &'b $ty<T>) -> &mut Self {
-                self.arg(&arg.core.slice.ptr)
-            }
-        }
-    };
-}
-cudarc_kernel_arg!(IpcBuffer);
-cudarc_kernel_arg!(ImportedBuffer);
-
 impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcBuffer")

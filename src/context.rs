@@ -97,38 +97,13 @@ impl GpuContext {
         Ok(ctx)
     }
 
-    /// The same primary context as a cust [`Context`](cust::context::Context).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] if the cust context is not its device's primary context;
-    /// [`Error::Cuda`] from the driver calls.
-    #[cfg(feature = "cust")]
-    pub fn from_cust(ctx: &cust::context::Context) -> Result<Self> {
-        // SAFETY: the cust Context keeps its context retained while borrowed.
-        unsafe { Self::from_primary(ctx.as_raw().cast(), "GpuContext::from_cust") }
-    }
-
-    /// The same primary context as a cudarc [`CudaContext`](cudarc::driver::CudaContext)
-    /// (which, like this crate, uses each device's primary context).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] if the cudarc context is not its device's primary context;
-    /// [`Error::Cuda`] from the driver calls.
-    #[cfg(feature = "cudarc")]
-    pub fn from_cudarc(ctx: &cudarc::driver::CudaContext) -> Result<Self> {
-        // SAFETY: the CudaContext keeps its context retained while borrowed.
-        unsafe { Self::from_primary(ctx.cu_ctx().cast(), "GpuContext::from_cudarc") }
-    }
-
     /// The primary context `raw` is, as a `GpuContext`; refused if `raw` is another context.
     ///
     /// # Safety
     ///
     /// `raw` must be a live context for the duration of the call.
     #[cfg(any(feature = "cust", feature = "cudarc"))]
-    unsafe fn from_primary(raw: sys::CUcontext, call: &'static str) -> Result<Self> {
+    pub(crate) unsafe fn from_primary(raw: sys::CUcontext, call: &'static str) -> Result<Self> {
         driver::init()?;
         // SAFETY: `raw` is live (the caller's duty); pushed here and popped right after.
         unsafe { driver::ctx::push(raw) }?;

@@ -175,6 +175,7 @@ pub mod error;
 mod event;
 pub mod fd;
 mod handle;
+mod interop;
 mod ledger;
 mod os;
 mod owned_slot;

@@ -100,7 +100,7 @@ use crate::vmm::Access;
 /// ```
 #[repr(transparent)]
 pub struct ReadOnlySlice<T: Pod> {
-    slice: GpuSlice<T>,
+    pub(crate) slice: GpuSlice<T>,
 }
 
 impl<T: Pod> GpuSlice<T> {
@@ -211,18 +211,6 @@ impl<T: Pod> std::fmt::Debug for ReadOnlySlice<T> {
             .field("device", &self.slice.context().ordinal())
             .field("ptr", &format_args!("{:#x}", self.slice.as_raw_ptr()))
             .finish()
-    }
-}
-
-#[cfg(feature = "cudarc")]
-// SAFETY: pushes the device address by value, as a kernel's `const T*` parameter expects; the
-// slice is borrowed for the builder's lifetime, so the memory stays mapped until launch.
-unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b ReadOnlySlice<T>>
-    for cudarc::driver::LaunchArgs<'a>
-{
-    #[inline(always)]
-    fn arg(&mut self, arg: &'b ReadOnlySlice<T>) -> &mut Self {
-        self.arg(&arg.slice.ptr)
     }
 }
 

@@ -295,32 +295,6 @@ fn sync_legacy_stream() -> Result<()> {
     unsafe { driver::stream::synchronize(std::ptr::null_mut()) }
 }
 
-#[cfg(feature = "cust")]
-impl<T: Pod + cust::memory::DeviceCopy> GpuSlice<T> {
-    /// The device pointer, for cust kernel launches (feature `cust`).
-    #[must_use]
-    pub fn device_ptr(&self) -> cust::memory::DevicePointer<T> {
-        cust::memory::DevicePointer::from_raw(self.ptr)
-    }
-}
-
-/// A `GpuSlice` is a kernel argument of cudarc launches (feature `cudarc`): it passes the
-/// device address, as a `CudaSlice` does. cudarc's launch is `unsafe`; its caller keeps the
-/// slice's owner alive until the kernel has completed (see
-/// [asynchronous work](GpuSlice#asynchronous-work)).
-// SAFETY: pushes a reference to the slice's `u64` device address, which lives as long as the
-// borrow `'b` that outlives the launch arguments `'a`; a `u64` is what the kernel's pointer
-// parameter reads.
-#[cfg(feature = "cudarc")]
-unsafe impl<'a, 'b: 'a, T: Pod> cudarc::driver::PushKernelArg<&'b GpuSlice<T>>
-    for cudarc::driver::LaunchArgs<'a>
-{
-    #[inline(always)]
-    fn arg(&mut self, arg: &'b GpuSlice<T>) -> &mut Self {
-        self.arg(&arg.ptr)
-    }
-}
-
 impl<T: Pod> std::fmt::Debug for GpuSlice<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuSlice")

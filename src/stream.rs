@@ -59,23 +59,6 @@ unsafe impl<S: AsStream + ?Sized> AsStream for Arc<S> {
     }
 }
 
-// SAFETY: a cust `Stream` owns its handle and destroys it only on drop.
-#[cfg(feature = "cust")]
-unsafe impl AsStream for cust::stream::Stream {
-    fn as_cu_stream(&self) -> sys::CUstream {
-        self.as_inner().cast()
-    }
-}
-
-// SAFETY: a cudarc `CudaStream` owns its handle (or is the context's null stream) and destroys
-// it only on drop.
-#[cfg(feature = "cudarc")]
-unsafe impl AsStream for cudarc::driver::CudaStream {
-    fn as_cu_stream(&self) -> sys::CUstream {
-        self.cu_stream().cast()
-    }
-}
-
 /// A raw `CUstream` handle from elsewhere (another CUDA library, C code), or the legacy
 /// default stream.
 ///
