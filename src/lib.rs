@@ -185,6 +185,7 @@ pub mod probe;
 mod process;
 pub mod raw;
 mod read_only;
+mod share;
 mod shared;
 pub mod shm;
 mod signal;
