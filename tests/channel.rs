@@ -224,6 +224,10 @@ fn child_process() {
                             let left = cuda_ipc::collect_deferred();
                             common::report(format!("dropped in {} ms", dropped.as_millis()));
                             common::report(format!("draining {}", left.draining));
+                            // The kernel still runs: leave its module and stream to the exit
+                            // (an unload under a running kernel is not ours to test here).
+                            std::mem::forget(module);
+                            std::mem::forget(stream);
                             return 0;
                         }
                         _ => item.release().unwrap(),
