@@ -1,5 +1,24 @@
 //! [`IpcBuffer<T>`]: device memory that another process can map, with typed handles, an import
 //! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
+//!
+//! # The way a call goes
+//!
+//! Exporting (`IpcBuffer::handle`): this file asks the driver for the export
+//! (`driver/ipc.rs`, `cuIpcGetMemHandle`; a POSIX-fd buffer's memory is `vmm.rs`'s), publishes
+//! the export's block in this process's registry (`ledger/registry.rs`, which writes
+//! `ledger/table.rs`'s block table) and seals the envelope (`handle.rs`, sealed by
+//! `envelope.rs`).
+//!
+//! Opening (`ImportedBuffer::open`): this file has the handle admitted (`handle.rs`: its kind's
+//! checks after `envelope.rs`'s, then the exporter, `process.rs`), looks the export up in the
+//! import cache (`ledger/cache.rs`) and, on a miss, enters the export's block
+//! (`ledger/registry.rs`: the exporter's lease table once per exporter, `ledger/lease.rs`, then
+//! the block, `ledger/table.rs`), and only then maps it (`driver/ipc.rs` or `vmm.rs`). Each file
+//! is left once; nothing calls back into this one.
+//!
+//! Dropping an exported buffer retires its block (`ledger/registry.rs`) and frees the memory at
+//! once or hands it to the deferred frees (`ledger/deferred.rs`); dropping the last view of an
+//! import unmaps it, then leaves the block.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;

@@ -3,6 +3,23 @@
 //!
 //! The protocol and what each side sees when the other dies are documented on [`IpcSender`];
 //! the shared-memory half, with every kill point, in `channel/ring.rs`.
+//!
+//! # The way a call goes
+//!
+//! The files of the module, each named after what it holds: `ring.rs` (the host protocol in
+//! shared memory: owner words, `sent`/`released`, lengths; loom model and replay tests),
+//! `endpoint.rs` (what an end holds: its view of the region, the slots, the two counters; the
+//! GPU write of a counter), `inflight.rs` (the events that track the channel's GPU work),
+//! `drain.rs` (taking an end apart: `close` waits, a drop defers), `batch.rs` (many items per
+//! call).
+//!
+//! An item: `IpcSender::acquire` waits for the slot on the host (`ring.rs`) and enqueues the
+//! GPU wait for its release (`signal.rs`); `SendSlot::send` enqueues the GPU write of `sent`
+//! and records the tracking event (`endpoint.rs`, `inflight.rs`), then publishes on the host
+//! (`ring.rs`). `IpcReceiver::recv` waits on the host (`ring.rs`) and enqueues the GPU wait for
+//! `sent` (`signal.rs`); `Received::release` enqueues the GPU write of `released`
+//! (`endpoint.rs`) and publishes (`ring.rs`). Each step goes down from this file to one of
+//! those and back; none calls up.
 
 mod batch;
 mod drain;

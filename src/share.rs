@@ -15,6 +15,15 @@
 //!
 //! A message with the wrong number of descriptors, or whose handle type disagrees with them,
 //! is refused ([`Error::HandleTypeMismatch`]) with every descriptor closed.
+//!
+//! # The way a call goes
+//!
+//! `send_buffer`: the buffer makes its handle (and descriptor) as an export does (`buffer.rs`,
+//! see there), then the socket sends one message (`fd.rs`, `os/socket.rs`: `sendmsg` with
+//! `SCM_RIGHTS`). `recv_buffer`: the socket receives one message (`fd.rs`), this file reads
+//! it into a [`BufferMessage`] — the handle's bytes (`handle.rs`, `envelope.rs`) and the
+//! descriptors it must come with — and opens it as `ImportedBuffer::open_fd` (or `open`,
+//! `open_pooled`) does (`buffer.rs`, then as an open goes there).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;

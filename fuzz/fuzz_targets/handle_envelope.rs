@@ -4,9 +4,9 @@
 //! element layout, length) are reached too.
 #![no_main]
 
-use cuda_ipc::{Handle, HandleKind, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 use cuda_ipc::arena::IpcArena;
 use cuda_ipc::pool::IpcPool;
+use cuda_ipc::{Handle, HandleKind, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 use libfuzzer_sys::fuzz_target;
 
 /// Accepted as kind `K`: the bytes round-trip and `Debug` works.

@@ -31,8 +31,9 @@ pub(crate) struct Listener {
 impl Listener {
     #[new]
     fn new(socket_name: &str) -> PyResult<Self> {
-        let listener = cuda_ipc::fd::FdListener::bind(name(socket_name), cuda_ipc::fd::PeerPolicy::SameUid)
-            .map_err(to_py)?;
+        let listener =
+            cuda_ipc::fd::FdListener::bind(name(socket_name), cuda_ipc::fd::PeerPolicy::SameUid)
+                .map_err(to_py)?;
         Ok(Self { listener })
     }
 

@@ -502,7 +502,8 @@ impl ImportedArena {
                 i64::try_from(u64::from_le_bytes(d)).unwrap_or(-1)
             })
             .collect();
-        let arena_handle = cuda_ipc::arena::ArenaHandle::<u8>::from_bytes(arena_handle).map_err(to_py)?;
+        let arena_handle =
+            cuda_ipc::arena::ArenaHandle::<u8>::from_bytes(arena_handle).map_err(to_py)?;
         // The shape must describe exactly the buffer the (checked) arena handle names.
         if nbytes_of(&shape, dtype) != Some(arena_handle.len()) {
             return Err(corrupt(format!(

@@ -1,5 +1,5 @@
 //! What the crate's types are to other CUDA crates, each behind its feature and in the file
-//! named after the crate: [`cust`](mod@cust) (feature `cust`) and [`cudarc`](mod@cudarc) (feature
+//! named after the crate: `cust.rs` (feature `cust`) and `cudarc.rs` (feature
 //! `cudarc`). The rest of the crate names neither; [`AsStream`](crate::AsStream) is the seam
 //! every stream-taking method goes through.
 //!
