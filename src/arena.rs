@@ -26,7 +26,9 @@ use crate::envelope;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
 use crate::ledger::Ledger;
-use crate::ledger::book::{Book, Placed};
+#[cfg(any(test, fuzzing, feature = "__testing"))]
+use crate::ledger::book::Book;
+use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
 use crate::ledger::lease::Lease;
 use crate::ledger::table::{BlockMap, BlockTable, Enter};
@@ -973,6 +975,7 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 /// lease and block entries, with no memory behind them. Not part of the API.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
     use super::*;
 

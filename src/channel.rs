@@ -39,7 +39,9 @@ use crate::envelope;
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
 use crate::process::ProcessIdentity;
-use crate::shm::{ShmOptions, ShmRegion};
+use crate::shm::ShmOptions;
+#[cfg(any(test, fuzzing, feature = "__testing"))]
+use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 use crate::stream::AsStream;
 
@@ -1223,6 +1225,7 @@ mod tests {
 /// shared-memory ring through them, with the slots' contents in its own shared memory.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
     use super::*;
 

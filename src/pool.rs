@@ -1547,6 +1547,7 @@ impl<T: Pod> std::fmt::Debug for PoolView<T> {
 
 /// Hooks for the tests of the shared pools (`tests/pool_buffer.rs`). Not part of the API.
 #[allow(missing_debug_implementations)] // test hooks, not API
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
     use super::*;
 

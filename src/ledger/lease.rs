@@ -64,6 +64,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::owned_slot::{OwnedSlot, OwnerState};
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::shared::ShmSafe;
@@ -393,6 +394,7 @@ impl ExportLeases {
         Ok(Self { region })
     }
 
+    #[cfg(any(test, fuzzing, feature = "__testing"))]
     /// The table's `/dev/shm` name.
     pub(crate) fn name(&self) -> &str {
         self.region.name()
@@ -441,6 +443,7 @@ impl ExportLeases {
         self.region.slots().release(i, held);
     }
 
+    #[cfg(any(test, fuzzing, feature = "__testing"))]
     /// Mark the table closing (from now on no new lease is granted) and scan it once, reaping
     /// the slots of holders proven dead: the live holders left. Empty means the memory may be
     /// freed: nobody maps it and nobody can start to.
@@ -451,6 +454,7 @@ impl ExportLeases {
             .holders(&|id: &ProcessIdentity| id.is_alive(), true)
     }
 
+    #[cfg(any(test, fuzzing, feature = "__testing"))]
     /// [`close_and_scan`](Self::close_and_scan) until no holder is left or `timeout` has
     /// passed; the holders left and the time waited.
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
@@ -512,6 +516,7 @@ fn forget_table(token: &[u8; 16]) {
 }
 
 impl Lease {
+    #[cfg(any(test, fuzzing, feature = "__testing"))]
     /// Claim a lease on the export named by `token`.
     ///
     /// # Errors
@@ -522,7 +527,7 @@ impl Lease {
         Self::acquire_pausing(token, generation, &mut |_| {}, || {})
     }
 
-    /// [`acquire`](Self::acquire) for a table with block bits: with every slot taken, take
+    /// `acquire` (the test hooks') for a table with block bits: with every slot taken, take
     /// over one whose holder is proven dead, calling `take_over(slot)` to clear that slot's
     /// bits before holding it ([`Slots::claim_or_take_over`]).
     pub(crate) fn acquire_taking_over(
@@ -631,6 +636,7 @@ impl Drop for Lease {
 /// (`tests/lease_stress.rs`). Not part of the API.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
     use super::*;
 

@@ -118,6 +118,7 @@ extern "C" fn unlink_ledger() {
     }
 }
 
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 /// The `/dev/shm` names of this process's export registry (none before its first export).
 pub(crate) fn names() -> Vec<String> {
     LEDGER.lock().as_ref().map_or_else(Vec::new, |l| {
@@ -460,6 +461,7 @@ impl Drop for Hold {
 /// API.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
+#[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
     use super::*;
 

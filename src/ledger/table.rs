@@ -126,6 +126,7 @@ pub(crate) enum Enter {
 }
 
 impl Block {
+    #[cfg(any(test, fuzzing, feature = "__testing"))]
     /// A retired block of generation 0 (state built outside shared memory, which starts zeroed).
     pub(crate) fn new() -> Self {
         Self {
@@ -199,6 +200,7 @@ impl Block {
         self.holders.fetch_and(!bit, Ordering::Release);
     }
 
+    #[cfg(any(test, fuzzing, feature = "__testing"))]
     /// Overwrite word `field % 4` (state, holders, offset, bytes) with `value`, as a hostile
     /// process writing the shared table would (the fuzz target's hook).
     pub(crate) fn scribble(&self, field: usize, value: u64) {
