@@ -132,6 +132,7 @@ impl ChannelEnvelope {
         let geometry = Geometry {
             slots: u64::from(self.slots),
             capacity: self.capacity,
+            consumers: u64::from(self.consumers),
         };
         match layout(geometry, u64::from(self.elem_size)) {
             Some(stride) if stride == self.stride => {}
@@ -427,6 +428,7 @@ impl<T: Pod> IpcSender<T> {
         let geometry = Geometry {
             slots: slots as u64,
             capacity: capacity as u64,
+            consumers: u64::from(CONSUMERS),
         };
         let size = std::mem::size_of::<T>() as u64;
         let too_big = || {
@@ -1117,7 +1119,11 @@ mod tests {
 
     #[test]
     fn slots_are_256_byte_aligned_where_the_size_allows() {
-        let g = |slots, capacity| Geometry { slots, capacity };
+        let g = |slots, capacity| Geometry {
+            slots,
+            capacity,
+            consumers: 1,
+        };
         assert_eq!(layout(g(4, 1), 4), Some(64)); // 64 × 4 B = 256 B
         assert_eq!(layout(g(4, 65), 4), Some(128));
         assert_eq!(layout(g(4, 3), 12), Some(64)); // 64 × 12 = 768 = 3 × 256
@@ -1238,14 +1244,22 @@ pub mod __testing {
         geometry: Geometry,
         held: u64,
         next: u64,
+        detached: Vec<usize>,
     }
 
     impl HostProducer {
-        /// Create a channel region of `slots` slots of `capacity` elements.
+        /// Create a channel region of `slots` slots of `capacity` elements, one consumer.
         pub fn create(slots: usize, capacity: u64) -> Result<Self> {
+            Self::create_with(slots, capacity, 1)
+        }
+
+        /// Create a channel region of `slots` slots of `capacity` elements for `consumers`
+        /// consumer entries (more than one: a broadcast channel).
+        pub fn create_with(slots: usize, capacity: u64, consumers: usize) -> Result<Self> {
             let geometry = Geometry {
                 slots: slots as u64,
                 capacity,
+                consumers: consumers.clamp(1, ring::CONSUMER_ENTRIES) as u64,
             };
             let me = ProcessIdentity::current();
             let mut held = 0;
@@ -1254,6 +1268,8 @@ pub mod __testing {
                 .create_with(|s: &RingState| {
                     s.slots
                         .store(geometry.slots, crate::sync::Ordering::Relaxed);
+                    s.consumers
+                        .store(geometry.consumers, crate::sync::Ordering::Relaxed);
                     held = s.producer.claim_pausing(&me, || {}).unwrap_or(0);
                     Ok(())
                 })?;
@@ -1262,7 +1278,24 @@ pub mod __testing {
                 geometry,
                 held,
                 next: 1,
+                detached: Vec::new(),
             })
+        }
+
+        /// The consumer entries detached so far because their consumer died (broadcast).
+        #[must_use]
+        pub fn detached(&self) -> &[usize] {
+            &self.detached
+        }
+
+        /// The pids of the consumers attached now.
+        #[must_use]
+        pub fn attached(&self) -> Vec<u32> {
+            Ring::new(self.region.get(), self.geometry)
+                .attached()
+                .into_iter()
+                .map(|(_, id)| id.pid())
+                .collect()
         }
 
         /// The region's name.
@@ -1273,7 +1306,12 @@ pub mod __testing {
 
         /// Wait for the next item's slot; its index.
         pub fn acquire(&mut self, timeout: Duration) -> Result<usize> {
-            Ring::new(self.region.get(), self.geometry).acquire(self.next, timeout)?;
+            let detached = &mut self.detached;
+            Ring::new(self.region.get(), self.geometry).acquire_detaching(
+                self.next,
+                timeout,
+                |i| detached.push(i),
+            )?;
             Ok(self.geometry.slot_of(self.next))
         }
 
@@ -1304,6 +1342,7 @@ pub mod __testing {
     pub struct HostConsumer {
         region: ShmRegion<RingState>,
         geometry: Geometry,
+        index: usize,
         held: u64,
         received: u64,
     }
@@ -1320,6 +1359,7 @@ pub mod __testing {
             let geometry = Geometry {
                 slots: slots as u64,
                 capacity,
+                consumers: 1,
             };
             let region = ShmOptions::new(name).open::<RingState>()?;
             let held =
@@ -1328,21 +1368,58 @@ pub mod __testing {
             Ok(Self {
                 region,
                 geometry,
+                index: 0,
                 held,
                 received: 0,
             })
         }
 
+        /// Open the broadcast channel region called `name` (`consumers` entries) and attach to
+        /// a free entry, calling `pause` inside the claim; the name stays (others attach later).
+        pub fn attach_pausing(
+            name: &str,
+            slots: usize,
+            capacity: u64,
+            consumers: usize,
+            pause: impl FnOnce(),
+        ) -> Result<Self> {
+            let geometry = Geometry {
+                slots: slots as u64,
+                capacity,
+                consumers: consumers.clamp(1, ring::CONSUMER_ENTRIES) as u64,
+            };
+            let region = ShmOptions::new(name).open::<RingState>()?;
+            let attached =
+                Ring::new(region.get(), geometry).attach_any(&ProcessIdentity::current(), pause)?;
+            Ok(Self {
+                region,
+                geometry,
+                index: attached.index,
+                held: attached.held,
+                received: attached.start,
+            })
+        }
+
+        /// The items published before this consumer attached (it receives the next one first).
+        #[must_use]
+        pub fn received(&self) -> u64 {
+            self.received
+        }
+
+        fn ring(&self) -> Ring<'_> {
+            Ring::new(self.region.get(), self.geometry).at_entry(self.index)
+        }
+
         /// Wait for the next item: its slot index and length.
         pub fn recv(&mut self, timeout: Duration) -> Result<(usize, u64)> {
-            let len = Ring::new(self.region.get(), self.geometry).recv(self.received, timeout)?;
+            let len = self.ring().recv(self.received, timeout)?;
             self.received += 1;
             Ok((self.geometry.slot_of(self.received), len))
         }
 
         /// Release the last item received.
         pub fn release(&mut self) -> Result<()> {
-            Ring::new(self.region.get(), self.geometry).release(self.received)
+            self.ring().release(self.received)
         }
     }
 
@@ -1351,7 +1428,7 @@ pub mod __testing {
             if !self.region.is_home() {
                 return; // as `Endpoint`'s drop: a forked child's copy is the parent's
             }
-            Ring::new(self.region.get(), self.geometry).close_consumer(self.held);
+            self.ring().close_consumer(self.held);
         }
     }
 }

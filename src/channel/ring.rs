@@ -48,18 +48,45 @@
 //!   work matters: a producer that finds the consumer gone forces the release counter at its
 //!   own teardown, which must not free slots the consumer's GPU is still reading.
 //!
-//! Nothing here is ever reaped: a channel has one producer and (for now) one consumer for its
-//! whole life, so a dead or departed party ends the channel, and no slot can be re-claimed by a
-//! process that might be mid-claim.
+//! With one consumer nothing here is ever reaped: the channel has one producer and one
+//! consumer for its whole life, so a dead or departed party ends the channel, and no slot can
+//! be re-claimed by a process that might be mid-claim.
 //!
-//! # Room for broadcast
+//! # Broadcast (`consumers > 1`)
 //!
 //! The layout holds [`CONSUMER_ENTRIES`] consumer entries, each with its owner word, its
-//! `released` count and the envelope of its own GPU release counter; the handle says how many
-//! are in use (`consumers`, 1 today). Broadcast to several consumers is this layout with
-//! `consumers > 1`: a slot is free when *every* attached consumer released it (the producer's
-//! GPU waits on each consumer's counter), and each consumer keeps its own `received`. The
-//! handle format and the region layout stay as they are.
+//! `released` count, its doorbell and the envelope of its own GPU release counter; the handle
+//! says how many are in use. With more than one, consumers attach and leave while the producer
+//! runs:
+//!
+//! - **Attach** ([`Ring::attach_any`]): the first entry that is `Free` or `Left` is claimed
+//!   (`→ Claiming(me)`, a compare-exchange against the exact word seen); still `Claiming`, the
+//!   consumer reads `sent` with a read-modify-write and sets `released = sent`: it starts at
+//!   the next item. Then `Held`.
+//! - **Write** (producer, item `k`): every `Held` entry must have released `k − slots`; a
+//!   `Claiming` one blocks (it is choosing where it starts); `Free` and `Left` ones are not
+//!   waited for. With nobody attached, items are written and published for nobody.
+//! - **Leave** (consumer): `Held → Left` once its GPU work is done, as with one consumer; the
+//!   producer stops waiting for it, and the entry can be attached again.
+//! - **Reap** (only the producer, from its liveness check while it waits): a `Claiming` entry
+//!   of a dead process is freed; a `Held` one is moved to `Left` and reported, so that the
+//!   producer's GPU half forces that consumer's release counter to `sent` (its streams' waits
+//!   on the dead consumer then pass). Each is a compare-exchange against the exact word judged.
+//!
+//! Why a late consumer never reads an overwritten slot: the producer overwrites item `j`'s
+//! slot only when writing `j + slots`, after checking the entries, which follows its publish
+//! of `j + slots − 1`, a read-modify-write of `sent` like the attacher's read. Of the two, the
+//! later in `sent`'s modification order reads from the earlier: either the producer's check
+//! sees the claim (and waits for its releases), or the attacher reads `sent ≥ j` and starts
+//! after item `j`. Acquire and release on the read-modify-writes suffice, which loom checks
+//! exactly (`loom_tests`).
+//!
+//! | The other side is preempted or `SIGKILL`ed... | This side sees |
+//! |------------------------------------------------|----------------|
+//! | a consumer, inside its attach (`Claiming`) | the producer waits (bounded by its liveness check: a dead claimer's entry is freed) |
+//! | a consumer, attached, holding or releasing items | the producer waits for its releases until it is found dead, then detaches it; the other consumers see nothing |
+//! | a consumer, after its host release, before its GPU release ran | the producer's GPU waits on it stall until the host finds it dead (at the latest when the ring comes round to its unreleased slot), then its counter is forced |
+//! | the producer, at any point | every consumer: as with one consumer (`PeerGone`, or `ChannelClosed` after the last item) |
 
 use std::time::{Duration, Instant};
 
@@ -206,9 +233,24 @@ pub(crate) struct Geometry {
     pub(crate) slots: u64,
     /// Elements a slot can hold.
     pub(crate) capacity: u64,
+    /// Consumer entries in use, `1..=CONSUMER_ENTRIES`: 1 is a channel with one consumer for
+    /// its whole life; more is a broadcast channel, whose consumers attach and leave (see
+    /// the module docs).
+    pub(crate) consumers: u64,
 }
 
 impl Geometry {
+    /// Whether consumers attach and leave (more than one entry in use).
+    pub(crate) fn is_broadcast(&self) -> bool {
+        self.consumers > 1
+    }
+
+    /// The entries in use.
+    fn entries(&self) -> std::ops::Range<usize> {
+        // At most CONSUMER_ENTRIES (validated with the handle), so the cast is exact.
+        0..(self.consumers as usize).min(CONSUMER_ENTRIES)
+    }
+
     /// The slot item `k` (from 1) lives in.
     pub(crate) fn slot_of(&self, k: u64) -> usize {
         // `slots` ≤ MAX_SLOTS, so the remainder fits.
@@ -244,6 +286,18 @@ fn corrupt(defect: StateDefect) -> Error {
 pub(crate) struct Ring<'a> {
     pub(crate) state: &'a RingState,
     pub(crate) geometry: Geometry,
+    /// The consumer entry this side is (a consumer's own; 0 for the producer, which reads
+    /// every entry).
+    index: usize,
+}
+
+/// A consumer that attached to a broadcast channel: its entry, its owner word, and the items
+/// it starts after (it receives `start + 1` first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attached {
+    pub(crate) index: usize,
+    pub(crate) held: u64,
+    pub(crate) start: u64,
 }
 
 /// What a wait ends with when its condition is not met yet.
@@ -254,11 +308,21 @@ enum Step<T> {
 
 impl<'a> Ring<'a> {
     pub(crate) fn new(state: &'a RingState, geometry: Geometry) -> Self {
-        Self { state, geometry }
+        Self {
+            state,
+            geometry,
+            index: 0,
+        }
+    }
+
+    /// The protocol as consumer entry `index` sees it (a broadcast consumer's own entry).
+    pub(crate) fn at_entry(mut self, index: usize) -> Self {
+        self.index = index.min(CONSUMER_ENTRIES - 1);
+        self
     }
 
     fn entry(&self) -> &'a ConsumerEntry {
-        &self.state.consumer[0]
+        &self.state.consumer[self.index]
     }
 
     /// Wait for `poll` to be ready: spin, then sleep on `bell` (at most [`LIVENESS_CHECK`] at
@@ -267,7 +331,20 @@ impl<'a> Ring<'a> {
     /// once more after `peer` fails, so a failure is only reported on a re-read state.
     fn wait<T>(
         &self,
-        bell: &Doorbell,
+        bell: &'a Doorbell,
+        timeout: Duration,
+        what: &'static str,
+        poll: impl FnMut() -> Result<Step<T>>,
+        peer: impl FnMut() -> Result<()>,
+    ) -> Result<T> {
+        self.wait_on(|| bell, timeout, what, poll, peer)
+    }
+
+    /// [`wait`](Self::wait), sleeping on the bell `bell` names at each turn (read before the
+    /// poll; a poll that changes the answer turns again without sleeping).
+    fn wait_on<T>(
+        &self,
+        bell: impl Fn() -> &'a Doorbell,
         timeout: Duration,
         what: &'static str,
         mut poll: impl FnMut() -> Result<Step<T>>,
@@ -276,9 +353,13 @@ impl<'a> Ring<'a> {
         let start = Instant::now();
         let mut next_check = start + LIVENESS_CHECK;
         loop {
-            let ticket = bell.ticket();
+            let bell_now = bell();
+            let ticket = bell_now.ticket();
             if let Step::Ready(v) = poll()? {
                 return Ok(v);
+            }
+            if !std::ptr::eq(bell(), bell_now) {
+                continue; // another entry blocks now: sleep on its bell
             }
             // Under the model checker every step must be deterministic: the peer is checked at
             // every turn and the waiter yields, with no clock in any decision.
@@ -304,17 +385,40 @@ impl<'a> Ring<'a> {
                 crate::sync::spin_hint();
             } else {
                 let nap = (timeout - waited).min(next_check.saturating_duration_since(now));
-                bell.sleep(ticket, nap.max(Duration::from_micros(1)));
+                bell_now.sleep(ticket, nap.max(Duration::from_micros(1)));
             }
         }
     }
 
     // ---- producer side ----
 
-    /// Producer: whether item `k` may be written now.
-    fn slot_free(&self, k: u64) -> Result<bool> {
-        let released = self.entry().released.load(Ordering::Acquire);
+    /// Producer: whether item `k` may be written now: every consumer that may read the slot's
+    /// current item has released it. One consumer: entry 0, attached or not (it receives from
+    /// item 1 whenever it attaches). Broadcast: every `Held` entry; a `Claiming` one blocks
+    /// until it is `Held` (it is choosing where it starts) or reaped; `Free` and `Left` ones
+    /// read nothing. Also returns the entry that blocks, to sleep on its bell.
+    fn slot_free(&self, k: u64) -> Result<(bool, usize)> {
         let sent = self.state.sent.load(Ordering::Relaxed);
+        if !self.geometry.is_broadcast() {
+            return self.released_allows(0, k, sent).map(|free| (free, 0));
+        }
+        for i in self.geometry.entries() {
+            match self.state.consumer[i].owner.load().state {
+                OwnerState::Free | OwnerState::Left => {}
+                OwnerState::Claiming => return Ok((false, i)),
+                OwnerState::Held => {
+                    if !self.released_allows(i, k, sent)? {
+                        return Ok((false, i));
+                    }
+                }
+            }
+        }
+        Ok((true, 0))
+    }
+
+    /// Whether entry `i` has released far enough for item `k` to be written.
+    fn released_allows(&self, i: usize, k: u64, sent: u64) -> Result<bool> {
+        let released = self.state.consumer[i].released.load(Ordering::Acquire);
         // Both words are the peer's to scribble: bound `released` by `sent`, and add without
         // wrapping (`released = sent = u64::MAX` must read as corrupt, not as a full ring).
         let room = released.checked_add(self.geometry.slots);
@@ -329,8 +433,13 @@ impl<'a> Ring<'a> {
         }
     }
 
-    /// Producer: fail if the consumer closed or died (an unattached consumer is fine).
+    /// Producer: fail if the consumer closed or died (an unattached consumer is fine). A
+    /// broadcast channel has no such failure: consumers come and go (see
+    /// [`reap_dead_consumers`](Self::reap_dead_consumers)).
     pub(crate) fn consumer_status(&self) -> Result<()> {
+        if self.geometry.is_broadcast() {
+            return Ok(());
+        }
         let (owner, id) = self.entry().owner.load_identity();
         match owner.state {
             OwnerState::Free => Ok(()),
@@ -346,29 +455,85 @@ impl<'a> Ring<'a> {
         }
     }
 
+    /// Producer of a broadcast channel: detach every consumer proven dead. One killed
+    /// mid-attach (`Claiming`) is freed; one attached (`Held`) is moved to `Left` and its entry
+    /// passed to `detached` — the producer's GPU half then forces that consumer's release
+    /// counter to what was sent, so that its streams' waits on the dead consumer pass. Each
+    /// change is a compare-exchange against the exact word judged (a dead process's word does
+    /// not come back), and only the producer reaps, so no live claimer loses its entry.
+    pub(crate) fn reap_dead_consumers(&self, mut detached: impl FnMut(usize)) {
+        for i in self.geometry.entries() {
+            let slot = &self.state.consumer[i].owner;
+            let (owner, id) = slot.load_identity();
+            match owner.state {
+                OwnerState::Claiming if !alive(&id) => {
+                    slot.reap(owner.word);
+                }
+                OwnerState::Held
+                    if !alive(&id) && slot.transition(owner.word, OwnerState::Left) =>
+                {
+                    detached(i);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Producer: the consumers attached now (`Held`), by entry.
+    pub(crate) fn attached(&self) -> Vec<(usize, ProcessIdentity)> {
+        self.geometry
+            .entries()
+            .filter_map(|i| {
+                let (owner, id) = self.state.consumer[i].owner.load_identity();
+                (owner.state == OwnerState::Held).then_some((i, id))
+            })
+            .collect()
+    }
+
     /// Producer: whether item `k` may be written now, without waiting (`Ok(false)`: full).
-    /// A closed consumer is an error even with room left (nobody will read the item).
+    /// A closed consumer is an error even with room left (nobody will read the item); a
+    /// broadcast channel writes with no consumer attached (late consumers start after it).
     pub(crate) fn try_acquire(&self, k: u64) -> Result<bool> {
-        if self.entry().owner.load().state == OwnerState::Left {
+        if !self.geometry.is_broadcast() && self.entry().owner.load().state == OwnerState::Left {
             return self.consumer_status().map(|()| false);
         }
-        self.slot_free(k)
+        self.slot_free(k).map(|(free, _)| free)
     }
 
     /// Producer: wait until item `k` may be written, at most `timeout`.
     pub(crate) fn acquire(&self, k: u64, timeout: Duration) -> Result<()> {
-        self.wait(
-            &self.entry().released_bell,
+        self.acquire_detaching(k, timeout, |_| {})
+    }
+
+    /// [`acquire`](Self::acquire); in a broadcast channel, consumers found dead while waiting
+    /// are detached ([`reap_dead_consumers`](Self::reap_dead_consumers), each passed to
+    /// `detached`) and the wait goes on without them.
+    pub(crate) fn acquire_detaching(
+        &self,
+        k: u64,
+        timeout: Duration,
+        mut detached: impl FnMut(usize),
+    ) -> Result<()> {
+        let blocking = std::cell::Cell::new(0);
+        let broadcast = self.geometry.is_broadcast();
+        self.wait_on(
+            || &self.state.consumer[blocking.get()].released_bell,
             timeout,
             "IPC channel acquire (waiting for the consumer to release a slot)",
             || {
-                Ok(if self.try_acquire(k)? {
-                    Step::Ready(())
-                } else {
-                    Step::NotYet
-                })
+                if !broadcast && self.entry().owner.load().state == OwnerState::Left {
+                    self.consumer_status()?;
+                }
+                let (free, at) = self.slot_free(k)?;
+                blocking.set(at);
+                Ok(if free { Step::Ready(()) } else { Step::NotYet })
             },
-            || self.consumer_status(),
+            || {
+                if broadcast {
+                    self.reap_dead_consumers(&mut detached);
+                }
+                self.consumer_status()
+            },
         )
     }
 
@@ -399,7 +564,11 @@ impl<'a> Ring<'a> {
         for (k, len) in (first..first + count).zip(lens) {
             self.state.lens[self.geometry.slot_of(k)].store(len, Ordering::Relaxed);
         }
-        self.state.sent.store(first + count - 1, Ordering::Release);
+        // A read-modify-write, as a broadcast attach's read of `sent` is: of the two, the
+        // later in `sent`'s modification order reads from the earlier, so either the attacher
+        // starts after this item, or this producer's next check sees the attacher's claim
+        // (see `attach_any`).
+        self.state.sent.swap(first + count - 1, Ordering::AcqRel);
         self.state.sent_bell.ring();
         Ok(())
     }
@@ -530,6 +699,54 @@ impl<'a> Ring<'a> {
         Err(Error::ChannelInUse { pid: owner.pid })
     }
 
+    /// Consumer of a broadcast channel: attach to the first entry that is `Free` or `Left`
+    /// (`→ Claiming(me)`, a compare-exchange against the exact word seen), then, still
+    /// `Claiming`, read `sent` (a read-modify-write) and start there: `released = sent`, so
+    /// the first item received is the next one published. Then `Held`, and a ring of the
+    /// entry's bell (a producer waiting on the claim). Calls `pause` while the word reads
+    /// `Claiming` (the stress test stalls or dies there).
+    ///
+    /// Why the start is safe: the producer overwrites item `j`'s slot only when writing
+    /// `j + slots`, after checking every entry, and that check comes after its publish of
+    /// `j + slots − 1`, a read-modify-write of `sent` like ours. If our read of `sent` comes
+    /// first in its modification order, the producer's later publish reads from it, so its
+    /// check sees our claim and waits for our releases; if it comes later, we read
+    /// `sent ≥ j + slots − 1 ≥ j` and never receive item `j`. Loom checks this exactly (acquire
+    /// and release on read-modify-writes, no sequential consistency needed).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ChannelInUse`] when every entry is taken (naming the first entry's process).
+    pub(crate) fn attach_any(
+        &self,
+        me: &ProcessIdentity,
+        pause: impl FnOnce(),
+    ) -> Result<Attached> {
+        let mut pause = Some(pause);
+        for index in self.geometry.entries() {
+            let entry = &self.state.consumer[index];
+            let seen = entry.owner.load();
+            if !matches!(seen.state, OwnerState::Free | OwnerState::Left) {
+                continue;
+            }
+            let mut start = 0;
+            let claimed = entry.owner.claim_from(seen.word, me, || {
+                start = self.state.sent.fetch_add(0, Ordering::AcqRel);
+                entry.released.store(start, Ordering::Release);
+                if let Some(pause) = pause.take() {
+                    pause();
+                }
+            });
+            if let Some(held) = claimed {
+                entry.released_bell.ring();
+                return Ok(Attached { index, held, start });
+            }
+        }
+        Err(Error::ChannelInUse {
+            pid: self.state.consumer[0].owner.load().pid,
+        })
+    }
+
     /// Consumer: no more receives (`Held → Left`), then wake a sleeping producer.
     pub(crate) fn close_consumer(&self, held: u64) {
         self.entry().owner.transition(held, OwnerState::Left);
@@ -541,6 +758,7 @@ impl<'a> Ring<'a> {
 mod tests {
     //! Replays of the protocol's dangerous interleavings, one step at a time on one thread.
     use super::*;
+    use crate::owned_slot::Owner;
 
     fn ring(state: &RingState, slots: u64) -> Ring<'_> {
         Ring::new(
@@ -548,8 +766,187 @@ mod tests {
             Geometry {
                 slots,
                 capacity: 100,
+                consumers: 1,
             },
         )
+    }
+
+    /// A broadcast ring of `slots` slots and `consumers` entries.
+    fn broadcast(state: &RingState, slots: u64, consumers: u64) -> Ring<'_> {
+        Ring::new(
+            state,
+            Geometry {
+                slots,
+                capacity: 100,
+                consumers,
+            },
+        )
+    }
+
+    fn me() -> ProcessIdentity {
+        ProcessIdentity::current()
+    }
+
+    /// A consumer that attaches after items were sent starts at the next item; the producer
+    /// never waited for it before it attached, and waits for it from then on.
+    #[test]
+    fn a_late_consumer_starts_at_the_next_item_and_holds_the_producer_from_then_on() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 2, 3);
+        producer(&s);
+        for k in 1..=5 {
+            assert!(
+                p.try_acquire(k).unwrap(),
+                "nobody attached: item {k} is written"
+            );
+            p.publish(k, k).unwrap();
+        }
+        let a = p.attach_any(&me(), || {}).unwrap();
+        assert_eq!((a.index, a.start), (0, 5));
+        let c = broadcast(&s, 2, 3).at_entry(a.index);
+        assert_eq!(
+            c.try_recv(a.start).unwrap(),
+            None,
+            "items 1..=5 are not its"
+        );
+        assert!(p.try_acquire(6).unwrap() && p.try_acquire(7).unwrap());
+        p.publish(6, 60).unwrap();
+        p.publish(7, 70).unwrap();
+        assert!(
+            !p.try_acquire(8).unwrap(),
+            "item 6 is the late consumer's until released"
+        );
+        assert_eq!(c.try_recv(5).unwrap(), Some(60));
+        c.release(6).unwrap();
+        assert!(p.try_acquire(8).unwrap());
+    }
+
+    /// Every attached consumer must release a slot before it is written again; one slow
+    /// consumer holds the producer, a fast one does not free it.
+    #[test]
+    fn a_slot_comes_back_only_when_every_attached_consumer_released_it() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 1, 2);
+        producer(&s);
+        let a = p.attach_any(&me(), || {}).unwrap();
+        let b = p.attach_any(&me(), || {}).unwrap();
+        assert_eq!((a.index, b.index), (0, 1));
+        let (ca, cb) = (p_at(&s, 1, 2, a.index), p_at(&s, 1, 2, b.index));
+        p.publish(1, 10).unwrap();
+        assert_eq!(ca.try_recv(0).unwrap(), Some(10));
+        assert_eq!(cb.try_recv(0).unwrap(), Some(10));
+        ca.release(1).unwrap();
+        assert!(!p.try_acquire(2).unwrap(), "b still holds item 1");
+        cb.release(1).unwrap();
+        assert!(p.try_acquire(2).unwrap());
+    }
+
+    fn p_at(s: &RingState, slots: u64, consumers: u64, index: usize) -> Ring<'_> {
+        broadcast(s, slots, consumers).at_entry(index)
+    }
+
+    /// A consumer preempted inside its attach (`Claiming`) holds the producer back — it is
+    /// choosing where it starts — until it is `Held`; killed there, the producer's liveness
+    /// check frees the entry and goes on, and the entry can be attached again.
+    #[test]
+    fn a_consumer_killed_mid_attach_holds_the_producer_only_until_it_is_reaped() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 1, 2);
+        producer(&s);
+        let _stalled = s.consumer[0].owner.claim_and_stall(&dead()).unwrap();
+        assert!(!p.try_acquire(1).unwrap(), "a claim in progress blocks");
+        let mut detached = Vec::new();
+        p.acquire_detaching(1, Duration::from_secs(5), |i| detached.push(i))
+            .unwrap();
+        assert!(
+            detached.is_empty(),
+            "a claimer never attached: nothing to detach"
+        );
+        assert_eq!(s.consumer[0].owner.load().state, OwnerState::Free);
+        let again = p.attach_any(&me(), || {}).unwrap();
+        assert_eq!(again.index, 0);
+    }
+
+    /// A consumer that dies attached is detached (`Held → Left`, its entry reported so the
+    /// producer's GPU half forces its counter); the other consumers carry on.
+    #[test]
+    fn a_dead_consumer_is_detached_and_the_others_carry_on() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 1, 3);
+        producer(&s);
+        let live = p.attach_any(&me(), || {}).unwrap();
+        // A dead process's attached entry, as one killed while holding item 1.
+        let word = s.consumer[1].owner.claim_pausing(&dead(), || {}).unwrap();
+        assert_eq!(Owner::decode(word).state, OwnerState::Held);
+        p.publish(1, 1).unwrap();
+        let c = p_at(&s, 1, 3, live.index);
+        assert_eq!(c.try_recv(0).unwrap(), Some(1));
+        c.release(1).unwrap();
+        let mut detached = Vec::new();
+        p.acquire_detaching(2, Duration::from_secs(5), |i| detached.push(i))
+            .unwrap();
+        assert_eq!(detached, [1]);
+        assert_eq!(s.consumer[1].owner.load().state, OwnerState::Left);
+        assert_eq!(p.attached().len(), 1);
+        assert!(
+            p.consumer_status().is_ok(),
+            "a broadcast producer is not ended by a death"
+        );
+    }
+
+    /// A consumer that closed leaves its entry `Left`: the producer stops waiting for it, and
+    /// a new consumer takes the entry and starts at the next item.
+    #[test]
+    fn a_left_entry_is_taken_again_by_a_new_consumer_starting_at_the_next_item() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 1, 2);
+        producer(&s);
+        let first = p.attach_any(&me(), || {}).unwrap();
+        let _other = p.attach_any(&me(), || {}).unwrap();
+        p.publish(1, 1).unwrap();
+        p_at(&s, 1, 2, first.index).close_consumer(first.held);
+        assert!(
+            !p.try_acquire(2).unwrap(),
+            "the other consumer still holds item 1"
+        );
+        p_at(&s, 1, 2, 1).release(1).unwrap();
+        assert!(
+            p.try_acquire(2).unwrap(),
+            "the closed one is not waited for"
+        );
+        p.publish(2, 2).unwrap();
+        let again = p.attach_any(&me(), || {}).unwrap();
+        assert_eq!((again.index, again.start), (first.index, 2));
+        assert!(matches!(
+            p.attach_any(&me(), || {}),
+            Err(Error::ChannelInUse { .. })
+        ));
+    }
+
+    /// The race behind a late attach, in one order: the producer checks the entries (none
+    /// attached) for item 3 of a one-slot ring, then a consumer claims and reads `sent`, then
+    /// the producer writes and publishes item 3 (over item 2's slot). The consumer starts
+    /// after item 2 — it never receives the item whose slot was overwritten — and the
+    /// producer's next check waits for it.
+    #[test]
+    fn an_attach_between_the_producers_check_and_its_publish_starts_after_the_overwritten_item() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 1, 2);
+        producer(&s);
+        p.publish(1, 1).unwrap();
+        p.publish(2, 2).unwrap();
+        assert!(p.try_acquire(3).unwrap(), "nobody attached");
+        let a = p.attach_any(&me(), || {}).unwrap();
+        assert_eq!(
+            a.start, 2,
+            "item 2's slot is being overwritten: not received"
+        );
+        p.publish(3, 3).unwrap();
+        let c = p_at(&s, 1, 2, a.index);
+        assert_eq!(c.try_recv(a.start).unwrap(), Some(3));
+        assert!(!p.try_acquire(4).unwrap(), "item 3 is the consumer's");
+        c.release(3).unwrap();
+        assert!(p.try_acquire(4).unwrap());
     }
 
     #[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
@@ -822,7 +1219,56 @@ mod loom_tests {
     const GEOMETRY: Geometry = Geometry {
         slots: 1,
         capacity: 8,
+        consumers: 1,
     };
+
+    const BROADCAST: Geometry = Geometry {
+        slots: 1,
+        capacity: 8,
+        consumers: 2,
+    };
+
+    /// Broadcast, the race behind a late attach: a consumer attaches while the producer
+    /// writes two items through one slot (nobody attached before), takes the next item if it
+    /// is there yet, and closes. Whatever it received is the item right after its start, and
+    /// the slot holds that item both when received and just before it is released: the
+    /// producer never overwrites a slot the late consumer may read, in any interleaving.
+    #[test]
+    fn a_late_consumer_never_sees_an_overwritten_slot() {
+        model(|| {
+            let s = Arc::new(*RingState::boxed());
+            let data = Arc::new(AtomicU64::new(0));
+            s.producer
+                .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+                .unwrap();
+            let consumer = {
+                let (s, data) = (s.clone(), data.clone());
+                loom::thread::spawn(move || {
+                    loom_support::set_pid(2);
+                    let r = Ring::new(&s, BROADCAST);
+                    let a = r
+                        .attach_any(&ProcessIdentity::from_parts(2, 1), || {})
+                        .unwrap();
+                    let r = r.at_entry(a.index);
+                    let k = a.start + 1;
+                    if r.try_recv(a.start).unwrap().is_some() {
+                        assert_eq!(data.load(Ordering::Relaxed), k, "on receipt");
+                        assert_eq!(data.load(Ordering::Relaxed), k, "while held");
+                        r.release(k).unwrap();
+                    }
+                    r.close_consumer(a.held);
+                    a.start
+                })
+            };
+            let r = Ring::new(&s, BROADCAST);
+            for k in 1..=2 {
+                r.acquire(k, Duration::from_secs(3600)).unwrap();
+                data.store(k, Ordering::Relaxed);
+                r.publish(k, k).unwrap();
+            }
+            assert!(consumer.join().unwrap() <= 2);
+        });
+    }
 
     /// Three items through one slot: the consumer sees each item's contents (never a later
     /// item's, never an earlier one's), then "closed" — never before the last item.
