@@ -54,7 +54,8 @@ use ring::{Geometry, MAX_SLOTS, Ring, RingState};
 const MAGIC: u32 = u32::from_le_bytes(*b"CICH");
 /// Channel handle layout version.
 const VERSION: u16 = 1;
-/// Consumers a channel serves today (the layout has room for more; see `channel/ring.rs`).
+/// Consumer entries of a one-consumer channel ([`IpcSender::new`]); a broadcast channel has
+/// up to `CONSUMER_ENTRIES` ([`IpcSender::broadcast`]).
 const CONSUMERS: u32 = 1;
 /// Bytes of a channel's shared-memory name kept in its handle.
 const NAME_BYTES: usize = 64;
@@ -114,10 +115,11 @@ impl ChannelEnvelope {
         let bad_layout = |detail: String| bad(HandleDefect::Layout { detail });
         envelope::check_identity(self)?;
         envelope::check_integrity(self)?;
-        if self.consumers != CONSUMERS {
+        if self.consumers == 0 || self.consumers as usize > ring::CONSUMER_ENTRIES {
             return bad_layout(format!(
-                "{} consumers (this build serves {CONSUMERS})",
-                self.consumers
+                "{} consumers (1 to {})",
+                self.consumers,
+                ring::CONSUMER_ENTRIES
             ));
         }
         if self.slots == 0 || self.slots as usize > MAX_SLOTS {
@@ -422,13 +424,64 @@ impl<T: Pod> IpcSender<T> {
     /// error creating the region.
     #[doc(alias = "cuStreamWriteValue64")]
     pub fn new(ctx: &GpuContext, slots: usize, capacity: usize) -> Result<Self> {
-        let call = "IpcSender::new";
+        Self::with_consumers("IpcSender::new", ctx, slots, capacity, CONSUMERS as usize)
+    }
+
+    /// A broadcast channel: every item reaches every consumer attached when it is sent, up to
+    /// `consumers` of them at a time (2 to 8). Consumers attach with [`IpcReceiver::open`] at
+    /// any time and start at the next item; a slot is written again only once every attached
+    /// consumer released it; a consumer that closes is no longer waited for, and one that dies
+    /// is detached by the producer's next wait that it holds up (its release counter forced, so
+    /// that the producer's streams go on). With nobody attached, items are sent for nobody.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`Error::InvalidArgument`] for fewer than 2 or more than 8
+    /// consumers.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::GpuContext;
+    /// use cuda_ipc::channel::IpcSender;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let tx = IpcSender::<f32>::broadcast(&ctx, 4, 1 << 20, 3)?; // up to 3 consumers
+    /// let handle = tx.handle(); // every consumer opens the same handle
+    /// # let _ = handle;
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast(
+        ctx: &GpuContext,
+        slots: usize,
+        capacity: usize,
+        consumers: usize,
+    ) -> Result<Self> {
+        let call = "IpcSender::broadcast";
+        ArgumentDefect::check_range(
+            call,
+            "consumers",
+            consumers as u64,
+            2,
+            ring::CONSUMER_ENTRIES as u64,
+        )?;
+        Self::with_consumers(call, ctx, slots, capacity, consumers)
+    }
+
+    fn with_consumers(
+        call: &'static str,
+        ctx: &GpuContext,
+        slots: usize,
+        capacity: usize,
+        consumers: usize,
+    ) -> Result<Self> {
         let invalid = |defect| Error::InvalidArgument { call, defect };
         ArgumentDefect::check_range(call, "slots", slots as u64, 1, MAX_SLOTS as u64)?;
         let geometry = Geometry {
             slots: slots as u64,
             capacity: capacity as u64,
-            consumers: u64::from(CONSUMERS),
+            consumers: consumers as u64,
         };
         let size = std::mem::size_of::<T>() as u64;
         let too_big = || {
@@ -441,13 +494,17 @@ impl<T: Pod> IpcSender<T> {
         let total = usize::try_from(stride * geometry.slots).map_err(|_| too_big())?;
         let data = BufferCore::<T>::new(ctx, total)?;
         let sent = GpuSignal::new(ctx)?;
-        let released = GpuSignal::new(ctx)?;
-        let (data_env, sent_env, released_env) = (
-            data.export_handle::<crate::IpcBuffer<T>>("IpcSender::new")?
-                .env,
+        let released = (0..consumers)
+            .map(|_| GpuSignal::new(ctx))
+            .collect::<Result<Vec<_>>>()?;
+        let (data_env, sent_env) = (
+            data.export_handle::<crate::IpcBuffer<T>>(call)?.env,
             sent.handle()?.env,
-            released.handle()?.env,
         );
+        let released_envs = released
+            .iter()
+            .map(|r| r.handle().map(|h| h.env))
+            .collect::<Result<Vec<_>>>()?;
         let me = ProcessIdentity::current();
         let mut held = 0;
         let ring = ShmOptions::new(NAME_PREFIX)
@@ -455,7 +512,7 @@ impl<T: Pod> IpcSender<T> {
             .create_with(|s: &RingState| {
                 use crate::sync::Ordering::Relaxed;
                 s.slots.store(geometry.slots, Relaxed);
-                s.consumers.store(u64::from(CONSUMERS), Relaxed);
+                s.consumers.store(geometry.consumers, Relaxed);
                 s.capacity.store(geometry.capacity, Relaxed);
                 s.stride.store(stride, Relaxed);
                 s.elem_size.store(size, Relaxed);
@@ -464,7 +521,9 @@ impl<T: Pod> IpcSender<T> {
                 s.type_tag.store(type_tag_of::<T>(), Relaxed);
                 s.data.store(data_env);
                 s.sent_signal.store(sent_env);
-                s.consumer[0].released_signal.store(released_env);
+                for (entry, env) in s.consumer.iter().zip(&released_envs) {
+                    entry.released_signal.store(*env);
+                }
                 held = s.producer.claim_pausing(&me, || {}).ok_or(Error::Corrupt {
                     what: "IPC channel region (just created)",
                     defect: StateDefect::Missing {
@@ -490,7 +549,7 @@ impl<T: Pod> IpcSender<T> {
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
             slots: slots as u32,
-            consumers: CONSUMERS,
+            consumers: consumers as u32,
             capacity: geometry.capacity,
             stride,
             producer_pid: me.pid(),
@@ -508,6 +567,7 @@ impl<T: Pod> IpcSender<T> {
                 geometry,
                 stride,
                 held,
+                0,
                 (data, sent, released),
             ),
             next: 1,
@@ -546,8 +606,29 @@ impl<T: Pod> IpcSender<T> {
         stream: &'a S,
         timeout: Duration,
     ) -> Result<SendSlot<'a, T>> {
-        self.ring().acquire(self.next, wait_limit(timeout))?;
+        self.acquire_host(self.next, timeout)?;
         self.take_slot(stream)
+    }
+
+    /// The host half of an acquire of item `k`: wait for the slot; in a broadcast channel,
+    /// consumers found dead meanwhile are detached and their release counters forced.
+    pub(crate) fn acquire_host(&mut self, k: u64, timeout: Duration) -> Result<()> {
+        let mut detached = Vec::new();
+        let got = self
+            .ring()
+            .acquire_detaching(k, wait_limit(timeout), |i| detached.push(i));
+        self.end.force_detached(&detached);
+        got
+    }
+
+    /// The consumers attached now (a one-consumer channel: its consumer, once attached).
+    #[must_use]
+    pub fn consumers(&self) -> Vec<ProcessIdentity> {
+        self.ring()
+            .attached()
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect()
     }
 
     /// As [`acquire`](Self::acquire), without waiting: `Ok(None)` when the ring is full.
@@ -574,7 +655,7 @@ impl<T: Pod> IpcSender<T> {
             // this stream follows (at `send`, or when the slot is dropped), and the sender's
             // teardown (close, or a collect after its drop) waits for every recorded event before it
             // frees the counter.
-            unsafe { self.end.released.wait(stream, k - slots)? };
+            unsafe { self.end.wait_released(stream.as_cu_stream(), k - slots)? };
         }
         Ok(SendSlot {
             stream: stream.as_cu_stream(),
@@ -807,7 +888,7 @@ impl<T: Pod> IpcReceiver<T> {
                 (s.slots.load(Relaxed), geometry.slots, "slot count"),
                 (
                     s.consumers.load(Relaxed),
-                    u64::from(CONSUMERS),
+                    geometry.consumers,
                     "consumer count",
                 ),
                 (s.capacity.load(Relaxed), geometry.capacity, "capacity"),
@@ -844,12 +925,32 @@ impl<T: Pod> IpcReceiver<T> {
         let sent_env = s.sent_signal.load();
         by_producer(sent_env.exporter_pid, "send counter's exporter")?;
         let sent = GpuSignal::open(ctx, &IpcSignalHandle::from_envelope(sent_env))?;
-        let released_env = s.consumer[0].released_signal.load();
-        by_producer(released_env.exporter_pid, "release counter's exporter")?;
-        let released = GpuSignal::open(ctx, &IpcSignalHandle::from_envelope(released_env))?;
-        let held = Ring::new(s, geometry).attach(&me, || {})?;
-        // Attached: nobody else needs the name, and a name left behind would outlive a kill.
-        let _ = ring.unlink_shared();
+        let open_counter = |index: usize| {
+            let env = s.consumer[index].released_signal.load();
+            by_producer(env.exporter_pid, "release counter's exporter")?;
+            GpuSignal::open(ctx, &IpcSignalHandle::from_envelope(env))
+        };
+        let (entry, held, received, released) = if geometry.is_broadcast() {
+            // Any free entry; its counter opened before the claim, set to where we start
+            // while the entry still reads `Claiming` (see `Ring::attach_any_with`). The name
+            // stays: other consumers attach later (the producer's drop removes it).
+            let (attached, released) =
+                Ring::new(s, geometry).attach_any_with(&me, open_counter, |counter, start| {
+                    if start == 0 {
+                        Ok(()) // a new counter reads 0 already
+                    } else {
+                        counter.signal_host(start)
+                    }
+                })?;
+            (attached.index, attached.held, attached.start, released)
+        } else {
+            let released = open_counter(0)?;
+            let held = Ring::new(s, geometry).attach(&me, || {})?;
+            // Attached: nobody else needs the name, and a name left behind would outlive a
+            // kill.
+            let _ = ring.unlink_shared();
+            (0, held, 0, released)
+        };
         Ok(Self {
             end: Endpoint::new(
                 Role::Consumer,
@@ -857,9 +958,10 @@ impl<T: Pod> IpcReceiver<T> {
                 geometry,
                 stride,
                 held,
-                (data, sent, released),
+                entry,
+                (data, sent, vec![released]),
             ),
-            received: 0,
+            received,
         })
     }
 
@@ -1181,7 +1283,8 @@ mod tests {
             ),
             (layout, Box::new(|e| e.slots = 65)),
             (layout, Box::new(|e| e.slots = 0)),
-            (layout, Box::new(|e| e.consumers = 2)),
+            (layout, Box::new(|e| e.consumers = 9)),
+            (layout, Box::new(|e| e.consumers = 0)),
             (layout, Box::new(|e| e.stride = 100)),
             (layout, Box::new(|e| e.capacity = 0)),
             (layout, Box::new(|e| e.elem_align = 3)),

@@ -178,6 +178,28 @@ impl OwnedSlot {
         self.finish_claim(claiming, me)
     }
 
+    /// [`claim_from`](Self::claim_from) whose step while `Claiming` may refuse: when `step`
+    /// returns false the word goes back to `dead` (nobody but us can have changed it: only a
+    /// reaper that judged us dead would) and `None` is returned.
+    pub(crate) fn claim_from_unless(
+        &self,
+        dead: u64,
+        me: &ProcessIdentity,
+        step: impl FnOnce() -> bool,
+    ) -> Option<u64> {
+        let claiming = Owner::encode(OwnerState::Claiming, me)?;
+        self.owner
+            .compare_exchange(dead, claiming, Ordering::SeqCst, Ordering::Relaxed)
+            .ok()?;
+        if !step() {
+            let _ =
+                self.owner
+                    .compare_exchange(claiming, dead, Ordering::SeqCst, Ordering::Relaxed);
+            return None;
+        }
+        self.finish_claim(claiming, me)
+    }
+
     fn finish_claim(&self, claiming: u64, me: &ProcessIdentity) -> Option<u64> {
         self.pidfs_ino.store(ino_word(me), Ordering::Release);
         let held = Owner::decode(claiming).with_state(OwnerState::Held);

@@ -171,6 +171,42 @@ fn child_process() {
             // Receive `hold` items (releasing all but the last), then: "hold" dies holding it;
             // "after_release" releases it behind a 1 s kernel and dies; "close" drops the
             // receiver; "wait" waits for the parent's go first (back-pressure), then receives all.
+            // A consumer of a broadcast channel: receive until closed, checking every byte of
+            // item k = k (mod 256); "die" dies holding its 3rd item. Reports its first and last
+            // item and how many it received.
+            "broadcast_consumer" => {
+                let how = args[2].as_str();
+                let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
+                s.up.fetch_add(1, Ordering::SeqCst);
+                let (mut first, mut last, mut count) = (0u64, 0u64, 0u64);
+                loop {
+                    match rx.recv(&stream, WAIT) {
+                        Ok(item) => {
+                            let k = item.seq();
+                            if first == 0 {
+                                first = k;
+                            }
+                            assert!(last == 0 || k == last + 1, "item {k} after {last}");
+                            let host = item.to_vec(WAIT).unwrap();
+                            assert!(
+                                host.iter().all(|&b| b == k as u8),
+                                "item {k}: a byte differs"
+                            );
+                            last = k;
+                            count += 1;
+                            if how == "die" && count == 3 {
+                                die();
+                            }
+                            item.release().unwrap();
+                        }
+                        Err(Error::ChannelClosed { .. }) => break,
+                        Err(e) => panic!("broadcast consumer: {e}"),
+                    }
+                }
+                common::report(format!("first {first} last {last} count {count}"));
+                drop(rx);
+                0
+            }
             "consumer" => {
                 let how = args[2].as_str();
                 let hold: u64 = args[3].parse().unwrap();
@@ -804,6 +840,71 @@ fn a_dead_consumer_is_reported_and_nothing_hangs() {
         stream.synchronize().unwrap();
         assert_nothing_left(&before, how);
     }
+}
+
+/// A broadcast channel (issue 34): three consumers — two attached from the start, one of which
+/// dies holding its third item, and one attached mid-stream — every byte of every item
+/// checked by each. The live consumers receive every item from their start to the last, the
+/// late one starts after the first item; the dead one is detached and the producer sends on.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_broadcast_reaches_every_consumer_and_a_dead_one_is_detached() {
+    const N: u64 = 40;
+    const BYTES: usize = 64 << 10;
+    let _g = serial();
+    let _dog = watchdog("broadcast", Duration::from_secs(120));
+    let s = region();
+    let before = entries();
+    let ctx = gpu();
+    ctx.make_current().unwrap();
+    let module = Module::from_ptx(KERNELS, &[]).unwrap();
+    let fill = module.get_function("delay_fill").unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut tx = IpcSender::<u8>::broadcast(&ctx, 2, BYTES, 3).unwrap();
+    s.handle.store(tx.handle());
+    let dev = other_device().to_string();
+    let early = spawn("broadcast_consumer", &[s.name(), &dev, "live", "0"]);
+    let doomed = spawn("broadcast_consumer", &[s.name(), &dev, "die", "0"]);
+    wait_for("two consumers", WAIT, || s.up.load(Ordering::SeqCst) == 2);
+    assert_eq!(tx.consumers().len(), 2);
+    let mut late = None;
+    for k in 1..=N {
+        let slot = tx.acquire(&stream, WAIT).unwrap();
+        let ptr = slot.as_raw_ptr();
+        // SAFETY: delay_fill(ptr, n, value, delay_ns) writes BYTES bytes of the slot; the
+        // channel tracks the stream until the send after it has run.
+        unsafe {
+            launch!(fill<<<16, 256, 0, stream>>>(ptr, BYTES as u64, k as u32, 1_000u64)).unwrap();
+        }
+        slot.send(BYTES).unwrap();
+        if k == N / 2 {
+            late = Some(spawn("broadcast_consumer", &[s.name(), &dev, "live", "0"]));
+            wait_for("the late consumer", WAIT, || {
+                s.up.load(Ordering::SeqCst) == 3
+            });
+        }
+    }
+    tx.close().unwrap();
+    stream.synchronize().unwrap();
+    let parse = |out: Vec<String>| -> (u64, u64, u64) {
+        let w: Vec<u64> = out[0].split(' ').filter_map(|t| t.parse().ok()).collect();
+        (w[0], w[1], w[2])
+    };
+    let (first, last, count) = parse(early.expect_success(WAIT));
+    assert_eq!(
+        (first, last, count),
+        (1, N, N),
+        "the early consumer got every item"
+    );
+    let (first, last, count) = parse(late.unwrap().expect_success(WAIT));
+    assert!(
+        first > 1 && last == N && count == N - first + 1,
+        "late: {first} {last} {count}"
+    );
+    let (status, _) = doomed.wait(WAIT);
+    assert!(!status.success(), "the doomed consumer died");
+    println!("broadcast: {N} items to 3 consumers; the late one started at item {first}");
+    assert_nothing_left(&before, "after the broadcast");
 }
 
 /// Handles that must not open: the wrong element type, flipped bytes, the producer's own

@@ -96,14 +96,17 @@ impl<T: Pod> IpcSender<T> {
         let last = self.next + count - 1;
         // Item `last` may be written once `last − slots` is released, and releases come in
         // order: so may every item before it.
-        self.ring().acquire(last, wait_limit(timeout))?;
+        self.acquire_host(last, timeout)?;
         let waited = last > slots;
         if waited {
             // SAFETY: the counter stays mapped until this wait has completed: a `record` on
             // this stream follows (at `send`, or when the batch is dropped), and the sender's
             // teardown (close, or a collect after its drop) waits for every recorded event before it
             // frees the counter.
-            unsafe { self.end.released.wait(stream, last - slots)? };
+            unsafe {
+                self.end
+                    .wait_released(stream.as_cu_stream(), last - slots)?
+            };
         }
         Ok(SendBatch {
             stream: stream.as_cu_stream(),

@@ -43,11 +43,14 @@ use crate::signal::GpuSignal;
 /// An end being taken apart (see the module docs).
 pub(crate) struct Drain<T: Pod> {
     role: Role,
+    /// The consumer entry (0 for the producer).
+    entry: usize,
     region: ShmRegion<RingState>,
     geometry: Geometry,
     held: u64,
-    /// The slots' memory, `sent` and `released`.
-    parts: (BufferCore<T>, GpuSignal, GpuSignal),
+    /// The slots' memory, `sent` and the release counters (every entry's for the producer,
+    /// its own for a consumer).
+    parts: (BufferCore<T>, GpuSignal, Vec<GpuSignal>),
     inflight: InFlight,
     /// An operation may be on a stream untracked: the parts are leaked, whatever the events say.
     untracked: bool,
@@ -64,10 +67,11 @@ impl<T: Pod> Drain<T> {
     #[allow(clippy::too_many_arguments)] // an end's fields, moved in once
     pub(crate) fn start(
         role: Role,
+        entry: usize,
         region: ShmRegion<RingState>,
         geometry: Geometry,
         held: u64,
-        parts: (BufferCore<T>, GpuSignal, GpuSignal),
+        parts: (BufferCore<T>, GpuSignal, Vec<GpuSignal>),
         inflight: InFlight,
         untracked: bool,
         timeout: Duration,
@@ -75,6 +79,7 @@ impl<T: Pod> Drain<T> {
         let now = Instant::now();
         let drain = Self {
             role,
+            entry,
             region,
             geometry,
             held,
@@ -93,7 +98,7 @@ impl<T: Pod> Drain<T> {
     }
 
     fn ring(&self) -> Ring<'_> {
-        Ring::new(self.region.get(), self.geometry)
+        Ring::new(self.region.get(), self.geometry).at_entry(self.entry)
     }
 
     /// Whether the other end is gone so that our streams' waits on its counter will never be
@@ -118,12 +123,24 @@ impl<T: Pod> Drain<T> {
         let now = Instant::now();
         if !self.forced && now >= self.next_check {
             self.next_check = now + LIVENESS_CHECK;
-            if self.peer_gone() {
+            if self.role == Role::Producer && self.geometry.is_broadcast() {
+                // Consumers come and go: force the counters of those found dead (to what was
+                // sent: a later consumer of the entry starts there), and look again later.
+                let mut dead = Vec::new();
+                self.ring().reap_dead_consumers(|i| dead.push(i));
+                let sent = self.ring().sent();
+                for i in dead {
+                    if let Some(counter) = self.parts.2.get(i) {
+                        let _ = counter.signal_host(sent);
+                    }
+                }
+            } else if self.peer_gone() {
                 let waited_on = match self.role {
-                    Role::Producer => &self.parts.2,
-                    Role::Consumer => &self.parts.1,
+                    Role::Producer => self.parts.2.first(),
+                    Role::Consumer => Some(&self.parts.1),
                 };
-                self.forced = waited_on.signal_host(GpuSignal::MAX_VALUE).is_ok();
+                self.forced =
+                    waited_on.is_some_and(|c| c.signal_host(GpuSignal::MAX_VALUE).is_ok());
             }
         }
         false
@@ -193,11 +210,8 @@ impl<T: Pod> Drain<T> {
         let (data, sent, released) = parts;
         let deadline = crate::poll::Deadline::after(peer_wait);
         let left = || deadline.remaining();
-        let results = [
-            data.close(left()),
-            sent.close(left()),
-            released.close(left()),
-        ];
+        let mut results = vec![data.close(left()), sent.close(left())];
+        results.extend(released.into_iter().map(|counter| counter.close(left())));
         results.into_iter().collect::<Result<Vec<()>>>().map(drop)
     }
 }

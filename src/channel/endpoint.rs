@@ -13,7 +13,7 @@ use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::BufferCore;
 use crate::driver::{self, sys};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
@@ -42,8 +42,11 @@ pub(crate) struct Endpoint<T: Pod> {
     pub(crate) data: ManuallyDrop<BufferCore<T>>,
     /// Written by the producer's streams, waited on by the consumer's.
     pub(crate) sent: ManuallyDrop<GpuSignal>,
-    /// Written by the consumer's streams, waited on by the producer's.
-    pub(crate) released: ManuallyDrop<GpuSignal>,
+    /// Written by the consumers' streams, waited on by the producer's: the producer's holds
+    /// one per consumer entry (by entry), a consumer's only its own entry's.
+    pub(crate) released: ManuallyDrop<Vec<GpuSignal>>,
+    /// The consumer entry this end is (0 for the producer).
+    pub(crate) entry: usize,
     inflight: InFlight,
     /// The stream (its `cuStreamGetId`, if known) and value of our last counter write.
     last_signal: Option<(Option<u64>, u64)>,
@@ -61,7 +64,8 @@ impl<T: Pod> Endpoint<T> {
         geometry: Geometry,
         stride: u64,
         held: u64,
-        (data, sent, released): (BufferCore<T>, GpuSignal, GpuSignal),
+        entry: usize,
+        (data, sent, released): (BufferCore<T>, GpuSignal, Vec<GpuSignal>),
     ) -> Self {
         Self {
             role,
@@ -74,6 +78,7 @@ impl<T: Pod> Endpoint<T> {
             data: ManuallyDrop::new(data),
             sent: ManuallyDrop::new(sent),
             released: ManuallyDrop::new(released),
+            entry,
             untracked: false,
             torn_down: false,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
@@ -81,7 +86,43 @@ impl<T: Pod> Endpoint<T> {
     }
 
     pub(crate) fn ring(&self) -> Ring<'_> {
-        Ring::new(self.region.get(), self.geometry)
+        Ring::new(self.region.get(), self.geometry).at_entry(self.entry)
+    }
+
+    /// Producer: enqueue on `stream` a GPU wait for every attached consumer to have released
+    /// item `value` (entry 0 alone in a one-consumer channel, attached or not).
+    ///
+    /// # Safety
+    ///
+    /// As [`GpuSignal::wait`]: the caller records an event on `stream` after it, so that
+    /// teardown waits for it before the counters are closed.
+    pub(crate) unsafe fn wait_released(&self, stream: sys::CUstream, value: u64) -> Result<()> {
+        // SAFETY: the caller's live stream, borrowed for this call.
+        let raw = unsafe { crate::stream::RawStream::from_raw(stream) };
+        if !self.geometry.is_broadcast() {
+            // SAFETY: forwarded to the caller.
+            return unsafe { self.released[0].wait(&raw, value) };
+        }
+        for i in self.ring().held_entries() {
+            if let Some(counter) = self.released.get(i) {
+                // SAFETY: forwarded to the caller.
+                unsafe { counter.wait(&raw, value)? };
+            }
+        }
+        Ok(())
+    }
+
+    /// Producer of a broadcast channel: force the release counters of the `detached` entries
+    /// (their consumers died) to what was sent, so that our streams' waits on them pass; a
+    /// later consumer of the entry starts at or above it.
+    pub(crate) fn force_detached(&self, detached: &[usize]) {
+        let sent = self.ring().sent();
+        for &i in detached {
+            if let Some(counter) = self.released.get(i) {
+                // An error (the counter already at or past it) leaves nothing to force.
+                let _ = counter.signal_host(sent);
+            }
+        }
     }
 
     /// The device address of the slot that item `k` (from 1) uses.
@@ -124,7 +165,17 @@ impl<T: Pod> Endpoint<T> {
     pub(crate) fn signal(&mut self, stream: sys::CUstream, value: u64) -> Result<Result<()>> {
         let counter = match self.role {
             Role::Producer => self.sent.as_raw_ptr(),
-            Role::Consumer => self.released.as_raw_ptr(),
+            Role::Consumer => match self.released.first() {
+                Some(counter) => counter.as_raw_ptr(),
+                None => {
+                    return Err(Error::Corrupt {
+                        what: "IPC channel end",
+                        defect: crate::error::StateDefect::Missing {
+                            what: "the consumer's release counter",
+                        },
+                    });
+                }
+            },
         };
         let _g = self.data.context().enter()?;
         let id = crate::driver::stream::id(stream);
@@ -186,6 +237,7 @@ impl<T: Pod> Endpoint<T> {
         let inflight = std::mem::replace(&mut self.inflight, InFlight::new(data.context()));
         Some(Drain::start(
             self.role,
+            self.entry,
             region,
             self.geometry,
             self.held,

@@ -500,7 +500,9 @@ impl<'a> Ring<'a> {
         self.slot_free(k).map(|(free, _)| free)
     }
 
-    /// Producer: wait until item `k` may be written, at most `timeout`.
+    /// Producer: wait until item `k` may be written, at most `timeout` (the tests' shorthand
+    /// for [`acquire_detaching`](Self::acquire_detaching)).
+    #[cfg(test)]
     pub(crate) fn acquire(&self, k: u64, timeout: Duration) -> Result<()> {
         self.acquire_detaching(k, timeout, |_| {})
     }
@@ -745,6 +747,69 @@ impl<'a> Ring<'a> {
         Err(Error::ChannelInUse {
             pid: self.state.consumer[0].owner.load().pid,
         })
+    }
+
+    /// [`attach_any`](Self::attach_any) for the GPU half: `prepare(index)` runs for each
+    /// candidate entry before its claim (opening that entry's GPU release counter: a driver
+    /// call, kept out of the `Claiming` window that holds the producer), and
+    /// `in_claim(&prepared, start)` while `Claiming`, after `released = start` (setting the
+    /// GPU counter to `start`, so that a producer's GPU wait on it never waits for a value the
+    /// new consumer will not write). An error from either ends the attach; one from
+    /// `in_claim` first gives the entry back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ChannelInUse`] when every entry is taken; what `prepare` or `in_claim` returns.
+    pub(crate) fn attach_any_with<P>(
+        &self,
+        me: &ProcessIdentity,
+        mut prepare: impl FnMut(usize) -> Result<P>,
+        mut in_claim: impl FnMut(&P, u64) -> Result<()>,
+    ) -> Result<(Attached, P)> {
+        for index in self.geometry.entries() {
+            let entry = &self.state.consumer[index];
+            let seen = entry.owner.load();
+            if !matches!(seen.state, OwnerState::Free | OwnerState::Left) {
+                continue;
+            }
+            let prepared = prepare(index)?;
+            let mut start = 0;
+            let mut failed = None;
+            let claimed = entry.owner.claim_from_unless(seen.word, me, || {
+                start = self.state.sent.fetch_add(0, Ordering::AcqRel);
+                entry.released.store(start, Ordering::Release);
+                match in_claim(&prepared, start) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if let Some(held) = claimed {
+                entry.released_bell.ring();
+                return Ok((Attached { index, held, start }, prepared));
+            }
+        }
+        Err(Error::ChannelInUse {
+            pid: self.state.consumer[0].owner.load().pid,
+        })
+    }
+
+    /// Producer: the items published (the value a dead consumer's GPU counter is forced to).
+    pub(crate) fn sent(&self) -> u64 {
+        self.state.sent.load(Ordering::Acquire)
+    }
+
+    /// Producer: the entries whose consumer is attached now (`Held`): the counters its GPU
+    /// waits for before reusing a slot.
+    pub(crate) fn held_entries(&self) -> impl Iterator<Item = usize> + '_ {
+        self.geometry
+            .entries()
+            .filter(|&i| self.state.consumer[i].owner.load().state == OwnerState::Held)
     }
 
     /// Consumer: no more receives (`Held → Left`), then wake a sleeping producer.
