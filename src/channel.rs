@@ -641,7 +641,16 @@ impl<T: Pod> IpcSender<T> {
         stream: &'a S,
     ) -> Result<Option<SendSlot<'a, T>>> {
         if !self.ring().try_acquire(self.next)? {
-            return Ok(None);
+            if !self.end.geometry.is_broadcast() {
+                return Ok(None);
+            }
+            // Full: a dead consumer may be what holds it (a poller never waits, so detach here).
+            let mut detached = Vec::new();
+            self.ring().reap_dead_consumers(|i| detached.push(i));
+            self.end.force_detached(&detached);
+            if detached.is_empty() || !self.ring().try_acquire(self.next)? {
+                return Ok(None);
+            }
         }
         self.take_slot(stream).map(Some)
     }
