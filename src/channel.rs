@@ -694,7 +694,8 @@ impl<T: Pod> IpcSender<T> {
         self.end.data.context()
     }
 
-    /// The consumer, once one has attached.
+    /// The consumer, once one has attached (a one-consumer channel; for a broadcast channel
+    /// the first entry's, whoever holds it: see [`consumers`](Self::consumers)).
     pub fn consumer(&self) -> Option<ProcessIdentity> {
         let (owner, id) = self.end.region.get().consumer[0].owner.load_identity();
         (owner.state != crate::owned_slot::OwnerState::Free).then_some(id)
