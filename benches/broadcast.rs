@@ -11,6 +11,12 @@
 //!   consumer copies each item out of its slot into its own memory (`cuMemcpyDtoDAsync`),
 //!   releases it, and synchronises every 16 items. The summary gives the producer's items per
 //!   second and each consumer's GB/s for each consumer count, against one consumer.
+//! - host cost: 64 slots, every consumer releasing at once. The producer waits until every
+//!   consumer has released all it sent, then times 32 `acquire` + `send` calls in a row (no
+//!   host wait for room can occur: 32 of 64 slots are free), per item. This is what each
+//!   attached consumer adds on the producer's thread (a look at its entry, one
+//!   `cuStreamWaitValue64` enqueued per acquire), apart from GPU time-slicing; the summary
+//!   gives it per added consumer (goal ≤ 2 µs).
 //!
 //! Run: `cargo bench --bench broadcast` (under `cargo test` it only checks that it starts).
 
@@ -19,7 +25,7 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
@@ -38,6 +44,9 @@ const WAIT: Duration = Duration::from_secs(60);
 const CMD_IDLE: u32 = 0;
 const CMD_PING: u32 = 1;
 const CMD_STREAM: u32 = 2;
+const CMD_HOST: u32 = 3;
+const HOST_SLOTS: usize = 64;
+const HOST_BURST: u64 = 32;
 const CMD_EXIT: u32 = 9;
 
 #[derive(ShmSafe)]
@@ -51,6 +60,8 @@ struct Shared {
     /// Helpers attached to the phase's channel, and done with it (saw it closed).
     attached: AtomicU32,
     done: AtomicU32,
+    /// Items each helper has released in the current phase.
+    released: [AtomicU64; HELPERS],
 }
 
 fn stream_new() -> sys::CUstream {
@@ -127,6 +138,7 @@ fn helper(index: u32, region: &str) {
             }
             item.release().unwrap();
             n += 1;
+            s.released[index as usize].store(n, Ordering::Release);
             if cmd == CMD_STREAM && n.is_multiple_of(SYNC_EVERY) {
                 sync(stream);
             }
@@ -155,6 +167,9 @@ impl Bench<'_> {
         s.chan.store(tx.handle());
         s.attached.store(0, Ordering::Release);
         s.done.store(0, Ordering::Release);
+        for r in &s.released {
+            r.store(0, Ordering::Release);
+        }
         s.takers.store(consumers as u32, Ordering::Release);
         s.cmd.store(cmd, Ordering::Release);
         s.cmd_seq.fetch_add(1, Ordering::AcqRel);
@@ -180,6 +195,27 @@ impl Bench<'_> {
         let slot = tx.acquire(&rs, WAIT).unwrap();
         sync(self.stream);
         slot.send(PING_ELEMS).unwrap();
+    }
+
+    /// Host time per item of `HOST_BURST` acquire + send calls in a row, started once every
+    /// consumer has released all `sent` items so far (so no call waits for room).
+    fn host_burst(&self, tx: &mut IpcSender<u32>, consumers: usize, sent: &mut u64) -> f64 {
+        // SAFETY: as in `ping`.
+        let rs = unsafe { RawStream::from_raw(self.stream) };
+        let s = self.s;
+        spin("every consumer's releases", || {
+            s.released[..consumers]
+                .iter()
+                .all(|r| r.load(Ordering::Acquire) == *sent)
+        });
+        sync(self.stream);
+        let t = Instant::now();
+        for _ in 0..HOST_BURST {
+            tx.acquire(&rs, WAIT).unwrap().send(PING_ELEMS).unwrap();
+        }
+        let per = t.elapsed().as_nanos() as f64 / HOST_BURST as f64;
+        *sent += HOST_BURST;
+        per
     }
 
     /// Items per second the producer sends `items` items of `elems` u32 at, every consumer
@@ -265,6 +301,44 @@ fn main() {
                 p50 / 1000.0,
                 common::pct(&v, 0.9) / 1000.0,
                 p50 / base
+            );
+        }
+        // Host cost: each consumer count in turn, 9 rounds of 40 bursts each.
+        let mut host: Vec<Vec<f64>> = vec![Vec::new(); COUNTS.len()];
+        for _ in 0..9 {
+            for (i, &n) in COUNTS.iter().enumerate() {
+                let mut tx = b.phase(n, HOST_SLOTS, PING_ELEMS, CMD_HOST);
+                let mut sent = 0;
+                for _ in 0..40 {
+                    host[i].push(b.host_burst(&mut tx, n, &mut sent));
+                }
+                b.end(tx, n);
+            }
+        }
+        println!(
+            "\nsummary: broadcast host cost 1gpu, producer's acquire + send per item \
+             (no wait for room), p10 / p50 / p90"
+        );
+        println!("  consumers          p10         p50         p90   per added consumer");
+        let base = {
+            let mut v = host[0].clone();
+            v.sort_by(f64::total_cmp);
+            common::pct(&v, 0.5)
+        };
+        for (i, &n) in COUNTS.iter().enumerate() {
+            let mut v = host[i].clone();
+            v.sort_by(f64::total_cmp);
+            let p50 = common::pct(&v, 0.5);
+            let per = if n > 1 {
+                format!("{:.2} µs", (p50 - base) / 1000.0 / (n - 1) as f64)
+            } else {
+                "-".into()
+            };
+            println!(
+                "  {n:>9}  {:>8.2} µs {:>8.2} µs {:>8.2} µs   {per}",
+                common::pct(&v, 0.1) / 1000.0,
+                p50 / 1000.0,
+                common::pct(&v, 0.9) / 1000.0,
             );
         }
         for (label, bytes, items) in [("1MiB", 1usize << 20, 2_000u64), ("64MiB", 64 << 20, 200)] {

@@ -810,6 +810,7 @@ impl WaitError {
             WaitError::TimedOut => Error::Timeout {
                 what: "barrier wait",
                 waited,
+                waiting_for: None,
             },
             WaitError::Failed(e) => e,
         }

@@ -1186,6 +1186,7 @@ impl<T: Pod> Received<'_, T> {
             None => Error::Timeout {
                 what: "copy of a received IPC channel item to the host",
                 waited: timeout,
+                waiting_for: None,
             },
         })
     }

@@ -220,12 +220,16 @@ pub enum Error {
 
     /// A bounded wait ran out of time. The barrier is not poisoned: the caller withdrew its
     /// arrival and may wait again.
-    #[error("{what} timed out after {waited:?}")]
+    #[error("{what} timed out after {waited:?}{}", waiting_for_suffix(*.waiting_for))]
     Timeout {
         /// What was waited for.
         what: &'static str,
         /// How long.
         waited: Duration,
+        /// The live process that held the wait up, where one is known: a channel producer's
+        /// acquire names the consumer that has not released the slot (in a broadcast channel,
+        /// the slowest attached one), a receive names the producer.
+        waiting_for: Option<u32>,
     },
 
     /// A CUDA driver call failed.
@@ -490,6 +494,12 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+}
+
+/// The tail of a [`Error::Timeout`] message naming the process waited for.
+fn waiting_for_suffix(pid: Option<u32>) -> String {
+    pid.map(|pid| format!(" (waiting for pid {pid})"))
+        .unwrap_or_default()
 }
 
 impl Error {

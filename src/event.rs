@@ -277,6 +277,7 @@ impl GpuEvent {
                 return Err(Error::Timeout {
                     what: "IPC event synchronize",
                     waited,
+                    waiting_for: None,
                 });
             }
         }

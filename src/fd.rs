@@ -154,6 +154,7 @@ fn wait_ready(
         Ok(false) => Err(Error::Timeout {
             what,
             waited: timeout,
+            waiting_for: None,
         }),
         Err(e) => Err(os_error("poll", name, e)),
     }

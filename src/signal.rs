@@ -629,6 +629,7 @@ impl GpuSignal {
                 return Err(Error::Timeout {
                     what: "IPC signal wait",
                     waited,
+                    waiting_for: None,
                 });
             }
         }

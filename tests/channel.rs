@@ -115,6 +115,28 @@ fn attach(role: &str, args: &[&str]) -> Attached {
     }
 }
 
+/// Copy `len` bytes at `ptr` to the host on `stream` and check that every one is `value`.
+fn check_bytes(stream: &Stream, ptr: u64, len: usize, value: u8) {
+    let mut host = vec![0u8; len];
+    // SAFETY: `len` bytes of a received item, inside the mapping until its release; `host`
+    // lives until the stream is synchronised below.
+    let rc = unsafe {
+        cuda_ipc::driver::sys::cuMemcpyDtoHAsync_v2(
+            host.as_mut_ptr().cast(),
+            ptr,
+            len,
+            stream.as_inner().cast(),
+        )
+    };
+    assert_eq!(rc, 0, "cuMemcpyDtoHAsync");
+    stream.synchronize().unwrap();
+    let bad = host.iter().filter(|&&b| b != value).count();
+    assert_eq!(
+        bad, 0,
+        "item {value} (mod 256): {bad} of {len} bytes differ"
+    );
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
@@ -172,33 +194,61 @@ fn child_process() {
             // "after_release" releases it behind a 1 s kernel and dies; "close" drops the
             // receiver; "wait" waits for the parent's go first (back-pressure), then receives all.
             // A consumer of a broadcast channel: receive until closed, checking every byte of
-            // item k = k (mod 256); "die" dies holding its 3rd item. Reports its first and last
+            // item k = k (mod 256); "die" dies holding its 3rd item; "batch" receives in
+            // batches of up to 2 and with `try_recv`, in turn. Reports its first and last
             // item and how many it received.
             "broadcast_consumer" => {
                 let how = args[2].as_str();
                 let mut rx = IpcReceiver::<u8>::open(&ctx, &s.handle.load()).unwrap();
                 s.up.fetch_add(1, Ordering::SeqCst);
                 let (mut first, mut last, mut count) = (0u64, 0u64, 0u64);
+                let mut seen = |k: u64, ptr: u64, len: usize| {
+                    if first == 0 {
+                        first = k;
+                    }
+                    assert!(last == 0 || k == last + 1, "item {k} after {last}");
+                    check_bytes(&stream, ptr, len, k as u8);
+                    last = k;
+                    count += 1;
+                    count
+                };
+                let mut turn = 0u64;
                 loop {
-                    match rx.recv(&stream, WAIT) {
-                        Ok(item) => {
-                            let k = item.seq();
-                            if first == 0 {
-                                first = k;
+                    turn += 1;
+                    let result = if how == "batch" && turn.is_multiple_of(2) {
+                        rx.recv_batch(&stream, 2, WAIT).map(|batch| {
+                            for item in batch.items().collect::<Vec<_>>() {
+                                seen(item.seq, item.ptr, item.len);
                             }
-                            assert!(last == 0 || k == last + 1, "item {k} after {last}");
-                            let host = item.to_vec(WAIT).unwrap();
-                            assert!(
-                                host.iter().all(|&b| b == k as u8),
-                                "item {k}: a byte differs"
-                            );
-                            last = k;
-                            count += 1;
-                            if how == "die" && count == 3 {
+                            batch.release().unwrap();
+                        })
+                    } else if how == "batch" {
+                        let deadline = std::time::Instant::now() + WAIT;
+                        loop {
+                            match rx.try_recv(&stream) {
+                                Ok(Some(item)) => {
+                                    seen(item.seq(), item.as_raw_ptr(), item.len());
+                                    item.release().unwrap();
+                                    break Ok(());
+                                }
+                                Ok(None) => {
+                                    assert!(std::time::Instant::now() < deadline, "try_recv");
+                                    std::thread::sleep(Duration::from_micros(50));
+                                }
+                                Err(e) => break Err(e),
+                            }
+                        }
+                    } else {
+                        rx.recv(&stream, WAIT).map(|item| {
+                            let n = seen(item.seq(), item.as_raw_ptr(), item.len());
+                            if how == "die" && n == 3 {
                                 die();
                             }
                             item.release().unwrap();
-                        }
+                        })
+                    };
+                    match result {
+                        Ok(()) => {}
                         Err(Error::ChannelClosed { .. }) => break,
                         Err(e) => panic!("broadcast consumer: {e}"),
                     }
@@ -868,21 +918,50 @@ fn a_broadcast_reaches_every_consumer_and_a_dead_one_is_detached() {
     wait_for("two consumers", WAIT, || s.up.load(Ordering::SeqCst) == 2);
     assert_eq!(tx.consumers().len(), 2);
     let mut late = None;
-    for k in 1..=N {
-        let slot = tx.acquire(&stream, WAIT).unwrap();
-        let ptr = slot.as_raw_ptr();
+    let fill_at = |ptr: u64, k: u64| {
         // SAFETY: delay_fill(ptr, n, value, delay_ns) writes BYTES bytes of the slot; the
         // channel tracks the stream until the send after it has run.
         unsafe {
             launch!(fill<<<16, 256, 0, stream>>>(ptr, BYTES as u64, k as u32, 1_000u64)).unwrap();
         }
-        slot.send(BYTES).unwrap();
-        if k == N / 2 {
-            late = Some(spawn("broadcast_consumer", &[s.name(), &dev, "live", "0"]));
+    };
+    let mut k = 1;
+    while k <= N {
+        // In turn: `acquire`, `try_acquire` (polled), and a batch of two.
+        match k % 3 {
+            0 => {
+                let deadline = std::time::Instant::now() + WAIT;
+                let slot = loop {
+                    if let Some(slot) = tx.try_acquire(&stream).unwrap() {
+                        break slot;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "try_acquire");
+                    std::thread::sleep(Duration::from_micros(50));
+                };
+                fill_at(slot.as_raw_ptr(), k);
+                slot.send(BYTES).unwrap();
+            }
+            1 if k < N && k != N / 2 => {
+                let batch = tx.acquire_batch(&stream, 2, WAIT).unwrap();
+                for slot in batch.slots() {
+                    fill_at(slot.ptr, slot.seq);
+                }
+                batch.send(&[BYTES, BYTES]).unwrap();
+                k += 1;
+            }
+            _ => {
+                let slot = tx.acquire(&stream, WAIT).unwrap();
+                fill_at(slot.as_raw_ptr(), k);
+                slot.send(BYTES).unwrap();
+            }
+        }
+        if k >= N / 2 && late.is_none() {
+            late = Some(spawn("broadcast_consumer", &[s.name(), &dev, "batch", "0"]));
             wait_for("the late consumer", WAIT, || {
                 s.up.load(Ordering::SeqCst) == 3
             });
         }
+        k += 1;
     }
     tx.close().unwrap();
     stream.synchronize().unwrap();

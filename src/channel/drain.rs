@@ -205,6 +205,7 @@ impl<T: Pod> Drain<T> {
                     Role::Consumer => "IPC channel's GPU operations (mappings leaked, not closed)",
                 },
                 waited: timeout,
+                waiting_for: None,
             });
         }
         let (data, sent, released) = parts;

@@ -274,6 +274,18 @@ fn alive(id: &ProcessIdentity) -> bool {
     id.pid() < crate::barrier::loom_support::DEAD_FROM
 }
 
+/// `e` with the process it waited for named, if `e` is a time-out.
+fn waiting_for(e: Error, pid: Option<u32>) -> Error {
+    match e {
+        Error::Timeout { what, waited, .. } => Error::Timeout {
+            what,
+            waited,
+            waiting_for: pid,
+        },
+        other => other,
+    }
+}
+
 fn corrupt(defect: StateDefect) -> Error {
     Error::Corrupt {
         what: "IPC channel state",
@@ -379,7 +391,11 @@ impl<'a> Ring<'a> {
             }
             let waited = now - start;
             if waited >= timeout {
-                return Err(Error::Timeout { what, waited });
+                return Err(Error::Timeout {
+                    what,
+                    waited,
+                    waiting_for: None,
+                });
             }
             if waited < SPIN {
                 crate::sync::spin_hint();
@@ -518,7 +534,7 @@ impl<'a> Ring<'a> {
     ) -> Result<()> {
         let blocking = std::cell::Cell::new(0);
         let broadcast = self.geometry.is_broadcast();
-        self.wait_on(
+        let got = self.wait_on(
             || &self.state.consumer[blocking.get()].released_bell,
             timeout,
             "IPC channel acquire (waiting for the consumer to release a slot)",
@@ -536,7 +552,15 @@ impl<'a> Ring<'a> {
                 }
                 self.consumer_status()
             },
-        )
+        );
+        // A time-out names the consumer that held the slot, if one holds it still.
+        got.map_err(|e| waiting_for(e, self.holder(blocking.get())))
+    }
+
+    /// The pid of entry `i`'s consumer while it is attached or attaching.
+    fn holder(&self, i: usize) -> Option<u32> {
+        let owner = self.state.consumer.get(i)?.owner.load();
+        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(owner.pid)
     }
 
     /// Producer: publish item `k` of `len` elements (its GPU signal already enqueued).
@@ -672,6 +696,11 @@ impl<'a> Ring<'a> {
             },
             || self.producer_status(received),
         )
+        .map_err(|e| {
+            let producer = self.state.producer.load();
+            let live = matches!(producer.state, OwnerState::Claiming | OwnerState::Held);
+            waiting_for(e, live.then_some(producer.pid))
+        })
     }
 
     /// Consumer: hand item `k` back (its GPU release signal already enqueued).
@@ -719,34 +748,24 @@ impl<'a> Ring<'a> {
     /// # Errors
     ///
     /// [`Error::ChannelInUse`] when every entry is taken (naming the first entry's process).
+    #[cfg(any(test, loom, fuzzing, feature = "__testing"))]
     pub(crate) fn attach_any(
         &self,
         me: &ProcessIdentity,
         pause: impl FnOnce(),
     ) -> Result<Attached> {
         let mut pause = Some(pause);
-        for index in self.geometry.entries() {
-            let entry = &self.state.consumer[index];
-            let seen = entry.owner.load();
-            if !matches!(seen.state, OwnerState::Free | OwnerState::Left) {
-                continue;
-            }
-            let mut start = 0;
-            let claimed = entry.owner.claim_from(seen.word, me, || {
-                start = self.state.sent.fetch_add(0, Ordering::AcqRel);
-                entry.released.store(start, Ordering::Release);
+        let (attached, ()) = self.attach_any_with(
+            me,
+            |_| Ok(()),
+            |(), _| {
                 if let Some(pause) = pause.take() {
                     pause();
                 }
-            });
-            if let Some(held) = claimed {
-                entry.released_bell.ring();
-                return Ok(Attached { index, held, start });
-            }
-        }
-        Err(Error::ChannelInUse {
-            pid: self.state.consumer[0].owner.load().pid,
-        })
+                Ok(())
+            },
+        )?;
+        Ok(attached)
     }
 
     /// [`attach_any`](Self::attach_any) for the GPU half: `prepare(index)` runs for each
@@ -904,6 +923,38 @@ mod tests {
         assert!(!p.try_acquire(2).unwrap(), "b still holds item 1");
         cb.release(1).unwrap();
         assert!(p.try_acquire(2).unwrap());
+    }
+
+    /// A live consumer that stops releasing is back-pressure, not a death: the producer's
+    /// acquire times out naming that consumer's process, and nothing is detached; a receive
+    /// that times out names the producer.
+    #[test]
+    fn a_stalled_live_consumer_is_named_by_the_producers_time_out() {
+        let s = RingState::boxed();
+        let p = broadcast(&s, 1, 3);
+        producer(&s);
+        let fast = p.attach_any(&me(), || {}).unwrap();
+        let slow = p.attach_any(&me(), || {}).unwrap();
+        p.publish(1, 10).unwrap();
+        p_at(&s, 1, 3, fast.index).release(1).unwrap();
+        let mut detached = Vec::new();
+        let e = p
+            .acquire_detaching(2, Duration::from_millis(30), |i| detached.push(i))
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Timeout { waiting_for: Some(pid), .. } if pid == me().pid()),
+            "names the consumer: {e}"
+        );
+        assert!(e.to_string().contains("waiting for pid"), "{e}");
+        assert!(detached.is_empty(), "a live consumer is never detached");
+        assert_eq!(p.attached().len(), 2);
+        let e = p_at(&s, 1, 3, slow.index)
+            .recv(1, Duration::from_millis(30))
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Timeout { waiting_for: Some(pid), .. } if pid == me().pid()),
+            "a receive names the producer: {e}"
+        );
     }
 
     fn p_at(s: &RingState, slots: u64, consumers: u64, index: usize) -> Ring<'_> {
