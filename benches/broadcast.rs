@@ -10,7 +10,11 @@
 //! - `stream_1MiB`, `stream_64MiB`: 4 slots; the producer sends items (no writes) and every
 //!   consumer copies each item out of its slot into its own memory (`cuMemcpyDtoDAsync`),
 //!   releases it, and synchronises every 16 items. The summary gives the producer's items per
-//!   second and each consumer's GB/s for each consumer count, against one consumer.
+//!   second and each consumer's GB/s for each consumer count, against one consumer, and
+//!   against the same work without a broadcast: N one-consumer channels, one per consumer
+//!   process, the producer sending every item into each (on one GPU, N consumer processes
+//!   time-slice whichever channel feeds them; this baseline shows what the broadcast itself
+//!   costs or saves).
 //! - host cost: 64 slots, every consumer releasing at once. The producer waits until every
 //!   consumer has released all it sent, then times 32 `acquire` + `send` calls in a row (no
 //!   host wait for room can occur: 32 of 64 slots are free), per item. This is what each
@@ -45,6 +49,8 @@ const CMD_IDLE: u32 = 0;
 const CMD_PING: u32 = 1;
 const CMD_STREAM: u32 = 2;
 const CMD_HOST: u32 = 3;
+/// As `CMD_STREAM`, each helper on its own one-consumer channel (`chans[index]`).
+const CMD_FANOUT: u32 = 4;
 const HOST_SLOTS: usize = 64;
 const HOST_BURST: u64 = 32;
 const CMD_EXIT: u32 = 9;
@@ -53,6 +59,8 @@ const CMD_EXIT: u32 = 9;
 #[repr(C)]
 struct Shared {
     chan: ShmCell<IpcChannelHandle<u32>>,
+    /// The fan-out baseline's channels, one per helper.
+    chans: [ShmCell<IpcChannelHandle<u32>>; HELPERS],
     /// The phase's command, its number, and how many helpers take part (helpers 0..n).
     cmd: AtomicU32,
     cmd_seq: AtomicU32,
@@ -116,7 +124,13 @@ fn helper(index: u32, region: &str) {
         if index >= s.takers.load(Ordering::Acquire) || cmd == CMD_IDLE {
             continue;
         }
-        let mut rx = IpcReceiver::<u32>::open(&ctx, &s.chan.load()).unwrap();
+        let handle = if cmd == CMD_FANOUT {
+            s.chans[index as usize].load()
+        } else {
+            s.chan.load()
+        };
+        let mut rx = IpcReceiver::<u32>::open(&ctx, &handle).unwrap();
+        let copies = cmd == CMD_STREAM || cmd == CMD_FANOUT;
         s.attached.fetch_add(1, Ordering::AcqRel);
         let mut n = 0u64;
         loop {
@@ -125,7 +139,7 @@ fn helper(index: u32, region: &str) {
                 Err(Error::ChannelClosed { .. }) => break,
                 Err(e) => panic!("helper {index}: {e}"),
             };
-            if cmd == CMD_STREAM {
+            if copies {
                 let bytes = item.len() * 4;
                 // SAFETY: copies the item (inside the mapping until its release has run) into
                 // our own allocation, on our stream.
@@ -139,7 +153,7 @@ fn helper(index: u32, region: &str) {
             item.release().unwrap();
             n += 1;
             s.released[index as usize].store(n, Ordering::Release);
-            if cmd == CMD_STREAM && n.is_multiple_of(SYNC_EVERY) {
+            if copies && n.is_multiple_of(SYNC_EVERY) {
                 sync(stream);
             }
         }
@@ -177,6 +191,54 @@ impl Bench<'_> {
             s.attached.load(Ordering::Acquire) as usize == consumers
         });
         tx
+    }
+
+    /// The fan-out baseline: one one-consumer channel per helper, every helper attached.
+    fn phase_fanout(&self, consumers: usize, elems: usize) -> Vec<IpcSender<u32>> {
+        let s = self.s;
+        let txs: Vec<_> = (0..consumers)
+            .map(|i| {
+                let tx = IpcSender::<u32>::new(self.ctx, SLOTS, elems).unwrap();
+                s.chans[i].store(tx.handle());
+                tx
+            })
+            .collect();
+        s.attached.store(0, Ordering::Release);
+        s.done.store(0, Ordering::Release);
+        s.takers.store(consumers as u32, Ordering::Release);
+        s.cmd.store(CMD_FANOUT, Ordering::Release);
+        s.cmd_seq.fetch_add(1, Ordering::AcqRel);
+        spin("the consumers to attach", || {
+            s.attached.load(Ordering::Acquire) as usize == consumers
+        });
+        txs
+    }
+
+    /// Close the fan-out channels and wait until every helper has left its own.
+    fn end_fanout(&self, txs: Vec<IpcSender<u32>>) {
+        let n = txs.len();
+        for tx in txs {
+            tx.close().unwrap();
+        }
+        let s = self.s;
+        spin("the consumers to finish", || {
+            s.done.load(Ordering::Acquire) as usize == n
+        });
+    }
+
+    /// Items per second each of `items` items reaches every consumer of the fan-out baseline
+    /// (sent once into each channel).
+    fn fanout_rate(&self, txs: &mut [IpcSender<u32>], elems: usize, items: u64) -> f64 {
+        // SAFETY: as in `ping`.
+        let rs = unsafe { RawStream::from_raw(self.stream) };
+        let t = Instant::now();
+        for _ in 0..items {
+            for tx in txs.iter_mut() {
+                tx.acquire(&rs, WAIT).unwrap().send(elems).unwrap();
+            }
+        }
+        sync(self.stream);
+        items as f64 / t.elapsed().as_secs_f64()
     }
 
     /// Close the phase's channel and wait until every helper has left it.
@@ -346,26 +408,34 @@ fn main() {
             println!(
                 "\nsummary: broadcast stream {label} 1gpu, {SLOTS} slots (median of 5 phases)"
             );
-            println!("  consumers   items/s   GB/s per consumer   /1 consumer");
+            println!(
+                "  consumers   items/s   GB/s per consumer   /1 consumer   fan-out items/s   \
+                 broadcast / fan-out"
+            );
             let mut base = 0.0;
             for &n in &COUNTS {
-                let mut rates: Vec<f64> = (0..5)
-                    .map(|_| {
-                        let mut tx = b.phase(n, SLOTS, elems, CMD_STREAM);
-                        let r = b.stream_rate(&mut tx, elems, items);
-                        b.end(tx, n);
-                        r
-                    })
-                    .collect();
+                // Broadcast and fan-out phases alternate, so that both see the same machine.
+                let mut rates = Vec::new();
+                let mut fanout = Vec::new();
+                for _ in 0..5 {
+                    let mut tx = b.phase(n, SLOTS, elems, CMD_STREAM);
+                    rates.push(b.stream_rate(&mut tx, elems, items));
+                    b.end(tx, n);
+                    let mut txs = b.phase_fanout(n, elems);
+                    fanout.push(b.fanout_rate(&mut txs, elems, items));
+                    b.end_fanout(txs);
+                }
                 rates.sort_by(f64::total_cmp);
-                let r = rates[2];
+                fanout.sort_by(f64::total_cmp);
+                let (r, f) = (rates[2], fanout[2]);
                 if n == 1 {
                     base = r;
                 }
                 println!(
-                    "  {n:>9}  {r:>8.0}   {:>17.1}   {:>10.3}",
+                    "  {n:>9}  {r:>8.0}   {:>17.1}   {:>10.3}   {f:>15.0}   {:>10.3}",
                     r * bytes as f64 / 1e9,
-                    r / base
+                    r / base,
+                    r / f
                 );
             }
         }
