@@ -98,7 +98,7 @@ pub(crate) fn to_py(e: cuda_ipc::Error) -> PyErr {
             (PeerGone::new_err(message), Some(*pid), Some(role))
         }
         E::StaleHandle { .. } => (StaleHandle::new_err(message), None, None),
-        E::Timeout { .. } => (Timeout::new_err(message), None, None),
+        E::Timeout { waiting_for, .. } => (Timeout::new_err(message), *waiting_for, None),
         E::CorruptHandle { .. } | E::TypeMismatch { .. } | E::LengthMismatch { .. } => {
             (CorruptHandle::new_err(message), None, None)
         }
