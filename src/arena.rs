@@ -503,24 +503,17 @@ struct RawArenaHandle {
 
 const _: () = assert!(std::mem::size_of::<RawArenaHandle>() == 80);
 
-impl envelope::Sealed for RawArenaHandle {
-    /// "CIPA" little-endian, layout version 1.
-    const FORMAT: envelope::Format = envelope::Format {
+// "CIPA" little-endian, layout version 1.
+envelope::sealed_format!(
+    RawArenaHandle,
+    envelope::Format {
         magic: u32::from_le_bytes(*b"CIPA"),
         version: 1,
         versions: &[1],
         what: "an arena handle",
-    };
-    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
-        (&mut self.magic, &mut self.version, &mut self.checksum)
-    }
-    fn header(&self) -> (u32, u16, u64) {
-        (self.magic, self.version, self.checksum)
-    }
-    fn reserved_zero(&self) -> bool {
-        self.reserved0 == 0 && self.reserved1 == 0
-    }
-}
+    },
+    |raw| raw.reserved0 == 0 && raw.reserved1 == 0
+);
 
 /// A buffer of an [`IpcArena`], as another process names it: arena id, block index, generation,
 /// byte offset, length and the element type's size, alignment and tag, checksummed; 80 bytes of

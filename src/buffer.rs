@@ -1,138 +1,58 @@
 //! [`IpcBuffer<T>`]: device memory that another process can map, with typed handles, an import
 //! cache, and leases that keep the exporter from freeing memory still mapped elsewhere.
 //!
+//! # What each role holds
+//!
+//! An [`IpcBuffer`] is its memory ([`GpuSlice`]) and what the memory is (`export::Export`: a
+//! `cuMemAlloc` allocation, a POSIX-fd allocation, or a pool's); an [`ImportedBuffer`] is its
+//! view and what it maps (`import::Import`: a mapping shared through the import cache, or a
+//! hold on a pool buffer). Each public method matches on its own role's enum: nothing is
+//! shared between the roles but the slice. A signal's counter and a channel's slots, which
+//! one process owns and another maps, hold a `Side` (either role).
+//!
 //! # The way a call goes
 //!
-//! Exporting (`IpcBuffer::handle`): this file asks the driver for the export
+//! Exporting (`IpcBuffer::handle`): `buffer/export.rs` asks the driver for the export
 //! (`driver/ipc.rs`, `cuIpcGetMemHandle`; a POSIX-fd buffer's memory is `vmm.rs`'s), publishes
 //! the export's block in this process's registry (`ledger/registry.rs`, which writes
 //! `ledger/table.rs`'s block table) and seals the envelope (`handle.rs`, sealed by
 //! `envelope.rs`).
 //!
-//! Opening (`ImportedBuffer::open`): this file has the handle admitted (`handle.rs`: its kind's
-//! checks after `envelope.rs`'s, then the exporter, `process.rs`), looks the export up in the
-//! import cache (`ledger/cache.rs`) and, on a miss, enters the export's block
+//! Opening (`ImportedBuffer::open`): `buffer/import.rs` has the handle admitted (`handle.rs`:
+//! its kind's checks after `envelope.rs`'s, then the exporter, `process.rs`), looks the export
+//! up in the import cache (`ledger/cache.rs`) and, on a miss, enters the export's block
 //! (`ledger/registry.rs`: the exporter's lease table once per exporter, `ledger/lease.rs`, then
 //! the block, `ledger/table.rs`), and only then maps it (`driver/ipc.rs` or `vmm.rs`). Each file
-//! is left once; nothing calls back into this one.
+//! is left once; nothing calls back into this one. A raw handle (PyTorch, CuPy, C++) is opened
+//! by `raw.rs`, through the same cache.
 //!
 //! Dropping an exported buffer retires its block (`ledger/registry.rs`) and frees the memory at
 //! once or hands it to the deferred frees (`ledger/deferred.rs`); dropping the last view of an
 //! import unmaps it, then leaves the block.
 
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+mod export;
+pub(crate) mod import;
 
-use crate::ledger::cache::{Dying, ImportCache};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
 use bytemuck::Pod;
+
+pub(crate) use export::Export;
+pub(crate) use import::Import;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::driver::{self, sys};
-use crate::error::{
-    ArgumentDefect, Capability, CloseError, Error, HandleDefect, ObjectState, Result, StateDefect,
-    TypeConflict,
-};
-use crate::handle::{
-    Envelope, Handle, HandleKind, HandleType, IpcMemHandle, check_element, type_tag_of,
-};
-use crate::ledger::deferred;
-use crate::ledger::registry::{self, Hold, Record};
-use crate::poll::Backoff;
-use crate::pool::{IpcPoolHandle, PoolAlloc, PoolHandle, PoolHold};
+use crate::error::{ArgumentDefect, CloseError, Error, ObjectState, Result, TypeConflict};
+use crate::handle::{Handle, HandleKind, HandleType, IpcMemHandle};
+use crate::pool::{IpcPoolHandle, PoolHandle};
 use crate::process::ProcessIdentity;
-use crate::raw::{RawExport, RawImport, RawMemHandle};
+use crate::raw::{RawExport, RawImport};
 use crate::slice::GpuSlice;
-use crate::vmm::{Access, VmmMemory};
 
 /// Export generations of this process, one per exported buffer or event.
 pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
-
-/// Import cache key: the export token, the importing context, and the envelope kind (a signal's
-/// counter and a buffer never share a mapping record, whatever a forged envelope claims).
-/// An export (its token padded to 64 bytes, or a raw handle's 64 bytes), the context, and the
-/// kind of handle that opened it ([`KIND_RAW`] for raw handles).
-/// A read-only import ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer)) is a mapping of its own
-/// (the last field), never shared with a read-write one.
-type Key = ([u8; 64], usize, u16, Access);
-
-/// The cache kind of raw handles (not an envelope kind: they have no envelope).
-const KIND_RAW: u16 = u16::MAX;
-
-/// What the first open of a mapping described, which every later open must match.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Described {
-    /// From an envelope: element size, alignment, type tag and length.
-    Envelope(u32, u32, u64, u64),
-    /// From a raw handle: nothing beyond the bytes mapped (views may take any range of them).
-    Raw,
-}
-
-/// Live imports of this process, so that opening a buffer again shares one mapping and the
-/// driver's close runs once. A mapping being closed is waited for, never opened again beside
-/// its close (the driver has one mapping of an export per context: the close would unmap both).
-static CACHE: ImportCache<Key, Mapping> = ImportCache::new(Dying::WaitForIt);
-
-/// One `cuIpcOpenMemHandle` mapping, shared by every [`IpcBuffer`] view of it in this process.
-struct Mapping {
-    ctx: GpuContext,
-    ptr: sys::CUdeviceptr,
-    /// Bytes mapped from `ptr` on, as the driver reports the allocation
-    /// (`cuPointerGetAttributes`): no view may reach past them, whatever an envelope says.
-    mapped: usize,
-    /// What the envelope that created the mapping described: element size, alignment, type
-    /// tag and length. Every later open of the same export must describe the same.
-    described: Described,
-    key: Key,
-    /// The exporting process (for a raw handle: only if the caller named it).
-    exporter: Option<ProcessIdentity>,
-    /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
-    /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
-    exporter_seen_alive: AtomicU64,
-    /// For a POSIX-fd import: the imported allocation and its mapping (taken and torn down in
-    /// `drop`); `None` for legacy handles, closed with `cuIpcCloseMemHandle`.
-    vmm: Option<VmmMemory>,
-    // Dropped after `drop` has unmapped: the exporter may free once the hold is gone. Raw
-    // handles have none (a foreign exporter keeps no ledger).
-    hold: Option<Hold>,
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        if let Some(vmm) = self.vmm.take() {
-            drop(vmm); // unmap, free the range, release the imported handle
-        } else if let Ok(_g) = self.ctx.enter() {
-            // SAFETY: `ptr` came from cuIpcOpenMemHandle in this context and is closed exactly
-            // once, here, when the last view is gone. Drop cannot report a failure.
-            let _ = unsafe { driver::ipc::close_mem_handle(self.ptr) };
-        }
-        // Closed: the export may be opened again (a lookup meanwhile waited for this).
-        CACHE.forget(&self.key);
-    }
-}
-
-struct Export {
-    uuid: [u8; 16],
-    /// The export's block in this process's registry, published at the first export (a
-    /// buffer never exported has none); moved to the deferred-free list when the buffer is
-    /// dropped while mapped elsewhere.
-    record: parking_lot::Mutex<Option<Record>>,
-    released: bool,
-    /// For a POSIX-fd buffer: the allocation (released in `release`); `None`: `cuMemAlloc`.
-    vmm: Option<VmmMemory>,
-}
-
-enum Origin {
-    Exported(Export),
-    Imported(Arc<Mapping>),
-    /// A [`HandleType::Pool`] buffer: an allocation of a pool this process shares between such
-    /// buffers (the pool's table holds its importers and generation).
-    Pooled(PoolAlloc),
-    /// An imported [`HandleType::Pool`] buffer: a hold on this process's import of it.
-    PoolImported(PoolHold),
-}
 
 /// Device memory this process allocated, holding `len` values of `T`, that other processes can
 /// map through a typed [`IpcMemHandle<T>`]: they open it as an [`ImportedBuffer<T>`].
@@ -209,7 +129,8 @@ enum Origin {
 /// # Ok(()) }
 /// ```
 pub struct IpcBuffer<T: Pod> {
-    core: BufferCore<T>,
+    slice: GpuSlice<T>,
+    export: Export,
     /// Set by [`read_only_for_importers`](IpcBuffer::read_only_for_importers): every handle
     /// says so, and importers must open it read-only.
     read_only: bool,
@@ -220,7 +141,7 @@ impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
 
     /// The buffer's memory: length, address, copies and memsets.
     fn deref(&self) -> &GpuSlice<T> {
-        &self.core.slice
+        &self.slice
     }
 }
 
@@ -289,10 +210,7 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuMemCreate")]
     #[doc(alias = "cuMemMap")]
     pub fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
-        BufferCore::new_with(ctx, len, handle_type).map(|core| Self {
-            core,
-            read_only: false,
-        })
+        Self::allocate(ctx, len, handle_type)
     }
 
     /// [`new`](Self::new), then fill with zero bytes; the zeroes are on the device when it
@@ -318,10 +236,7 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// As [`new_with`](Self::new_with) and [`zeroed`](Self::zeroed).
     pub fn zeroed_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
-        BufferCore::zeroed_with(ctx, len, handle_type).map(|core| Self {
-            core,
-            read_only: false,
-        })
+        Self::allocate_zeroed(ctx, len, handle_type)
     }
 
     /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
@@ -340,7 +255,8 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
         self.check_read_only_shareable()?;
-        Ok(self.core.handle()?.marked_read_only_if(self.read_only))
+        let handle: IpcMemHandle<T> = self.export_handle()?;
+        Ok(handle.marked_read_only_if(self.read_only))
     }
 
     /// Share this buffer **read-only**: every handle it exports from now on says so
@@ -385,7 +301,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// A legacy buffer shared read-only cannot be exported: the driver would map it
     /// read-write in every importer.
     fn check_read_only_shareable(&self) -> Result<()> {
-        if self.read_only && self.core.handle_type() == HandleType::Legacy {
+        if self.read_only && self.handle_type() == HandleType::Legacy {
             return Err(Error::HandleTypeMismatch {
                 handle: HandleType::Legacy,
                 conflict: TypeConflict::NoReadOnlyMapping,
@@ -426,7 +342,20 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
-        let (handle, fd) = self.core.export_fd()?;
+        let memory = match &self.export {
+            Export::Vmm {
+                memory: Some(m), ..
+            } => m,
+            Export::Pooled(_) => return Err(pooled()),
+            Export::Vmm { .. } | Export::Legacy { .. } => {
+                return Err(Error::HandleTypeMismatch {
+                    handle: HandleType::Legacy,
+                    conflict: TypeConflict::Needs(HandleType::PosixFd),
+                });
+            }
+        };
+        let handle: IpcMemHandle<T> = self.export_handle()?;
+        let fd = memory.export_fd()?;
         Ok((handle.marked_read_only_if(self.read_only), fd))
     }
 
@@ -463,7 +392,14 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemPoolExportPointer")]
     pub fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
-        let (pool, fd, buffer) = self.core.export_pooled()?;
+        let Export::Pooled(alloc) = &self.export else {
+            return Err(Error::HandleTypeMismatch {
+                handle: self.handle_type(),
+                conflict: TypeConflict::Needs(HandleType::Pool),
+            });
+        };
+        let (pool, fd) = alloc.pool().export_fd()?;
+        let buffer = alloc.handle(self.slice.len)?;
         Ok((pool.marked_read_only_if(self.read_only), fd, buffer))
     }
 
@@ -500,13 +436,27 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        self.core.grant_access(ctx)
+        match &self.export {
+            Export::Pooled(alloc) => alloc.grant(ctx),
+            Export::Vmm {
+                memory: Some(memory),
+                ..
+            } => memory.grant(ctx),
+            Export::Vmm { .. } | Export::Legacy { .. } => {
+                device::check_peer(ctx.ordinal(), self.slice.ctx.ordinal())?;
+                ctx.enable_peer_access(&self.slice.ctx)
+            }
+        }
     }
 
     /// How this buffer's memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`]
     /// (an `Auto` request resolved).
     pub fn handle_type(&self) -> HandleType {
-        self.core.handle_type()
+        match &self.export {
+            Export::Legacy { .. } => HandleType::Legacy,
+            Export::Vmm { .. } => HandleType::PosixFd,
+            Export::Pooled(_) => HandleType::Pool,
+        }
     }
 
     /// The raw legacy IPC handle of this exported buffer, for a peer that does not use this
@@ -539,13 +489,34 @@ impl<T: Pod> IpcBuffer<T> {
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn raw_export(&self) -> Result<RawExport> {
         self.check_read_only_shareable()?;
-        self.core.raw_export()
+        let published = match &self.export {
+            Export::Legacy { published, .. } => published,
+            Export::Vmm { .. } | Export::Pooled(_) => {
+                return Err(Error::HandleTypeMismatch {
+                    handle: self.handle_type(),
+                    conflict: TypeConflict::Needs(HandleType::Legacy),
+                });
+            }
+        };
+        Ok(RawExport {
+            handle: self.legacy_ipc_handle()?,
+            offset: 0,
+            bytes: self.byte_len() as u64,
+            device_uuid: published.uuid(),
+            device_ordinal: self.slice.ctx.ordinal(),
+            exporter_pid: std::process::id(),
+        })
     }
 
     /// For an exported buffer: the pids of the live processes that import it now (dead ones
     /// are left out).
     pub fn importers(&self) -> Vec<u32> {
-        self.core.importers()
+        match &self.export {
+            Export::Legacy { published, .. } | Export::Vmm { published, .. } => {
+                published.importers()
+            }
+            Export::Pooled(alloc) => alloc.importers(),
+        }
     }
 
     /// Close the buffer and report what drop would hide: mark it closing (new opens are
@@ -589,13 +560,10 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemFree")]
     pub fn close(self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
-        let Self {
-            mut core,
-            read_only,
-        } = self;
-        match core.close_in_place(timeout) {
-            Ok(()) => Ok(()),
-            Err(error) => Err(CloseError::new(error, Self { core, read_only })),
+        let mut buf = self;
+        match buf.close_in_place(timeout) {
+            Ok(()) => Ok(()), // released: its drop has nothing left to do
+            Err(error) => Err(CloseError::new(error, buf)),
         }
     }
 }
@@ -647,7 +615,8 @@ impl<T: Pod> IpcBuffer<T> {
 /// }
 /// ```
 pub struct ImportedBuffer<T: Pod> {
-    core: BufferCore<T>,
+    slice: GpuSlice<T>,
+    import: Import,
 }
 
 impl<T: Pod> std::ops::Deref for ImportedBuffer<T> {
@@ -655,7 +624,7 @@ impl<T: Pod> std::ops::Deref for ImportedBuffer<T> {
 
     /// The mapped memory: length, address, copies and memsets.
     fn deref(&self) -> &GpuSlice<T> {
-        &self.core.slice
+        &self.slice
     }
 }
 
@@ -672,7 +641,7 @@ impl<T: Pod> ImportedBuffer<T> {
     /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
-        BufferCore::open(ctx, handle).map(|core| Self { core })
+        Self::open_handle(ctx, handle, None)
     }
 
     /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its
@@ -700,7 +669,7 @@ impl<T: Pod> ImportedBuffer<T> {
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
         handle.refuse_if_read_only()?;
-        BufferCore::open_fd(ctx, handle, fd).map(|core| Self { core })
+        Self::open_handle(ctx, handle, Some(fd))
     }
 
     /// Open a [`HandleType::Pool`] buffer from its pool's handle and descriptor and its
@@ -726,7 +695,7 @@ impl<T: Pod> ImportedBuffer<T> {
         buffer: &PoolHandle<T>,
     ) -> Result<Self> {
         pool.refuse_if_read_only()?;
-        BufferCore::open_pooled(ctx, pool, fd, buffer).map(|core| Self { core })
+        Self::open_pooled_any(ctx, pool, fd, buffer)
     }
 
     /// [`open`](Self::open), requiring exactly `len` elements.
@@ -735,7 +704,14 @@ impl<T: Pod> ImportedBuffer<T> {
     ///
     /// [`Error::LengthMismatch`], or as [`open`](Self::open).
     pub fn open_exact(ctx: &GpuContext, handle: &IpcMemHandle<T>, len: usize) -> Result<Self> {
-        BufferCore::open_exact(ctx, handle, len).map(|core| Self { core })
+        if handle.env.len != len as u64 {
+            handle.check_structure()?;
+            return Err(Error::LengthMismatch {
+                expected: len,
+                found: handle.env.len,
+            });
+        }
+        Self::open(ctx, handle)
     }
 
     /// Open memory another process exported as a raw legacy IPC handle (PyTorch, CuPy, C/C++
@@ -792,7 +768,7 @@ impl<T: Pod> ImportedBuffer<T> {
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
         // SAFETY: the caller's duties, forwarded unchanged.
-        unsafe { BufferCore::open_raw(ctx, import) }.map(|core| Self { core })
+        unsafe { crate::raw::open_raw(ctx, import) }
     }
 
     /// Let the device of `ctx`, another context of this process, read and write this buffer
@@ -832,32 +808,44 @@ impl<T: Pod> ImportedBuffer<T> {
     /// ```
     #[doc(alias = "cuMemSetAccess")]
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        self.core.grant_access(ctx)
+        match &self.import {
+            Import::PoolHold(hold) => hold.grant(ctx),
+            Import::Mapping(mapping) => match &mapping.vmm {
+                Some(memory) => memory.grant(ctx),
+                None if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
+                None => Err(Error::HandleTypeMismatch {
+                    handle: HandleType::Legacy,
+                    conflict: TypeConflict::ImportMappedPerContext,
+                }),
+            },
+        }
     }
 
     /// How the memory is shared: [`HandleType::Legacy`] (including raw handles) or
     /// [`HandleType::PosixFd`].
+    #[must_use]
     pub fn handle_type(&self) -> HandleType {
-        self.core.handle_type()
+        match &self.import {
+            Import::PoolHold(_) => HandleType::Pool,
+            Import::Mapping(m) if m.vmm.is_some() => HandleType::PosixFd,
+            Import::Mapping(_) => HandleType::Legacy,
+        }
     }
 
     /// The exporting process; `None` for a raw handle whose exporter was not named
     /// ([`RawImport::exporter_pid`]).
+    #[must_use]
     pub fn exporter(&self) -> Option<ProcessIdentity> {
-        self.core.exporter()
+        match &self.import {
+            Import::Mapping(m) => m.exporter,
+            Import::PoolHold(hold) => Some(hold.exporter()),
+        }
     }
-}
-
-/// The memory of an [`IpcBuffer`] or an [`ImportedBuffer`] (and of a signal's counter and a
-/// channel's ring, which serve both roles): what it is and how it goes away.
-pub(crate) struct BufferCore<T: Pod> {
-    pub(crate) slice: GpuSlice<T>,
-    origin: Origin,
 }
 
 /// The error of a request for one handle (or one descriptor, or a raw handle) of a
 /// [`HandleType::Pool`] buffer.
-fn pooled() -> Error {
+pub(crate) fn pooled() -> Error {
     Error::HandleTypeMismatch {
         handle: HandleType::Pool,
         conflict: TypeConflict::Pooled,
@@ -878,777 +866,12 @@ pub(crate) fn allocation_bytes<T>(call: &'static str, len: usize) -> Result<usiz
         })
 }
 
-impl<T: Pod> BufferCore<T> {
-    /// The work of [`IpcBuffer::new`].
-    pub(crate) fn new(ctx: &GpuContext, len: usize) -> Result<Self> {
-        Self::new_with(ctx, len, HandleType::Legacy)
-    }
-
-    /// The work of [`IpcBuffer::new_with`].
-    pub(crate) fn new_with(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
-        let bytes = allocation_bytes::<T>("IpcBuffer::new", len)?;
-        deferred::collect_if_pending();
-        let vmm = match handle_type {
-            HandleType::Pool => {
-                let alloc = crate::pool::alloc_shared(ctx, bytes)?;
-                return Ok(Self {
-                    slice: GpuSlice::new(ctx.clone(), alloc.ptr(), len),
-                    origin: Origin::Pooled(alloc),
-                });
-            }
-            HandleType::Legacy => false,
-            HandleType::Auto => crate::vmm::supports_posix_fd(ctx.device())?,
-            HandleType::PosixFd => {
-                if !crate::vmm::supports_posix_fd(ctx.device())? {
-                    return Err(Error::Unsupported {
-                        device: ctx.ordinal(),
-                        what: "export virtual memory as POSIX file descriptors",
-                        missing: Capability::VmmPosixFd,
-                    });
-                }
-                true
-            }
-        };
-        let uuid = ctx.uuid();
-        let (ptr, vmm) = if vmm {
-            let memory = VmmMemory::create(ctx, bytes)?;
-            (memory.ptr(), Some(memory))
-        } else {
-            let _g = ctx.enter()?;
-            (driver::mem::alloc(bytes)?, None)
-        };
-        Ok(Self {
-            slice: GpuSlice::new(ctx.clone(), ptr, len),
-            origin: Origin::Exported(Export {
-                uuid,
-                record: parking_lot::Mutex::new(None),
-                released: false,
-                vmm,
-            }),
-        })
-    }
-
-    /// The work of [`IpcBuffer::zeroed_with`].
-    pub(crate) fn zeroed_with(
-        ctx: &GpuContext,
-        len: usize,
-        handle_type: HandleType,
-    ) -> Result<Self> {
-        let buf = Self::new_with(ctx, len, handle_type)?;
-        buf.fill_fresh(0)?;
-        Ok(buf)
-    }
-
-    /// Set every byte of a buffer nothing else uses yet, on a private non-blocking stream, and
-    /// wait until it is done.
-    fn fill_fresh(&self, value: u8) -> Result<()> {
-        let bytes = match &self.origin {
-            Origin::Exported(Export { vmm: Some(m), .. }) => m.size(),
-            _ => self.byte_len(),
-        };
-        let _g = self.slice.ctx.enter()?;
-        let stream = driver::stream::create_non_blocking()?;
-        // SAFETY: the device range is this buffer's `bytes` bytes (its mapping, for a POSIX-fd
-        // buffer), which nothing else uses yet; the stream is live, and synchronised before
-        // the call returns.
-        let mut rc = unsafe { driver::mem::set_bytes_async(self.slice.ptr, value, bytes, stream) };
-        if rc.is_ok() {
-            // SAFETY: a live stream of this context.
-            rc = unsafe { driver::stream::synchronize(stream) };
-        }
-        // SAFETY: created above and destroyed once; its work is done (or never started).
-        let _ = unsafe { driver::stream::destroy(stream) };
-        rc
-    }
-
-    /// The work of [`IpcBuffer::handle`].
-    pub(crate) fn handle(&self) -> Result<IpcMemHandle<T>> {
-        self.export_handle("IpcBuffer::handle")
-    }
-
-    /// The work of [`IpcBuffer::export_fd`].
-    pub(crate) fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
-        let call = "IpcBuffer::export_fd";
-        let memory = match &self.origin {
-            Origin::Exported(Export { vmm: Some(m), .. }) => m,
-            Origin::Exported(_) => {
-                return Err(Error::HandleTypeMismatch {
-                    handle: HandleType::Legacy,
-                    conflict: TypeConflict::Needs(HandleType::PosixFd),
-                });
-            }
-            Origin::Pooled(_) => return Err(pooled()),
-            Origin::Imported(_) | Origin::PoolImported(_) => {
-                return Err(Error::InvalidState {
-                    call,
-                    state: ObjectState::Imported,
-                });
-            }
-        };
-        let handle = self.export_handle(call)?;
-        let fd = memory.export_fd()?;
-        Ok((handle, fd))
-    }
-
-    /// The work of [`IpcBuffer::grant_access`] and [`ImportedBuffer::grant_access`].
-    pub(crate) fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        match &self.origin {
-            Origin::Pooled(alloc) => alloc.grant(ctx),
-            Origin::PoolImported(hold) => hold.grant(ctx),
-            Origin::Exported(Export {
-                vmm: Some(memory), ..
-            }) => memory.grant(ctx),
-            Origin::Exported(_) => {
-                device::check_peer(ctx.ordinal(), self.slice.ctx.ordinal())?;
-                ctx.enable_peer_access(&self.slice.ctx)
-            }
-            Origin::Imported(mapping) => match &mapping.vmm {
-                Some(memory) => memory.grant(ctx),
-                None if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
-                None => Err(Error::HandleTypeMismatch {
-                    handle: HandleType::Legacy,
-                    conflict: TypeConflict::ImportMappedPerContext,
-                }),
-            },
-        }
-    }
-
-    /// The work of [`IpcBuffer::handle_type`].
-    pub(crate) fn handle_type(&self) -> HandleType {
-        let vmm = match &self.origin {
-            Origin::Exported(e) => e.vmm.is_some(),
-            Origin::Imported(m) => m.vmm.is_some(),
-            Origin::Pooled(_) | Origin::PoolImported(_) => return HandleType::Pool,
-        };
-        if vmm {
-            HandleType::PosixFd
-        } else {
-            HandleType::Legacy
-        }
-    }
-
-    /// The handle of kind `K` (whose elements are `T`s: a buffer's, a signal's counter) that
-    /// exports this buffer (`call` names the public method in errors).
-    pub(crate) fn export_handle<K: HandleKind>(&self, call: &'static str) -> Result<Handle<K>> {
-        deferred::collect_if_pending();
-        let export = match &self.origin {
-            Origin::Exported(export) => export,
-            Origin::Pooled(_) => return Err(pooled()),
-            Origin::Imported(_) | Origin::PoolImported(_) => {
-                return Err(Error::InvalidState {
-                    call,
-                    state: ObjectState::Imported,
-                });
-            }
-        };
-        // The block is published before any handle exists: every importer finds it.
-        let (token, generation) = export.published()?;
-        let (cuda, handle_type) = match &export.vmm {
-            Some(memory) => {
-                let mut cuda = [0u8; 64];
-                cuda[..8].copy_from_slice(&(memory.size() as u64).to_le_bytes());
-                (cuda, HandleType::PosixFd)
-            }
-            None => (self.legacy_ipc_handle()?.0, HandleType::Legacy),
-        };
-        let env = Envelope {
-            elem_size: std::mem::size_of::<T>() as u32,
-            elem_align: std::mem::align_of::<T>() as u32,
-            type_tag: type_tag_of::<T>(),
-            len: self.slice.len as u64,
-            device_uuid: export.uuid,
-            token,
-            handle_type: handle_type.code(),
-            ..Envelope::exported(K::CODE, generation, self.slice.ctx.ordinal(), cuda)
-        };
-        Ok(Handle::from_envelope(env.seal()))
-    }
-
-    /// The driver's legacy handle of this exported `cuMemAlloc` buffer (`cuIpcGetMemHandle`),
-    /// remembered as this process's own (so that opening it here is refused before CUDA).
-    fn legacy_ipc_handle(&self) -> Result<RawMemHandle> {
-        let raw = {
-            let _g = self.slice.ctx.enter()?;
-            // SAFETY: a pointer this buffer allocated with cuMemAlloc in this context, live
-            // while `self` is (the callers refuse imported and POSIX-fd buffers first).
-            unsafe { driver::ipc::get_mem_handle(self.slice.ptr) }?
-        };
-        let handle = RawMemHandle(raw);
-        crate::raw::remember_own(handle);
-        Ok(handle)
-    }
-
-    /// The work of [`IpcBuffer::export_pooled`].
-    pub(crate) fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
-        match &self.origin {
-            Origin::Pooled(alloc) => {
-                let (pool, fd) = alloc.pool().export_fd()?;
-                Ok((pool, fd, alloc.handle(self.slice.len)?))
-            }
-            Origin::Exported(_) => Err(Error::HandleTypeMismatch {
-                handle: self.handle_type(),
-                conflict: TypeConflict::Needs(HandleType::Pool),
-            }),
-            Origin::Imported(_) | Origin::PoolImported(_) => Err(Error::InvalidState {
-                call: "IpcBuffer::export_pooled",
-                state: ObjectState::Imported,
-            }),
-        }
-    }
-
-    /// The work of [`ImportedBuffer::open_pooled`].
-    pub(crate) fn open_pooled(
-        ctx: &GpuContext,
-        pool: &IpcPoolHandle,
-        fd: OwnedFd,
-        buffer: &PoolHandle<T>,
-    ) -> Result<Self> {
-        let (slice, hold) = crate::pool::ImportedPool::open_fd(ctx, pool, fd)?
-            .open(buffer)?
-            .into_parts();
-        Ok(Self {
-            slice,
-            origin: Origin::PoolImported(hold),
-        })
-    }
-
-    /// The work of [`ImportedBuffer::open`].
-    pub(crate) fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
-        Self::open_handle(ctx, handle, None)
-    }
-
-    /// The work of [`ImportedBuffer::open_fd`].
-    pub(crate) fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
-        Self::open_handle(ctx, handle, Some(fd))
-    }
-
-    /// The work of [`ReadOnlyBuffer::open_fd`](crate::ReadOnlyBuffer::open_fd): a mapping the
-    /// GPU lets this process read only.
-    pub(crate) fn open_fd_read_only(
-        ctx: &GpuContext,
-        handle: &IpcMemHandle<T>,
-        fd: OwnedFd,
-    ) -> Result<Self> {
-        Self::open_handle_with(ctx, handle, Some(fd), Access::ReadOnly)
-    }
-
-    /// Validate → lease → map, for a handle of `T`s (a buffer's, a signal's counter, a
-    /// channel's slots) of either handle type: `fd` is the descriptor that came with a POSIX-fd
-    /// handle (and must be absent for a legacy one).
-    pub(crate) fn open_handle<K: HandleKind>(
-        ctx: &GpuContext,
-        handle: &Handle<K>,
-        fd: Option<OwnedFd>,
-    ) -> Result<Self> {
-        Self::open_handle_with(ctx, handle, fd, Access::ReadWrite)
-    }
-
-    /// [`open_handle`](Self::open_handle), mapping with `access`. Read-only needs a POSIX-fd
-    /// handle: `cuIpcOpenMemHandle` has no read-only mapping.
-    fn open_handle_with<K: HandleKind>(
-        ctx: &GpuContext,
-        handle: &Handle<K>,
-        fd: Option<OwnedFd>,
-        access: Access,
-    ) -> Result<Self> {
-        if access == Access::ReadOnly && fd.is_none() {
-            return Err(Error::HandleTypeMismatch {
-                handle: HandleType::Legacy,
-                conflict: TypeConflict::NoReadOnlyMapping,
-            });
-        }
-        // `admit` checks the element type `K` names, which is `T` for every caller (a buffer's
-        // `T`, a signal's `u64`): what makes the view sound.
-        let exporter = handle.admit(fd.is_some())?;
-        let env = &handle.env;
-        debug_assert!(check_element::<T>(env.elem_size, env.elem_align, env.type_tag).is_ok());
-        let kind = K::CODE;
-        let len = usize::try_from(env.len).map_err(|_| {
-            Error::corrupt_handle(HandleDefect::Layout {
-                detail: format!("length {} does not fit this platform", env.len),
-            })
-        })?;
-        let described = Described::Envelope(env.elem_size, env.elem_align, env.type_tag, env.len);
-        // The token names the exporter's ledger and block, the generation which export of
-        // that block: together, one export for ever.
-        let mut token = [0u8; 64];
-        token[..16].copy_from_slice(&env.token);
-        token[16..24].copy_from_slice(&env.generation.to_le_bytes());
-        let key: Key = (token, ctx.as_raw() as usize, kind, access);
-
-        // A hit is held to everything a first open checks that can have changed or been
-        // forged since: the export is not closing, its exporter lives, and the envelope
-        // describes the mapping as the first one did.
-        let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
-        let mapping = CACHE.get_or_create(&key, reuse, || {
-            let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
-            let hold = registry::enter(&env.token, env.generation, exporter)?;
-            // On an error below the hold drops after the memory was unmapped again.
-            let (ptr, mapped, vmm) = match fd {
-                Some(fd) => {
-                    let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-                    let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
-                    (memory.ptr(), memory.size(), Some(memory))
-                }
-                None => {
-                    let wanted = len.saturating_mul(std::mem::size_of::<T>());
-                    let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)?;
-                    (ptr, mapped, None)
-                }
-            };
-            let mapping = Arc::new(Mapping {
-                ctx: ctx.clone(),
-                ptr,
-                mapped,
-                described,
-                key,
-                exporter: Some(exporter),
-                exporter_seen_alive: AtomicU64::new(0),
-                vmm,
-                hold: Some(hold),
-            });
-            Ok(mapping)
-        })?;
-        Ok(Self::view(mapping, len))
-    }
-
-    /// The work of [`ImportedBuffer::open_exact`].
-    pub(crate) fn open_exact(
-        ctx: &GpuContext,
-        handle: &IpcMemHandle<T>,
-        len: usize,
-    ) -> Result<Self> {
-        if handle.env.len != len as u64 {
-            handle.check_structure()?;
-            return Err(Error::LengthMismatch {
-                expected: len,
-                found: handle.env.len,
-            });
-        }
-        Self::open(ctx, handle)
-    }
-
-    fn view(mapping: Arc<Mapping>, len: usize) -> Self {
-        Self::view_at(mapping, 0, len)
-    }
-
-    /// A view of `len` elements at byte `offset` of the mapping (the caller checked the range).
-    fn view_at(mapping: Arc<Mapping>, offset: u64, len: usize) -> Self {
-        Self {
-            slice: GpuSlice::new(mapping.ctx.clone(), mapping.ptr + offset, len),
-            origin: Origin::Imported(mapping),
-        }
-    }
-
-    /// The work of [`IpcBuffer::raw_export`].
-    pub(crate) fn raw_export(&self) -> Result<RawExport> {
-        let export = match &self.origin {
-            Origin::Exported(export) => export,
-            Origin::Pooled(_) => {
-                return Err(Error::HandleTypeMismatch {
-                    handle: HandleType::Pool,
-                    conflict: TypeConflict::Needs(HandleType::Legacy),
-                });
-            }
-            Origin::Imported(_) | Origin::PoolImported(_) => {
-                return Err(Error::InvalidState {
-                    call: "IpcBuffer::raw_export",
-                    state: ObjectState::Imported,
-                });
-            }
-        };
-        if export.vmm.is_some() {
-            return Err(Error::HandleTypeMismatch {
-                handle: HandleType::PosixFd,
-                conflict: TypeConflict::Needs(HandleType::Legacy),
-            });
-        }
-        Ok(RawExport {
-            handle: self.legacy_ipc_handle()?,
-            offset: 0,
-            bytes: self.byte_len() as u64,
-            device_uuid: export.uuid,
-            device_ordinal: self.slice.ctx.ordinal(),
-            exporter_pid: std::process::id(),
-        })
-    }
-
-    /// The work of [`ImportedBuffer::open_raw`].
-    pub(crate) unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
-        let call = "ImportedBuffer::open_raw";
-        let invalid = |defect| Error::InvalidArgument { call, defect };
-        let size = std::mem::size_of::<T>() as u64;
-        let bytes = (import.len as u64)
-            .checked_mul(size)
-            .filter(|&b| b > 0)
-            .ok_or_else(|| {
-                invalid(ArgumentDefect::AllocationSize {
-                    len: import.len as u64,
-                    elem_size: size,
-                })
-            })?;
-        let align = std::mem::align_of::<T>() as u64;
-        if !import.offset.is_multiple_of(align) {
-            return Err(invalid(ArgumentDefect::Misaligned {
-                offset: import.offset,
-                align,
-            }));
-        }
-        let end = import.offset.checked_add(bytes).ok_or_else(|| {
-            invalid(ArgumentDefect::RangeOverflow {
-                offset: import.offset,
-                bytes,
-            })
-        })?;
-        if crate::raw::is_own(&import.handle) {
-            return Err(Error::SameProcess {
-                pid: std::process::id(),
-            });
-        }
-        let in_range = |mapped: usize| {
-            if end <= mapped as u64 {
-                Ok(())
-            } else {
-                Err(Error::corrupt_handle(HandleDefect::Memory {
-                    detail: format!(
-                        "bytes {}..{end} reach past the allocation the handle maps, {mapped} \
-                         bytes (cuPointerGetAttributes)",
-                        import.offset
-                    ),
-                }))
-            }
-        };
-        let key: Key = (
-            import.handle.0,
-            ctx.as_raw() as usize,
-            KIND_RAW,
-            Access::ReadWrite,
-        );
-        let reuse = |mapping: &Arc<Mapping>| {
-            mapping.check_reuse(Described::Raw)?;
-            in_range(mapping.mapped)?;
-            Ok(true)
-        };
-        let mapping = CACHE.get_or_create(&key, reuse, || {
-            // A named exporter: alive now? By pid alone (a pidfd, kept open for later checks):
-            // a raw handle names no start time to tell a reused pid from the exporter.
-            let exporter = match import.exporter_pid {
-                None => None,
-                Some(pid) => {
-                    let id = ProcessIdentity::from_parts(pid, 0);
-                    if !crate::process::is_alive_cached(&id) {
-                        return Err(Error::exporter_gone(pid));
-                    }
-                    Some(id)
-                }
-            };
-            let _g = ctx.enter()?;
-            let ptr = driver::ipc::open_mem_handle(import.handle.0)?;
-            let checked = mapped_bytes(ptr).and_then(|mapped| {
-                in_range(mapped)?;
-                check_memory_device(ctx, ptr)?;
-                Ok(mapped)
-            });
-            let mapped = match checked {
-                Ok(m) => m,
-                Err(e) => {
-                    // SAFETY: opened just above in this context, closed once, never handed out.
-                    let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
-                    return Err(e);
-                }
-            };
-            let mapping = Arc::new(Mapping {
-                ctx: ctx.clone(),
-                ptr,
-                mapped,
-                described: Described::Raw,
-                key,
-                exporter,
-                exporter_seen_alive: AtomicU64::new(0),
-                vmm: None,
-                hold: None,
-            });
-            Ok(mapping)
-        })?;
-        Ok(Self::view_at(mapping, import.offset, import.len))
-    }
-
-    /// Whether this buffer maps another process's export.
-    pub(crate) fn is_imported(&self) -> bool {
-        matches!(self.origin, Origin::Imported(_) | Origin::PoolImported(_))
-    }
-
-    /// The work of [`ImportedBuffer::exporter`].
-    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
-        match &self.origin {
-            Origin::Imported(m) => m.exporter,
-            Origin::PoolImported(hold) => Some(hold.exporter()),
-            Origin::Exported(_) | Origin::Pooled(_) => None,
-        }
-    }
-
-    /// The work of [`IpcBuffer::importers`].
-    pub(crate) fn importers(&self) -> Vec<u32> {
-        match &self.origin {
-            Origin::Exported(e) => e
-                .record
-                .lock()
-                .as_ref()
-                .map_or_else(Vec::new, Record::importers),
-            Origin::Pooled(alloc) => alloc.importers(),
-            Origin::Imported(_) | Origin::PoolImported(_) => Vec::new(),
-        }
-    }
-
-    /// A process other than this one that holds this export (has it mapped) but has died
-    /// without letting go; nothing is reaped.
-    pub(crate) fn dead_importer(&self) -> Option<u32> {
-        match &self.origin {
-            Origin::Exported(e) => e.record.lock().as_ref()?.dead_importer(),
-            Origin::Imported(m) => m.hold.as_ref()?.dead_importer(),
-            Origin::Pooled(_) | Origin::PoolImported(_) => None,
-        }
-    }
-
-    /// Wait for importers up to `timeout` and free (or unmap); on an error the buffer drops
-    /// (its free deferred) and the error is returned.
-    pub(crate) fn close(mut self, timeout: Duration) -> Result<()> {
-        self.close_in_place(timeout)
-    }
-
-    /// [`close`](Self::close), keeping the buffer (retired, or released) for a caller that
-    /// hands it back on an error.
-    pub(crate) fn close_in_place(&mut self, timeout: Duration) -> Result<()> {
-        self.wait_for_importers(timeout)
-            .and_then(|()| self.release())
-    }
-
-    /// For a `cuMemAlloc` export: retire it (new opens are stale) and wait up to `timeout`
-    /// until no importer maps it (then it may be freed), reaping importers proven dead. Other
-    /// buffers have nothing to wait for.
-    pub(crate) fn wait_for_importers(&self, timeout: Duration) -> Result<()> {
-        let export = match &self.origin {
-            Origin::Exported(export) => export,
-            Origin::Pooled(alloc) => return alloc.wait_unheld(timeout),
-            Origin::Imported(_) | Origin::PoolImported(_) => return Ok(()),
-        };
-        if export.released || export.vmm.is_some() {
-            return Ok(());
-        }
-        let mut record = export.record.lock();
-        let Some(record) = record.as_mut() else {
-            return Ok(()); // never exported with a handle: nobody can map it
-        };
-        if !record.retire() {
-            return Ok(());
-        }
-        let mut wait = Backoff::new(
-            timeout,
-            Duration::from_micros(100),
-            Duration::from_millis(20),
-        );
-        loop {
-            registry::collect();
-            if !record.is_held() {
-                return Ok(());
-            }
-            if let Err(waited) = wait.pause() {
-                return Err(Error::LeasesOutstanding {
-                    pids: record.importers(),
-                    waited,
-                });
-            }
-        }
-    }
-
-    /// Give the memory back without waiting: an export is freed now, or deferred while
-    /// importers map it; an import is unmapped when its last view drops (in `Drop`).
-    pub(crate) fn release(&mut self) -> Result<()> {
-        let export = match &mut self.origin {
-            Origin::Exported(export) => export,
-            Origin::Pooled(alloc) => return alloc.free(None),
-            Origin::Imported(_) | Origin::PoolImported(_) => return Ok(()),
-        };
-        if export.released {
-            return Ok(());
-        }
-        export.released = true;
-        let record = export.record.lock().take();
-        if let Some(memory) = export.vmm.take() {
-            // Dropping the record retires the export: new opens fail from here on
-            // (StaleHandle); existing importers keep their mappings, which hold the memory:
-            // the driver frees it when the last one unmaps.
-            drop(record);
-            drop(memory);
-            return Ok(());
-        }
-        let bytes = self.slice.len * std::mem::size_of::<T>();
-        deferred::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, record)
-    }
-}
-
-impl Export {
-    /// The token and generation of the export's block, published now if this is the first
-    /// export.
-    fn published(&self) -> Result<([u8; 16], u64)> {
-        let mut record = self.record.lock();
-        let record = match &mut *record {
-            Some(r) => r,
-            None => record.insert(Record::publish()?),
-        };
-        Ok((record.token(), record.generation()))
-    }
-}
-
-impl Mapping {
-    /// The checks a cache hit must pass: the export is not closing (its exporter is waiting
-    /// for importers to go: no new views), the exporter is alive, and the envelope describes
-    /// what the first open of this export described (and so fits the mapping).
-    fn check_reuse(&self, described: Described) -> Result<()> {
-        if let Some(hold) = &self.hold
-            && !hold.is_live()
-        {
-            return Err(Error::StaleHandle {
-                generation: hold.generation(),
-            });
-        }
-        // The exporter's liveness, polled at most once per LIVENESS_REUSE_NS per mapping: a
-        // tight loop of re-opens pays a clock read, not a syscall, per hit. A death is then
-        // reported by the first hit that starts LIVENESS_REUSE_NS after it. A view handed out
-        // inside that window is in the position of one opened just before the death, which
-        // no check can prevent (the exporter may die right after any check): this check
-        // turns a known death into a clear error, it does not keep the memory alive.
-        let now = liveness_clock();
-        let seen = self.exporter_seen_alive.load(Ordering::Relaxed);
-        if let Some(exporter) = &self.exporter
-            && now.saturating_sub(seen) >= LIVENESS_REUSE_NS
-        {
-            if !crate::process::is_alive_cached(exporter) {
-                return Err(Error::exporter_gone(exporter.pid()));
-            }
-            self.exporter_seen_alive.store(now, Ordering::Relaxed);
-        }
-        if described != self.described {
-            let (
-                Described::Envelope(size, _, _, len),
-                Described::Envelope(first_size, _, _, first_len),
-            ) = (described, self.described)
-            else {
-                return Err(Error::corrupt_handle(HandleDefect::Memory {
-                    detail: "a raw handle and an envelope name the same mapping".into(),
-                }));
-            };
-            return Err(Error::corrupt_handle(HandleDefect::Memory {
-                detail: format!(
-                    "the handle describes {len} elements of {size} bytes, but this process \
-                     already maps the same export as {first_len} elements of {first_size} \
-                     bytes ({} bytes mapped)",
-                    self.mapped
-                ),
-            }));
-        }
-        Ok(())
-    }
-}
-
-/// How long a cache hit trusts the last "exporter alive" answer for its mapping (100 µs).
-const LIVENESS_REUSE_NS: u64 = 100_000;
-
-/// Monotonic nanoseconds since this process first asked (for [`Mapping::exporter_seen_alive`]).
-fn liveness_clock() -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold the envelope's
-/// `wanted` bytes — the peer's word — to what the driver mapped; returns the address and the
-/// bytes mapped from it. On an error nothing stays mapped.
-fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64, usize)> {
-    let _g = ctx.enter()?;
-    let ptr = driver::ipc::open_mem_handle(handle)?;
-    let mapped = mapped_bytes(ptr).and_then(|mapped| {
-        if wanted <= mapped {
-            Ok(mapped)
-        } else {
-            Err(Error::corrupt_handle(HandleDefect::Memory {
-                detail: format!(
-                    "the handle describes {wanted} bytes, but the memory it maps is {mapped} \
-                     bytes (cuPointerGetAttributes)"
-                ),
-            }))
-        }
-    });
-    if mapped.is_err() {
-        // SAFETY: opened just above in this context, closed once, never handed out.
-        let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
-    }
-    Ok((ptr, mapped?))
-}
-
-/// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuPointerGetAttributes`), in the
-/// current context.
-pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
-    let (base, size) = driver::mem::address_range(ptr)?;
-    let offset = usize::try_from(ptr.wrapping_sub(base)).unwrap_or(usize::MAX);
-    if ptr < base || offset > size {
-        return Err(Error::Corrupt {
-            what: "IPC mapping",
-            defect: StateDefect::DriverAnswer {
-                call: "cuPointerGetAttributes",
-                value: i64::try_from(base).unwrap_or(i64::MAX),
-            },
-        });
-    }
-    Ok(size - offset)
-}
-
-/// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
-/// visible and, if it is not the context's own device, reachable by peer access.
-/// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
-/// `ctx` can reach as a peer. `ctx` is current.
-fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
-    let ordinal = driver::mem::device_ordinal_of(ptr)?;
-    let Ok(ordinal) = u32::try_from(ordinal) else {
-        return Err(Error::Corrupt {
-            what: "IPC mapping",
-            defect: StateDefect::DriverAnswer {
-                call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
-                value: ordinal.into(),
-            },
-        });
-    };
-    device::check_peer(ctx.ordinal(), ordinal)
-}
-
-impl<T: Pod> std::ops::Deref for BufferCore<T> {
-    type Target = GpuSlice<T>;
-
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
-
-impl<T: Pod> Drop for BufferCore<T> {
-    fn drop(&mut self) {
-        if !self.slice.ctx.is_home() {
-            // Inherited by a forked child: the parent's (see `process::Home`). Its parts
-            // (records, leases, mappings) refuse to act here too.
-            return;
-        }
-        // Never waits: freed now, or deferred while importers map it; an import is unmapped
-        // when its mapping's last view goes. A failed cuMemFree cannot be reported from drop;
-        // `IpcBuffer::close` reports it.
-        let _ = self.release();
-    }
-}
-
 impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcBuffer")
             .field("type", &std::any::type_name::<T>())
-            .field("len", &self.core.slice.len)
-            .field("device", &self.core.slice.ctx.ordinal())
+            .field("len", &self.slice.len)
+            .field("device", &self.slice.ctx.ordinal())
             .field("handle_type", &self.handle_type())
             .finish_non_exhaustive()
     }
@@ -1658,10 +881,88 @@ impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImportedBuffer")
             .field("type", &std::any::type_name::<T>())
-            .field("len", &self.core.slice.len)
-            .field("device", &self.core.slice.ctx.ordinal())
+            .field("len", &self.slice.len)
+            .field("device", &self.slice.ctx.ordinal())
             .field("handle_type", &self.handle_type())
             .field("exporter", &self.exporter().map(|e| e.pid()))
             .finish_non_exhaustive()
+    }
+}
+
+/// A buffer on one side of an object both sides hold (a signal's counter, a channel's slots):
+/// the exporter's own allocation, or the importer's mapping of it.
+pub(crate) enum Side<T: Pod> {
+    /// This process allocated it and exports it.
+    Owner(IpcBuffer<T>),
+    /// This process maps another's export.
+    Importer(ImportedBuffer<T>),
+}
+
+impl<T: Pod> std::ops::Deref for Side<T> {
+    type Target = GpuSlice<T>;
+
+    fn deref(&self) -> &GpuSlice<T> {
+        match self {
+            Self::Owner(b) => b,
+            Self::Importer(b) => b,
+        }
+    }
+}
+
+impl<T: Pod> Side<T> {
+    /// The owner's handle of kind `K` (`call` names the public method that asked, for the
+    /// importer's error: an import cannot be exported again).
+    pub(crate) fn export_handle<K: HandleKind>(&self, call: &'static str) -> Result<Handle<K>> {
+        match self {
+            Self::Owner(b) => b.export_handle(),
+            Self::Importer(_) => Err(Error::InvalidState {
+                call,
+                state: ObjectState::Imported,
+            }),
+        }
+    }
+
+    /// The exporting process, for an importer.
+    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
+        match self {
+            Self::Owner(_) => None,
+            Self::Importer(b) => b.exporter(),
+        }
+    }
+
+    /// The live importers, for the owner.
+    pub(crate) fn importers(&self) -> Vec<u32> {
+        match self {
+            Self::Owner(b) => b.importers(),
+            Self::Importer(_) => Vec::new(),
+        }
+    }
+
+    /// A process that held the export but died without letting go; nothing is reaped.
+    pub(crate) fn dead_importer(&self) -> Option<u32> {
+        match self {
+            Self::Owner(b) => b.dead_importer(),
+            Self::Importer(b) => b.dead_importer(),
+        }
+    }
+
+    /// Whether this side maps another process's export.
+    pub(crate) fn is_imported(&self) -> bool {
+        matches!(self, Self::Importer(_))
+    }
+
+    /// The owner: wait for importers up to `timeout` and free, keeping the buffer for a caller
+    /// that hands it back on an error. An importer has nothing to wait for (its mapping goes
+    /// when it drops).
+    pub(crate) fn close_in_place(&mut self, timeout: Duration) -> Result<()> {
+        match self {
+            Self::Owner(b) => b.close_in_place(timeout),
+            Self::Importer(_) => Ok(()),
+        }
+    }
+
+    /// [`close_in_place`](Self::close_in_place), then drop.
+    pub(crate) fn close(mut self, timeout: Duration) -> Result<()> {
+        self.close_in_place(timeout)
     }
 }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::buffer::BufferCore;
+use crate::buffer::{ImportedBuffer, Side};
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::envelope;
@@ -86,23 +86,16 @@ struct ChannelEnvelope {
 
 const _: () = assert!(std::mem::size_of::<ChannelEnvelope>() == 152);
 
-impl envelope::Sealed for ChannelEnvelope {
-    const FORMAT: envelope::Format = envelope::Format {
+envelope::sealed_format!(
+    ChannelEnvelope,
+    envelope::Format {
         magic: MAGIC,
         version: VERSION,
         versions: &[VERSION as u32],
         what: "a channel handle",
-    };
-    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
-        (&mut self.magic, &mut self.version, &mut self.checksum)
-    }
-    fn header(&self) -> (u32, u16, u64) {
-        (self.magic, self.version, self.checksum)
-    }
-    fn reserved_zero(&self) -> bool {
-        self.flags == 0
-    }
-}
+    },
+    |raw| raw.flags == 0
+);
 
 impl ChannelEnvelope {
     fn seal(self) -> Self {
@@ -492,7 +485,7 @@ impl<T: Pod> IpcSender<T> {
         };
         let stride = layout(geometry, size).ok_or_else(too_big)?;
         let total = usize::try_from(stride * geometry.slots).map_err(|_| too_big())?;
-        let data = BufferCore::<T>::new(ctx, total)?;
+        let data = Side::Owner(crate::IpcBuffer::<T>::new(ctx, total)?);
         let sent = GpuSignal::new(ctx)?;
         let released = (0..consumers)
             .map(|_| GpuSignal::new(ctx))
@@ -924,8 +917,11 @@ impl<T: Pod> IpcReceiver<T> {
         };
         let data_env = s.data.load();
         by_producer(data_env.exporter_pid, "memory's exporter")?;
-        let data =
-            BufferCore::<T>::open_handle(ctx, &IpcMemHandle::<T>::from_envelope(data_env), None)?;
+        let data = Side::Importer(ImportedBuffer::<T>::open_handle(
+            ctx,
+            &IpcMemHandle::<T>::from_envelope(data_env),
+            None,
+        )?);
         if data.len() as u64 != stride * geometry.slots {
             return Err(Error::LengthMismatch {
                 expected: (stride * geometry.slots) as usize,

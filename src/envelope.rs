@@ -46,6 +46,33 @@ pub(crate) trait Sealed: Pod {
     fn reserved_zero(&self) -> bool;
 }
 
+/// `impl Sealed` for a format whose header fields are named `magic`, `version` and `checksum`
+/// (every format's are): the type, its [`Format`], and a `|raw| …` expression that is true when
+/// every reserved field (and every unassigned flag bit) is zero.
+///
+/// ```text
+/// sealed_format!(RawPoolHandle, Format { magic, version: 1, versions: &[1], what: "a pool handle" },
+///     |h| h.reserved0 == 0 && h.reserved1 == 0);
+/// ```
+macro_rules! sealed_format {
+    ($ty:ty, $format:expr, |$raw:ident| $reserved_zero:expr $(,)?) => {
+        impl $crate::envelope::Sealed for $ty {
+            const FORMAT: $crate::envelope::Format = $format;
+            fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
+                (&mut self.magic, &mut self.version, &mut self.checksum)
+            }
+            fn header(&self) -> (u32, u16, u64) {
+                (self.magic, self.version, self.checksum)
+            }
+            fn reserved_zero(&self) -> bool {
+                let $raw = self;
+                $reserved_zero
+            }
+        }
+    };
+}
+pub(crate) use sealed_format;
+
 /// The checksum of `body`: a word-at-a-time multiply-xorshift hash. Each step
 /// `h = ((h ^ w) * P) ^ (that >> 29)` is a bijection of `h` for a fixed word `w`, so changing any
 /// bits of one word changes the result: every single-bit flip is caught (tested below).
@@ -199,23 +226,16 @@ mod tests {
         checksum: u64,
     }
 
-    impl Sealed for Toy {
-        const FORMAT: Format = Format {
+    sealed_format!(
+        Toy,
+        Format {
             magic: u32::from_le_bytes(*b"TOYS"),
             version: 3,
             versions: &[3],
             what: "a toy handle",
-        };
-        fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
-            (&mut self.magic, &mut self.version, &mut self.checksum)
-        }
-        fn header(&self) -> (u32, u16, u64) {
-            (self.magic, self.version, self.checksum)
-        }
-        fn reserved_zero(&self) -> bool {
-            self.reserved == 0
-        }
-    }
+        },
+        |raw| raw.reserved == 0
+    );
 
     fn sealed() -> Toy {
         seal(Toy {

@@ -160,23 +160,16 @@ pub(crate) const FLAG_READ_ONLY: u8 = 1;
 
 const _: () = assert!(std::mem::size_of::<Envelope>() == 184);
 
-impl envelope::Sealed for Envelope {
-    const FORMAT: envelope::Format = envelope::Format {
+envelope::sealed_format!(
+    Envelope,
+    envelope::Format {
         magic: MAGIC,
         version: VERSION,
         versions: &[VERSION as u32],
         what: "a cuda-ipc handle",
-    };
-    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
-        (&mut self.magic, &mut self.version, &mut self.checksum)
-    }
-    fn header(&self) -> (u32, u16, u64) {
-        (self.magic, self.version, self.checksum)
-    }
-    fn reserved_zero(&self) -> bool {
-        self.reserved == [0; 3] && self.flags & !FLAG_READ_ONLY == 0
-    }
-}
+    },
+    |raw| raw.reserved == [0; 3] && raw.flags & !FLAG_READ_ONLY == 0
+);
 
 impl Envelope {
     pub(crate) fn seal(self) -> Self {

@@ -780,24 +780,17 @@ const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
 /// Size of a [`PoolHandle`] in bytes.
 pub(crate) const POOL_HANDLE_SIZE: usize = std::mem::size_of::<RawPoolHandle>();
 
-impl envelope::Sealed for RawPoolHandle {
-    /// "CIPP" little-endian, layout version 1.
-    const FORMAT: envelope::Format = envelope::Format {
+// "CIPP" little-endian, layout version 1.
+envelope::sealed_format!(
+    RawPoolHandle,
+    envelope::Format {
         magic: u32::from_le_bytes(*b"CIPP"),
         version: 1,
         versions: &[1],
         what: "a pool handle",
-    };
-    fn seal_fields(&mut self) -> (&mut u32, &mut u16, &mut u64) {
-        (&mut self.magic, &mut self.version, &mut self.checksum)
-    }
-    fn header(&self) -> (u32, u16, u64) {
-        (self.magic, self.version, self.checksum)
-    }
-    fn reserved_zero(&self) -> bool {
-        self.reserved0 == 0 && self.reserved1 == 0
-    }
-}
+    },
+    |raw| raw.reserved0 == 0 && raw.reserved1 == 0
+);
 
 impl<T: Pod> PoolBuffer<T> {
     /// The handle a process that imported the pool opens with [`ImportedPool::open`]: the
@@ -1422,7 +1415,7 @@ fn import_pointer(
     // SAFETY: our imported pool, live while `import` is; the driver validates the export
     // data against it (forged data is an error code).
     let ptr = unsafe { driver::pool::import_pointer(import.pool, h.export) }?;
-    match crate::buffer::mapped_bytes(ptr) {
+    match crate::buffer::import::mapped_bytes(ptr) {
         Ok(size) if size as u64 >= bytes => Ok((ptr, size as u64)),
         other => {
             // SAFETY: imported above, never handed out; freed once.

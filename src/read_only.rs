@@ -11,7 +11,7 @@ use bytemuck::Pod;
 
 use crate::arena::IpcArenaHandle;
 use crate::arena::{ArenaHandle, ArenaView, ImportedArena};
-use crate::buffer::BufferCore;
+use crate::buffer::ImportedBuffer;
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::handle::IpcMemHandle;
@@ -240,7 +240,7 @@ impl<T: Pod> std::fmt::Debug for ReadOnlySlice<T> {
 /// # Ok(()) }
 /// ```
 pub struct ReadOnlyBuffer<T: Pod> {
-    core: BufferCore<T>,
+    inner: ImportedBuffer<T>,
     enforced: bool,
 }
 
@@ -248,7 +248,7 @@ impl<T: Pod> std::ops::Deref for ReadOnlyBuffer<T> {
     type Target = ReadOnlySlice<T>;
 
     fn deref(&self) -> &ReadOnlySlice<T> {
-        ReadOnlySlice::of(&self.core.slice)
+        ReadOnlySlice::of(&self.inner)
     }
 }
 
@@ -264,16 +264,16 @@ impl<T: Pod> ReadOnlyBuffer<T> {
     /// the driver has no read-only legacy mapping).
     #[doc(alias = "CU_MEM_ACCESS_FLAGS_PROT_READ")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
-        BufferCore::open_fd_read_only(ctx, handle, fd).map(|core| Self {
-            core,
+        ImportedBuffer::open_fd_read_only(ctx, handle, fd).map(|inner| Self {
+            inner,
             enforced: true,
         })
     }
 
     /// A pool buffer, read-only by type only (pools cannot be mapped read-only).
-    pub(crate) fn pooled(core: BufferCore<T>) -> Self {
+    pub(crate) fn pooled(inner: ImportedBuffer<T>) -> Self {
         Self {
-            core,
+            inner,
             enforced: false,
         }
     }
@@ -288,7 +288,7 @@ impl<T: Pod> ReadOnlyBuffer<T> {
     /// The exporting process.
     #[must_use]
     pub fn exporter(&self) -> Option<ProcessIdentity> {
-        self.core.exporter()
+        self.inner.exporter()
     }
 
     /// Give `ctx`'s device read access to the mapping (as
@@ -298,7 +298,7 @@ impl<T: Pod> ReadOnlyBuffer<T> {
     ///
     /// As [`ImportedBuffer::grant_access`](crate::ImportedBuffer::grant_access).
     pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
-        self.core.grant_access(ctx)
+        self.inner.grant_access(ctx)
     }
 }
 

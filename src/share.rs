@@ -157,7 +157,7 @@ impl FdSocket {
             }),
             BufferMessage::PosixFd(handle, fd) => ReadOnlyBuffer::open_fd(ctx, &handle, fd),
             BufferMessage::Pooled(pool, fd, buffer) => {
-                crate::buffer::BufferCore::open_pooled(ctx, &pool, fd, &buffer)
+                crate::ImportedBuffer::open_pooled_any(ctx, &pool, fd, &buffer)
                     .map(ReadOnlyBuffer::pooled)
             }
         }

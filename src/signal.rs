@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::buffer::BufferCore;
+use crate::buffer::{ImportedBuffer, IpcBuffer, Side};
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, sys};
@@ -318,7 +318,7 @@ impl std::fmt::Debug for ImportedSignal {
 /// # Ok(()) }
 /// ```
 pub struct GpuSignal {
-    counter: BufferCore<u64>,
+    counter: Side<u64>,
     host: Mutex<HostPort>,
     /// The largest value this handle has signalled (0: none yet).
     last_signalled: Mutex<u64>,
@@ -454,7 +454,7 @@ impl GpuSignal {
     /// The work of [`IpcSignal::new`].
     pub(crate) fn new(ctx: &GpuContext) -> Result<Self> {
         require_stream_mem_ops(ctx)?;
-        let signal = Self::with_counter(BufferCore::<u64>::new(ctx, 1)?)?;
+        let signal = Self::with_counter(Side::Owner(IpcBuffer::<u64>::new(ctx, 1)?))?;
         // Zero through the signal's own stream: on the device when `new` returns (a peer that
         // opens the handle next must never see the allocation's old contents), and not
         // queued behind the caller's blocked streams.
@@ -462,7 +462,7 @@ impl GpuSignal {
         Ok(signal)
     }
 
-    fn with_counter(counter: BufferCore<u64>) -> Result<Self> {
+    fn with_counter(counter: Side<u64>) -> Result<Self> {
         let host = HostPort::new(counter.context())?;
         Ok(Self {
             counter,
@@ -481,7 +481,7 @@ impl GpuSignal {
     pub(crate) fn open(ctx: &GpuContext, handle: &IpcSignalHandle) -> Result<Self> {
         handle.check_structure()?;
         require_stream_mem_ops(ctx)?;
-        let counter = BufferCore::<u64>::open_handle(ctx, handle, None)?;
+        let counter = Side::Importer(ImportedBuffer::<u64>::open_handle(ctx, handle, None)?);
         Self::with_counter(counter)
     }
 

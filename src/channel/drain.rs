@@ -33,68 +33,45 @@ use parking_lot::Mutex;
 use super::endpoint::Role;
 use super::inflight::InFlight;
 use super::ring::{Geometry, LIVENESS_CHECK, Ring, RingState};
-use crate::buffer::BufferCore;
+use crate::buffer::Side;
 use crate::error::{Error, Result};
 use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
 use crate::poll::Backoff;
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
-/// An end being taken apart (see the module docs).
+/// An end being taken apart (see the module docs). Built from the end's fields by
+/// `Endpoint::take_drain`, then [`start`](Self::start)ed.
 pub(crate) struct Drain<T: Pod> {
-    role: Role,
+    pub(super) role: Role,
     /// The consumer entry (0 for the producer).
-    entry: usize,
-    region: ShmRegion<RingState>,
-    geometry: Geometry,
-    held: u64,
+    pub(super) entry: usize,
+    pub(super) region: ShmRegion<RingState>,
+    pub(super) geometry: Geometry,
+    pub(super) held: u64,
     /// The slots' memory, `sent` and the release counters (every entry's for the producer,
     /// its own for a consumer).
-    parts: (BufferCore<T>, GpuSignal, Vec<GpuSignal>),
-    inflight: InFlight,
+    pub(super) parts: (Side<T>, GpuSignal, Vec<GpuSignal>),
+    pub(super) inflight: InFlight,
     /// An operation may be on a stream untracked: the parts are leaked, whatever the events say.
-    untracked: bool,
-    forced: bool,
-    next_check: Instant,
-    started: Instant,
-    timeout: Duration,
+    pub(super) untracked: bool,
+    /// Whether the counter our streams wait on was forced (the other end is gone).
+    pub(super) forced: bool,
+    /// When the other end's liveness is looked at next.
+    pub(super) next_check: Instant,
+    pub(super) started: Instant,
+    pub(super) timeout: Duration,
 }
 
 impl<T: Pod> Drain<T> {
     /// Start taking an end apart: the producer closes its end in the region now (the consumer
     /// receives what was published, then `ChannelClosed`; its GPU waits are met by our pending
     /// writes).
-    #[allow(clippy::too_many_arguments)] // an end's fields, moved in once
-    pub(crate) fn start(
-        role: Role,
-        entry: usize,
-        region: ShmRegion<RingState>,
-        geometry: Geometry,
-        held: u64,
-        parts: (BufferCore<T>, GpuSignal, Vec<GpuSignal>),
-        inflight: InFlight,
-        untracked: bool,
-        timeout: Duration,
-    ) -> Self {
-        let now = Instant::now();
-        let drain = Self {
-            role,
-            entry,
-            region,
-            geometry,
-            held,
-            parts,
-            inflight,
-            untracked,
-            forced: false,
-            next_check: now,
-            started: now,
-            timeout,
-        };
-        if role == Role::Producer {
-            drain.ring().close_producer(held);
+    pub(crate) fn start(self) -> Self {
+        if self.role == Role::Producer {
+            self.ring().close_producer(self.held);
         }
-        drain
+        self
     }
 
     fn ring(&self) -> Ring<'_> {

@@ -11,7 +11,7 @@ use bytemuck::Pod;
 use super::drain::Drain;
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
-use crate::buffer::BufferCore;
+use crate::buffer::Side;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::shm::ShmRegion;
@@ -39,7 +39,7 @@ pub(crate) struct Endpoint<T: Pod> {
     pub(crate) stride: u64,
     /// Our owner word in the region (the producer's, or consumer 0's).
     pub(crate) held: u64,
-    pub(crate) data: ManuallyDrop<BufferCore<T>>,
+    pub(crate) data: ManuallyDrop<Side<T>>,
     /// Written by the producer's streams, waited on by the consumer's.
     pub(crate) sent: ManuallyDrop<GpuSignal>,
     /// Written by the consumers' streams, waited on by the producer's: the producer's holds
@@ -65,7 +65,7 @@ impl<T: Pod> Endpoint<T> {
         stride: u64,
         held: u64,
         entry: usize,
-        (data, sent, released): (BufferCore<T>, GpuSignal, Vec<GpuSignal>),
+        (data, sent, released): (Side<T>, GpuSignal, Vec<GpuSignal>),
     ) -> Self {
         Self {
             role,
@@ -235,17 +235,22 @@ impl<T: Pod> Endpoint<T> {
             )
         };
         let inflight = std::mem::replace(&mut self.inflight, InFlight::new(data.context()));
-        Some(Drain::start(
-            self.role,
-            self.entry,
+        let now = std::time::Instant::now();
+        let drain = Drain {
+            role: self.role,
+            entry: self.entry,
             region,
-            self.geometry,
-            self.held,
-            (data, sent, released),
+            geometry: self.geometry,
+            held: self.held,
+            parts: (data, sent, released),
             inflight,
-            self.untracked,
-            self.drain_timeout,
-        ))
+            untracked: self.untracked,
+            forced: false,
+            next_check: now,
+            started: now,
+            timeout: self.drain_timeout,
+        };
+        Some(drain.start())
     }
 
     /// `close`: take the end apart and wait (at most the drain timeout) for its GPU operations

@@ -32,7 +32,7 @@
 //! `/dev/shm`; if it is killed, its last importer removes them, or the next process's sweep
 //! does ([`reclaim_stale_lease_tables`](crate::shm::reclaim_stale_lease_tables)).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -128,27 +128,46 @@ pub(crate) struct Pending {
     pub(crate) collect: fn() -> DeferredFrees,
 }
 
-static REGISTERED: Mutex<Vec<&'static Pending>> = Mutex::new(Vec::new());
-/// Whether [`REGISTERED`] has an entry (so that a process without one never takes its lock).
-static ANY_REGISTERED: AtomicBool = AtomicBool::new(false);
+/// The most owners that can register (two exist: the shared pools and the channel drains).
+const MAX_REGISTERED: usize = 4;
+
+/// The registered owners, in the order they registered; a null slot ends the list. Read with
+/// one load per slot, no lock and no allocation: [`collect_if_pending`] runs at every
+/// allocation and export.
+static REGISTERED: [AtomicPtr<Pending>; MAX_REGISTERED] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_REGISTERED];
 
 /// Collect `pending` with the deferred frees from now on (once however often called).
 pub(crate) fn register_pending(pending: &'static Pending) {
-    let mut list = REGISTERED.lock();
-    if !list.iter().any(|p| std::ptr::eq(*p, pending)) {
-        list.push(pending);
+    let wanted = std::ptr::from_ref(pending).cast_mut();
+    for slot in &REGISTERED {
+        // Claim the first free slot, unless `pending` holds one already (slots fill in order
+        // and are never emptied, so it is found before the first free one).
+        match slot.compare_exchange(
+            std::ptr::null_mut(),
+            wanted,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return,
+            Err(held) if held == wanted => return,
+            Err(_) => {}
+        }
     }
-    ANY_REGISTERED.store(true, Ordering::Release);
+    // Every slot taken by another owner: a new owner kind was added without raising the
+    // bound; its deferred work is still finished by its own next allocation.
+    debug_assert!(false, "raise MAX_REGISTERED");
 }
 
-/// The registered owners, copied out: none is called under the list's lock (a collect takes
-/// its owner's locks, under which an owner may register).
-fn registered() -> Vec<&'static Pending> {
-    if ANY_REGISTERED.load(Ordering::Acquire) {
-        REGISTERED.lock().clone()
-    } else {
-        Vec::new()
-    }
+/// The registered owners, in order; none is called under a lock (a collect takes its owner's
+/// locks, under which an owner may register).
+fn registered() -> impl Iterator<Item = &'static Pending> {
+    REGISTERED.iter().map_while(|slot| {
+        let p = slot.load(Ordering::Acquire);
+        // SAFETY: every non-null pointer stored came from a `&'static Pending`
+        // (`register_pending`), and is never changed or freed afterwards.
+        (!p.is_null()).then(|| unsafe { &*p })
+    })
 }
 
 /// Collect if anything is pending (called when this process allocates or exports).

@@ -1,0 +1,316 @@
+//! The exporting side of a buffer: what an [`IpcBuffer`] is ([`Export`]: a `cuMemAlloc`
+//! allocation, a POSIX-fd allocation, or a pool's) and the work only an exporter does —
+//! allocate, seal a handle, wait for importers, free or defer the free.
+
+use std::time::Duration;
+
+use bytemuck::Pod;
+
+use super::{IpcBuffer, allocation_bytes};
+use crate::context::GpuContext;
+use crate::driver;
+use crate::error::{Capability, Error, Result};
+use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
+use crate::ledger::deferred;
+use crate::ledger::registry::{self, Record};
+use crate::poll::Backoff;
+use crate::pool::PoolAlloc;
+use crate::raw::RawMemHandle;
+use crate::slice::GpuSlice;
+use crate::vmm::VmmMemory;
+
+/// What an exported buffer's memory is, with the bookkeeping of its exports.
+pub(crate) enum Export {
+    /// `cuMemAlloc`, exported as legacy handles (`cuIpcGetMemHandle`).
+    Legacy {
+        published: Published,
+        /// Freed, or its free deferred: nothing is left to do.
+        released: bool,
+    },
+    /// `cuMemCreate` + a mapping, exported as POSIX file descriptors; the memory is `None`
+    /// once released (the driver frees it when the last importer unmaps).
+    Vmm {
+        published: Published,
+        memory: Option<VmmMemory>,
+    },
+    /// An allocation of a pool this process shares between such buffers (the pool's table
+    /// holds its importers and generation).
+    Pooled(PoolAlloc),
+}
+
+/// The export's block in this process's registry and the device it names.
+pub(crate) struct Published {
+    uuid: [u8; 16],
+    /// Published at the first export (a buffer never exported has none); moved to the
+    /// deferred-free list when the buffer is dropped while mapped elsewhere.
+    record: parking_lot::Mutex<Option<Record>>,
+}
+
+impl Published {
+    fn new(ctx: &GpuContext) -> Self {
+        Self {
+            uuid: ctx.uuid(),
+            record: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// The device's UUID, as handles name it.
+    pub(crate) fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    /// The token and generation of the export's block, published now if this is the first
+    /// export.
+    fn token(&self) -> Result<([u8; 16], u64)> {
+        let mut record = self.record.lock();
+        let record = match &mut *record {
+            Some(r) => r,
+            None => record.insert(Record::publish()?),
+        };
+        Ok((record.token(), record.generation()))
+    }
+
+    /// The processes mapping the export now.
+    pub(crate) fn importers(&self) -> Vec<u32> {
+        self.record
+            .lock()
+            .as_ref()
+            .map_or_else(Vec::new, Record::importers)
+    }
+
+    /// A process that holds the export but died without letting go; nothing is reaped.
+    fn dead_importer(&self) -> Option<u32> {
+        self.record.lock().as_ref()?.dead_importer()
+    }
+}
+
+impl<T: Pod> IpcBuffer<T> {
+    /// The work of [`IpcBuffer::new_with`].
+    pub(crate) fn allocate(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
+        let bytes = allocation_bytes::<T>("IpcBuffer::new", len)?;
+        deferred::collect_if_pending();
+        let posix_fd = match handle_type {
+            HandleType::Pool => {
+                let alloc = crate::pool::alloc_shared(ctx, bytes)?;
+                return Ok(Self::from_parts(
+                    GpuSlice::new(ctx.clone(), alloc.ptr(), len),
+                    Export::Pooled(alloc),
+                ));
+            }
+            HandleType::Legacy => false,
+            HandleType::Auto => crate::vmm::supports_posix_fd(ctx.device())?,
+            HandleType::PosixFd => {
+                if !crate::vmm::supports_posix_fd(ctx.device())? {
+                    return Err(Error::Unsupported {
+                        device: ctx.ordinal(),
+                        what: "export virtual memory as POSIX file descriptors",
+                        missing: Capability::VmmPosixFd,
+                    });
+                }
+                true
+            }
+        };
+        let published = Published::new(ctx);
+        let (ptr, export) = if posix_fd {
+            let memory = VmmMemory::create(ctx, bytes)?;
+            let ptr = memory.ptr();
+            let memory = Some(memory);
+            (ptr, Export::Vmm { published, memory })
+        } else {
+            let _g = ctx.enter()?;
+            let ptr = driver::mem::alloc(bytes)?;
+            let released = false;
+            (
+                ptr,
+                Export::Legacy {
+                    published,
+                    released,
+                },
+            )
+        };
+        Ok(Self::from_parts(
+            GpuSlice::new(ctx.clone(), ptr, len),
+            export,
+        ))
+    }
+
+    /// The work of [`IpcBuffer::zeroed_with`].
+    pub(crate) fn allocate_zeroed(
+        ctx: &GpuContext,
+        len: usize,
+        handle_type: HandleType,
+    ) -> Result<Self> {
+        let buf = Self::allocate(ctx, len, handle_type)?;
+        buf.fill_fresh(0)?;
+        Ok(buf)
+    }
+
+    fn from_parts(slice: GpuSlice<T>, export: Export) -> Self {
+        Self {
+            slice,
+            export,
+            read_only: false,
+        }
+    }
+
+    /// Set every byte of a buffer nothing else uses yet, on a private non-blocking stream, and
+    /// wait until it is done.
+    fn fill_fresh(&self, value: u8) -> Result<()> {
+        let bytes = match &self.export {
+            Export::Vmm {
+                memory: Some(m), ..
+            } => m.size(),
+            _ => self.byte_len(),
+        };
+        let _g = self.slice.ctx.enter()?;
+        let stream = driver::stream::create_non_blocking()?;
+        // SAFETY: the device range is this buffer's `bytes` bytes (its mapping, for a POSIX-fd
+        // buffer), which nothing else uses yet; the stream is live, and synchronised before
+        // the call returns.
+        let mut rc = unsafe { driver::mem::set_bytes_async(self.slice.ptr, value, bytes, stream) };
+        if rc.is_ok() {
+            // SAFETY: a live stream of this context.
+            rc = unsafe { driver::stream::synchronize(stream) };
+        }
+        // SAFETY: created above and destroyed once; its work is done (or never started).
+        let _ = unsafe { driver::stream::destroy(stream) };
+        rc
+    }
+
+    /// The handle of kind `K` (whose elements are `T`s: a buffer's, a signal's counter, a
+    /// channel's slots) that exports this buffer.
+    pub(crate) fn export_handle<K: HandleKind>(&self) -> Result<Handle<K>> {
+        deferred::collect_if_pending();
+        let (published, cuda, handle_type) = match &self.export {
+            Export::Pooled(_) => return Err(super::pooled()),
+            Export::Vmm { published, memory } => {
+                let mut cuda = [0u8; 64];
+                let size = memory.as_ref().map_or(0, VmmMemory::size);
+                cuda[..8].copy_from_slice(&(size as u64).to_le_bytes());
+                (published, cuda, HandleType::PosixFd)
+            }
+            Export::Legacy { published, .. } => {
+                (published, self.legacy_ipc_handle()?.0, HandleType::Legacy)
+            }
+        };
+        // The block is published before any handle exists: every importer finds it.
+        let (token, generation) = published.token()?;
+        let env = Envelope {
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            len: self.slice.len as u64,
+            device_uuid: published.uuid,
+            token,
+            handle_type: handle_type.code(),
+            ..Envelope::exported(K::CODE, generation, self.slice.ctx.ordinal(), cuda)
+        };
+        Ok(Handle::from_envelope(env.seal()))
+    }
+
+    /// The driver's legacy handle of this exported `cuMemAlloc` buffer (`cuIpcGetMemHandle`),
+    /// remembered as this process's own (so that opening it here is refused before CUDA).
+    pub(crate) fn legacy_ipc_handle(&self) -> Result<RawMemHandle> {
+        let raw = {
+            let _g = self.slice.ctx.enter()?;
+            // SAFETY: a pointer this buffer allocated with cuMemAlloc in this context, live
+            // while `self` is (the callers match `Export::Legacy` first).
+            unsafe { driver::ipc::get_mem_handle(self.slice.ptr) }?
+        };
+        let handle = RawMemHandle(raw);
+        crate::raw::remember_own(handle);
+        Ok(handle)
+    }
+
+    /// A process other than this one that holds this export (has it mapped) but has died
+    /// without letting go; nothing is reaped.
+    pub(crate) fn dead_importer(&self) -> Option<u32> {
+        match &self.export {
+            Export::Legacy { published, .. } | Export::Vmm { published, .. } => {
+                published.dead_importer()
+            }
+            Export::Pooled(_) => None,
+        }
+    }
+
+    /// Wait for importers up to `timeout` and free, keeping the buffer (retired, or released)
+    /// for a caller that hands it back on an error.
+    pub(crate) fn close_in_place(&mut self, timeout: Duration) -> Result<()> {
+        self.wait_for_importers(timeout)
+            .and_then(|()| self.release())
+    }
+
+    /// For a `cuMemAlloc` export: retire it (new opens are stale) and wait up to `timeout`
+    /// until no importer maps it (then it may be freed), reaping importers proven dead. A pool
+    /// buffer waits until no importer holds it; a POSIX-fd buffer has nothing to wait for (the
+    /// driver keeps its memory while anyone maps it).
+    pub(crate) fn wait_for_importers(&self, timeout: Duration) -> Result<()> {
+        let record = match &self.export {
+            Export::Pooled(alloc) => return alloc.wait_unheld(timeout),
+            Export::Vmm { .. } | Export::Legacy { released: true, .. } => return Ok(()),
+            Export::Legacy { published, .. } => &published.record,
+        };
+        let mut record = record.lock();
+        let Some(record) = record.as_mut() else {
+            return Ok(()); // never exported with a handle: nobody can map it
+        };
+        if !record.retire() {
+            return Ok(());
+        }
+        let mut wait = Backoff::new(
+            timeout,
+            Duration::from_micros(100),
+            Duration::from_millis(20),
+        );
+        loop {
+            registry::collect();
+            if !record.is_held() {
+                return Ok(());
+            }
+            if let Err(waited) = wait.pause() {
+                return Err(Error::LeasesOutstanding {
+                    pids: record.importers(),
+                    waited,
+                });
+            }
+        }
+    }
+
+    /// Give the memory back without waiting: freed now, or deferred while importers map it.
+    pub(crate) fn release(&mut self) -> Result<()> {
+        let bytes = self.byte_len();
+        match &mut self.export {
+            Export::Pooled(alloc) => alloc.free(None),
+            Export::Vmm { published, memory } => {
+                // Dropping the record retires the export: new opens fail from here on
+                // (StaleHandle); existing importers keep their mappings, which hold the
+                // memory: the driver frees it when the last one unmaps.
+                drop(published.record.lock().take());
+                drop(memory.take());
+                Ok(())
+            }
+            Export::Legacy { released: true, .. } => Ok(()),
+            Export::Legacy {
+                published,
+                released,
+            } => {
+                *released = true;
+                let record = published.record.lock().take();
+                deferred::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, record)
+            }
+        }
+    }
+}
+
+impl<T: Pod> Drop for IpcBuffer<T> {
+    fn drop(&mut self) {
+        if !self.slice.ctx.is_home() {
+            // Inherited by a forked child: the parent's (see `process::Home`). Its parts
+            // (records, leases, pools) refuse to act here too.
+            return;
+        }
+        // Never waits: freed now, or deferred while importers map it. A failed cuMemFree
+        // cannot be reported from drop; `IpcBuffer::close` reports it.
+        let _ = self.release();
+    }
+}

@@ -1,0 +1,342 @@
+//! The importing side of a buffer: what an [`ImportedBuffer`] is ([`Import`]: a mapping of
+//! another process's export, or a hold on a pool buffer) and how one is opened — validate the
+//! handle, look the export up in the import cache, take a lease, map.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytemuck::Pod;
+
+use super::ImportedBuffer;
+use crate::context::GpuContext;
+use crate::device;
+use crate::driver::{self, sys};
+use crate::error::{Error, HandleDefect, Result, StateDefect, TypeConflict};
+use crate::handle::{Handle, HandleKind, HandleType, IpcMemHandle, check_element};
+use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::registry::{self, Hold};
+use crate::pool::{IpcPoolHandle, PoolHandle, PoolHold};
+use crate::process::ProcessIdentity;
+use crate::slice::GpuSlice;
+use crate::vmm::{Access, VmmMemory};
+
+/// What an imported buffer maps.
+pub(crate) enum Import {
+    /// A legacy or POSIX-fd export (or a raw handle's memory), shared by every view of it in
+    /// this process and context.
+    Mapping(Arc<Mapping>),
+    /// A [`HandleType::Pool`] buffer: a hold on this process's import of it.
+    PoolHold(PoolHold),
+}
+
+/// Import cache key: the export token, the importing context, and the envelope kind (a signal's
+/// counter and a buffer never share a mapping record, whatever a forged envelope claims).
+/// An export (its token padded to 64 bytes, or a raw handle's 64 bytes), the context, and the
+/// kind of handle that opened it ([`KIND_RAW`] for raw handles).
+/// A read-only import ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer)) is a mapping of its own
+/// (the last field), never shared with a read-write one.
+pub(crate) type Key = ([u8; 64], usize, u16, Access);
+
+/// The cache kind of raw handles (not an envelope kind: they have no envelope).
+pub(crate) const KIND_RAW: u16 = u16::MAX;
+
+/// What the first open of a mapping described, which every later open must match.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Described {
+    /// From an envelope: element size, alignment, type tag and length.
+    Envelope(u32, u32, u64, u64),
+    /// From a raw handle: nothing beyond the bytes mapped (views may take any range of them).
+    Raw,
+}
+
+/// Live imports of this process, so that opening a buffer again shares one mapping and the
+/// driver's close runs once. A mapping being closed is waited for, never opened again beside
+/// its close (the driver has one mapping of an export per context: the close would unmap both).
+pub(crate) static CACHE: ImportCache<Key, Mapping> = ImportCache::new(Dying::WaitForIt);
+
+/// One `cuIpcOpenMemHandle` mapping, shared by every [`IpcBuffer`] view of it in this process.
+pub(crate) struct Mapping {
+    pub(crate) ctx: GpuContext,
+    pub(crate) ptr: sys::CUdeviceptr,
+    /// Bytes mapped from `ptr` on, as the driver reports the allocation
+    /// (`cuPointerGetAttributes`): no view may reach past them, whatever an envelope says.
+    pub(crate) mapped: usize,
+    /// What the envelope that created the mapping described: element size, alignment, type
+    /// tag and length. Every later open of the same export must describe the same.
+    pub(crate) described: Described,
+    pub(crate) key: Key,
+    /// The exporting process (for a raw handle: only if the caller named it).
+    pub(crate) exporter: Option<ProcessIdentity>,
+    /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
+    /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
+    pub(crate) exporter_seen_alive: AtomicU64,
+    /// For a POSIX-fd import: the imported allocation and its mapping (taken and torn down in
+    /// `drop`); `None` for legacy handles, closed with `cuIpcCloseMemHandle`.
+    pub(crate) vmm: Option<VmmMemory>,
+    // Dropped after `drop` has unmapped: the exporter may free once the hold is gone. Raw
+    // handles have none (a foreign exporter keeps no ledger).
+    pub(crate) hold: Option<Hold>,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Some(vmm) = self.vmm.take() {
+            drop(vmm); // unmap, free the range, release the imported handle
+        } else if let Ok(_g) = self.ctx.enter() {
+            // SAFETY: `ptr` came from cuIpcOpenMemHandle in this context and is closed exactly
+            // once, here, when the last view is gone. Drop cannot report a failure.
+            let _ = unsafe { driver::ipc::close_mem_handle(self.ptr) };
+        }
+        // Closed: the export may be opened again (a lookup meanwhile waited for this).
+        CACHE.forget(&self.key);
+    }
+}
+
+impl<T: Pod> ImportedBuffer<T> {
+    /// Validate → lease → map, for a handle of `T`s (a buffer's, a signal's counter, a
+    /// channel's slots) of either handle type: `fd` is the descriptor that came with a POSIX-fd
+    /// handle (and must be absent for a legacy one).
+    pub(crate) fn open_handle<K: HandleKind>(
+        ctx: &GpuContext,
+        handle: &Handle<K>,
+        fd: Option<OwnedFd>,
+    ) -> Result<Self> {
+        Self::open_handle_with(ctx, handle, fd, Access::ReadWrite)
+    }
+
+    /// The work of [`ReadOnlyBuffer::open_fd`](crate::ReadOnlyBuffer::open_fd): a mapping the
+    /// GPU lets this process read only.
+    pub(crate) fn open_fd_read_only(
+        ctx: &GpuContext,
+        handle: &IpcMemHandle<T>,
+        fd: OwnedFd,
+    ) -> Result<Self> {
+        Self::open_handle_with(ctx, handle, Some(fd), Access::ReadOnly)
+    }
+
+    /// [`open_handle`](Self::open_handle), mapping with `access`. Read-only needs a POSIX-fd
+    /// handle: `cuIpcOpenMemHandle` has no read-only mapping.
+    pub(crate) fn open_handle_with<K: HandleKind>(
+        ctx: &GpuContext,
+        handle: &Handle<K>,
+        fd: Option<OwnedFd>,
+        access: Access,
+    ) -> Result<Self> {
+        if access == Access::ReadOnly && fd.is_none() {
+            return Err(Error::HandleTypeMismatch {
+                handle: HandleType::Legacy,
+                conflict: TypeConflict::NoReadOnlyMapping,
+            });
+        }
+        // `admit` checks the element type `K` names, which is `T` for every caller (a buffer's
+        // `T`, a signal's `u64`): what makes the view sound.
+        let exporter = handle.admit(fd.is_some())?;
+        let env = &handle.env;
+        debug_assert!(check_element::<T>(env.elem_size, env.elem_align, env.type_tag).is_ok());
+        let kind = K::CODE;
+        let len = usize::try_from(env.len).map_err(|_| {
+            Error::corrupt_handle(HandleDefect::Layout {
+                detail: format!("length {} does not fit this platform", env.len),
+            })
+        })?;
+        let described = Described::Envelope(env.elem_size, env.elem_align, env.type_tag, env.len);
+        // The token names the exporter's ledger and block, the generation which export of
+        // that block: together, one export for ever.
+        let mut token = [0u8; 64];
+        token[..16].copy_from_slice(&env.token);
+        token[16..24].copy_from_slice(&env.generation.to_le_bytes());
+        let key: Key = (token, ctx.as_raw() as usize, kind, access);
+
+        // A hit is held to everything a first open checks that can have changed or been
+        // forged since: the export is not closing, its exporter lives, and the envelope
+        // describes the mapping as the first one did.
+        let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
+        let mapping = CACHE.get_or_create(&key, reuse, || {
+            let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
+            let hold = registry::enter(&env.token, env.generation, exporter)?;
+            // On an error below the hold drops after the memory was unmapped again.
+            let (ptr, mapped, vmm) = match fd {
+                Some(fd) => {
+                    let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+                    let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
+                    (memory.ptr(), memory.size(), Some(memory))
+                }
+                None => {
+                    let wanted = len.saturating_mul(std::mem::size_of::<T>());
+                    let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)?;
+                    (ptr, mapped, None)
+                }
+            };
+            let mapping = Arc::new(Mapping {
+                ctx: ctx.clone(),
+                ptr,
+                mapped,
+                described,
+                key,
+                exporter: Some(exporter),
+                exporter_seen_alive: AtomicU64::new(0),
+                vmm,
+                hold: Some(hold),
+            });
+            Ok(mapping)
+        })?;
+        Ok(Self::view_at(mapping, 0, len))
+    }
+
+    /// The work of [`ImportedBuffer::open_pooled`], whatever the pool's handle says of
+    /// read-only (a [`ReadOnlyBuffer`](crate::ReadOnlyBuffer) opens one marked so).
+    pub(crate) fn open_pooled_any(
+        ctx: &GpuContext,
+        pool: &IpcPoolHandle,
+        fd: OwnedFd,
+        buffer: &PoolHandle<T>,
+    ) -> Result<Self> {
+        let (slice, hold) = crate::pool::ImportedPool::open_fd(ctx, pool, fd)?
+            .open(buffer)?
+            .into_parts();
+        Ok(Self {
+            slice,
+            import: Import::PoolHold(hold),
+        })
+    }
+
+    /// A view of `len` elements at byte `offset` of the mapping (the caller checked the range).
+    pub(crate) fn view_at(mapping: Arc<Mapping>, offset: u64, len: usize) -> Self {
+        Self {
+            slice: GpuSlice::new(mapping.ctx.clone(), mapping.ptr + offset, len),
+            import: Import::Mapping(mapping),
+        }
+    }
+
+    /// Another process that holds the same export but died without letting go (for a
+    /// signal's counter: a third party); nothing is reaped.
+    pub(crate) fn dead_importer(&self) -> Option<u32> {
+        match &self.import {
+            Import::Mapping(m) => m.hold.as_ref()?.dead_importer(),
+            Import::PoolHold(_) => None,
+        }
+    }
+}
+
+impl Mapping {
+    /// The checks a cache hit must pass: the export is not closing (its exporter is waiting
+    /// for importers to go: no new views), the exporter is alive, and the envelope describes
+    /// what the first open of this export described (and so fits the mapping).
+    pub(crate) fn check_reuse(&self, described: Described) -> Result<()> {
+        if let Some(hold) = &self.hold
+            && !hold.is_live()
+        {
+            return Err(Error::StaleHandle {
+                generation: hold.generation(),
+            });
+        }
+        // The exporter's liveness, polled at most once per LIVENESS_REUSE_NS per mapping: a
+        // tight loop of re-opens pays a clock read, not a syscall, per hit. A death is then
+        // reported by the first hit that starts LIVENESS_REUSE_NS after it. A view handed out
+        // inside that window is in the position of one opened just before the death, which
+        // no check can prevent (the exporter may die right after any check): this check
+        // turns a known death into a clear error, it does not keep the memory alive.
+        let now = liveness_clock();
+        let seen = self.exporter_seen_alive.load(Ordering::Relaxed);
+        if let Some(exporter) = &self.exporter
+            && now.saturating_sub(seen) >= LIVENESS_REUSE_NS
+        {
+            if !crate::process::is_alive_cached(exporter) {
+                return Err(Error::exporter_gone(exporter.pid()));
+            }
+            self.exporter_seen_alive.store(now, Ordering::Relaxed);
+        }
+        if described != self.described {
+            let (
+                Described::Envelope(size, _, _, len),
+                Described::Envelope(first_size, _, _, first_len),
+            ) = (described, self.described)
+            else {
+                return Err(Error::corrupt_handle(HandleDefect::Memory {
+                    detail: "a raw handle and an envelope name the same mapping".into(),
+                }));
+            };
+            return Err(Error::corrupt_handle(HandleDefect::Memory {
+                detail: format!(
+                    "the handle describes {len} elements of {size} bytes, but this process \
+                     already maps the same export as {first_len} elements of {first_size} \
+                     bytes ({} bytes mapped)",
+                    self.mapped
+                ),
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// How long a cache hit trusts the last "exporter alive" answer for its mapping (100 µs).
+const LIVENESS_REUSE_NS: u64 = 100_000;
+
+/// Monotonic nanoseconds since this process first asked (for [`Mapping::exporter_seen_alive`]).
+fn liveness_clock() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold the envelope's
+/// `wanted` bytes — the peer's word — to what the driver mapped; returns the address and the
+/// bytes mapped from it. On an error nothing stays mapped.
+fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64, usize)> {
+    let _g = ctx.enter()?;
+    let ptr = driver::ipc::open_mem_handle(handle)?;
+    let mapped = mapped_bytes(ptr).and_then(|mapped| {
+        if wanted <= mapped {
+            Ok(mapped)
+        } else {
+            Err(Error::corrupt_handle(HandleDefect::Memory {
+                detail: format!(
+                    "the handle describes {wanted} bytes, but the memory it maps is {mapped} \
+                     bytes (cuPointerGetAttributes)"
+                ),
+            }))
+        }
+    });
+    if mapped.is_err() {
+        // SAFETY: opened just above in this context, closed once, never handed out.
+        let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
+    }
+    Ok((ptr, mapped?))
+}
+
+/// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuPointerGetAttributes`), in the
+/// current context.
+pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
+    let (base, size) = driver::mem::address_range(ptr)?;
+    let offset = usize::try_from(ptr.wrapping_sub(base)).unwrap_or(usize::MAX);
+    if ptr < base || offset > size {
+        return Err(Error::Corrupt {
+            what: "IPC mapping",
+            defect: StateDefect::DriverAnswer {
+                call: "cuPointerGetAttributes",
+                value: i64::try_from(base).unwrap_or(i64::MAX),
+            },
+        });
+    }
+    Ok(size - offset)
+}
+
+/// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
+/// visible and, if it is not the context's own device, reachable by peer access.
+/// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
+/// `ctx` can reach as a peer. `ctx` is current.
+pub(crate) fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
+    let ordinal = driver::mem::device_ordinal_of(ptr)?;
+    let Ok(ordinal) = u32::try_from(ordinal) else {
+        return Err(Error::Corrupt {
+            what: "IPC mapping",
+            defect: StateDefect::DriverAnswer {
+                call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
+                value: ordinal.into(),
+            },
+        });
+    };
+    device::check_peer(ctx.ordinal(), ordinal)
+}
