@@ -218,7 +218,7 @@ impl Bench<'_> {
     fn end_fanout(&self, txs: Vec<IpcSender<u32>>) {
         let n = txs.len();
         for tx in txs {
-            tx.close().unwrap();
+            tx.close(WAIT).unwrap();
         }
         let s = self.s;
         spin("the consumers to finish", || {
@@ -243,7 +243,7 @@ impl Bench<'_> {
 
     /// Close the phase's channel and wait until every helper has left it.
     fn end(&self, tx: IpcSender<u32>, consumers: usize) {
-        tx.close().unwrap();
+        tx.close(WAIT).unwrap();
         let s = self.s;
         spin("the consumers to finish", || {
             s.done.load(Ordering::Acquire) as usize == consumers

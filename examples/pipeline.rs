@@ -143,8 +143,8 @@ fn producer(region: &str, device: u32, o: &Options) -> Result<(), Failure> {
         rtt.len()
     );
     stream.synchronize()?;
-    tx.close()?;
-    ping.close()?;
+    tx.close(Duration::from_secs(5))?;
+    ping.close(Duration::from_secs(5))?;
     Ok(())
 }
 

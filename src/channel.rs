@@ -36,7 +36,7 @@ use crate::buffer::{ImportedBuffer, Side};
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::envelope;
-use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
+use crate::error::{ArgumentDefect, CloseError, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::ShmOptions;
@@ -599,6 +599,7 @@ impl<T: Pod> IpcSender<T> {
         stream: &'a S,
         timeout: Duration,
     ) -> Result<SendSlot<'a, T>> {
+        self.end.check_open("IpcSender::acquire")?;
         self.acquire_host(self.next, timeout)?;
         self.take_slot(stream)
     }
@@ -633,6 +634,7 @@ impl<T: Pod> IpcSender<T> {
         &'a mut self,
         stream: &'a S,
     ) -> Result<Option<SendSlot<'a, T>>> {
+        self.end.check_open("IpcSender::try_acquire")?;
         if !self.ring().try_acquire(self.next)? {
             if !self.end.geometry.is_broadcast() {
                 return Ok(None);
@@ -694,29 +696,52 @@ impl<T: Pod> IpcSender<T> {
         (owner.state != crate::owned_slot::OwnerState::Free).then_some(id)
     }
 
-    /// How long the channel's GPU operations are waited for before the memory is leaked rather
-    /// than freed under them (default 5 s) — by [`close`](Self::close), which then waits as long
-    /// again for the consumer to unmap it, or, after a drop, by later collects. Dropping never
+    /// After a drop, how long the channel's GPU operations are waited for (by later collects)
+    /// before the memory is leaked rather than freed under them (default 5 s). Dropping never
     /// waits: the sender is closed at once, and its memory freed once its GPU operations are
     /// done and the consumer unmapped it (at a later allocation or export of this process,
-    /// [`collect_deferred`](crate::collect_deferred), or exit).
+    /// [`collect_deferred`](crate::collect_deferred), or exit). [`close`](Self::close) takes
+    /// its own timeout.
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
         self.end.drain_timeout = timeout;
     }
 
     /// Close the channel: the consumer receives what was sent, then [`Error::ChannelClosed`].
-    /// Waits (up to the drop timeout) for the channel's GPU operations, then as long again for
-    /// the consumer to unmap the memory, and reports what drop would hide.
+    /// Waits up to `timeout` for the channel's GPU operations, then, in what is left of it,
+    /// for every consumer to unmap the memory and counters, frees them, and reports what drop
+    /// would hide. Nothing is freed or leaked while the wait goes on: a close that does not
+    /// finish hands the sender back, closing (it sends nothing more), for another `close` or a
+    /// drop (which never waits: see [`set_drop_timeout`](Self::set_drop_timeout)).
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
-    /// timeout (the memory was leaked, not freed); [`Error::LeasesOutstanding`] when the
-    /// consumer kept the memory mapped (its free is deferred until it unmaps);
-    /// [`Error::Cuda`] from the frees.
-    pub fn close(mut self) -> Result<()> {
-        let wait = self.end.drain_timeout;
-        self.end.teardown(wait)
+    /// In a [`CloseError`] holding the sender: [`Error::Timeout`] when the channel's GPU
+    /// operations did not complete in time; [`Error::LeasesOutstanding`] when a consumer kept
+    /// the memory or a counter mapped; [`Error::Cuda`] from the frees.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::GpuContext;
+    /// use cuda_ipc::channel::IpcSender;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let tx = IpcSender::<f32>::new(&ctx, 4, 1024)?;
+    /// // ... send items ...
+    /// if let Err(e) = tx.close(Duration::from_secs(1)) {
+    ///     eprintln!("{}; trying once more", e.error());
+    ///     e.into_inner().close(Duration::from_secs(10))?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn close(self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
+        let mut tx = self;
+        match tx.end.close_within(timeout) {
+            Ok(()) => Ok(()), // what is left goes with the drop, at once
+            Err(error) => Err(CloseError::new(error, tx)),
+        }
     }
 }
 
@@ -992,6 +1017,7 @@ impl<T: Pod> IpcReceiver<T> {
         stream: &'a S,
         timeout: Duration,
     ) -> Result<Received<'a, T>> {
+        self.end.check_open("IpcReceiver::recv")?;
         let len = self.ring().recv(self.received, wait_limit(timeout))?;
         self.take_item(stream, len)
     }
@@ -1005,6 +1031,7 @@ impl<T: Pod> IpcReceiver<T> {
         &'a mut self,
         stream: &'a S,
     ) -> Result<Option<Received<'a, T>>> {
+        self.end.check_open("IpcReceiver::try_recv")?;
         match self.ring().try_recv(self.received)? {
             Some(len) => self.take_item(stream, len).map(Some),
             None => Ok(None),
@@ -1058,11 +1085,12 @@ impl<T: Pod> IpcReceiver<T> {
         self.end.data.exporter()
     }
 
-    /// How long the channel's GPU operations are waited for before the mappings are leaked
-    /// rather than unmapped under them (default 5 s) — by [`close`](Self::close), or, after a
-    /// drop, by later collects. Dropping never waits: the receiver closes (and unmaps) once its
-    /// GPU operations are done — at once if they are, else at a later allocation or export of
-    /// this process, [`collect_deferred`](crate::collect_deferred), or exit.
+    /// After a drop, how long the channel's GPU operations are waited for (by later collects)
+    /// before the mappings are leaked rather than unmapped under them (default 5 s). Dropping
+    /// never waits: the receiver closes (and unmaps) once its GPU operations are done — at once
+    /// if they are, else at a later allocation or export of this process,
+    /// [`collect_deferred`](crate::collect_deferred), or exit. [`close`](Self::close) takes its
+    /// own timeout.
     pub fn set_drop_timeout(&mut self, timeout: Duration) {
         self.end.drain_timeout = timeout;
     }
@@ -1074,16 +1102,22 @@ impl<T: Pod> IpcReceiver<T> {
         recorded
     }
 
-    /// Close the receiver: the producer's next acquire reports [`Error::ChannelClosed`].
-    /// Waits (up to the drop timeout) for the channel's GPU operations — drop leaves that to
-    /// later collects — and reports what drop would hide.
+    /// Close the receiver: the producer's next acquire reports [`Error::ChannelClosed`] (a
+    /// broadcast producer stops waiting for this consumer). Waits up to `timeout` for the
+    /// channel's GPU operations on this side, closes the receiver in the channel, unmaps, and
+    /// reports what drop would hide. A close that does not finish hands the receiver back,
+    /// closing (it receives nothing more), for another `close` or a drop.
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] when the channel's GPU operations did not complete within the drop
-    /// timeout (the mappings were leaked, not closed); [`Error::Cuda`] from the unmapping.
-    pub fn close(mut self) -> Result<()> {
-        self.end.teardown(Duration::ZERO)
+    /// In a [`CloseError`] holding the receiver: [`Error::Timeout`] when the channel's GPU
+    /// operations did not complete in time.
+    pub fn close(self, timeout: Duration) -> std::result::Result<(), CloseError<Self>> {
+        let mut rx = self;
+        match rx.end.close_within(timeout) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(CloseError::new(error, rx)),
+        }
     }
 }
 

@@ -999,6 +999,9 @@ pub enum ObjectState {
         /// The pid of the process the object was made in.
         made_in: u32,
     },
+    /// A `close` of it began (and, not finishing, handed it back): it is closed to new work;
+    /// close it again or drop it.
+    Closing,
 }
 
 impl std::fmt::Display for ObjectState {
@@ -1015,6 +1018,7 @@ impl std::fmt::Display for ObjectState {
                      where it does nothing (make a new one here)"
                 );
             }
+            Self::Closing => "it is closing (a close began): close it again or drop it",
         })
     }
 }

@@ -30,7 +30,7 @@ use memmap2::{MmapOptions, MmapRaw};
 pub use header::HeaderFields;
 use header::{Expected, HEADER_LEN, MAGIC, RawHeader, VERSION};
 
-use crate::error::{ArgumentDefect, Error, NameDefect, Result};
+use crate::error::{ArgumentDefect, CloseError, Error, NameDefect, Result};
 use crate::os::{self, FileInfo};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -601,15 +601,17 @@ impl<T: ShmSafe> ShmRegion<T> {
     }
 
     /// Unmap, and unlink the name if owned, reporting an unlink failure that drop would ignore.
+    /// There is nothing to wait for, so unlike the GPU objects' `close` it takes no timeout;
+    /// the error has the same shape as theirs.
     ///
     /// # Errors
     ///
-    /// The unlink error, with the region handed back (still owning the name).
-    #[allow(clippy::result_large_err)] // the handle comes back so the caller can retry
-    pub fn close(mut self) -> std::result::Result<(), (Error, Self)> {
+    /// In a [`CloseError`] holding the region (still owning the name, for another `close`):
+    /// [`Error::Os`] or [`Error::PermissionDenied`] from `lstat`/`unlink`.
+    pub fn close(mut self) -> std::result::Result<(), CloseError<Self>> {
         if self.is_owner() {
             if let Err(e) = os::shm_unlink_if_same(&self.name, self.dev, self.ino) {
-                return Err((e, self));
+                return Err(CloseError::new(e, self));
             }
             self.owner = false;
         }

@@ -687,6 +687,12 @@ impl GpuSignal {
         self.counter.as_raw_ptr()
     }
 
+    /// Wait for importers up to `timeout`, then free the counter (an opened signal's is
+    /// unmapped when it drops), keeping the signal for a caller that hands it back.
+    pub(crate) fn close_in_place(&mut self, timeout: Duration) -> Result<()> {
+        self.counter.close_in_place(timeout)
+    }
+
     /// Wait for importers up to `timeout`, then free (or unmap) the counter; on an error the
     /// signal drops (its free deferred).
     pub(crate) fn close(self, timeout: Duration) -> Result<()> {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::cuda::{DeviceBuffer, Module, Stream, StreamFlags, launch};
 use common::{die, gpu, gpu_count, shm_entries, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::channel::{IpcChannelHandle, IpcReceiver, IpcSender};
-use cuda_ipc::error::{ArgumentDefect, PeerRole};
+use cuda_ipc::error::{ArgumentDefect, ObjectState, PeerRole};
 use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{Error, GpuContext, ShmSafe};
 
@@ -192,7 +192,8 @@ fn child_process() {
             }
             // Receive `hold` items (releasing all but the last), then: "hold" dies holding it;
             // "after_release" releases it behind a 1 s kernel and dies; "close" drops the
-            // receiver; "wait" waits for the parent's go first (back-pressure), then receives all.
+            // receiver; "wait" waits for the parent's go first (back-pressure), then receives all;
+            // "linger" receives and releases all, then waits for the parent's go to drop.
             // A consumer of a broadcast channel: receive until closed, checking every byte of
             // item k = k (mod 256); "die" dies holding its 3rd item; "batch" receives in
             // batches of up to 2 and with `try_recv`, in turn. Reports its first and last
@@ -318,6 +319,9 @@ fn child_process() {
                         }
                         _ => item.release().unwrap(),
                     }
+                }
+                if how == "linger" {
+                    wait_go(&s, 1); // still attached, mapping the slots and counters
                 }
                 drop(rx);
                 0
@@ -461,7 +465,7 @@ fn a_slow_producer_is_never_overtaken() {
         ),
         "{e}"
     );
-    rx.close().unwrap();
+    rx.close(WAIT).unwrap();
     child.expect_success(WAIT);
     assert_nothing_left(&before, "after both closed");
 }
@@ -494,7 +498,7 @@ fn items_sent_on_several_streams_arrive_in_order() {
         item.release().unwrap();
     }
     s.go.store(1, Ordering::SeqCst);
-    rx.close().unwrap();
+    rx.close(WAIT).unwrap();
     child.expect_success(WAIT);
     assert_nothing_left(&before, "after both closed");
 }
@@ -557,7 +561,7 @@ fn items_released_on_several_streams_free_slots_in_order() {
         "item 1's slot was refilled while the consumer was still reading it ({bad} bytes)"
     );
     s.go.store(1, Ordering::SeqCst);
-    rx.close().unwrap();
+    rx.close(WAIT).unwrap();
     child.expect_success(WAIT);
     assert_nothing_left(&before, "after both closed");
 }
@@ -628,7 +632,7 @@ fn batches_carry_items_in_order_and_mix_with_single_items() {
         ),
         "{e}"
     );
-    rx.close().unwrap();
+    rx.close(WAIT).unwrap();
     child.expect_success(WAIT);
     assert_nothing_left(&before, "after both closed");
 }
@@ -696,7 +700,7 @@ fn back_pressure_and_capacity() {
         "{e}"
     );
     assert_eq!(tx.sent(), 3);
-    tx.close().unwrap();
+    tx.close(WAIT).unwrap();
 }
 
 /// The producer dies holding a slot (before its send) or right after a send whose kernel is
@@ -825,7 +829,7 @@ fn a_dropped_end_never_waits_and_still_closes_cleanly_at_exit() {
         matches!(err, Error::ChannelClosed { .. }),
         "the consumer's exit did not close its end: {err}"
     );
-    tx.close().unwrap();
+    tx.close(WAIT).unwrap();
     stream.synchronize().unwrap();
     assert_nothing_left(&before, "after the exit drain");
 }
@@ -880,7 +884,7 @@ fn a_dead_consumer_is_reported_and_nothing_hangs() {
             t.elapsed()
         );
         let t = Instant::now();
-        tx.close().unwrap();
+        tx.close(WAIT).unwrap();
         let closed = t.elapsed();
         println!("{how}: sender closed in {closed:?}");
         assert!(
@@ -890,6 +894,70 @@ fn a_dead_consumer_is_reported_and_nothing_hangs() {
         stream.synchronize().unwrap();
         assert_nothing_left(&before, how);
     }
+}
+
+/// A `close` that does not finish hands the end back whole (issue 33, item 6): a sender whose
+/// last send is behind a 400 ms kernel times out closing in 50 ms — nothing freed or leaked —
+/// and refuses to send from then on; once the kernel is done, a consumer that still maps the
+/// slots makes the close `LeasesOutstanding`, again with the sender back; after the consumer
+/// has gone, the third close finishes and nothing is left.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_close_that_does_not_finish_hands_the_end_back_whole() {
+    let _g = serial();
+    let _dog = watchdog("close hands back", Duration::from_secs(60));
+    let s = region();
+    let before = entries();
+    let ctx = gpu();
+    ctx.make_current().unwrap();
+    let module = Module::from_ptx(KERNELS, &[]).unwrap();
+    let fill = module.get_function("delay_fill").unwrap();
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut tx = IpcSender::<u8>::new(&ctx, SLOTS, ITEM).unwrap();
+    s.handle.store(tx.handle());
+    let dev = other_device().to_string();
+    let child = spawn("consumer", &[s.name(), &dev, "linger", "2"]);
+    wait_for("the consumer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    for (k, spin_ns) in [(1u64, 1_000u64), (2, 400_000_000)] {
+        let slot = tx.acquire(&stream, WAIT).unwrap();
+        let ptr = slot.as_raw_ptr();
+        // SAFETY: delay_fill(ptr, n, value, delay_ns) writes ITEM bytes of the slot; the
+        // channel tracks the stream until the send after it has run.
+        unsafe {
+            launch!(fill<<<16, 256, 0, stream>>>(ptr, ITEM as u64, k as u32, spin_ns)).unwrap();
+        }
+        slot.send(ITEM).unwrap();
+    }
+    let e = tx.close(Duration::from_millis(50)).unwrap_err();
+    assert!(
+        matches!(e.error(), Error::Timeout { .. }),
+        "behind the kernel: {}",
+        e.error()
+    );
+    let mut tx = e.into_inner();
+    match tx.acquire(&stream, WAIT) {
+        Err(Error::InvalidState {
+            state: ObjectState::Closing,
+            ..
+        }) => {}
+        Err(other) => panic!("a closing sender: {other}"),
+        Ok(_) => panic!("a closing sender handed out a slot"),
+    }
+    wait_for("the consumer's receipts", WAIT, || {
+        s.progress.load(Ordering::SeqCst) == 2
+    });
+    stream.synchronize().unwrap();
+    let e = tx.close(Duration::from_millis(100)).unwrap_err();
+    assert!(
+        matches!(e.error(), Error::LeasesOutstanding { .. }),
+        "the consumer maps the slots: {}",
+        e.error()
+    );
+    let tx = e.into_inner();
+    s.go.store(1, Ordering::SeqCst);
+    tx.close(WAIT).unwrap();
+    child.expect_success(WAIT);
+    assert_nothing_left(&before, "after the closes");
 }
 
 /// A broadcast channel (issue 34): three consumers — two attached from the start, one of which
@@ -963,7 +1031,7 @@ fn a_broadcast_reaches_every_consumer_and_a_dead_one_is_detached() {
         }
         k += 1;
     }
-    tx.close().unwrap();
+    tx.close(WAIT).unwrap();
     stream.synchronize().unwrap();
     let parse = |out: Vec<String>| -> (u64, u64, u64) {
         let w: Vec<u64> = out[0].split(' ').filter_map(|t| t.parse().ok()).collect();
@@ -1048,6 +1116,6 @@ fn closing_an_unopened_sender_leaves_nothing() {
         mine.iter().any(|n| n.starts_with("cuda-ipc-chan")),
         "the channel's region: {mine:?}"
     );
-    tx.close().unwrap();
+    tx.close(WAIT).unwrap();
     assert_nothing_left(&before, "after close");
 }

@@ -93,6 +93,7 @@ impl<T: Pod> IpcSender<T> {
     ) -> Result<SendBatch<'a, T>> {
         let slots = self.end.geometry.slots;
         let count = check_count("IpcSender::acquire_batch", count, slots)?;
+        self.end.check_open("IpcSender::acquire_batch")?;
         let last = self.next + count - 1;
         // Item `last` may be written once `last − slots` is released, and releases come in
         // order: so may every item before it.
@@ -228,6 +229,7 @@ impl<T: Pod> IpcReceiver<T> {
     ) -> Result<ReceivedBatch<'a, T>> {
         let slots = self.end.geometry.slots;
         let max = check_count("IpcReceiver::recv_batch", max, slots)?;
+        self.end.check_open("IpcReceiver::recv_batch")?;
         let ring = self.ring();
         let mut lens = vec![ring.recv(self.received, wait_limit(timeout))?];
         while (lens.len() as u64) < max {

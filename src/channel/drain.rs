@@ -8,8 +8,10 @@
 //! see [`Drain::finish`]), waiting for that work, and forcing the counter its streams wait on
 //! once the other end is gone (their waits would never be met).
 //!
-//! - `close` on an end waits ([`Drain::wait`]): at most the end's drain timeout, then leaks
-//!   the memory rather than free it under GPU work, and says so.
+//! - `close` on an end waits in place (`Endpoint::close_within`, with this module's
+//!   [`Look`]), up to the caller's timeout, taking nothing apart: an end it hands back on an
+//!   error is whole. What is left after it (the consumer's unmapping, the region) goes with the
+//!   end's drop, through a [`Drain`] whose work is already done.
 //! - **Dropping an end never waits** ([`Drain::finish_or_defer`]): finished at once when the
 //!   work is already done (the usual case: the user synchronised), else put on this process's
 //!   list of draining ends, which every later collect looks at once — at an allocation or export
@@ -36,7 +38,6 @@ use super::ring::{Geometry, LIVENESS_CHECK, Ring, RingState};
 use crate::buffer::Side;
 use crate::error::{Error, Result};
 use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
-use crate::poll::Backoff;
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
@@ -78,73 +79,27 @@ impl<T: Pod> Drain<T> {
         Ring::new(self.region.get(), self.geometry).at_entry(self.entry)
     }
 
-    /// Whether the other end is gone so that our streams' waits on its counter will never be
-    /// met: a consumer that died or closed (the producer's waits are for releases it will never
-    /// enqueue), or a producer that died (a closed producer's writes are still coming: forcing
-    /// its counter would let our streams read unwritten items).
-    fn peer_gone(&self) -> bool {
-        let ring = self.ring();
-        match self.role {
-            Role::Producer => ring.consumer_status().is_err(),
-            Role::Consumer => ring.producer_dead(),
-        }
-    }
-
-    /// One look, never waiting: whether every GPU operation of the end has completed. At most
-    /// every [`LIVENESS_CHECK`], forces the counter our streams wait on once the other end is
-    /// gone.
+    /// One look, never waiting: whether every GPU operation of the end has completed (see
+    /// [`Look::drained`]).
     fn drained(&mut self) -> bool {
-        if self.inflight.is_idle() {
-            return true;
-        }
-        let now = Instant::now();
-        if !self.forced && now >= self.next_check {
-            self.next_check = now + LIVENESS_CHECK;
-            if self.role == Role::Producer && self.geometry.is_broadcast() {
-                // Consumers come and go: force the counters of those found dead (to what was
-                // sent: a later consumer of the entry starts there), and look again later.
-                let mut dead = Vec::new();
-                self.ring().reap_dead_consumers(|i| dead.push(i));
-                let sent = self.ring().sent();
-                for i in dead {
-                    if let Some(counter) = self.parts.2.get(i) {
-                        let _ = counter.signal_host(sent);
-                    }
-                }
-            } else if self.peer_gone() {
-                let waited_on = match self.role {
-                    Role::Producer => self.parts.2.first(),
-                    Role::Consumer => Some(&self.parts.1),
-                };
-                self.forced =
-                    waited_on.is_some_and(|c| c.signal_host(GpuSignal::MAX_VALUE).is_ok());
-            }
-        }
-        false
+        let ring = Ring::new(self.region.get(), self.geometry).at_entry(self.entry);
+        let mut look = Look {
+            forced: self.forced,
+            next_check: self.next_check,
+        };
+        let done = look.drained(
+            &mut self.inflight,
+            ring,
+            self.role,
+            &self.parts.1,
+            &self.parts.2,
+        );
+        (self.forced, self.next_check) = (look.forced, look.next_check);
+        done
     }
 
     fn timed_out(&self) -> bool {
         self.started.elapsed() >= self.timeout
-    }
-
-    /// `close`'s path: wait at most the drain timeout for the GPU operations, then
-    /// [`finish`](Self::finish) (waiting up to `peer_wait` for the consumer to unmap the
-    /// producer's memory).
-    pub(crate) fn wait(mut self, peer_wait: Duration) -> Result<()> {
-        let mut backoff = Backoff::since(
-            self.started,
-            self.timeout,
-            Duration::from_micros(5),
-            Duration::from_millis(1),
-        );
-        loop {
-            if self.drained() {
-                return self.finish(true, peer_wait);
-            }
-            if backoff.pause().is_err() {
-                return self.finish(false, peer_wait);
-            }
-        }
     }
 
     /// `Drop`'s path: finish now if the GPU operations are done, else leave the end to later
@@ -191,6 +146,76 @@ impl<T: Pod> Drain<T> {
         let mut results = vec![data.close(left()), sent.close(left())];
         results.extend(released.into_iter().map(|counter| counter.close(left())));
         results.into_iter().collect::<Result<Vec<()>>>().map(drop)
+    }
+}
+
+/// The liveness side of waiting for an end's GPU operations, shared by a [`Drain`] and by
+/// `close` (which waits in place, so that an end it hands back is whole).
+pub(crate) struct Look {
+    /// The counter our streams wait on was forced (the other end is gone).
+    pub(crate) forced: bool,
+    /// When the other end's liveness is looked at next.
+    pub(crate) next_check: Instant,
+}
+
+impl Look {
+    pub(crate) fn new() -> Self {
+        Self {
+            forced: false,
+            next_check: Instant::now(),
+        }
+    }
+
+    /// One look, never waiting: whether every GPU operation of the end (`inflight`) has
+    /// completed. At most every [`LIVENESS_CHECK`], forces the counter our streams wait on once
+    /// the other end is gone (`sent` for a consumer; for a producer, its consumers' `released`
+    /// counters, by entry), so that those waits pass and the work completes.
+    pub(crate) fn drained(
+        &mut self,
+        inflight: &mut InFlight,
+        ring: Ring<'_>,
+        role: Role,
+        sent: &GpuSignal,
+        released: &[GpuSignal],
+    ) -> bool {
+        if inflight.is_idle() {
+            return true;
+        }
+        let now = Instant::now();
+        if !self.forced && now >= self.next_check {
+            self.next_check = now + LIVENESS_CHECK;
+            if role == Role::Producer && ring.geometry.is_broadcast() {
+                // Consumers come and go: force the counters of those found dead (to what was
+                // sent: a later consumer of the entry starts there), and look again later.
+                let mut dead = Vec::new();
+                ring.reap_dead_consumers(|i| dead.push(i));
+                let sent_now = ring.sent();
+                for i in dead {
+                    if let Some(counter) = released.get(i) {
+                        let _ = counter.signal_host(sent_now);
+                    }
+                }
+            } else if peer_gone(&ring, role) {
+                let waited_on = match role {
+                    Role::Producer => released.first(),
+                    Role::Consumer => Some(sent),
+                };
+                self.forced =
+                    waited_on.is_some_and(|c| c.signal_host(GpuSignal::MAX_VALUE).is_ok());
+            }
+        }
+        false
+    }
+}
+
+/// Whether the other end is gone so that our streams' waits on its counter will never be met:
+/// a consumer that died or closed (the producer's waits are for releases it will never
+/// enqueue), or a producer that died (a closed producer's writes are still coming: forcing its
+/// counter would let our streams read unwritten items).
+fn peer_gone(ring: &Ring<'_>, role: Role) -> bool {
+    match role {
+        Role::Producer => ring.consumer_status().is_err(),
+        Role::Consumer => ring.producer_dead(),
     }
 }
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use super::drain::Drain;
+use super::drain::{Drain, Look};
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::Side;
 use crate::driver::{self, sys};
-use crate::error::{Error, Result};
+use crate::error::{Error, ObjectState, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
@@ -54,6 +54,9 @@ pub(crate) struct Endpoint<T: Pod> {
     untracked: bool,
     /// Set once `teardown` has run (the four `ManuallyDrop`s are then gone).
     torn_down: bool,
+    /// Set when a `close` began: the end sends or receives nothing more (a close that did not
+    /// finish hands the end back, whole, for another `close` or a drop).
+    pub(crate) closing: bool,
     pub(crate) drain_timeout: Duration,
 }
 
@@ -81,6 +84,7 @@ impl<T: Pod> Endpoint<T> {
             entry,
             untracked: false,
             torn_down: false,
+            closing: false,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
@@ -259,11 +263,73 @@ impl<T: Pod> Endpoint<T> {
     /// memory is freed once the consumer has unmapped it: `peer_wait` is how long to wait for
     /// that here (after it the free is deferred, see `ledger/deferred.rs`). Runs once; later
     /// calls return `Ok`. The order of the steps, and why, is [`Drain`]'s.
-    pub(crate) fn teardown(&mut self, peer_wait: Duration) -> Result<()> {
-        match self.take_drain() {
-            Some(drain) => drain.wait(peer_wait),
-            None => Ok(()),
+    /// Refuse `call` once a close has begun (the end sends or receives nothing more).
+    pub(crate) fn check_open(&self, call: &'static str) -> Result<()> {
+        if self.closing {
+            return Err(Error::InvalidState {
+                call,
+                state: ObjectState::Closing,
+            });
         }
+        Ok(())
+    }
+
+    /// `close`: wait up to `timeout`, in place (an end handed back on an error is whole), for
+    /// the end's GPU operations — forcing the counter our streams wait on once the other end
+    /// is gone — and then, for the producer, for every consumer to unmap the memory and the
+    /// counters, which it then frees; the consumer closes its end in the region once its GPU
+    /// work is done (see [`Drain`] for why then). What is left (the consumer's unmapping, the
+    /// region) goes when the end drops, at once. Each step is safe to repeat.
+    pub(crate) fn close_within(&mut self, timeout: Duration) -> Result<()> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.closing = true;
+        if self.role == Role::Producer {
+            self.ring().close_producer(self.held);
+        }
+        let deadline = crate::poll::Deadline::after(timeout);
+        let mut backoff =
+            crate::poll::Backoff::new(timeout, Duration::from_micros(5), Duration::from_millis(1));
+        let mut look = Look::new();
+        loop {
+            let ring = Ring::new(self.region.get(), self.geometry).at_entry(self.entry);
+            if look.drained(
+                &mut self.inflight,
+                ring,
+                self.role,
+                &self.sent,
+                &self.released,
+            ) {
+                break;
+            }
+            if let Err(waited) = backoff.pause() {
+                return Err(Error::Timeout {
+                    what: "IPC channel close (its GPU operations; nothing freed or leaked yet)",
+                    waited,
+                    waiting_for: None,
+                });
+            }
+        }
+        if self.untracked {
+            return Err(Error::Timeout {
+                what: "IPC channel close (an operation went on an untracked stream: the memory \
+                       is leaked when the end drops, not freed)",
+                waited: backoff.waited(),
+                waiting_for: None,
+            });
+        }
+        match self.role {
+            Role::Consumer => self.ring().close_consumer(self.held),
+            Role::Producer => {
+                self.data.close_in_place(deadline.remaining())?;
+                self.sent.close_in_place(deadline.remaining())?;
+                for counter in self.released.iter_mut() {
+                    counter.close_in_place(deadline.remaining())?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
