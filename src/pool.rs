@@ -24,11 +24,12 @@ use crate::driver::{self, sys};
 use crate::envelope;
 use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
+use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
 use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
-use crate::ledger::lease::{ExportLeases, Lease};
-use crate::ledger::reap_dead_importers;
+use crate::ledger::lease::Lease;
 use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
+use crate::ledger::{Ledger, Reap};
 use crate::os;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
@@ -39,30 +40,24 @@ use crate::sync::Ordering;
 
 const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
 
-/// An allocation the owner freed while importers held it.
+/// An allocation the owner freed while importers held it: its block (quarantined in the
+/// ledger) and its pointer, freed once the ledger has given the block back.
 #[derive(Clone, Copy)]
 struct Retired {
-    index: u32,
+    placed: Placed,
     ptr: sys::CUdeviceptr,
-    /// Its size, from our own record (the shared table's words are the peers' to scribble).
-    bytes: usize,
-}
-
-struct Books {
-    free: Vec<u32>,
-    generations: Vec<u64>,
-    quarantine: Vec<Retired>,
 }
 
 struct Owner {
     ctx: GpuContext,
     pool: sys::CUmemoryPool,
-    token: [u8; 16],
     generation: u64,
     uuid: [u8; 16],
-    table: ShmRegion<BlockTable>,
-    leases: ExportLeases,
-    books: Mutex<Books>,
+    /// Who holds which allocation: the block and lease tables, and books of block indexes
+    /// (the driver places pool memory).
+    ledger: Ledger,
+    /// The allocations freed while held, until their blocks come back.
+    retired: Mutex<Vec<Retired>>,
     /// Set by [`IpcPool::read_only_for_importers`]: every handle says so.
     read_only: AtomicBool,
 }
@@ -70,50 +65,36 @@ struct Owner {
 // SAFETY: the pool handle is an opaque driver handle, usable from any thread once its context
 // is current (every use pushes `ctx`); the rest is Send + Sync.
 unsafe impl Send for Owner {}
-// SAFETY: as above; shared use goes through the driver (thread-safe) and the `books` lock.
+// SAFETY: as above; shared use goes through the driver (thread-safe), the `retired` lock and
+// the ledger's.
 unsafe impl Sync for Owner {}
-
-/// When [`Owner::reclaim`] reaps importers proven dead (a scan of the lease table that asks the
-/// kernel about each holder).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reap {
-    Never,
-    /// When quarantined allocations remain held after the first pass.
-    IfHeld,
-    Always,
-}
 
 impl Owner {
     /// Free quarantined allocations whose importers are gone, reaping dead importers as `reap`
     /// says. Returns how many are still held.
-    fn reclaim(&self, books: &mut Books, reap: Reap) -> usize {
-        let pass = |books: &mut Books| {
-            let mut i = 0;
-            while i < books.quarantine.len() {
-                let r = books.quarantine[i];
-                if self.table.blocks[r.index as usize].holders() == 0 {
-                    books.quarantine.swap_remove(i);
-                    if let Ok(_g) = self.ctx.enter() {
-                        // SAFETY: our allocation, retired, every importer has freed its import
-                        // (bit cleared after its cuMemFree); freed once, here.
-                        let _ = unsafe { driver::mem::free(r.ptr) };
-                    }
-                    books.free.push(r.index);
-                } else {
-                    i += 1;
-                }
+    fn reclaim(&self, reap: Reap) -> usize {
+        let mut retired = self.retired.lock();
+        self.ledger.reclaim_with(reap);
+        retired.retain(|r| {
+            if self.ledger.is_quarantined(&r.placed) {
+                return true;
             }
-        };
-        pass(books);
-        let reap = match reap {
-            Reap::Never => false,
-            Reap::IfHeld => !books.quarantine.is_empty(),
-            Reap::Always => true,
-        };
-        if reap && reap_dead_importers(&self.table, &self.leases, books.generations.len()) {
-            pass(books);
-        }
-        books.quarantine.len()
+            if let Ok(_g) = self.ctx.enter() {
+                // SAFETY: our allocation, retired; the ledger gave its block back, which it does
+                // only once every importer has left it (each leaves after its cuMemFree, or was
+                // reaped dead); freed once, here, as it leaves the list.
+                let _ = unsafe { driver::mem::free(r.ptr) };
+            }
+            false
+        });
+        retired.len()
+    }
+
+    /// The bytes of the allocations still in quarantine, from our own records.
+    fn quarantined_bytes(&self) -> usize {
+        self.retired.lock().iter().fold(0usize, |sum, r| {
+            sum.saturating_add(usize::try_from(r.placed.bytes).unwrap_or(usize::MAX))
+        })
     }
 }
 
@@ -160,21 +141,13 @@ impl Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        if !self.table.is_home() {
+        if !self.ledger.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        let mut books = std::mem::replace(
-            &mut *self.books.lock(),
-            Books {
-                free: Vec::new(),
-                generations: Vec::new(),
-                quarantine: Vec::new(),
-            },
-        );
         // What live importers still hold stays allocated (leaked, not freed under them).
-        self.reclaim(&mut books, Reap::Always);
-        self.table.closing.store(1, Ordering::Release);
-        self.leases.begin_close();
+        self.reclaim(Reap::Always);
+        self.ledger.table.closing.store(1, Ordering::Release);
+        self.ledger.leases.begin_close();
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: created in this context, destroyed once; the driver defers the release
             // while allocations (the leaked ones) are outstanding.
@@ -265,8 +238,7 @@ impl IpcPool {
         token[..8].copy_from_slice(&os::random_u64()?.to_le_bytes());
         token[8..].copy_from_slice(&os::random_u64()?.to_le_bytes());
         let uuid = ctx.uuid();
-        let table = BlockTable::create(&token, 0)?;
-        let leases = ExportLeases::create(&token)?;
+        let ledger = Ledger::create_indexed(&token, MAX_POOL_BUFFERS)?;
         let props = crate::vmm::pool_props(dev);
         let pool = {
             let _g = ctx.enter()?;
@@ -276,16 +248,10 @@ impl IpcPool {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
                 pool,
-                token,
                 generation: crate::buffer::GENERATION.fetch_add(1, StdOrdering::Relaxed),
                 uuid,
-                table,
-                leases,
-                books: Mutex::new(Books {
-                    free: (0..MAX_POOL_BUFFERS as u32).rev().collect(),
-                    generations: vec![0; MAX_POOL_BUFFERS],
-                    quarantine: Vec::new(),
-                }),
+                ledger,
+                retired: Mutex::new(Vec::new()),
                 read_only: AtomicBool::new(false),
             }),
         };
@@ -350,7 +316,7 @@ impl IpcPool {
     pub fn export_fd(&self) -> Result<(IpcPoolHandle, OwnedFd)> {
         let owner = &self.owner;
         let env = pool_envelope(
-            owner.token,
+            owner.ledger.token,
             owner.uuid,
             owner.generation,
             owner.ctx.ordinal(),
@@ -418,14 +384,13 @@ impl IpcPool {
         reason = "it frees what it can; the count is information"
     )]
     pub fn collect(&self) -> usize {
-        let mut books = self.owner.books.lock();
-        self.owner.reclaim(&mut books, Reap::Always)
+        self.owner.reclaim(Reap::Always)
     }
 
     /// The pids of live processes that imported the pool.
     #[must_use]
     pub fn importers(&self) -> Vec<u32> {
-        self.owner.leases.holders()
+        self.owner.ledger.leases.holders()
     }
 
     /// The context the pool lives in.
@@ -500,7 +465,7 @@ fn drop_shared(owner: &Arc<Owner>) {
         SHARED_PENDING.store(true, StdOrdering::Relaxed);
         return;
     }
-    if owner.reclaim(&mut owner.books.lock(), Reap::IfHeld) != 0 {
+    if owner.reclaim(Reap::IfHeld) != 0 {
         SHARED_PENDING.store(true, StdOrdering::Relaxed);
         return;
     }
@@ -518,25 +483,19 @@ fn drop_shared(owner: &Arc<Owner>) {
 /// [`collect_deferred`](crate::collect_deferred).
 fn collect_shared() -> (usize, usize) {
     let mut shared = SHARED.lock();
-    let (mut held, mut bytes) = (0, 0);
+    let (mut held, mut bytes) = (0, 0usize);
     let mut gone = Vec::new();
     let mut i = 0;
     while i < shared.len() {
         let owner = &shared[i].1;
-        let mut books = owner.books.lock();
-        let left = owner.reclaim(&mut books, Reap::Always);
+        let left = owner.reclaim(Reap::Always);
         if left == 0 && Arc::strong_count(owner) == 1 {
-            drop(books);
             gone.push(shared.swap_remove(i));
             continue;
         }
         held += left;
         // Our own records of the sizes, summed without wrapping (each is a real allocation).
-        bytes = books
-            .quarantine
-            .iter()
-            .fold(bytes, |sum: usize, r| sum.saturating_add(r.bytes));
-        drop(books);
+        bytes = bytes.saturating_add(owner.quarantined_bytes());
         i += 1;
     }
     SHARED_PENDING.store(held != 0, StdOrdering::Relaxed);
@@ -563,9 +522,9 @@ fn unlink_shared_at_exit() {
 extern "C" fn unlink_shared() {
     // `try_lock`: an exit from inside an allocation must not deadlock (the names then stay).
     if let Some(shared) = SHARED.try_lock() {
-        for (_, owner) in shared.iter().filter(|(_, o)| o.table.is_home()) {
-            let _ = owner.table.unlink_shared();
-            owner.leases.unlink_name();
+        for (_, owner) in shared.iter().filter(|(_, o)| o.ledger.table.is_home()) {
+            let _ = owner.ledger.table.unlink_shared();
+            owner.ledger.leases.unlink_name();
         }
     }
 }
@@ -652,38 +611,29 @@ fn alloc_ready(owner: &Arc<Owner>, bytes: usize) -> Result<PoolAlloc> {
 /// Allocate `bytes` from `owner`'s pool ordered on `stream` and publish it in a free block of the
 /// table as a new live generation. The work of [`IpcPool::alloc`].
 fn alloc_from(owner: &Arc<Owner>, bytes: usize, stream: sys::CUstream) -> Result<PoolAlloc> {
-    let index = {
-        let mut books = owner.books.lock();
-        // Quarantined allocations hold device memory: free the released ones at every
-        // allocation (a pass over the quarantine), and reap the dead when out of slots.
-        if books.free.is_empty() {
-            owner.reclaim(&mut books, Reap::IfHeld);
-        } else if !books.quarantine.is_empty() {
-            owner.reclaim(&mut books, Reap::Never);
-        }
-        books.free.pop().ok_or(Error::TooManyBuffers {
+    // Quarantined allocations hold device memory: free the released ones at every allocation
+    // (a pass over the quarantine), and reap the dead when out of blocks.
+    owner.reclaim(if owner.ledger.is_full() {
+        Reap::IfHeld
+    } else {
+        Reap::Never
+    });
+    // The block is published before the memory exists; no handle names it until `handle`,
+    // which waits for the allocation.
+    let placed = owner
+        .ledger
+        .alloc(bytes as u64)
+        .map_err(|_| Error::TooManyBuffers {
             max: MAX_POOL_BUFFERS,
-        })?
-    };
-    let give_back = |e: Error| {
-        owner.books.lock().free.push(index);
-        e
-    };
-    let (ptr, ready) = alloc_on(&owner.ctx, owner.pool, bytes, stream).map_err(give_back)?;
-    let generation = {
-        let mut books = owner.books.lock();
-        let g = books.generations[index as usize] + 1; // odd: live
-        books.generations[index as usize] = g;
-        g
-    };
-    owner.table.blocks[index as usize].publish(generation, 0, bytes as u64);
+        })?;
+    let (ptr, ready) = alloc_on(&owner.ctx, owner.pool, bytes, stream).inspect_err(|_| {
+        owner.ledger.free(placed); // never handed out: nobody holds it
+    })?;
     Ok(PoolAlloc {
         owner: owner.clone(),
         ptr,
-        index,
-        generation,
+        placed,
         ready,
-        bytes,
         freed: false,
         shared: false,
     })
@@ -732,12 +682,11 @@ pub struct PoolBuffer<T: Pod> {
 pub(crate) struct PoolAlloc {
     owner: Arc<Owner>,
     ptr: sys::CUdeviceptr,
-    index: u32,
-    generation: u64,
+    /// Its block in the ledger: index, generation, and the bytes allocated (our record; the
+    /// shared table's copy is for importers).
+    placed: Placed,
     /// Recorded after the allocation on its stream.
     ready: sys::CUevent,
-    /// Bytes allocated (our record; the shared table's copy is for importers).
-    bytes: usize,
     freed: bool,
     /// From a pool of [`SHARED`] (an [`IpcBuffer`](crate::IpcBuffer) of [`HandleType::Pool`]).
     shared: bool,
@@ -840,9 +789,9 @@ impl PoolAlloc {
         // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
         let export = unsafe { driver::pool::export_pointer(self.ptr) }?;
         Ok(PoolHandle::sealed(
-            self.owner.token,
-            self.index,
-            self.generation,
+            self.owner.ledger.token,
+            self.placed.index,
+            self.placed.generation,
             len as u64,
             export,
         ))
@@ -867,16 +816,11 @@ impl PoolAlloc {
 
     /// The pids of the live processes that hold the allocation now.
     pub(crate) fn importers(&self) -> Vec<u32> {
-        self.owner
-            .leases
-            .table()
-            .holders_in(self.block().holders(), &|id: &ProcessIdentity| {
-                id.is_alive()
-            })
+        self.owner.ledger.holders_of(self.placed.index)
     }
 
     fn block(&self) -> &crate::ledger::table::Block {
-        &self.owner.table.blocks[self.index as usize]
+        &self.owner.ledger.table.blocks[self.placed.index as usize]
     }
 
     /// Retire the allocation (new opens of its handles are stale from here on) without freeing
@@ -887,7 +831,7 @@ impl PoolAlloc {
     ///
     /// [`Error::LeasesOutstanding`] naming the importers still holding it.
     pub(crate) fn wait_unheld(&self, timeout: Duration) -> Result<()> {
-        self.block().retire(self.generation);
+        self.block().retire(self.placed.generation);
         let mut wait = Backoff::new(
             timeout,
             Duration::from_micros(100),
@@ -897,10 +841,7 @@ impl PoolAlloc {
             if !self.is_viewed() {
                 return Ok(());
             }
-            {
-                let mut books = self.owner.books.lock();
-                self.owner.reclaim(&mut books, Reap::Always);
-            }
+            self.owner.reclaim(Reap::Always);
             if !self.is_viewed() {
                 return Ok(());
             }
@@ -924,19 +865,17 @@ impl PoolAlloc {
         let _g = owner.ctx.enter()?;
         // SAFETY: our live event, destroyed once (`freed` guards).
         let _ = unsafe { driver::event::destroy(self.ready) };
-        let mut books = owner.books.lock();
-        books.generations[self.index as usize] = self.generation + 1;
-        if owner.table.blocks[self.index as usize].retire(self.generation) != 0 {
-            books.quarantine.push(Retired {
-                index: self.index,
+        // Under the quarantine's lock (as a reclaim takes it, then the ledger's): a block the
+        // ledger quarantines is on the list before any reclaim can look for it.
+        let mut retired = owner.retired.lock();
+        if owner.ledger.free(self.placed) {
+            retired.push(Retired {
+                placed: self.placed,
                 ptr: self.ptr,
-                bytes: self.bytes,
             });
-
             return Ok(());
         }
-        books.free.push(self.index);
-        drop(books);
+        drop(retired);
         match stream {
             // SAFETY: our allocation, retired with no importer holding it; freed once, ordered
             // on the caller's live stream.
@@ -949,7 +888,7 @@ impl PoolAlloc {
 
 impl Drop for PoolAlloc {
     fn drop(&mut self) {
-        if !self.owner.table.is_home() {
+        if !self.owner.ledger.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         let _ = self.free(None);
@@ -964,7 +903,7 @@ impl<T: Pod> std::fmt::Debug for PoolBuffer<T> {
         f.debug_struct("PoolBuffer")
             .field("type", &std::any::type_name::<T>())
             .field("len", &self.slice.len)
-            .field("generation", &self.alloc.generation)
+            .field("generation", &self.alloc.placed.generation)
             .finish_non_exhaustive()
     }
 }

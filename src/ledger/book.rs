@@ -1,6 +1,8 @@
-//! The owner's books: which byte ranges of the arena are free, which block indexes are free,
-//! each block's generation, and the freed blocks that importers still view (quarantined).
-//! Process-local (behind the arena's lock); the shared half is [`super::table`].
+//! The owner's books: which block indexes are free, each block's generation, the freed blocks
+//! that importers still view (quarantined), and — for an arena — which byte ranges are free.
+//! Books of indexes only ([`Book::indexes`]) place no bytes: a pool's allocations and the
+//! export registry's buffers and signals have memory the driver placed. Process-local (behind
+//! the owner's lock); the shared half is [`super::table`].
 
 use std::collections::BTreeMap;
 
@@ -31,8 +33,9 @@ pub(crate) struct Full {
 
 pub(crate) struct Book {
     capacity: u64,
-    /// Free ranges, offset → length, coalesced (no two adjacent).
-    free: BTreeMap<u64, u64>,
+    /// Free ranges, offset → length, coalesced (no two adjacent); `None` for books of indexes
+    /// only.
+    ranges: Option<BTreeMap<u64, u64>>,
     /// Free block indexes (the next one is popped from the end).
     free_blocks: Vec<u32>,
     /// The last generation each block index was published with (0: never).
@@ -52,7 +55,7 @@ impl Book {
         }
         Self {
             capacity,
-            free,
+            ranges: Some(free),
             free_blocks: (0..max_buffers as u32).rev().collect(),
             generations: vec![0; max_buffers],
             quarantine: Vec::new(),
@@ -60,9 +63,18 @@ impl Book {
         }
     }
 
-    /// Bytes free now.
+    /// Books of block indexes only, for at most `max_buffers` blocks: an allocation keeps the
+    /// size it was given (offset 0, no rounding), for what a quarantine reports.
+    pub(crate) fn indexes(max_buffers: usize) -> Self {
+        Self {
+            ranges: None,
+            ..Self::new(0, max_buffers)
+        }
+    }
+
+    /// Bytes free now (0 for books of indexes only).
     pub(crate) fn free_bytes(&self) -> u64 {
-        self.free.values().sum()
+        self.ranges.as_ref().map_or(0, |r| r.values().sum())
     }
 
     /// Bytes of freed buffers that importers still view.
@@ -83,23 +95,33 @@ impl Book {
             quarantined: book.quarantined_bytes(),
             buffers: book.buffers(),
         };
-        let Some(rounded) = bytes.checked_next_multiple_of(ALIGN).filter(|&b| b > 0) else {
+        let rounded = match &self.ranges {
+            Some(_) => bytes.checked_next_multiple_of(ALIGN).filter(|&b| b > 0),
+            None => Some(bytes).filter(|&b| b > 0),
+        };
+        let Some(rounded) = rounded else {
             return Err(full(self));
         };
         let Some(&index) = self.free_blocks.last() else {
             return Err(full(self));
         };
-        let Some((&offset, &len)) = self.free.iter().find(|(_, len)| **len >= rounded) else {
-            return Err(full(self));
-        };
         let Some(block) = blocks.get(index as usize) else {
             return Err(full(self));
         };
+        let offset = match &mut self.ranges {
+            None => 0,
+            Some(ranges) => {
+                let Some((&offset, &len)) = ranges.iter().find(|(_, len)| **len >= rounded) else {
+                    return Err(full(self));
+                };
+                ranges.remove(&offset);
+                if len > rounded {
+                    ranges.insert(offset + rounded, len - rounded);
+                }
+                offset
+            }
+        };
         self.free_blocks.pop();
-        self.free.remove(&offset);
-        if len > rounded {
-            self.free.insert(offset + rounded, len - rounded);
-        }
         let generation = self.generations[index as usize] + 1; // odd: live
         self.generations[index as usize] = generation;
         block.publish(generation, offset, rounded);
@@ -155,6 +177,11 @@ impl Book {
         self.quarantine.contains(placed)
     }
 
+    /// How many freed blocks still wait for importers.
+    pub(crate) fn quarantined(&self) -> usize {
+        self.quarantine.len()
+    }
+
     /// Whether any freed block still waits for importers.
     pub(crate) fn has_quarantine(&self) -> bool {
         !self.quarantine.is_empty()
@@ -162,21 +189,24 @@ impl Book {
 
     fn give_back(&mut self, placed: Placed) {
         self.free_blocks.push(placed.index);
+        let Some(ranges) = &mut self.ranges else {
+            return;
+        };
         let mut offset = placed.offset;
         let mut len = placed.bytes;
-        if let Some((&prev, &prev_len)) = self.free.range(..offset).next_back()
+        if let Some((&prev, &prev_len)) = ranges.range(..offset).next_back()
             && prev + prev_len == offset
         {
-            self.free.remove(&prev);
+            ranges.remove(&prev);
             offset = prev;
             len += prev_len;
         }
-        if let Some(&next_len) = self.free.get(&(offset + len)) {
-            self.free.remove(&(offset + len));
+        if let Some(&next_len) = ranges.get(&(offset + len)) {
+            ranges.remove(&(offset + len));
             len += next_len;
         }
         debug_assert!(offset + len <= self.capacity);
-        self.free.insert(offset, len);
+        ranges.insert(offset, len);
     }
 }
 
@@ -204,7 +234,11 @@ mod tests {
         book.free(&t, a);
         book.free(&t, c);
         assert_eq!(book.free_bytes(), 4096);
-        assert_eq!(book.free.len(), 1, "coalesced into one range");
+        assert_eq!(
+            book.ranges.as_ref().map(BTreeMap::len),
+            Some(1),
+            "coalesced into one range"
+        );
         assert_eq!(book.buffers(), 0);
     }
 
@@ -240,6 +274,35 @@ mod tests {
         assert_eq!(book.reclaim(&t, 1 << 7), 0, "proven dead: reclaimed");
         let b = book.alloc(&t, 256).unwrap();
         assert_eq!(b.generation, a.generation + 2);
+    }
+
+    /// Books of indexes only: sizes kept as given, no byte placed, every index usable, and a
+    /// quarantine reported in the sizes given.
+    #[test]
+    fn books_of_indexes_only_place_no_bytes() {
+        let t = blocks(3);
+        let mut book = Book::indexes(3);
+        let a = book.alloc(&t, 1).unwrap();
+        let b = book.alloc(&t, 5_000).unwrap();
+        let c = book.alloc(&t, u64::MAX).unwrap();
+        assert_eq!((a.offset, a.bytes, b.offset, b.bytes), (0, 1, 0, 5_000));
+        assert_eq!(c.bytes, u64::MAX);
+        assert_eq!(book.free_bytes(), 0);
+        assert_eq!(book.alloc(&t, 1).unwrap_err().buffers, 3, "indexes run out");
+        assert!(
+            book.alloc(&t, 0).is_err(),
+            "zero bytes is not an allocation"
+        );
+        assert_eq!(t[b.index as usize].enter(1, b.generation), Enter::Held);
+        book.free(&t, b);
+        book.free(&t, a);
+        assert_eq!(book.quarantined_bytes(), 5_000);
+        assert_eq!(book.buffers(), 2);
+        t[b.index as usize].leave(1);
+        assert_eq!(book.reclaim(&t, 0), 0);
+        assert_eq!(book.buffers(), 1);
+        let again = book.alloc(&t, 7).unwrap();
+        assert_eq!(again.generation % 2, 1);
     }
 
     #[test]

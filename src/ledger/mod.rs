@@ -29,9 +29,10 @@
 //!   at once, otherwise [`deferred`] keeps it until a collect finds the bits cleared — by their
 //!   importers, or by [`reap_dead_importers`] for importers proven dead.
 //!
-//! Pools keep their own books of allocation pointers (the driver places pool memory, so there
-//! are no byte ranges to book) on the same block and lease tables, reap through
-//! [`reap_dead_importers`], and register their quarantine with [`deferred`].
+//! Arenas book byte ranges ([`Ledger::create`]); pools and the export registry book block
+//! indexes only ([`Ledger::create_indexed`]: the driver placed their memory). A pool keeps, beside
+//! its ledger, the pointers of its quarantined allocations, freed once the ledger gives their
+//! blocks back, and registers that quarantine with [`deferred`].
 //!
 //! The stress test (`tests/arena_stress.rs`, through `arena::__testing::Owner`) drives
 //! [`Ledger`] with processes killed at random.
@@ -51,6 +52,16 @@ use crate::shm::ShmRegion;
 use book::{Book, Full, Placed};
 use lease::ExportLeases;
 use table::{BlockTable, MAX_ARENA_BUFFERS};
+
+/// When a reclaim also reaps importers proven dead (a scan of the lease table that asks the
+/// kernel about each holder).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reap {
+    Never,
+    /// When quarantined blocks remain held after the first pass.
+    IfHeld,
+    Always,
+}
 
 /// A block table, its lease table and the books (see the module docs).
 pub(crate) struct Ledger {
@@ -72,6 +83,22 @@ impl Ledger {
             table,
             leases: ExportLeases::create(token)?,
             book: Mutex::new(Book::new(capacity, max_buffers)),
+            max_buffers,
+        })
+    }
+
+    /// Create the tables of `token` with books of block indexes only ([`Book::indexes`]), for
+    /// exports whose memory the driver placed: a pool's allocations, the export registry's
+    /// buffers and signals. At most `max_buffers` blocks live or quarantined; the block table
+    /// says capacity 0.
+    pub(crate) fn create_indexed(token: &[u8; 16], max_buffers: usize) -> Result<Self> {
+        let max_buffers = max_buffers.clamp(1, MAX_ARENA_BUFFERS);
+        let table = BlockTable::create(token, 0)?;
+        Ok(Self {
+            token: *token,
+            table,
+            leases: ExportLeases::create(token)?,
+            book: Mutex::new(Book::indexes(max_buffers)),
             max_buffers,
         })
     }
@@ -112,6 +139,34 @@ impl Ledger {
         let mut book = self.book.lock();
         self.reclaim(&mut book, true);
         book.quarantined_bytes()
+    }
+
+    /// Give back quarantined blocks whose holders are gone, reaping the importers proven dead
+    /// as `reap` says; returns how many blocks stay quarantined.
+    pub(crate) fn reclaim_with(&self, reap: Reap) -> usize {
+        let mut book = self.book.lock();
+        let held = if book.has_quarantine() {
+            book.reclaim(&self.table.blocks, 0)
+        } else {
+            0
+        };
+        let reap = match reap {
+            Reap::Never => false,
+            Reap::IfHeld => held != 0,
+            Reap::Always => true,
+        };
+        if reap
+            && reap_dead_importers(&self.table, &self.leases, self.max_buffers)
+            && book.has_quarantine()
+        {
+            book.reclaim(&self.table.blocks, 0);
+        }
+        book.quarantined()
+    }
+
+    /// Whether every block is live or quarantined (the next allocation must reclaim first).
+    pub(crate) fn is_full(&self) -> bool {
+        self.book.lock().buffers() >= self.max_buffers
     }
 
     /// Whether `placed` is still retired and held by an importer (false once its block came

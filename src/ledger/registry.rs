@@ -62,7 +62,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, HandleDefect, Result};
 use crate::ledger::Ledger;
-use crate::ledger::book::{ALIGN, Placed};
+use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
 use crate::ledger::lease::Lease;
 use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
@@ -71,9 +71,6 @@ use crate::shm::ShmRegion;
 
 /// The most exports a process has live, or dropped while importers still map them, at a time.
 pub(crate) const MAX_EXPORTS: usize = MAX_ARENA_BUFFERS;
-
-/// The books count exports in units of [`ALIGN`] bytes (no memory behind them).
-const CAPACITY: u64 = MAX_EXPORTS as u64 * ALIGN;
 
 /// This process's ledger, created at its first export.
 static LEDGER: Mutex<Option<Arc<Ledger>>> = parking_lot::const_mutex(None);
@@ -86,7 +83,7 @@ fn ledger() -> Result<Arc<Ledger>> {
     let mut token = [0u8; 16];
     token[..8].copy_from_slice(&crate::os::random_u64()?.to_le_bytes());
     token[8..12].copy_from_slice(&crate::os::random_u64()?.to_le_bytes()[..4]);
-    let ledger = Arc::new(Ledger::create(&token, CAPACITY, MAX_EXPORTS)?);
+    let ledger = Arc::new(Ledger::create_indexed(&token, MAX_EXPORTS)?);
     *slot = Some(ledger.clone());
     drop(slot);
     unlink_at_exit();
@@ -152,7 +149,7 @@ impl Record {
     pub(crate) fn publish() -> Result<Self> {
         let ledger = ledger()?;
         let placed = ledger
-            .alloc(ALIGN)
+            .alloc(1) // a block per export; books of indexes place no bytes
             .map_err(|_| Error::TooManyBuffers { max: MAX_EXPORTS })?;
         Ok(Self {
             ledger,
@@ -252,7 +249,7 @@ fn cached_table(token: &[u8; 16], generation: u64) -> Result<Arc<ShmRegion<Block
     if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
         return Ok(t.clone());
     }
-    let table = Arc::new(BlockTable::open(token, CAPACITY, generation)?);
+    let table = Arc::new(BlockTable::open(token, 0, generation)?);
     if tables.len() >= MAX_CACHED_TABLES {
         tables.remove(0);
     }
