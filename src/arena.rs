@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
 
 use bytemuck::{Pod, Zeroable};
-use parking_lot::Mutex;
 
 use crate::context::GpuContext;
 use crate::envelope;
@@ -30,11 +29,11 @@ use crate::ledger::Ledger;
 use crate::ledger::book::Book;
 use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::holdings::Holdings;
 use crate::ledger::lease::Lease;
-use crate::ledger::table::{BlockMap, BlockTable, Enter};
+use crate::ledger::table::BlockTable;
 use crate::os;
 use crate::process::ProcessIdentity;
-use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
 use crate::sync::Ordering;
 use crate::vmm::{Access, VmmMemory};
@@ -631,11 +630,10 @@ struct Import {
     key: ImportKey,
     base: u64,
     capacity: u64,
-    bit: u64,
     exporter: ProcessIdentity,
-    table: ShmRegion<BlockTable>,
-    /// Views per block in this process. The bit is set while an entry exists.
-    views: Mutex<BlockMap<ViewEntry>>,
+    /// The arena's block table, our bit in it, and per block we view the range its first
+    /// open checked, (offset, published bytes).
+    holdings: Holdings<(u64, u64)>,
     // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
     memory: VmmMemory,
     _lease: Lease,
@@ -645,15 +643,6 @@ impl Drop for Import {
     fn drop(&mut self) {
         IMPORTS.forget(&self.key);
     }
-}
-
-/// One block's views in an importing process: the generation and range its first open checked,
-/// and how many views are alive.
-struct ViewEntry {
-    generation: u64,
-    count: u32,
-    offset: u64,
-    published: u64,
 }
 
 /// An [`IpcArena`] imported from another process (or this one): the whole region mapped once;
@@ -702,7 +691,7 @@ impl ImportedArena {
             let memory_device = handle.admit_live(ctx, &exporter, true)?;
             let table = BlockTable::open(&env.token, env.vmm_bytes(), env.generation)?;
             let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
-            let bit = 1u64 << lease.slot();
+            let holdings = Holdings::new(Arc::new(table), 1u64 << lease.slot());
             let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
             let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
             let import = Arc::new(Import {
@@ -710,10 +699,8 @@ impl ImportedArena {
                 key,
                 base: memory.ptr(),
                 capacity: memory.size() as u64,
-                bit,
                 exporter,
-                table,
-                views: Mutex::new(BlockMap::default()),
+                holdings,
                 memory,
                 _lease: lease,
             });
@@ -780,55 +767,29 @@ impl ImportedArena {
             )));
         }
         let len = usize::try_from(h.len).map_err(|_| corrupt("length overflows".into()))?;
-        let Some(block) = import.table.block(h.index) else {
-            return Err(Error::corrupt_handle(HandleDefect::Names {
-                detail: format!("block {} out of range", h.index),
-            }));
-        };
-        let stale = Error::StaleHandle {
-            generation: h.generation,
-        };
-        let mut views = import.views.lock();
         let range_mismatch = |offset: u64, published: u64| {
             memory(format!(
                 "the handle says bytes {}..+{bytes}; the owner published {offset}..+{published}",
                 h.offset
             ))
         };
-        match views.get_mut(&h.index) {
-            Some(entry) => {
-                // We hold this block's bit, so the owner cannot have reused it: it is our
-                // generation, live or retired. A second handle of it is held to the range the
-                // first open checked.
-                if entry.generation != h.generation || !block.is_live(h.generation) {
-                    return Err(stale);
-                }
-                if entry.offset != h.offset || entry.published < bytes {
-                    return Err(range_mismatch(entry.offset, entry.published));
-                }
-                entry.count += 1;
+        // A second handle of a block we view is held to the range the first open checked.
+        let fits = |offset: u64, published: u64| {
+            if offset != h.offset || published < bytes {
+                return Err(range_mismatch(offset, published));
             }
-            None => {
-                if block.enter(import.bit, h.generation) == Enter::Stale {
-                    return Err(stale);
-                }
+            Ok(())
+        };
+        import.holdings.enter(
+            h.index,
+            h.generation,
+            || {},
+            |&(offset, published)| fits(offset, published),
+            |block| {
                 let (offset, published) = block.range();
-                if offset != h.offset || published < bytes {
-                    block.leave(import.bit);
-                    return Err(range_mismatch(offset, published));
-                }
-                views.insert(
-                    h.index,
-                    ViewEntry {
-                        generation: h.generation,
-                        count: 1,
-                        offset,
-                        published,
-                    },
-                );
-            }
-        }
-        drop(views);
+                fits(offset, published).map(|()| ((offset, published), ()))
+            },
+        )?;
         Ok(ArenaView {
             slice: GpuSlice::new(import.ctx.clone(), import.base + h.offset, len),
             import: import.clone(),
@@ -889,7 +850,7 @@ impl ImportedArena {
 
 impl Import {
     fn closing(&self) -> bool {
-        self.table.closing.load(Ordering::Acquire) != 0
+        self.holdings.table.closing.load(Ordering::Acquire) != 0
     }
 }
 
@@ -927,29 +888,17 @@ impl<T: Pod> ArenaView<T> {
     /// but nobody else will write it for this buffer's purpose any more).
     #[must_use]
     pub fn is_live(&self) -> bool {
-        let views = self.import.views.lock();
-        match (views.get(&self.index), self.import.table.block(self.index)) {
-            (Some(entry), Some(block)) => block.is_live(entry.generation),
-            _ => false,
-        }
+        self.import.holdings.is_live(self.index)
     }
 }
 
 impl<T: Pod> Drop for ArenaView<T> {
     fn drop(&mut self) {
-        if !self.import.table.is_home() {
+        if !self.import.holdings.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        let mut views = self.import.views.lock();
-        if let Some(entry) = views.get_mut(&self.index) {
-            entry.count -= 1;
-            if entry.count == 0 {
-                views.remove(&self.index);
-                if let Some(block) = self.import.table.block(self.index) {
-                    block.leave(self.import.bit);
-                }
-            }
-        }
+        // The whole arena stays mapped: nothing to unmap for one buffer.
+        self.import.holdings.leave(self.index, |_| true);
     }
 }
 
@@ -971,6 +920,8 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
     use super::*;
+    use crate::ledger::table::Enter;
+    use crate::shm::ShmRegion;
 
     /// An arena owner without memory: the `Ledger` (`ledger/mod.rs`) that the export registry
     /// uses, so the stress test drives that code.

@@ -27,13 +27,13 @@ use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type
 use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
 use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
+use crate::ledger::holdings::Holdings;
 use crate::ledger::lease::Lease;
-use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
+use crate::ledger::table::{Block, BlockTable, MAX_ARENA_BUFFERS};
 use crate::ledger::{Ledger, Reap};
 use crate::os;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
-use crate::shm::ShmRegion;
 use crate::slice::GpuSlice;
 use crate::stream::AsStream;
 use crate::sync::Ordering;
@@ -1005,15 +1005,6 @@ impl<T> std::fmt::Debug for PoolHandle<T> {
 /// ([`IpcPool::export_fd`]), 184 bytes. Without the descriptor it maps nothing.
 pub type IpcPoolHandle = Handle<IpcPool>;
 
-/// One imported allocation in this process: its generation, pointer, the size the driver
-/// reports for it, and how many views are alive.
-struct ViewEntry {
-    generation: u64,
-    count: u32,
-    ptr: sys::CUdeviceptr,
-    size: u64,
-}
-
 /// The pools this process imported, by export token: one [`Import`] per pool per process,
 /// whatever the contexts it is opened in. An import being dropped is waited for: a new import
 /// of the pool must not overlap the driver's destroy of the old one.
@@ -1036,11 +1027,10 @@ struct Import {
     /// The ordinal, in this process, of the device that holds the pool's memory.
     holder: u32,
     pool: sys::CUmemoryPool,
-    bit: u64,
     exporter: ProcessIdentity,
-    table: ShmRegion<BlockTable>,
-    /// Opened buffers per block. The bit is set while an entry exists.
-    views: Mutex<BlockMap<ViewEntry>>,
+    /// The pool's block table, our bit in it, and per allocation we view its imported pointer
+    /// and the size the driver reports for it.
+    holdings: Holdings<(sys::CUdeviceptr, u64)>,
     // Dropped after the pool is destroyed (see Drop).
     _lease: Lease,
 }
@@ -1048,7 +1038,7 @@ struct Import {
 // SAFETY: the pool handle is an opaque driver handle used with `ctx` pushed; the rest is
 // Send + Sync.
 unsafe impl Send for Import {}
-// SAFETY: as above; shared state is behind `views`' lock.
+// SAFETY: as above; shared state is behind the holdings' lock.
 unsafe impl Sync for Import {}
 
 impl Drop for Import {
@@ -1096,10 +1086,8 @@ impl Import {
             access: Mutex::new(Vec::new()),
             holder,
             pool,
-            bit: 1u64 << lease.slot(),
             exporter,
-            table,
-            views: Mutex::new(BlockMap::default()),
+            holdings: Holdings::new(Arc::new(table), 1u64 << lease.slot()),
             _lease: lease,
         })
     }
@@ -1166,7 +1154,7 @@ impl ImportedPool {
         // exporter again (its buffers then open as `open` opens them: by the shared table and
         // the driver's word).
         let reuse = |import: &Arc<Import>| {
-            if import.table.closing.load(Ordering::Acquire) != 0 {
+            if import.holdings.table.closing.load(Ordering::Acquire) != 0 {
                 return Err(Error::StaleHandle { generation });
             }
             Ok(true)
@@ -1233,54 +1221,23 @@ impl ImportedPool {
             .filter(|&b| b > 0 && b <= isize::MAX as u64)
             .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
         let len = h.len as usize;
-        let Some(block) = import.table.block(h.index) else {
-            return Err(Error::corrupt_handle(HandleDefect::Names {
-                detail: format!("block {} out of range", h.index),
-            }));
-        };
-        let stale = Error::StaleHandle {
-            generation: h.generation,
-        };
-        let mut views = import.views.lock();
-        let ptr = match views.get_mut(&h.index) {
-            Some(entry) => {
-                if entry.generation != h.generation || !block.is_live(h.generation) {
-                    return Err(stale);
-                }
-                // A second handle of the allocation is held to the size the driver reported.
-                if entry.size < bytes {
-                    return Err(memory(format!(
-                        "the handle claims {bytes} bytes; the allocation holds {} \
-                         (cuPointerGetAttributes)",
-                        entry.size
-                    )));
-                }
-                entry.count += 1;
-                entry.ptr
+        // A second handle of the allocation is held to the size the driver reported.
+        let again = |&(ptr, size): &(sys::CUdeviceptr, u64)| {
+            if size < bytes {
+                return Err(memory(format!(
+                    "the handle claims {bytes} bytes; the allocation holds {size} \
+                     (cuPointerGetAttributes)"
+                )));
             }
-            None => {
-                if block.enter(import.bit, h.generation) == Enter::Stale {
-                    return Err(stale);
-                }
-                match import_pointer(import, h, bytes) {
-                    Ok((ptr, size)) => {
-                        let entry = ViewEntry {
-                            generation: h.generation,
-                            count: 1,
-                            ptr,
-                            size,
-                        };
-                        views.insert(h.index, entry);
-                        ptr
-                    }
-                    Err(e) => {
-                        block.leave(import.bit);
-                        return Err(e);
-                    }
-                }
-            }
+            Ok(ptr)
         };
-        drop(views);
+        let ptr = import.holdings.enter(
+            h.index,
+            h.generation,
+            || {},
+            again,
+            |block| import_pointer(import, block, h, bytes).map(|(ptr, size)| ((ptr, size), ptr)),
+        )?;
         Ok(PoolView {
             slice: GpuSlice::new(self.ctx.clone(), ptr, len),
             hold: PoolHold {
@@ -1341,10 +1298,11 @@ impl ImportedPool {
 /// size the driver reports.
 fn import_pointer(
     import: &Import,
+    block: &Block,
     h: &RawPoolHandle,
     bytes: u64,
 ) -> Result<(sys::CUdeviceptr, u64)> {
-    let (_, published) = import.table.blocks[h.index as usize].range();
+    let (_, published) = block.range();
     if published < bytes {
         return Err(Error::corrupt_handle(HandleDefect::Memory {
             detail: format!("the handle claims {bytes} bytes; the owner allocated {published}"),
@@ -1423,11 +1381,7 @@ impl<T: Pod> PoolView<T> {
 impl PoolHold {
     /// See [`PoolView::is_live`].
     pub(crate) fn is_live(&self) -> bool {
-        let views = self.import.views.lock();
-        match views.get(&self.index) {
-            Some(entry) => self.import.table.blocks[self.index as usize].is_live(entry.generation),
-            None => false,
-        }
+        self.import.holdings.is_live(self.index)
     }
 
     /// The process that owns the pool.
@@ -1443,27 +1397,19 @@ impl PoolHold {
 
 impl Drop for PoolHold {
     fn drop(&mut self) {
-        if !self.import.table.is_home() {
+        if !self.import.holdings.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        let mut views = self.import.views.lock();
-        if let Some(entry) = views.get_mut(&self.index) {
-            entry.count -= 1;
-            if entry.count == 0 {
-                let ptr = entry.ptr;
-                views.remove(&self.index);
-                let freed = self.import.ctx.enter().is_ok_and(|_g| {
-                    // SAFETY: imported with cuMemPoolImportPointer in this context, freed once,
-                    // when its last view goes; before the bit clears, as the guide requires.
-                    unsafe { driver::mem::free(ptr) }.is_ok()
-                });
-                // An import that could not be freed keeps the bit: the owner then never frees
-                // the allocation under it (a leak, never a use-after-free).
-                if freed {
-                    self.import.table.blocks[self.index as usize].leave(self.import.bit);
-                }
-            }
-        }
+        let ctx = &self.import.ctx;
+        self.import.holdings.leave(self.index, |(ptr, _)| {
+            // An import that could not be freed keeps the bit: the owner then never frees the
+            // allocation under it (a leak, never a use-after-free).
+            ctx.enter().is_ok_and(|_g| {
+                // SAFETY: imported with cuMemPoolImportPointer in this context, freed once,
+                // when its last view goes; before the bit clears, as the guide requires.
+                unsafe { driver::mem::free(ptr) }.is_ok()
+            })
+        });
     }
 }
 

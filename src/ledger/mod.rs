@@ -13,6 +13,7 @@
 //! | [`registry`] | this process's export registry (one ledger for every exported buffer and signal) and the importer's hold on an export | — |
 //! | [`deferred`] | frees of exports dropped while held, and the quarantines of other owners (pools) registered with it, collected together | — |
 //! | [`cache`] | the one process-wide cache of imports (buffers, arenas, pools, exporters' ledgers) | — |
+//! | [`holdings`] | the importer side: its bit in an exporter's block table and the blocks it holds, with each kind's record (used by the registry's imports, arenas and pools) | no (the importer's lock) |
 //!
 //! The owned-slot word a lease slot is made of (state and owner identity in one atomic word)
 //! is `owned_slot.rs`, shared with the barrier's participant slots; whether a holder is alive
@@ -40,6 +41,7 @@
 pub(crate) mod book;
 pub(crate) mod cache;
 pub(crate) mod deferred;
+pub(crate) mod holdings;
 pub(crate) mod lease;
 pub(crate) mod registry;
 pub(crate) mod table;

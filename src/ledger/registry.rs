@@ -64,8 +64,9 @@ use crate::error::{Error, HandleDefect, Result};
 use crate::ledger::Ledger;
 use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::holdings::Holdings;
 use crate::ledger::lease::Lease;
-use crate::ledger::table::{BlockMap, BlockTable, Enter, MAX_ARENA_BUFFERS};
+use crate::ledger::table::{BlockTable, MAX_ARENA_BUFFERS};
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
 
@@ -221,10 +222,9 @@ impl Drop for Record {
 /// hold, its generation and how many of our mappings use it.
 struct ImportedLedger {
     token: [u8; 16],
-    table: Arc<ShmRegion<BlockTable>>,
+    /// The exporter's block table, our bit in it, and the blocks we hold.
+    holdings: Holdings<()>,
     exporter: ProcessIdentity,
-    bit: u64,
-    held: Mutex<BlockMap<(u64, usize)>>,
     // Last: released after the bits are all cleared (every hold is gone).
     lease: Option<Lease>,
 }
@@ -338,10 +338,8 @@ fn imported(
             }
             let ledger = Arc::new(ImportedLedger {
                 token: *token,
-                table,
+                holdings: Holdings::new(table, 1u64 << lease.slot()),
                 exporter,
-                bit: 1u64 << lease.slot(),
-                held: Mutex::new(BlockMap::default()),
                 lease: Some(lease),
             });
             Ok(ledger)
@@ -351,29 +349,9 @@ fn imported(
 
 impl ImportedLedger {
     fn enter(self: &Arc<Self>, index: u32, generation: u64, pause: impl FnOnce()) -> Result<Hold> {
-        let stale = Error::StaleHandle { generation };
-        let Some(block) = self.table.block(index) else {
-            return Err(Error::corrupt_handle(HandleDefect::Names {
-                detail: format!("export block {index} out of range"),
-            }));
-        };
-        let mut held = self.held.lock();
-        match held.get_mut(&index) {
-            Some((g, count)) => {
-                // Our bit is set, so the exporter has not reused the block: it is generation
-                // `g`, live or retired. Another generation's handle is stale (or forged).
-                if *g != generation || !block.is_live(generation) {
-                    return Err(stale);
-                }
-                *count += 1;
-            }
-            None => {
-                if block.enter_pausing(self.bit, generation, pause) == Enter::Stale {
-                    return Err(stale);
-                }
-                held.insert(index, (generation, 1));
-            }
-        }
+        // Nothing to map here and nothing kept: the buffer or signal maps its memory after.
+        self.holdings
+            .enter(index, generation, pause, |()| Ok(()), |_| Ok(((), ())))?;
         Ok(Hold {
             ledger: self.clone(),
             index,
@@ -384,7 +362,7 @@ impl ImportedLedger {
 
 impl Drop for ImportedLedger {
     fn drop(&mut self) {
-        if !self.table.is_home() {
+        if !self.holdings.table.is_home() {
             std::mem::forget(self.lease.take());
             IMPORTED.forget(&self.token);
             return; // inherited by a forked child: the parent's (see `process::Home`)
@@ -396,12 +374,12 @@ impl Drop for ImportedLedger {
         let exporter_dead = !crate::process::is_alive_cached(&self.exporter);
         let others = self.lease.as_ref().is_some_and(|l| {
             !l.table()
-                .holders_in(!self.bit, &|_: &ProcessIdentity| true)
+                .holders_in(!self.holdings.bit, &|_: &ProcessIdentity| true)
                 .is_empty()
         });
         drop(self.lease.take());
         if exporter_dead && !others {
-            let _ = self.table.unlink_shared();
+            let _ = self.holdings.table.unlink_shared();
             TABLES.lock().retain(|(t, _)| *t != self.token);
         }
         IMPORTED.forget(&self.token);
@@ -413,6 +391,7 @@ impl Hold {
     /// valid, but new opens are refused).
     pub(crate) fn is_live(&self) -> bool {
         self.ledger
+            .holdings
             .table
             .block(self.index)
             .is_some_and(|b| b.is_live(self.generation))
@@ -425,31 +404,19 @@ impl Hold {
 
     /// Another process that died holding this export, if any. Read-only.
     pub(crate) fn dead_importer(&self) -> Option<u32> {
-        let mask = self
-            .ledger
-            .table
-            .block(self.index)
-            .map_or(0, |b| b.holders())
-            & !self.ledger.bit;
+        let holdings = &self.ledger.holdings;
+        let mask = holdings.table.block(self.index).map_or(0, |b| b.holders()) & !holdings.bit;
         self.ledger.lease.as_ref()?.table().dead_holder_in(mask)
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        if !self.ledger.table.is_home() {
+        if !self.ledger.holdings.table.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        let mut held = self.ledger.held.lock();
-        if let Some((_, count)) = held.get_mut(&self.index) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.index);
-                if let Some(block) = self.ledger.table.block(self.index) {
-                    block.leave(self.ledger.bit);
-                }
-            }
-        }
+        // The buffer or signal unmapped before its hold drops: the bit may go.
+        self.ledger.holdings.leave(self.index, |()| true);
     }
 }
 
@@ -628,7 +595,7 @@ mod tests {
             .iter()
             .map(|r| enter(&r.token(), r.generation(), me()).unwrap())
             .collect();
-        let bits: Vec<u64> = holds.iter().map(|h| h.ledger.bit).collect();
+        let bits: Vec<u64> = holds.iter().map(|h| h.ledger.holdings.bit).collect();
         assert!(
             bits.iter().all(|&b| b == bits[0]),
             "one bit for the process"

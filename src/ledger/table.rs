@@ -185,6 +185,7 @@ impl Block {
     }
 
     /// [`enter_pausing`](Self::enter_pausing) without a pause.
+    #[cfg(any(test, loom, fuzzing, feature = "__testing"))]
     pub(crate) fn enter(&self, bit: u64, generation: u64) -> Enter {
         self.enter_pausing(bit, generation, || {})
     }

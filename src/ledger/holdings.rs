@@ -1,0 +1,211 @@
+//! The importer side of the ledger: one process's holds on one exporter's blocks — the
+//! exporter's block table, this process's bit in it (its lease slot), and, per block it holds,
+//! the generation it entered, how many views hold it, and what the kind of export keeps for it
+//! (an arena's published range, a pool's imported pointer, nothing for a buffer or signal of
+//! the export registry). Used once by each: `registry.rs` (buffers and signals), `arena.rs`,
+//! `pool.rs`. The lease itself stays with the kind, whose drop order decides when it goes.
+//!
+//! Kill points (the exporter's side is `table.rs`'s protocol): this process can die holding
+//! blocks at any point; its bits stay set until the exporter (or a later importer taking its
+//! lease slot over) proves it dead and clears them. A view's first open sets the bit before it
+//! checks the generation, so an exporter that retires the block meanwhile sees the bit and
+//! waits; the last view unmaps before it clears the bit.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, HandleDefect, Result};
+use crate::ledger::table::{Block, BlockMap, BlockTable, Enter};
+use crate::shm::ShmRegion;
+
+/// One block this process holds.
+struct Held<E> {
+    /// The generation the first view entered; the exporter cannot reuse the block while our
+    /// bit is set, so every later view must name the same one.
+    generation: u64,
+    views: u32,
+    kept: E,
+}
+
+/// An importer's holds on one exporter's blocks (see the module docs).
+pub(crate) struct Holdings<E> {
+    pub(crate) table: Arc<ShmRegion<BlockTable>>,
+    /// This process's bit in every block's holder mask: `1 << lease slot`.
+    pub(crate) bit: u64,
+    held: Mutex<BlockMap<Held<E>>>,
+}
+
+impl<E> Holdings<E> {
+    pub(crate) fn new(table: Arc<ShmRegion<BlockTable>>, bit: u64) -> Self {
+        Self {
+            table,
+            bit,
+            held: Mutex::new(BlockMap::default()),
+        }
+    }
+
+    /// The block `index` of the table, or a corrupt handle (the index is a peer's word).
+    pub(crate) fn block(&self, index: u32) -> Result<&Block> {
+        self.table.block(index).ok_or_else(|| {
+            Error::corrupt_handle(HandleDefect::Names {
+                detail: format!("block {index} out of range"),
+            })
+        })
+    }
+
+    /// Take one more view of block `index` at `generation`. A block held already must be the
+    /// same generation, still live, and pass `again` (the kind's check of its record: the same
+    /// range, a size that fits); one not held yet is entered — our bit set, `pause` (a test
+    /// hook), then the generation checked — and `first` maps it and returns what to keep; if
+    /// `first` fails, the bit is cleared again. Returns what `again` or `first` returned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleHandle`] for another generation or a retired block; a corrupt handle for a
+    /// block out of range; what `again` or `first` returns.
+    pub(crate) fn enter<R>(
+        &self,
+        index: u32,
+        generation: u64,
+        pause: impl FnOnce(),
+        again: impl FnOnce(&E) -> Result<R>,
+        first: impl FnOnce(&Block) -> Result<(E, R)>,
+    ) -> Result<R> {
+        let stale = Error::StaleHandle { generation };
+        let block = self.block(index)?;
+        let mut held = self.held.lock();
+        if let Some(entry) = held.get_mut(&index) {
+            if entry.generation != generation || !block.is_live(generation) {
+                return Err(stale);
+            }
+            let got = again(&entry.kept)?;
+            entry.views += 1;
+            return Ok(got);
+        }
+        if block.enter_pausing(self.bit, generation, pause) == Enter::Stale {
+            return Err(stale);
+        }
+        match first(block) {
+            Ok((kept, got)) => {
+                let views = 1;
+                held.insert(
+                    index,
+                    Held {
+                        generation,
+                        views,
+                        kept,
+                    },
+                );
+                Ok(got)
+            }
+            Err(e) => {
+                block.leave(self.bit);
+                Err(e)
+            }
+        }
+    }
+
+    /// Let go of one view of block `index`. At the last, `last` unmaps what was kept and says
+    /// whether it did; only then is our bit cleared (memory still mapped keeps the bit, so the
+    /// exporter never frees under it: a leak, never a use-after-free).
+    pub(crate) fn leave(&self, index: u32, last: impl FnOnce(E) -> bool) {
+        let mut held = self.held.lock();
+        let Some(entry) = held.get_mut(&index) else {
+            return;
+        };
+        entry.views -= 1;
+        if entry.views > 0 {
+            return;
+        }
+        let Some(entry) = held.remove(&index) else {
+            return;
+        };
+        if last(entry.kept)
+            && let Some(block) = self.table.block(index)
+        {
+            block.leave(self.bit);
+        }
+    }
+
+    /// Whether the export we hold at block `index` is still live (false once its exporter
+    /// retired it, or when we hold nothing there).
+    pub(crate) fn is_live(&self, index: u32) -> bool {
+        let held = self.held.lock();
+        match (held.get(&index), self.table.block(index)) {
+            (Some(entry), Some(block)) => block.is_live(entry.generation),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn holdings(tag: u8) -> Holdings<u32> {
+        let mut token = [tag; 16];
+        token[..8].copy_from_slice(&crate::os::random_u64().unwrap().to_le_bytes());
+        let table = BlockTable::create(&token, 0).unwrap();
+        table.blocks[3].publish(1, 0, 64);
+        Holdings::new(Arc::new(table), 1 << 5)
+    }
+
+    /// Views of one block share one entry: the bit is set by the first and cleared by the last;
+    /// a handle of another generation is stale, and so is a second view once the block is
+    /// retired, though the held entry stays until its views go.
+    #[test]
+    fn views_share_one_entry_and_the_bit_goes_with_the_last() {
+        let h = holdings(1);
+        let block = h.block(3).unwrap();
+        let got = h
+            .enter(3, 1, || {}, |_| unreachable!(), |_| Ok((7, "first")))
+            .unwrap();
+        assert_eq!((got, block.holders()), ("first", 1 << 5));
+        let again = h.enter(3, 1, || {}, |&kept| Ok(kept), |_| unreachable!());
+        assert_eq!(again.unwrap(), 7, "a second view sees what the first kept");
+        let other = h.enter(3, 3, || {}, |&kept| Ok(kept), |_| unreachable!());
+        assert!(matches!(other, Err(Error::StaleHandle { .. })));
+        h.leave(3, |_| panic!("not the last view"));
+        assert_eq!(block.holders(), 1 << 5);
+        assert!(h.is_live(3));
+        block.retire(1);
+        assert!(!h.is_live(3));
+        let late = h.enter(3, 1, || {}, |&kept| Ok(kept), |_| unreachable!());
+        assert!(matches!(late, Err(Error::StaleHandle { .. })), "retired");
+        let mut unmapped = None;
+        h.leave(3, |kept| {
+            unmapped = Some(kept);
+            true
+        });
+        assert_eq!((unmapped, block.holders()), (Some(7), 0));
+    }
+
+    /// A first open that fails to map clears the bit again; a last view that could not unmap
+    /// keeps it (the exporter then never frees under the mapping); an index out of range is a
+    /// corrupt handle.
+    #[test]
+    fn a_failed_map_clears_the_bit_and_a_failed_unmap_keeps_it() {
+        let h = holdings(2);
+        let block = h.block(3).unwrap();
+        let failed = h.enter(
+            3,
+            1,
+            || {},
+            |&k| Ok(k),
+            |_| {
+                Err::<(u32, u32), _>(Error::corrupt_handle(HandleDefect::Memory {
+                    detail: "test".into(),
+                }))
+            },
+        );
+        assert!(failed.is_err());
+        assert_eq!(block.holders(), 0, "the bit was cleared again");
+        h.enter(3, 1, || {}, |&k| Ok(k), |_| Ok((9, 9))).unwrap();
+        h.leave(3, |_| false);
+        assert_eq!(block.holders(), 1 << 5, "still mapped: the bit stays");
+        assert!(!h.is_live(3), "no entry is left");
+        let out = h.enter(u32::MAX, 1, || {}, |&k| Ok(k), |_| Ok((0, 0)));
+        assert!(matches!(out, Err(Error::CorruptHandle { .. })));
+    }
+}
