@@ -22,7 +22,8 @@
 //! its kind's checks after `envelope.rs`'s, then the exporter, `process.rs`), looks the export
 //! up in the import cache (`ledger/cache.rs`) and, on a miss, enters the export's block
 //! (`ledger/registry.rs`: the exporter's lease table once per exporter, `ledger/lease.rs`, then
-//! the block, `ledger/table.rs`), and only then maps it (`driver/ipc.rs` or `vmm.rs`). Each file
+//! the block through this process's holdings, `ledger/holdings.rs` on `ledger/table.rs`), and
+//! only then maps it (`driver/ipc.rs` or `vmm.rs`). Each file
 //! is left once; nothing calls back into this one. A raw handle (PyTorch, CuPy, C++) is opened
 //! by `raw.rs`, through the same cache.
 //!
