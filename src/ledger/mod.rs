@@ -24,8 +24,10 @@
 //! - **Export** (owner): [`Ledger::alloc`] publishes a block with a new odd generation; the
 //!   handle names the table, the block and the generation.
 //! - **Open** (importer): a lease slot in the exporter's lease table (once per exporter, through
-//!   [`cache`]), then *enter* the block ([`table`]); only then is memory mapped.
-//! - **Close** (importer): unmap, then *leave* (clear the bit); the lease goes with the last hold.
+//!   [`cache`]), then *enter* the block ([`table`], through the importer's [`holdings`], which
+//!   count its views of each block); only then is memory mapped.
+//! - **Close** (importer): at the last view of a block, unmap, then *leave* (clear the bit); the
+//!   lease goes with the last hold.
 //! - **Drop** (owner): [`Ledger::free`] retires the block; with no bit set the memory is freed
 //!   at once, otherwise [`deferred`] keeps it until a collect finds the bits cleared — by their
 //!   importers, or by [`reap_dead_importers`] for importers proven dead.
