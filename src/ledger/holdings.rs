@@ -143,6 +143,7 @@ impl<E> Holdings<E> {
 mod tests {
     use super::*;
 
+    #[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
     fn holdings(tag: u8) -> Holdings<u32> {
         let mut token = [tag; 16];
         token[..8].copy_from_slice(&crate::os::random_u64().unwrap().to_le_bytes());
