@@ -219,7 +219,7 @@ impl<T: Pod> std::fmt::Debug for ReadOnlySlice<T> {
 /// `PROT_READ` (the GPU refuses writes), or a [`HandleType::Pool`](crate::HandleType::Pool)
 /// buffer received with [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only)
 /// (the type alone: pools cannot be mapped read-only). It dereferences to its
-/// [`ReadOnlySlice`]; otherwise it is an [`ImportedBuffer`](crate::ImportedBuffer) (a lease
+/// [`ReadOnlySlice`]; otherwise it is an [`ImportedBuffer`] (a lease
 /// on the export, the mapping kept alive after the exporter drops its buffer).
 ///
 /// # Examples

@@ -3,7 +3,7 @@
 //!
 //! # When a party stops
 //!
-//! The counter is an [`IpcBuffer`](crate::IpcBuffer) (leases, stale-handle checks). A writer killed before its
+//! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its
 //! write leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
 //! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder within 10 ms and remembers
 //! it, after which GPU-side waits are refused; [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this
@@ -39,7 +39,7 @@ const LOST_PEER: u64 = 2 << 32;
 /// One process creates it with [`new`](Self::new) and exports a typed
 /// [`IpcSignalHandle`] with [`handle`](Self::handle); others open it as an [`ImportedSignal`]
 /// (the same envelope checks, leases and import cache as an
-/// [`ImportedBuffer`](crate::ImportedBuffer), whose IPC mapping it is: across two GPUs it is
+/// [`ImportedBuffer`], whose IPC mapping it is: across two GPUs it is
 /// reached by peer access). The counter starts at 0. Both dereference to [`GpuSignal`], which
 /// has the operations.
 ///

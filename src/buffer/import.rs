@@ -56,7 +56,7 @@ pub(crate) enum Described {
 /// its close (the driver has one mapping of an export per context: the close would unmap both).
 pub(crate) static CACHE: ImportCache<Key, Mapping> = ImportCache::new(Dying::WaitForIt);
 
-/// One `cuIpcOpenMemHandle` mapping, shared by every [`IpcBuffer`] view of it in this process.
+/// One `cuIpcOpenMemHandle` mapping, shared by every [`ImportedBuffer`] view of it in this process.
 pub(crate) struct Mapping {
     pub(crate) ctx: GpuContext,
     pub(crate) ptr: sys::CUdeviceptr,

@@ -59,7 +59,7 @@
 //! says how many are in use. With more than one, consumers attach and leave while the producer
 //! runs:
 //!
-//! - **Attach** ([`Ring::attach_any`]): the first entry that is `Free` or `Left` is claimed
+//! - **Attach** ([`Ring::attach_any_with`]): the first entry that is `Free` or `Left` is claimed
 //!   (`→ Claiming(me)`, a compare-exchange against the exact word seen); still `Claiming`, the
 //!   consumer reads `sent` with a read-modify-write and sets `released = sent`: it starts at
 //!   the next item. Then `Held`.
@@ -523,9 +523,10 @@ impl<'a> Ring<'a> {
         self.acquire_detaching(k, timeout, |_| {})
     }
 
-    /// [`acquire`](Self::acquire); in a broadcast channel, consumers found dead while waiting
-    /// are detached ([`reap_dead_consumers`](Self::reap_dead_consumers), each passed to
-    /// `detached`) and the wait goes on without them.
+    /// Producer: wait until item `k` may be written, at most `timeout`; in a broadcast
+    /// channel, consumers found dead while waiting are detached
+    /// ([`reap_dead_consumers`](Self::reap_dead_consumers), each passed to `detached`) and the
+    /// wait goes on without them. A time-out names the consumer that held the slot.
     pub(crate) fn acquire_detaching(
         &self,
         k: u64,
@@ -730,24 +731,9 @@ impl<'a> Ring<'a> {
         Err(Error::ChannelInUse { pid: owner.pid })
     }
 
-    /// Consumer of a broadcast channel: attach to the first entry that is `Free` or `Left`
-    /// (`→ Claiming(me)`, a compare-exchange against the exact word seen), then, still
-    /// `Claiming`, read `sent` (a read-modify-write) and start there: `released = sent`, so
-    /// the first item received is the next one published. Then `Held`, and a ring of the
-    /// entry's bell (a producer waiting on the claim). Calls `pause` while the word reads
-    /// `Claiming` (the stress test stalls or dies there).
-    ///
-    /// Why the start is safe: the producer overwrites item `j`'s slot only when writing
-    /// `j + slots`, after checking every entry, and that check comes after its publish of
-    /// `j + slots − 1`, a read-modify-write of `sent` like ours. If our read of `sent` comes
-    /// first in its modification order, the producer's later publish reads from it, so its
-    /// check sees our claim and waits for our releases; if it comes later, we read
-    /// `sent ≥ j + slots − 1 ≥ j` and never receive item `j`. Loom checks this exactly (acquire
-    /// and release on read-modify-writes, no sequential consistency needed).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::ChannelInUse`] when every entry is taken (naming the first entry's process).
+    /// [`attach_any_with`](Self::attach_any_with) with no GPU counter, calling `pause` while
+    /// the entry reads `Claiming` (the replay tests, the loom model and the stress test stall or
+    /// die there).
     #[cfg(any(test, loom, fuzzing, feature = "__testing"))]
     pub(crate) fn attach_any(
         &self,
@@ -768,17 +754,31 @@ impl<'a> Ring<'a> {
         Ok(attached)
     }
 
-    /// [`attach_any`](Self::attach_any) for the GPU half: `prepare(index)` runs for each
-    /// candidate entry before its claim (opening that entry's GPU release counter: a driver
-    /// call, kept out of the `Claiming` window that holds the producer), and
-    /// `in_claim(&prepared, start)` while `Claiming`, after `released = start` (setting the
-    /// GPU counter to `start`, so that a producer's GPU wait on it never waits for a value the
-    /// new consumer will not write). An error from either ends the attach; one from
-    /// `in_claim` first gives the entry back.
+    /// Consumer of a broadcast channel: attach to the first entry that is `Free` or `Left`
+    /// (`→ Claiming(me)`, a compare-exchange against the exact word seen), then, still
+    /// `Claiming`, read `sent` (a read-modify-write) and start there: `released = sent`, so
+    /// the first item received is the next one published. Then `Held`, and a ring of the
+    /// entry's bell (a producer waiting on the claim).
+    ///
+    /// Why the start is safe: the producer overwrites item `j`'s slot only when writing
+    /// `j + slots`, after checking every entry, and that check comes after its publish of
+    /// `j + slots − 1`, a read-modify-write of `sent` like ours. If our read of `sent` comes
+    /// first in its modification order, the producer's later publish reads from it, so its
+    /// check sees our claim and waits for our releases; if it comes later, we read
+    /// `sent ≥ j + slots − 1 ≥ j` and never receive item `j`. Loom checks this exactly (acquire
+    /// and release on read-modify-writes, no sequential consistency needed).
+    ///
+    /// For the GPU half: `prepare(index)` runs for each candidate entry before its claim
+    /// (opening that entry's GPU release counter: a driver call, kept out of the `Claiming`
+    /// window that holds the producer), and `in_claim(&prepared, start)` while `Claiming`,
+    /// after `released = start` (setting the GPU counter to `start`, so that a producer's GPU
+    /// wait on it never waits for a value the new consumer will not write). An error from
+    /// either ends the attach; one from `in_claim` first gives the entry back.
     ///
     /// # Errors
     ///
-    /// [`Error::ChannelInUse`] when every entry is taken; what `prepare` or `in_claim` returns.
+    /// [`Error::ChannelInUse`] when every entry is taken (naming the first entry's process);
+    /// what `prepare` or `in_claim` returns.
     pub(crate) fn attach_any_with<P>(
         &self,
         me: &ProcessIdentity,
