@@ -50,6 +50,10 @@ use endpoint::{Endpoint, Role};
 use inflight::InFlight;
 use ring::{Geometry, MAX_SLOTS, Ring, RingState};
 
+/// The most bytes of header an item can carry ([`SendSlot::send_with_header`],
+/// [`Received::header`]): 4,096.
+pub const HEADER_BYTES: usize = ring::HEADER_BYTES;
+
 /// "CICH" little-endian.
 const MAGIC: u32 = u32::from_le_bytes(*b"CICH");
 /// Channel handle layout version.
@@ -794,12 +798,42 @@ impl<T: Pod> SendSlot<'_, T> {
     /// or drop the slot); once published, `send` returns `Ok` — a tracking event that could
     /// not be recorded after that is reported by the sender's `close`.
     #[doc(alias = "cuStreamWriteValue64")]
-    pub fn send(mut self, len: usize) -> Result<()> {
+    pub fn send(self, len: usize) -> Result<()> {
+        self.send_with_header(len, &[])
+    }
+
+    /// As [`send`](Self::send), with up to [`HEADER_BYTES`] bytes the consumer reads on the
+    /// host ([`Received::header`]): what the item holds (a bucket's tensor names, shapes and
+    /// offsets; a frame's sequence and format), so no second channel is needed. The bytes are
+    /// copied into the channel's shared memory before the item is published, and copied out
+    /// by the consumer when it receives it; the slot's GPU memory is not touched.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send); [`Error::InvalidArgument`] also when `header` is longer than
+    /// [`HEADER_BYTES`] (checked first: nothing is enqueued, the slot is kept).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let ctx = cuda_ipc::GpuContext::new(0)?;
+    /// # let stream = cuda_ipc::RawStream::LEGACY;
+    /// let mut tx = cuda_ipc::channel::IpcSender::<u8>::new(&ctx, 4, 1 << 20)?;
+    /// let slot = tx.acquire(&stream, Duration::from_secs(5))?;
+    /// // ... enqueue the writes of 4,096 bytes at slot.as_raw_ptr() on `stream` ...
+    /// slot.send_with_header(4096, b"frame 17, rgba8 32x32")?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn send_with_header(mut self, len: usize, header: &[u8]) -> Result<()> {
         self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
+        Geometry::check_header("SendSlot::send_with_header", header)?;
         let k = self.tx.next;
         let recorded = self.tx.end.signal(self.stream, k)?;
         self.waited = false;
-        self.tx.ring().publish(k, len as u64)?;
+        self.tx.ring().publish_from(k, 1, [(len as u64, header)])?;
         self.tx.next += 1;
         // Published: the item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
@@ -872,6 +906,7 @@ pub struct Received<'a, T: Pod> {
     rx: &'a mut IpcReceiver<T>,
     stream: sys::CUstream,
     len: usize,
+    header: Vec<u8>,
     done: bool,
     _stream: PhantomData<&'a ()>,
 }
@@ -1044,6 +1079,7 @@ impl<T: Pod> IpcReceiver<T> {
         len: u64,
     ) -> Result<Received<'a, T>> {
         let k = self.received + 1;
+        let header = self.ring().header(k)?;
         // SAFETY: the counter stays mapped until this wait has completed: the item's release
         // (explicit or in its drop) records an event on this stream after it, and the
         // receiver's teardown (close, or a collect after its drop) waits for recorded events
@@ -1055,6 +1091,7 @@ impl<T: Pod> IpcReceiver<T> {
             rx: self,
             // ≤ capacity (checked by the ring), which fits in usize (the allocation does).
             len: len as usize,
+            header,
             done: false,
             _stream: PhantomData,
         })
@@ -1150,6 +1187,14 @@ impl<T: Pod> Received<'_, T> {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The header the producer sent with the item ([`SendSlot::send_with_header`]; empty
+    /// after a plain [`send`](SendSlot::send)): a copy taken when the item was received, at
+    /// most [`HEADER_BYTES`] bytes. Bytes from the other process: parse them as untrusted.
+    #[must_use]
+    pub fn header(&self) -> &[u8] {
+        &self.header
     }
 
     /// The slot's index in the ring.
@@ -1461,7 +1506,16 @@ pub mod __testing {
 
         /// Publish the next item.
         pub fn send(&mut self, len: u64) -> Result<()> {
-            Ring::new(self.region.get(), self.geometry).publish(self.next, len)?;
+            self.send_with_header(len, &[])
+        }
+
+        /// Publish the next item with a header.
+        pub fn send_with_header(&mut self, len: u64, header: &[u8]) -> Result<()> {
+            Ring::new(self.region.get(), self.geometry).publish_from(
+                self.next,
+                1,
+                [(len, header)],
+            )?;
             self.next += 1;
             Ok(())
         }
@@ -1559,6 +1613,11 @@ pub mod __testing {
             let len = self.ring().recv(self.received, timeout)?;
             self.received += 1;
             Ok((self.geometry.slot_of(self.received), len))
+        }
+
+        /// The last item's header.
+        pub fn header(&self) -> Result<Vec<u8>> {
+            self.ring().header(self.received)
         }
 
         /// Release the last item received.

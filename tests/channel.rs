@@ -116,6 +116,20 @@ fn attach(role: &str, args: &[&str]) -> Attached {
 }
 
 /// Copy `len` bytes at `ptr` to the host on `stream` and check that every one is `value`.
+/// Item `k`'s header in the batch test: none for every third item, else up to 4,096 bytes
+/// naming it.
+fn header_of(k: u64) -> Vec<u8> {
+    if k.is_multiple_of(3) {
+        return Vec::new();
+    }
+    let name = format!("item {k};");
+    name.bytes()
+        .cycle()
+        .take(name.len() * (1 + (k as usize * 97) % 450))
+        .take(4096)
+        .collect()
+}
+
 fn check_bytes(stream: &Stream, ptr: u64, len: usize, value: u8) {
     let mut host = vec![0u8; len];
     // SAFETY: `len` bytes of a received item, inside the mapping until its release; `host`
@@ -387,11 +401,33 @@ fn child_process() {
                         k += 1;
                     }
                     let lens: Vec<usize> = batch.slots().map(|s| ITEM - s.seq as usize).collect();
-                    // A wrong number of lengths keeps the slots: send again.
+                    let headers: Vec<Vec<u8>> = batch.slots().map(|s| header_of(s.seq)).collect();
+                    let headers: Vec<&[u8]> = headers.iter().map(Vec::as_slice).collect();
+                    // A wrong number of lengths or headers, or a header over the bound, keeps
+                    // the slots: send again.
                     let e = batch.send(&lens[1..]).unwrap_err();
                     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
                     batch = tx.acquire_batch(&stream, size, WAIT).unwrap();
-                    batch.send(&lens).unwrap();
+                    let e = batch.send_with_headers(&lens, &headers[1..]).unwrap_err();
+                    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                    batch = tx.acquire_batch(&stream, size, WAIT).unwrap();
+                    let big = vec![0u8; cuda_ipc::channel::HEADER_BYTES + 1];
+                    let mut too_big = headers.clone();
+                    too_big[0] = &big;
+                    let e = batch.send_with_headers(&lens, &too_big).unwrap_err();
+                    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                    batch = tx.acquire_batch(&stream, size, WAIT).unwrap();
+                    if size == 1 {
+                        // A single slot of a batch and a plain item mix: send it as one.
+                        drop(batch);
+                        let slot = tx.acquire(&stream, WAIT).unwrap();
+                        let e = slot.send_with_header(lens[0], &big).unwrap_err();
+                        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                        let slot = tx.acquire(&stream, WAIT).unwrap();
+                        slot.send_with_header(lens[0], headers[0]).unwrap();
+                    } else {
+                        batch.send_with_headers(&lens, &headers).unwrap();
+                    }
                     s.progress.store(k - 1, Ordering::SeqCst);
                 }
                 assert_eq!(k - 1, ITEMS);
@@ -567,8 +603,9 @@ fn items_released_on_several_streams_free_slots_in_order() {
 }
 
 /// Batches on both sides: the producer sends batches of 1, 2 and 3 slots (odd items behind a
-/// 5 ms kernel), the consumer alternates batches of up to 3 with single items; every byte of
-/// every item arrives, in order, with its length, and misuse is refused.
+/// 5 ms kernel; a batch of one sent as a plain slot), the consumer alternates batches of up to
+/// 3 with single items; every byte of every item arrives, in order, with its length and its
+/// header (0 to 4,096 bytes), and misuse is refused (wrong counts, a header over the bound).
 #[test]
 #[ignore = "requires a CUDA device"]
 fn batches_carry_items_in_order_and_mix_with_single_items() {
@@ -587,8 +624,9 @@ fn batches_carry_items_in_order_and_mix_with_single_items() {
         let e = rx.recv_batch(&stream, bad, WAIT).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     }
-    let check = |seq: u64, ptr: u64, len: usize| {
+    let check = |seq: u64, ptr: u64, len: usize, header: &[u8]| {
         assert_eq!(len, ITEM - seq as usize, "item {seq}'s length");
+        assert_eq!(header, header_of(seq), "item {seq}'s header");
         let mut host = vec![0u8; len];
         // SAFETY: `len` bytes of the item, inside the mapping until its release; `host` lives
         // until the stream is synchronised below.
@@ -605,16 +643,17 @@ fn batches_carry_items_in_order_and_mix_with_single_items() {
     while next <= ITEMS {
         if batches % 2 == 0 {
             let batch = rx.recv_batch(&stream, SLOTS, WAIT).unwrap();
-            for item in batch.items().collect::<Vec<_>>() {
+            for (i, item) in batch.items().collect::<Vec<_>>().into_iter().enumerate() {
                 assert_eq!(item.seq, next);
-                check(item.seq, item.ptr, item.len);
+                check(item.seq, item.ptr, item.len, batch.header(i).unwrap());
                 next += 1;
             }
+            assert!(batch.header(batch.len()).is_none());
             batch.release().unwrap();
         } else {
             let item = rx.recv(&stream, WAIT).unwrap();
             assert_eq!(item.seq(), next);
-            check(item.seq(), item.as_raw_ptr(), item.len());
+            check(item.seq(), item.as_raw_ptr(), item.len(), item.header());
             next += 1;
             item.release().unwrap();
         }

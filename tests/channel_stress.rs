@@ -7,7 +7,7 @@
 //! neither. A shadow record checks, every run:
 //!
 //! - the consumer receives items 1, 2, 3, ... with no gap, repeat or reordering, each with its
-//!   length, and the slot holds the item's number both when received and just before it is
+//!   length and its header (up to 96 bytes naming the item), and the slot holds the item's number both when received and just before it is
 //!   released (the producer never writes a slot the consumer holds);
 //! - no side ends in `Timeout` while the other is attached, alive or dead: a dead producer is
 //!   `PeerGone` (exporter), a dead consumer `PeerGone` (importer), a finished producer `ChannelClosed` after the
@@ -109,6 +109,16 @@ fn child_process() {
     });
 }
 
+/// Item `k`'s header: `k % 97` bytes of `k`'s little-endian bytes, repeated (empty for some).
+fn header_of(k: u64) -> Vec<u8> {
+    k.to_le_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take((k % 97) as usize)
+        .collect()
+}
+
 fn nap(rng: &mut Rng) {
     if rng.one_in(8) {
         std::thread::sleep(Duration::from_micros(rng.next() % 300));
@@ -134,7 +144,7 @@ fn producer(s: &Shadow, rng: &mut Rng) -> u32 {
         };
         s.slot[slot].store(k, Ordering::SeqCst); // "write the slot"
         nap(rng);
-        if let Err(e) = tx.send(len_of(k)) {
+        if let Err(e) = tx.send_with_header(len_of(k), &header_of(k)) {
             return outcome(&e);
         }
     }
@@ -181,6 +191,14 @@ fn consumer(s: &Shadow, rng: &mut Rng, producer_pid: u32) -> u32 {
         s.log[i as usize].store(k, Ordering::SeqCst);
         if len != len_of(k) {
             violation(s, format_args!("item {k} has length {len}"));
+        }
+        match rx.header() {
+            Ok(h) if h == header_of(k) => {}
+            Ok(h) => violation(
+                s,
+                format_args!("item {k} has a header of {} bytes", h.len()),
+            ),
+            Err(e) => return outcome(&e),
         }
         let seen = s.slot[slot].load(Ordering::SeqCst);
         if seen != k {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
+use super::ring::Geometry;
 use super::{IpcReceiver, IpcSender, wait_limit};
 use crate::driver::sys;
 use crate::error::{ArgumentDefect, Error, PeerRole, Result};
@@ -51,6 +52,7 @@ pub struct ReceivedBatch<'a, T: Pod> {
     stream: sys::CUstream,
     first: u64,
     lens: Vec<usize>,
+    headers: Vec<Vec<u8>>,
     done: bool,
     _stream: PhantomData<&'a ()>,
 }
@@ -157,28 +159,56 @@ impl<T: Pod> SendBatch<'_, T> {
     /// or drop the batch); once published, `send` returns `Ok` — a tracking event that could
     /// not be recorded after that is reported by the sender's `close`.
     #[doc(alias = "cuStreamWriteValue64")]
-    pub fn send(mut self, lens: &[usize]) -> Result<()> {
+    pub fn send(self, lens: &[usize]) -> Result<()> {
+        self.send_items(lens, None)
+    }
+
+    /// As [`send`](Self::send), with one header per item (up to
+    /// [`HEADER_BYTES`](crate::channel::HEADER_BYTES) bytes each; see
+    /// [`SendSlot::send_with_header`](crate::channel::SendSlot::send_with_header)).
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send); [`Error::InvalidArgument`] also unless `headers` has one
+    /// header per item, each within the bound (checked before anything is enqueued).
+    #[doc(alias = "cuStreamWriteValue64")]
+    pub fn send_with_headers(self, lens: &[usize], headers: &[&[u8]]) -> Result<()> {
+        self.send_items(lens, Some(headers))
+    }
+
+    fn send_items(mut self, lens: &[usize], headers: Option<&[&[u8]]>) -> Result<()> {
+        let mismatch = |what, found: usize| Error::InvalidArgument {
+            call: "SendBatch::send",
+            defect: ArgumentDefect::LengthMismatch {
+                what,
+                expected: self.count,
+                found: found as u64,
+            },
+        };
         if lens.len() as u64 != self.count {
-            return Err(Error::InvalidArgument {
-                call: "SendBatch::send",
-                defect: ArgumentDefect::LengthMismatch {
-                    what: "item lengths (one per batch item)",
-                    expected: self.count,
-                    found: lens.len() as u64,
-                },
-            });
+            return Err(mismatch("item lengths (one per batch item)", lens.len()));
+        }
+        let none: &[&[u8]] = &[];
+        let headers = headers.unwrap_or(none);
+        if !headers.is_empty() && headers.len() as u64 != self.count {
+            return Err(mismatch("item headers (one per batch item)", headers.len()));
         }
         let geometry = &self.tx.end.geometry;
         for &len in lens {
             geometry.check_item_len("SendBatch::send", len)?;
         }
+        for header in headers {
+            Geometry::check_header("SendBatch::send_with_headers", header)?;
+        }
         let first = self.tx.next;
         let last = first + self.count - 1;
         let recorded = self.tx.end.signal(self.stream, last)?;
         self.waited = false;
-        self.tx
-            .ring()
-            .publish_from(first, self.count, lens.iter().map(|&len| len as u64))?;
+        let items = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (len as u64, headers.get(i).copied().unwrap_or(&[])));
+        self.tx.ring().publish_from(first, self.count, items)?;
         self.tx.next = last + 1;
         // Published: every item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
@@ -250,6 +280,9 @@ impl<T: Pod> IpcReceiver<T> {
         }
         let first = self.received + 1;
         let last = self.received + lens.len() as u64;
+        let headers = (first..=last)
+            .map(|k| ring.header(k))
+            .collect::<Result<Vec<_>>>()?;
         // SAFETY: the counter stays mapped until this wait has completed: the batch's release
         // (explicit or in its drop) records an event on this stream after it, and the
         // receiver's teardown (close, or a collect after its drop) waits for recorded events
@@ -262,6 +295,7 @@ impl<T: Pod> IpcReceiver<T> {
             first,
             // Each ≤ capacity (checked by the ring), which fits in usize (the allocation does).
             lens: lens.into_iter().map(|l| l as usize).collect(),
+            headers,
             done: false,
             _stream: PhantomData,
         })
@@ -292,6 +326,13 @@ impl<T: Pod> ReceivedBatch<'_, T> {
                 seq,
                 index: end.geometry.slot_of(seq),
             })
+    }
+
+    /// The header of the batch's `i`-th item (0-based; see
+    /// [`Received::header`](crate::channel::Received::header)): `None` past the batch's end.
+    #[must_use]
+    pub fn header(&self, i: usize) -> Option<&[u8]> {
+        self.headers.get(i).map(Vec::as_slice)
     }
 
     /// Hand every item of the batch back to the producer: enqueue one "`released` = the last

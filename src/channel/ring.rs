@@ -9,8 +9,9 @@
 //! Items are numbered from 1. Item `k` lives in slot `(k − 1) mod slots`.
 //!
 //! - `sent`: the number of items the producer has published. Only the producer writes it, one
-//!   step at a time, *after* the item's length is stored in `lens[slot]` and the item's GPU
-//!   signal is enqueued (release store, then a futex wake if the consumer sleeps).
+//!   step at a time, *after* the item's length is stored in `lens[slot]`, its header (up to
+//!   [`HEADER_BYTES`]) in `headers[slot]`, and the item's GPU signal is enqueued (release
+//!   store, then a futex wake if the consumer sleeps).
 //! - `consumer[0].released`: the number of items the consumer has handed back. Only that
 //!   consumer writes it, after its GPU release signal is enqueued.
 //! - Owner words ([`OwnedSlot`]): the producer (claimed at creation) and each consumer entry
@@ -99,6 +100,15 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The most slots a channel can have.
 pub(crate) const MAX_SLOTS: usize = 64;
+/// The most header bytes an item can carry ([`crate::channel::SendSlot::send_with_header`]):
+/// 4 KiB in each of the [`MAX_SLOTS`] slots' entries, whatever the ring's slot count (256 KiB
+/// of shared memory per channel). Under loom, one word (the model checks the ordering, not
+/// the size).
+#[cfg(not(loom))]
+pub(crate) const HEADER_BYTES: usize = 4096;
+#[cfg(loom)]
+pub(crate) const HEADER_BYTES: usize = 8;
+const HEADER_WORDS: usize = HEADER_BYTES / 8;
 /// Consumer entries in the layout (one used today; the rest keep the format for broadcast).
 pub(crate) const CONSUMER_ENTRIES: usize = 8;
 /// How often a waiting side checks that the other side is alive.
@@ -156,6 +166,13 @@ pub(crate) struct ConsumerEntry {
     pub(crate) released_signal: ShmCell<Envelope>,
 }
 
+/// One slot's item header: its byte count and the bytes, as little-endian words.
+#[repr(C)]
+pub(crate) struct ItemHeader {
+    len: AtomicU64,
+    words: [AtomicU64; HEADER_WORDS],
+}
+
 /// The channel's region. Fields above `producer` are written once, before the region is
 /// published, and are cross-checked against the handle on open.
 #[repr(C)]
@@ -179,15 +196,17 @@ pub(crate) struct RingState {
     pub(crate) data: ShmCell<Envelope>,
     /// The envelope of the producer's GPU send counter (an `IpcSignal` handle).
     pub(crate) sent_signal: ShmCell<Envelope>,
+    /// Each slot's item header.
+    headers: [ItemHeader; MAX_SLOTS],
 }
 
 // SAFETY: repr(C); every field is an integer atomic, an `OwnedSlot` (two AtomicU64), a
-// `Doorbell` (two AtomicU32) or a `ShmCell` of plain data, each valid for any bits and
+// `Doorbell` (two AtomicU32), an `ItemHeader` (AtomicU64s) or a `ShmCell` of plain data, each valid for any bits and
 // accessed only atomically. Under `--cfg loom` (model checks only, never mapped) the atomics
 // are loom's.
 unsafe impl ShmSafe for RingState {
     fn type_tag() -> u64 {
-        u64::from_le_bytes(*b"chanrg01")
+        u64::from_le_bytes(*b"chanrg02")
     }
 }
 
@@ -221,6 +240,10 @@ impl RingState {
             lens: std::array::from_fn(|_| u64s()),
             data: ShmCell::new(Envelope::zeroed()),
             sent_signal: ShmCell::new(Envelope::zeroed()),
+            headers: std::array::from_fn(|_| ItemHeader {
+                len: u64s(),
+                words: std::array::from_fn(|_| u64s()),
+            }),
         })
     }
 }
@@ -262,6 +285,22 @@ impl Geometry {
         let what = "item elements (up to the slot capacity)";
         ArgumentDefect::check_range(call, what, len as u64, 0, self.capacity)
     }
+
+    /// An item header's byte count, checked against [`HEADER_BYTES`].
+    pub(crate) fn check_header(call: &'static str, header: &[u8]) -> Result<()> {
+        let what = "item header bytes (up to 4,096)";
+        ArgumentDefect::check_range(call, what, header.len() as u64, 0, HEADER_BYTES as u64)
+    }
+}
+
+/// Store `header` (at most [`HEADER_BYTES`], checked by the caller) and its byte count in `h`.
+fn write_header(h: &ItemHeader, header: &[u8]) {
+    for (word, chunk) in h.words.iter().zip(header.chunks(8)) {
+        let mut bytes = [0u8; 8];
+        bytes[..chunk.len()].copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    }
+    h.len.store(header.len() as u64, Ordering::Relaxed);
 }
 
 /// Whether a process is alive, for the protocol (threads stand in for processes under loom).
@@ -564,20 +603,22 @@ impl<'a> Ring<'a> {
         matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(owner.pid)
     }
 
-    /// Producer: publish item `k` of `len` elements (its GPU signal already enqueued).
+    /// Producer: publish item `k` of `len` elements with no header (its GPU signal already
+    /// enqueued): the unit tests' and the loom models' short form.
+    #[cfg(any(test, loom))]
     pub(crate) fn publish(&self, k: u64, len: u64) -> Result<()> {
-        self.publish_from(k, 1, [len])
+        self.publish_from(k, 1, [(len, &[][..])])
     }
 
-    /// Producer: publish items `first..first + count` (of lengths `lens`) in one step — every check before
-    /// anything is written, then the lengths, then one store of `sent` — so that an error
-    /// always means "nothing of this call was published" (a caller must know whether to send
-    /// again).
-    pub(crate) fn publish_from(
+    /// Producer: publish items `first..first + count` (each its length and header) in one step —
+    /// the counter and every header's size checked before anything is written, then the
+    /// lengths and headers, then one store of `sent` — so that an error always means "nothing
+    /// of this call was published" (a caller must know whether to send again).
+    pub(crate) fn publish_from<'h>(
         &self,
         first: u64,
         count: u64,
-        lens: impl IntoIterator<Item = u64>,
+        items: impl IntoIterator<Item = (u64, &'h [u8])> + Clone,
     ) -> Result<()> {
         let sent = self.state.sent.load(Ordering::Relaxed);
         let expected = first.saturating_sub(1);
@@ -588,8 +629,13 @@ impl<'a> Ring<'a> {
                 expected,
             }));
         }
-        for (k, len) in (first..first + count).zip(lens) {
-            self.state.lens[self.geometry.slot_of(k)].store(len, Ordering::Relaxed);
+        for (_, header) in items.clone() {
+            Geometry::check_header("IPC channel send", header)?;
+        }
+        for (k, (len, header)) in (first..first + count).zip(items) {
+            let slot = self.geometry.slot_of(k);
+            self.state.lens[slot].store(len, Ordering::Relaxed);
+            write_header(&self.state.headers[slot], header);
         }
         // A read-modify-write, as a broadcast attach's read of `sent` is: of the two, the
         // later in `sent`'s modification order reads from the earlier, so either the attacher
@@ -681,6 +727,29 @@ impl<'a> Ring<'a> {
             }));
         }
         Ok(Some(len))
+    }
+
+    /// Consumer: a copy of item `k`'s header, once [`try_recv`](Self::try_recv) or
+    /// [`recv`](Self::recv) returned `k`'s length (whose acquire of `sent` made it visible).
+    pub(crate) fn header(&self, k: u64) -> Result<Vec<u8>> {
+        let h = &self.state.headers[self.geometry.slot_of(k)];
+        let len = h.len.load(Ordering::Relaxed);
+        if len > HEADER_BYTES as u64 {
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "item header bytes",
+                value: len,
+                min: 0,
+                max: HEADER_BYTES as u64,
+            }));
+        }
+        let len = len as usize; // ≤ HEADER_BYTES
+        let mut out = Vec::with_capacity(len);
+        for word in h.words.iter().take(len.div_ceil(8)) {
+            let bytes = word.load(Ordering::Relaxed).to_le_bytes();
+            let take = (len - out.len()).min(8);
+            out.extend_from_slice(&bytes[..take]);
+        }
+        Ok(out)
     }
 
     /// Consumer: wait for item `received + 1`, at most `timeout`; its length.
@@ -1107,16 +1176,71 @@ mod tests {
         let s = RingState::boxed();
         let r = ring(&s, 4);
         producer(&s);
-        r.publish_from(1, 3, [10, 20, 30]).unwrap();
+        r.publish_from(1, 3, [(10, &[][..]), (20, &[]), (30, &[])])
+            .unwrap();
         assert_eq!(s.sent.load(Ordering::Relaxed), 3);
         assert_eq!(r.try_recv(0).unwrap(), Some(10));
         s.sent.store(9, Ordering::Relaxed); // forged by the peer
         assert!(matches!(
-            r.publish_from(4, 2, [40, 50]),
+            r.publish_from(4, 2, [(40, &[][..]), (50, &[])]),
             Err(Error::Corrupt { .. })
         ));
         assert_eq!(s.sent.load(Ordering::Relaxed), 9, "nothing published");
         assert_eq!(s.lens[3].load(Ordering::Relaxed), 0, "no length written");
+    }
+
+    /// Headers travel with their items, exactly, across the ring's wrap; a slot's next item
+    /// without a header shows none (not the previous item's), in a batch too.
+    #[test]
+    fn headers_travel_with_their_items_and_never_go_stale() {
+        let s = RingState::boxed();
+        let r = ring(&s, 2);
+        producer(&s);
+        let full: Vec<u8> = (0..HEADER_BYTES).map(|i| (i * 7 % 251) as u8).collect();
+        let sizes = [0, 1, 7, 8, 9, 4095, HEADER_BYTES, 3];
+        for (i, &n) in sizes.iter().enumerate() {
+            let k = i as u64 + 1;
+            assert!(r.try_acquire(k).unwrap());
+            r.publish_from(k, 1, [(k, &full[..n])]).unwrap();
+            assert_eq!(r.try_recv(k - 1).unwrap(), Some(k));
+            assert_eq!(r.header(k).unwrap(), &full[..n], "item {k}, {n} bytes");
+            r.release(k).unwrap();
+        }
+        // Item 9 goes to slot 0, whose last item (7) had a 4,096-byte header: it shows none.
+        let k = sizes.len() as u64 + 1;
+        r.publish(k, 1).unwrap();
+        assert!(r.header(k).unwrap().is_empty());
+        r.release(k).unwrap();
+        r.publish_from(k + 1, 2, [(1, &b"ab"[..]), (2, &[][..])])
+            .unwrap();
+        assert_eq!(r.header(k + 1).unwrap(), b"ab");
+        assert!(
+            r.header(k + 2).unwrap().is_empty(),
+            "batch item without a header"
+        );
+    }
+
+    /// A header over the bound is refused before anything is written; a forged header length
+    /// is `Corrupt`, never a read past the slot's words.
+    #[test]
+    fn an_oversized_or_forged_header_is_refused() {
+        let s = RingState::boxed();
+        let r = ring(&s, 4);
+        producer(&s);
+        let big = vec![1u8; HEADER_BYTES + 1];
+        assert!(matches!(
+            r.publish_from(1, 2, [(5, &[][..]), (6, &big[..])]),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert_eq!(s.sent.load(Ordering::Relaxed), 0, "nothing published");
+        assert_eq!(s.lens[0].load(Ordering::Relaxed), 0, "no length written");
+        r.publish_from(1, 1, [(5, &b"abc"[..])]).unwrap();
+        s.headers[0]
+            .len
+            .store(HEADER_BYTES as u64 + 1, Ordering::Relaxed); // the peer's
+        assert!(matches!(r.header(1), Err(Error::Corrupt { .. })));
+        s.headers[0].len.store(u64::MAX, Ordering::Relaxed);
+        assert!(matches!(r.header(1), Err(Error::Corrupt { .. })));
     }
 
     #[test]
@@ -1409,6 +1533,8 @@ mod loom_tests {
                             Ok(len) => {
                                 received += 1;
                                 assert_eq!(data.load(Ordering::Relaxed), received);
+                                let header = r.header(received).unwrap();
+                                assert_eq!(header, [received as u8; 1], "item {received}");
                                 got.push(len);
                                 r.release(received).unwrap();
                             }
@@ -1423,7 +1549,7 @@ mod loom_tests {
             for k in 1..=3 {
                 r.acquire(k, Duration::from_secs(3600)).unwrap();
                 data.store(k, Ordering::Relaxed);
-                r.publish(k, k + 4).unwrap();
+                r.publish_from(k, 1, [(k + 4, &[k as u8][..])]).unwrap();
             }
             r.close_producer(held);
             assert_eq!(consumer.join().unwrap(), vec![5, 6, 7]);
