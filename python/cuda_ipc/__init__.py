@@ -7,12 +7,17 @@ arena once (``Socket.recv_arena``, read-only if asked) and opens every tensor wi
 with no copy (``torch.from_dlpack(t)``, ``cupy.asarray(t)``). Handles are typed, checksummed
 bytes (no pickle); every error is a :class:`CudaIpcError` subclass that keeps the reason.
 
+A GPU channel (:class:`Sender`, :class:`Receiver`) streams slots of bytes from one process to
+another (or to up to 8), ordered on the GPU with no host synchronize, each item with a header
+of up to 4 KiB; :mod:`cuda_ipc.weights` syncs a PyTorch model's weights through it.
+
 Built on the cuda-ipc Rust crate (https://docs.rs/cuda-ipc); see README.md.
 """
 
 from ._native import (
     Arena,
     ArenaFull,
+    ChannelClosed,
     Context,
     CorruptHandle,
     CudaIpcError,
@@ -22,6 +27,8 @@ from ._native import (
     NoDevice,
     PeerClosed,
     PeerGone,
+    Receiver,
+    Sender,
     Socket,
     StaleHandle,
     Tensor,
@@ -34,6 +41,7 @@ from ._native import (
 __all__ = [
     "Arena",
     "ArenaFull",
+    "ChannelClosed",
     "Context",
     "CorruptHandle",
     "CudaIpcError",
@@ -43,6 +51,8 @@ __all__ = [
     "NoDevice",
     "PeerClosed",
     "PeerGone",
+    "Receiver",
+    "Sender",
     "Socket",
     "StaleHandle",
     "Tensor",
@@ -51,4 +61,7 @@ __all__ = [
     "connect",
     "reclaim_stale_lease_tables",
 ]
+from . import weights  # noqa: E402  (needs torch only when used)
+
+__all__.append("weights")
 __version__ = "0.2.0"

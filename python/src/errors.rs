@@ -67,6 +67,13 @@ create_exception!(
     "The socket's peer closed the connection."
 );
 
+create_exception!(
+    cuda_ipc,
+    ChannelClosed,
+    CudaIpcError,
+    "The channel's other end closed (`pid`, `role`): a consumer has received every item sent."
+);
+
 /// Add the exception classes to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -80,6 +87,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TooManyImporters", py.get_type::<TooManyImporters>())?;
     m.add("ArenaFull", py.get_type::<ArenaFull>())?;
     m.add("PeerClosed", py.get_type::<PeerClosed>())?;
+    m.add("ChannelClosed", py.get_type::<ChannelClosed>())?;
     Ok(())
 }
 
@@ -109,6 +117,9 @@ pub(crate) fn to_py(e: cuda_ipc::Error) -> PyErr {
         E::TooManyImporters { .. } => (TooManyImporters::new_err(message), None, None),
         E::ArenaFull { .. } => (ArenaFull::new_err(message), None, None),
         E::PeerClosed { .. } => (PeerClosed::new_err(message), None, None),
+        E::ChannelClosed { pid, role } => {
+            (ChannelClosed::new_err(message), Some(*pid), Some(*role))
+        }
         E::SameProcess { pid } => (CudaIpcError::new_err(message), Some(*pid), None),
         _ => (CudaIpcError::new_err(message), None, None),
     };

@@ -6,10 +6,13 @@
 //! memory another process can map (`arena.empty(shape, dtype)`), shared read-only or
 //! read-write; sockets that carry an arena's descriptor once ([`Listener`], [`connect`]); on
 //! the other side an [`ImportedArena`] whose `open(handle)` gives a tensor with no driver
-//! call. Tensors go to PyTorch, CuPy or JAX with no copy through DLPack (`__dlpack__`) and
+//! call. A GPU channel ([`channel::Sender`], [`channel::Receiver`]): slots of bytes streamed
+//! between two processes (or to up to 8 consumers), ordered on the GPU, each item with a small
+//! host-readable header — what `cuda_ipc.weights` syncs a model's weights through. Tensors go to PyTorch, CuPy or JAX with no copy through DLPack (`__dlpack__`) and
 //! `__cuda_array_interface__`. Every error of the crate is a Python exception of a matching
 //! class that keeps the crate's reason (`str(e)`) and, where there is one, the peer's pid.
 
+mod channel;
 mod errors;
 mod socket;
 mod tensor;
@@ -63,6 +66,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::Arena>()?;
     m.add_class::<tensor::ImportedArena>()?;
     m.add_class::<tensor::Tensor>()?;
+    m.add_class::<channel::Sender>()?;
+    m.add_class::<channel::Receiver>()?;
     m.add_class::<socket::Listener>()?;
     m.add_class::<socket::Socket>()?;
     m.add_function(wrap_pyfunction!(socket::connect, m)?)?;

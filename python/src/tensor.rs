@@ -175,6 +175,11 @@ enum Memory {
     View(cuda_ipc::arena::ArenaView<u8>),
     /// A read-only view (`PROT_READ`: the GPU refuses writes).
     ReadOnly(cuda_ipc::arena::ReadOnlyArenaView<u8>),
+    /// A channel slot (`crate::channel`): its address, and the channel end that maps it.
+    Slot {
+        ptr: u64,
+        _end: Arc<dyn std::any::Any + Send + Sync>,
+    },
 }
 
 struct Inner {
@@ -190,6 +195,7 @@ impl Inner {
             Memory::Owned(b) => b.as_raw_ptr(),
             Memory::View(v) => v.as_raw_ptr(),
             Memory::ReadOnly(v) => v.as_raw_ptr(),
+            Memory::Slot { ptr, .. } => *ptr,
         }
     }
 
@@ -198,10 +204,31 @@ impl Inner {
     }
 }
 
-/// A tensor in an arena: the owner's, or a view of another process's.
+/// A tensor in an arena: the owner's, or a view of another process's; or a channel slot.
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Tensor {
     inner: Arc<Inner>,
+}
+
+impl Tensor {
+    /// `nbytes` bytes (uint8, one dimension) of a channel slot at `ptr` on `device`, keeping
+    /// `end` — the channel end that maps the slot — alive as long as the tensor or any DLPack
+    /// capsule made of it.
+    pub(crate) fn slot(
+        ptr: u64,
+        nbytes: usize,
+        device: u32,
+        end: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                memory: Memory::Slot { ptr, _end: end },
+                dtype: DType::U8,
+                shape: vec![nbytes as i64],
+                device,
+            }),
+        }
+    }
 }
 
 #[pymethods]
@@ -247,8 +274,8 @@ impl Tensor {
     fn handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let Memory::Owned(buffer) = &self.inner.memory else {
             return Err(PyTypeError::new_err(
-                "a tensor opened from another process's arena has no handle of its own: \
-                 send the owner's",
+                "only an arena owner's tensors have a handle (a tensor opened from another \
+                 process's arena, or a channel slot, has none): send the owner's",
             ));
         };
         let mut bytes = buffer.handle().as_bytes().to_vec();

@@ -23,6 +23,7 @@ def test_the_package_exports_its_api_and_exception_hierarchy():
         cuda_ipc.TooManyImporters,
         cuda_ipc.ArenaFull,
         cuda_ipc.PeerClosed,
+        cuda_ipc.ChannelClosed,
     ):
         assert issubclass(exc, cuda_ipc.CudaIpcError)
         assert issubclass(cuda_ipc.CudaIpcError, Exception)

@@ -1,0 +1,198 @@
+"""cuda_ipc.weights without a GPU: bucket planning, headers and unpacking, run on CPU tensors
+through an in-process stand-in for the channel (the GPU tests run the real one). Needs torch;
+where torch is not installed these tests are skipped (and say so)."""
+
+import contextlib
+import struct
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_ipc import weights as W  # noqa: E402
+
+
+class Slot:
+    """What the channel hands `fill`/`use`: a tensor of bytes with `data_ptr` and DLPack."""
+
+    def __init__(self, t):
+        self.t = t
+
+    @property
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+    @property
+    def nbytes(self):
+        return self.t.numel()
+
+    def __dlpack__(self, **kw):
+        return self.t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class FakeChannel:
+    """A ring of `slots` CPU byte buffers between a fake sender and receiver in one process
+    (the sender runs a whole sync before the receiver starts: the ring must hold it)."""
+
+    def __init__(self, slot_bytes, slots=2):
+        self.bufs = [torch.zeros(slot_bytes, dtype=torch.uint8) for _ in range(slots)]
+        self.items = []
+        self.sent = 0
+        self.slot_bytes = slot_bytes
+
+    def send(self, fill, *, header=None, stream=None, timeout=30.0):
+        assert len(header or b"") <= 4096
+        buf = self.bufs[self.sent % len(self.bufs)]
+        assert all(b is not buf for b, _, _ in self.items), "the ring is full (no back-pressure here)"
+        n = fill(Slot(buf))
+        assert 0 <= n <= self.slot_bytes
+        self.sent += 1
+        self.items.append((buf, n, bytes(header or b"")))
+        return self.sent
+
+    def recv(self, use, *, stream=None, timeout=30.0):
+        buf, n, header = self.items.pop(0)
+        return use(Slot(buf[:n]), header)
+
+    def close(self, timeout=30.0):
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(W, "_current_stream", lambda s: s)
+    monkeypatch.setattr(W, "_stream_context", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(W, "_raw", lambda s: 0)
+
+    def make(bucket_bytes, slots=64):
+        ch = FakeChannel(bucket_bytes, slots)
+        tx = W.WeightSender.__new__(W.WeightSender)
+        tx._tx, tx.bucket_bytes, tx._plan_key, tx._plan = ch, bucket_bytes, None, []
+        tx._views, tx._headers, tx._sync = {}, [], 0
+        rx = W.WeightReceiver.__new__(W.WeightReceiver)
+        rx._rx, rx._codes, rx._views = ch, None, {}
+        return ch, tx, rx
+
+    return make
+
+
+def model(seed, long_names=False):
+    g = torch.Generator().manual_seed(seed)
+    pre = "model.layers.0.self_attn.very_long_module_name_" * 3 if long_names else "w"
+    sd = {
+        f"{pre}.bf16": torch.randn(33, 17, generator=g).to(torch.bfloat16),
+        f"{pre}.f32": torch.randn(1000, generator=g),
+        f"{pre}.big": torch.randn(70_001, generator=g),  # 280 KB: split over buckets
+        f"{pre}.i64": torch.randint(-(2**40), 2**40, (129,), generator=g),
+        f"{pre}.bool": torch.rand(77, generator=g) > 0.5,
+        f"{pre}.u8": torch.randint(0, 255, (5, 3), generator=g).to(torch.uint8),
+        f"{pre}.f16": torch.randn(2, 3, 4, generator=g).half(),
+        f"{pre}.empty": torch.zeros(0, 4),
+    }
+    for i in range(40):
+        sd[f"{pre}.many.{i}"] = torch.full((i + 1,), float(seed * 100 + i))
+    return sd
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert a[n].dtype == b[n].dtype and a[n].shape == b[n].shape, n
+        assert torch.equal(a[n], b[n]), n
+
+
+@pytest.mark.parametrize("long_names", [False, True])
+def test_syncs_arrive_exactly_and_views_are_reused_until_the_weights_move(fake, long_names):
+    ch, tx, rx = fake(64 << 10)
+    target = {n: torch.empty_like(t) for n, t in model(0, long_names).items()}
+    for seed in (1, 2, 3):
+        src = model(seed, long_names)
+        stats = tx.send(src)
+        got = rx.recv_into(target)
+        assert_same(target, src)
+        assert (stats.buckets, got.buckets) == (len(tx.plan(src)), stats.buckets)
+        assert got.tensors == len(src) and got.nbytes == stats.nbytes
+    # Moved weights (new tensors) are picked up, not written through stale views.
+    target2 = {n: torch.empty_like(t) for n, t in target.items()}
+    src = model(9, long_names)
+    tx.send(src)
+    rx.recv_into(target2)
+    assert_same(target2, src)
+    assert not ch.items
+
+
+def test_plans_respect_the_bucket_and_the_header_bounds():
+    sd = model(0, long_names=True)
+    for bucket_bytes in (4096, 64 << 10, 1 << 20):
+        plan = W.plan_buckets(sd.items(), bucket_bytes)
+        covered = {}
+        for b in plan:
+            assert b.nbytes <= bucket_bytes
+            assert len(b.header(7, 0, False)) <= 4096
+            ends = sorted((c.offset, c.offset + c.nbytes) for c in b.chunks)
+            assert all(e0 <= s1 for (_, e0), (s1, _) in zip(ends, ends[1:])), "overlap"
+            assert all(c.offset % 256 == 0 for c in b.chunks)
+            for c in b.chunks:
+                covered[c.name] = covered.get(c.name, 0) + c.nbytes
+        for n, t in sd.items():
+            assert covered[n] == t.numel() * t.element_size(), n
+    with pytest.raises(ValueError, match="fits no header"):
+        W.plan_buckets([("x" * 5000, torch.zeros(1))], 1 << 20)
+    with pytest.raises(ValueError, match="not contiguous"):
+        W.plan_buckets([("t", torch.zeros(4, 4).t())], 1 << 20)
+    with pytest.raises(ValueError, match="dtype"):
+        W.plan_buckets([("c", torch.zeros(2, dtype=torch.complex64))], 1 << 20)
+
+
+def test_a_mismatched_receiver_is_refused_before_anything_is_copied(fake):
+    ch, tx, rx = fake(1 << 20)
+    src = {"a": torch.ones(8), "b": torch.ones(4, 4)}
+    wrong = {"a": torch.zeros(8), "b": torch.zeros(16)}
+    tx.send(src)
+    with pytest.raises(ValueError, match="b: the trainer sent float32\\[4, 4\\]"):
+        rx.recv_into(wrong)
+    assert torch.equal(wrong["a"], torch.zeros(8)), "nothing of that bucket copied"
+    tx.send(src)
+    with pytest.raises(ValueError, match="not in the weights"):
+        rx.recv_into({"a": torch.zeros(8)})
+    tx.send(src)
+    got = rx.recv_into({"a": torch.zeros(8)}, strict=False)
+    assert got.tensors == 1
+    tx.send({"a": src["a"]})
+    with pytest.raises(ValueError, match="did not carry 1"):
+        rx.recv_into({"a": torch.zeros(8), "b": torch.zeros(4, 4)})
+
+
+def test_a_receiver_that_lost_a_sync_midway_skips_its_rest(fake):
+    ch, tx, rx = fake(4096)
+    src = {f"t{i}": torch.full((900,), float(i)) for i in range(6)}  # 6 buckets
+    tx.send(src)
+    ch.items.pop(0)  # bucket 0 of sync 1 lost (the receiver failed on it)
+    tx.send(src)
+    target = {n: torch.zeros(900) for n in src}
+    got = rx.recv_into(target)
+    assert got.skipped == 5 and got.sync == 2
+    assert_same(target, src)
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda h: h[:10],
+        lambda h: b"XXXX" + h[4:],
+        lambda h: h[:4] + bytes([9]) + h[5:],
+        lambda h: h + b"\0",
+        lambda h: h[:-1],
+        lambda h: h[:20] + b"\xff\xff" + h[22:],  # first name's length past the end
+        lambda h: h[:-24] + struct.pack("<QQQ", 0, 64, 1 << 40),  # offset past the bucket
+    ],
+)
+def test_malformed_headers_are_value_errors(mangle):
+    b = W.plan_buckets([("w", torch.zeros(16))], 4096)[0]
+    header = b.header(1, 0, True)
+    W._parse(header, 4096)  # the original parses
+    with pytest.raises(ValueError):
+        W._parse(mangle(header), 4096)
