@@ -1,0 +1,307 @@
+"""Weight sync between two processes on one GPU, three ways, in one run (issue 35's bench):
+
+(a) ``torch.multiprocessing`` Queue, one tensor per message, the engine copying each into its
+    own weights;
+(b) flattened buckets, one CUDA IPC handle per bucket (``torch.multiprocessing`` reductions),
+    a synchronize and an ack per bucket (the fastest published method);
+(c) this package: ``cuda_ipc.weights`` over the crate's GPU channel, the ring opened once.
+
+Each is timed end to end: from the trainer's first call to the engine's weights complete on
+the GPU (both clocks are CLOCK_MONOTONIC, which processes share). Each has its floor: the same
+copies, done in one process with no second process (for (c): the same multi-tensor pack and
+unpack of the same buckets; for (b): the same flatten and per-tensor unpack; for (a): one copy
+per tensor). Per-bucket overhead = (end to end - floor) / buckets. Every run's weights are
+checked word for word on the engine.
+
+    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 5] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+BIG = 5 << 20  # bytes of bf16: 1600 of these ...
+SMALL = 10 << 10  # ... and 400 of these: 7.82 GiB
+BUCKET = 512 << 20
+
+
+def model(big, small, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sd = {}
+    for i in range(big + small):
+        n = (BIG if i < big else SMALL) // 2
+        layer = i // 10
+        sd[f"model.layers.{layer}.w{i % 10}"] = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    # Distinct contents per seed, cheaply: one random value per tensor plus a ramp.
+    vals = torch.rand(len(sd), generator=g, device="cuda")
+    ramp = torch.arange(BIG // 2, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    for j, t in enumerate(sd.values()):
+        t.copy_(ramp[: t.numel()]).add_(vals[j].to(torch.bfloat16))
+    torch.cuda.synchronize()
+    return sd
+
+
+def checksum(sd):
+    """One float64 per tensor, summed with weights by position (order and contents count)."""
+    flat = torch.stack([t.float().sum(dtype=torch.float64) for t in sd.values()])
+    w = torch.arange(1, len(flat) + 1, device=flat.device, dtype=torch.float64)
+    torch.cuda.synchronize()
+    return float((flat * w).sum())
+
+
+def buckets_b(sd):
+    """(b)'s buckets: consecutive tensors up to 512 MiB each."""
+    out, cur, size = [], [], 0
+    for n, t in sd.items():
+        nb = t.numel() * t.element_size()
+        if cur and size + nb > BUCKET:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(n)
+        size += nb
+    if cur:
+        out.append(cur)
+    return out
+
+
+def sync_time(fn):
+    torch.cuda.synchronize()
+    t = time.monotonic()
+    fn()
+    torch.cuda.synchronize()
+    return time.monotonic() - t
+
+
+# ---- floors (one process) ----
+
+
+def floors(src, dst, repeat):
+    from cuda_ipc import weights as W
+
+    # (a): every tensor copied once.
+    def once():
+        for n, t in src.items():
+            dst[n].copy_(t)
+
+    # (b): flatten each bucket (torch.cat), unflatten and copy per tensor.
+    plan_b = buckets_b(src)
+
+    def flat():
+        for names in plan_b:
+            bucket = torch.cat([src[n].view(-1) for n in names])
+            off = 0
+            for n in names:
+                k = src[n].numel()
+                dst[n].view(-1).copy_(bucket[off : off + k])
+                off += k
+
+    # (c): the same buckets and multi-tensor copies cuda_ipc.weights makes, into one of four
+    # slot buffers in turn, then out of it.
+    plan_c = W.plan_buckets(src.items(), BUCKET)
+    slots = [torch.empty(BUCKET, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    groups = []
+    for i, b in enumerate(plan_c):
+        buf = slots[i % 4]
+        pack, unpack = [], []
+        for c in b.chunks:
+            word = W._word(c.nbytes, c.offset, c.start)
+            s = W._bytes_of(src[c.name])[c.start : c.start + c.nbytes].view(word)
+            d = W._bytes_of(dst[c.name])[c.start : c.start + c.nbytes].view(word)
+            v = buf[c.offset : c.offset + c.nbytes].view(word)
+            pack.append((v, s))
+            unpack.append((d, v))
+        groups.append((W._group(pack), W._group(unpack)))
+
+    def multi():
+        for pack, unpack in groups:
+            W._copy(pack)
+            W._copy(unpack)
+
+    out = {}
+    for name, fn in (("once", once), ("flat", flat), ("multi", multi)):
+        fn()
+        out[name] = statistics.median(sync_time(fn) for _ in range(repeat))
+    del slots, groups
+    return out, len(plan_b), len(plan_c)
+
+
+# ---- the trainer, in its own process ----
+
+
+def trainer(method, big, small, repeat, ctl, data, name):
+    torch.cuda.set_device(0)
+    src = model(big, small, 1)
+    if method == "c":
+        import cuda_ipc
+        from cuda_ipc import weights as W
+
+        ctx = cuda_ipc.Context(0)
+        tx = W.WeightSender(ctx, bucket_bytes=BUCKET, slots=4)
+        peer = cuda_ipc.Listener(name).accept(timeout=120)
+        peer.send(tx.handle())
+    ctl.put(("ready", checksum(src)))
+    for _ in range(repeat + 1):
+        assert ctl.get() == "go" if method != "c" else peer.recv(timeout=120) == b"go"
+        t0 = time.monotonic()
+        if method == "a":
+            data.put(("start", t0, len(src)))
+            for n, t in src.items():
+                data.put((n, t))
+            assert ctl.get() == "done"
+        elif method == "b":
+            plan = buckets_b(src)
+            data.put(("start", t0, len(plan)))
+            for names in plan:
+                bucket = torch.cat([src[n].view(-1) for n in names])
+                torch.cuda.synchronize()
+                data.put((names, bucket))
+                assert ctl.get() == "ack"
+                del bucket
+        else:
+            peer.send(repr(t0).encode())
+            tx.send(src)
+    if method == "c":
+        tx.close(120)
+    ctl.put("exit")
+
+
+def engine(method, big, small, repeat, name):
+    ctx_mp = mp.get_context("spawn")
+    ctl, data = ctx_mp.Queue(), ctx_mp.Queue()
+    # The engine's own queue back to the trainer for (a)/(b) acks.
+    back = ctx_mp.Queue()
+    proc = ctx_mp.Process(target=trainer_entry, args=(method, big, small, repeat, back, data, name, ctl))
+    proc.start()
+    dst = model(big, small, 2)
+    if method == "c":
+        import cuda_ipc
+        from cuda_ipc import weights as W
+
+        ctx = cuda_ipc.Context(0)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                peer = cuda_ipc.connect(name, timeout=5)
+                break
+            except cuda_ipc.CudaIpcError:
+                assert time.monotonic() < deadline
+        rx = W.WeightReceiver(ctx, peer.recv(timeout=120))
+    tag, want = ctl.get(timeout=300)
+    assert tag == "ready"
+    times = []
+    for r in range(repeat + 1):
+        for t in dst.values():
+            t.zero_()
+        torch.cuda.synchronize()
+        if method == "c":
+            peer.send(b"go")
+            t0 = float(peer.recv(timeout=120))
+            stats = rx.recv_into(dst)
+            torch.cuda.synchronize()
+            t1 = time.monotonic()
+            buckets = stats.buckets
+        else:
+            back.put("go")
+            tag, t0, count = data.get(timeout=300)
+            assert tag == "start"
+            if method == "a":
+                for _ in range(count):
+                    n, t = data.get(timeout=300)
+                    dst[n].copy_(t)
+                    del t
+                torch.cuda.synchronize()
+                t1 = time.monotonic()
+                back.put("done")
+                buckets = count
+            else:
+                for _ in range(count):
+                    names, bucket = data.get(timeout=300)
+                    off = 0
+                    for n in names:
+                        k = dst[n].numel()
+                        dst[n].view(-1).copy_(bucket[off : off + k])
+                        off += k
+                    torch.cuda.synchronize()
+                    del bucket
+                    back.put("ack")
+                t1 = time.monotonic()
+                buckets = count
+        got = checksum(dst)
+        assert got == want, f"({method}) run {r}: checksum {got} != {want}"
+        if r > 0:
+            times.append(t1 - t0)
+    assert ctl.get(timeout=300) == "exit"
+    proc.join(120)
+    if method == "c":
+        rx.close(60)
+    return statistics.median(times), min(times), buckets
+
+
+def trainer_entry(method, big, small, repeat, back, data, name, ctl):
+    # `ctl` carries the trainer's reports to the engine; `back` the engine's go/acks to it.
+    class Both:
+        def put(self, v):
+            ctl.put(v)
+
+        def get(self):
+            return back.get(timeout=300)
+
+    trainer(method, big, small, repeat, Both(), data, name)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--big", type=int, default=1600)
+    ap.add_argument("--small", type=int, default=400)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--methods", default="abc")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.cuda.set_device(0)
+    src, dst = model(args.big, args.small, 1), model(args.big, args.small, 2)
+    floor, nb, nc = floors(src, dst, args.repeat)
+    gib = sum(t.numel() * t.element_size() for t in src.values()) / (1 << 30)
+    del src, dst
+    torch.cuda.empty_cache()
+    res = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "tensors": args.big + args.small,
+        "gib": round(gib, 3),
+        "floor_once_ms": floor["once"] * 1e3,
+        "floor_flat_ms": floor["flat"] * 1e3,
+        "floor_multi_ms": floor["multi"] * 1e3,
+    }
+    floors_of = {"a": floor["once"], "b": floor["flat"], "c": floor["multi"]}
+    for m in args.methods:
+        med, best, buckets = engine(m, args.big, args.small, args.repeat, f"cuda-ipc-bench-ws-{os.getpid()}")
+        res[m] = {
+            "median_ms": med * 1e3,
+            "min_ms": best * 1e3,
+            "buckets": buckets,
+            "floor_ms": floors_of[m] * 1e3,
+            "per_bucket_overhead_us": (med - floors_of[m]) / buckets * 1e6,
+        }
+        print(f"({m}) {med * 1e3:8.2f} ms median ({best * 1e3:.2f} min), {buckets} buckets/messages, "
+              f"floor {floors_of[m] * 1e3:.2f} ms, overhead {(med - floors_of[m]) / buckets * 1e6:.1f} us each",
+              flush=True)
+    if "a" in res and "c" in res:
+        res["c_vs_a"] = res["a"]["median_ms"] / res["c"]["median_ms"]
+    if "b" in res and "c" in res:
+        res["c_vs_b"] = res["b"]["median_ms"] / res["c"]["median_ms"]
+    if "c" in res:
+        res["c_vs_floor"] = res["c"]["median_ms"] / res["floor_multi_ms"]
+    print(json.dumps(res, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
