@@ -188,11 +188,12 @@ impl<T: Pod> SendBatch<'_, T> {
         if lens.len() as u64 != self.count {
             return Err(mismatch("item lengths (one per batch item)", lens.len()));
         }
-        let none: &[&[u8]] = &[];
-        let headers = headers.unwrap_or(none);
-        if !headers.is_empty() && headers.len() as u64 != self.count {
-            return Err(mismatch("item headers (one per batch item)", headers.len()));
+        if let Some(h) = headers
+            && h.len() as u64 != self.count
+        {
+            return Err(mismatch("item headers (one per batch item)", h.len()));
         }
+        let headers = headers.unwrap_or(&[]);
         let geometry = &self.tx.end.geometry;
         for &len in lens {
             geometry.check_item_len("SendBatch::send", len)?;
