@@ -1,6 +1,8 @@
 """Type stubs of cuda_ipc's extension module (python/src/*.rs)."""
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar
+
+_R = TypeVar("_R")
 
 class CudaIpcError(Exception):
     """Any error of cuda-ipc; ``str(e)`` is the crate's full reason."""
@@ -19,6 +21,8 @@ class HandleTypeMismatch(CudaIpcError): ...
 class TooManyImporters(CudaIpcError): ...
 class ArenaFull(CudaIpcError): ...
 class PeerClosed(CudaIpcError): ...
+class ChannelClosed(CudaIpcError):
+    """The channel's other end closed; a consumer gets it once every item sent was received."""
 
 class Context:
     """A device's primary CUDA context (the one PyTorch and CuPy use)."""
@@ -90,6 +94,65 @@ class ImportedArena:
     def exporter_pid(self) -> int: ...
     @property
     def capacity(self) -> int: ...
+
+class Sender:
+    """The producing end of a GPU channel: ``slots`` slots of ``slot_bytes`` bytes, for one
+    consumer or (``consumers`` > 1) a broadcast to up to that many. One call at a time."""
+
+    def __init__(
+        self, ctx: Context, slot_bytes: int, *, slots: int = 4, consumers: int = 1
+    ) -> None: ...
+    def handle(self) -> bytes:
+        """What a consumer opens the channel with (send it over a Socket)."""
+    def send(
+        self,
+        fill: Callable[[Tensor], int],
+        *,
+        header: Optional[bytes] = None,
+        stream: Any = None,
+        timeout: float = 30.0,
+    ) -> int:
+        """Wait for a free slot, call ``fill(slot)`` (enqueue writes on ``stream``; return
+        the bytes written), enqueue the send and publish with ``header`` (<= 4096 bytes).
+        Returns the item's number. ``stream``: None (legacy default), an int CUstream, or a
+        torch/CuPy stream."""
+    def consumers(self) -> list[int]: ...
+    @property
+    def sent(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    def close(self, timeout: float = 30.0) -> None:
+        """Wait for this side's GPU work and for the consumers to close; refused while
+        tensors of the slots are alive."""
+    def __enter__(self) -> "Sender": ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class Receiver:
+    """The consuming end of a GPU channel, opened from ``Sender.handle()``."""
+
+    def __init__(self, ctx: Context, handle: bytes) -> None: ...
+    def recv(
+        self,
+        use: Callable[[Tensor, bytes], _R],
+        *,
+        stream: Any = None,
+        timeout: float = 30.0,
+    ) -> _R:
+        """Wait for the next item, call ``use(item, header)`` (enqueue reads on ``stream``),
+        then release it there; returns what ``use`` returned."""
+    @property
+    def received(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def producer_pid(self) -> int: ...
+    def close(self, timeout: float = 30.0) -> None: ...
+    def __enter__(self) -> "Receiver": ...
+    def __exit__(self, *exc: Any) -> None: ...
 
 class Listener:
     """A Unix socket at an abstract name, for peers of this user."""

@@ -3,7 +3,6 @@ through an in-process stand-in for the channel (the GPU tests run the real one).
 where torch is not installed these tests are skipped (and say so)."""
 
 import contextlib
-import struct
 
 import pytest
 
@@ -186,13 +185,45 @@ def test_a_receiver_that_lost_a_sync_midway_skips_its_rest(fake):
         lambda h: h[:4] + bytes([9]) + h[5:],
         lambda h: h + b"\0",
         lambda h: h[:-1],
-        lambda h: h[:20] + b"\xff\xff" + h[22:],  # first name's length past the end
-        lambda h: h[:-24] + struct.pack("<QQQ", 0, 64, 1 << 40),  # offset past the bucket
+        lambda h: h[:20] + b"\xff\xff" + h[22:],  # a name sharing more than there was
+        lambda h: h[:20] + b"\x00\x7f" + h[22:],  # a name past the end
+        lambda h: h[:20] + b"\xff" * 12,  # a number of more than 64 bits
+        lambda h: offset_past_the_bucket(),
     ],
 )
 def test_malformed_headers_are_value_errors(mangle):
-    b = W.plan_buckets([("w", torch.zeros(16))], 4096)[0]
+    b = W.plan_buckets([("w", torch.zeros(16)), ("w2", torch.zeros(4))], 4096)[0]
     header = b.header(1, 0, True)
-    W._parse(header, 4096)  # the original parses
+    assert [c.name for c in W._parse(header, 4096)[3]] == ["w", "w2"]  # the original parses
     with pytest.raises(ValueError):
         W._parse(mangle(header), 4096)
+
+
+def offset_past_the_bucket():
+    b = W.Bucket()
+    b.add(W.Chunk("w", 12, (16,), 0, 64, 1 << 40))
+    return b.header(1, 0, True)
+
+
+def test_random_damage_to_a_header_is_a_value_error_or_stays_in_bounds():
+    import random
+
+    rng = random.Random(7)
+    sd = model(0, long_names=True)
+    header = W.plan_buckets(sd.items(), 1 << 20)[0].header(3, 0, False)
+    for _ in range(3000):
+        h = bytearray(header)
+        for _ in range(rng.randint(1, 4)):
+            h[rng.randrange(len(h))] = rng.randrange(256)
+        h = bytes(h[: rng.randint(0, len(h))]) if rng.random() < 0.3 else bytes(h)
+        try:
+            chunks = W._parse(h, 1 << 20)[3]
+        except ValueError:
+            continue
+        assert all(c.offset + c.nbytes <= 1 << 20 and len(c.shape) <= 8 for c in chunks)
+
+
+def test_headers_are_compact():
+    sd = {f"model.layers.{i // 10}.mlp.w{i % 10}": torch.empty(1 << 18, dtype=torch.bfloat16, device="meta") for i in range(400)}
+    plan = W.plan_buckets(sd.items(), 512 << 20)
+    assert len(plan[0].chunks) >= 150, [len(b.chunks) for b in plan]

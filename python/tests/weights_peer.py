@@ -118,7 +118,15 @@ def main():
         tx.close(60)
         result("closed")
         return
-    peer = cuda_ipc.connect(name, timeout=60)
+    deadline = time.monotonic() + 60
+    while True:  # the trainer may not listen yet
+        try:
+            peer = cuda_ipc.connect(name, timeout=5)
+            break
+        except cuda_ipc.CudaIpcError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     handle = peer.recv(timeout=60)
     fds_before = fds()
     if role == "raw_consumer":
