@@ -33,6 +33,8 @@ BUCKET = 512 << 20
 #: `slots` syncs (each sync's buckets start one slot further round the ring of 4), then
 #: reused; the first run's time is reported on its own.
 WARM = 5
+#: (c)'s bucket and ring (--bucket, --slots); (b) keeps 512 MiB.
+BUCKET_C, SLOTS_C = BUCKET, 4
 
 
 def model(big, small, seed):
@@ -107,11 +109,11 @@ def floors(src, dst, repeat):
 
     # (c): the same buckets and multi-tensor copies cuda_ipc.weights makes, into one of four
     # slot buffers in turn, then out of it.
-    plan_c = W.plan_buckets(src.items(), BUCKET)
-    slots = [torch.empty(BUCKET, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    plan_c = W.plan_buckets(src.items(), BUCKET_C)
+    slots = [torch.empty(BUCKET_C, dtype=torch.uint8, device="cuda") for _ in range(SLOTS_C)]
     groups = []
     for i, b in enumerate(plan_c):
-        buf = slots[i % 4]
+        buf = slots[i % SLOTS_C]
         pack, unpack = [], []
         for c in b.chunks:
             word = W._word(c.nbytes, c.offset, c.start)
@@ -138,7 +140,9 @@ def floors(src, dst, repeat):
 # ---- the trainer, in its own process ----
 
 
-def trainer(method, big, small, repeat, ctl, data, name):
+def trainer(method, big, small, repeat, ctl, data, name, geometry):
+    global BUCKET_C, SLOTS_C
+    BUCKET_C, SLOTS_C = geometry
     torch.cuda.set_device(0)
     src = model(big, small, 1)
     if method == "c":
@@ -146,7 +150,7 @@ def trainer(method, big, small, repeat, ctl, data, name):
         from cuda_ipc import weights as W
 
         ctx = cuda_ipc.Context(0)
-        tx = W.WeightSender(ctx, bucket_bytes=BUCKET, slots=4)
+        tx = W.WeightSender(ctx, bucket_bytes=BUCKET_C, slots=SLOTS_C)
         peer = cuda_ipc.Listener(name).accept(timeout=120)
         peer.send(tx.handle())
     ctl.put(("ready", checksum(src)))
@@ -180,7 +184,10 @@ def engine(method, big, small, repeat, name):
     ctl, data = ctx_mp.Queue(), ctx_mp.Queue()
     # The engine's own queue back to the trainer for (a)/(b) acks.
     back = ctx_mp.Queue()
-    proc = ctx_mp.Process(target=trainer_entry, args=(method, big, small, repeat, back, data, name, ctl))
+    proc = ctx_mp.Process(
+        target=trainer_entry,
+        args=(method, big, small, repeat, back, data, name, ctl, (BUCKET_C, SLOTS_C)),
+    )
     proc.start()
     dst = model(big, small, 2)
     if method == "c":
@@ -249,7 +256,7 @@ def engine(method, big, small, repeat, name):
     return statistics.median(times), min(times), buckets, cold
 
 
-def trainer_entry(method, big, small, repeat, back, data, name, ctl):
+def trainer_entry(method, big, small, repeat, back, data, name, ctl, geometry):
     # `ctl` carries the trainer's reports to the engine; `back` the engine's go/acks to it.
     class Both:
         def put(self, v):
@@ -258,7 +265,7 @@ def trainer_entry(method, big, small, repeat, back, data, name, ctl):
         def get(self):
             return back.get(timeout=300)
 
-    trainer(method, big, small, repeat, Both(), data, name)
+    trainer(method, big, small, repeat, Both(), data, name, geometry)
 
 
 def main():
@@ -267,9 +274,13 @@ def main():
     ap.add_argument("--small", type=int, default=400)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--methods", default="abc")
+    ap.add_argument("--bucket", type=int, default=512, help="MiB per bucket, (c) and its floor")
+    ap.add_argument("--slots", type=int, default=4, help="(c)'s ring")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.cuda.set_device(0)
+    global BUCKET_C, SLOTS_C
+    BUCKET_C, SLOTS_C = args.bucket << 20, args.slots
     src, dst = model(args.big, args.small, 1), model(args.big, args.small, 2)
     floor, nb, nc = floors(src, dst, args.repeat)
     gib = sum(t.numel() * t.element_size() for t in src.values()) / (1 << 30)
@@ -283,6 +294,8 @@ def main():
         "floor_once_ms": floor["once"] * 1e3,
         "floor_flat_ms": floor["flat"] * 1e3,
         "floor_multi_ms": floor["multi"] * 1e3,
+        "bucket_mib_c": args.bucket,
+        "slots_c": args.slots,
     }
     floors_of = {"a": floor["once"], "b": floor["flat"], "c": floor["multi"]}
     for m in args.methods:

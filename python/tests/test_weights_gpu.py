@@ -174,7 +174,7 @@ def test_a_trainers_syncs_reach_the_engine_bit_for_bit():
     e_results, e_rc, e_err = finish(engine)
     assert t_rc == 0 and e_rc == 0, (t_err, e_err)
     buckets = int(t_results[0].split()[1])
-    assert buckets >= 5, t_results  # a tensor split over buckets, headers that fill
+    assert buckets >= 3, t_results  # "embed" (2.4 MiB) split over 1 MiB buckets
     assert e_results == [f"sync {k} ok {buckets} buckets" for k in range(1, 5)] + [
         "closed pid=True role=producer"
     ], e_results

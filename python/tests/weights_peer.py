@@ -43,6 +43,9 @@ class Pausing:
     def close(self, timeout=30.0):
         self.inner.close(timeout)
 
+    def handle(self):
+        return self.inner.handle()
+
 
 def model(k, size):
     """The weights of sync `k`: mixed dtypes, a tensor larger than a bucket, an empty one,
