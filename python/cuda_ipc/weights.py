@@ -307,9 +307,11 @@ class WeightSender:
         return self._tx
 
     def plan(self, state_dict: Mapping[str, object]) -> List[Bucket]:
-        """The buckets ``state_dict`` is sent in (computed once per layout: names, dtypes,
-        shapes)."""
-        key = tuple((n, t.dtype, tuple(t.shape)) for n, t in state_dict.items())
+        """The buckets ``state_dict`` is sent in: made again when its names (in order) differ
+        from the last sync's; each bucket checks its own tensors' dtypes and shapes as it is
+        filled (a per-sync check of all of them, before the first bucket, would cost the GPU
+        milliseconds of idle)."""
+        key = tuple(state_dict)
         if key != self._plan_key:
             self._plan = plan_buckets(state_dict.items(), self.bucket_bytes)
             self._plan_key = key
@@ -331,6 +333,7 @@ class WeightSender:
         self._sync += 1
         sync = self._sync
         views = self._views
+        dtypes = {code: dt for dt, code in _dtype_codes().items()}
         nbytes = 0
         with _stream_context(stream):
             for i, bucket in enumerate(plan):
@@ -342,6 +345,15 @@ class WeightSender:
                     # weights stay where they were (a view keeps its storage alive, so the
                     # same address is the same storage).
                     srcs = [state_dict[c.name] for c in bucket.chunks]
+                    for c, t in zip(bucket.chunks, srcs):
+                        if t.dtype != dtypes[c.dtype_code] or t.shape != c.shape:
+                            self._plan_key = None  # the next sync plans again
+                            raise ValueError(
+                                f"{c.name}: {t.dtype}{list(t.shape)} where the plan (made at an "
+                                f"earlier sync) has {dtypes[c.dtype_code]}{list(c.shape)}; "
+                                f"buckets 0..{i - 1} of sync {sync} were sent (the engine drops "
+                                f"them when the next sync begins)"
+                            )
                     ptrs = tuple(t.data_ptr() for t in srcs)
                     key = (i, slot.data_ptr)
                     hit = views.get(key)
@@ -460,6 +472,10 @@ class WeightReceiver:
                     state["skipped"] += 1  # the rest of a sync this receiver lost midway
                     return
                 state["sync"] = sync
+            elif index == 0 and sync != state["sync"]:
+                # The trainer abandoned the sync midway (its send raised): this one replaces it.
+                state.update(sync=sync, next=0, bytes=0, skipped=state["skipped"] + state["next"])
+                seen.clear()
             elif sync != state["sync"] or index != state["next"]:
                 raise ValueError(
                     f"bucket {index} of sync {sync} where bucket {state['next']} of sync "

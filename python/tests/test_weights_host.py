@@ -227,3 +227,20 @@ def test_headers_are_compact():
     sd = {f"model.layers.{i // 10}.mlp.w{i % 10}": torch.empty(1 << 18, dtype=torch.bfloat16, device="meta") for i in range(400)}
     plan = W.plan_buckets(sd.items(), 512 << 20)
     assert len(plan[0].chunks) >= 150, [len(b.chunks) for b in plan]
+
+
+def test_a_layout_change_fails_the_sync_and_the_engine_drops_its_partial_buckets(fake):
+    ch, tx, rx = fake(4096)
+    src = {f"t{i}": torch.full((900,), float(i)) for i in range(6)}  # a bucket each
+    target = {n: torch.zeros(900) for n in src}
+    tx.send(src)
+    rx.recv_into(target)
+    changed = dict(src, t3=torch.zeros(30, 30))
+    with pytest.raises(ValueError, match=r"t3: torch.float32\[30, 30\] where the plan"):
+        tx.send(changed)
+    assert len(ch.items) == 3, "buckets 0..2 went before the check of bucket 3"
+    src2 = {n: t + 10 for n, t in src.items()}
+    tx.send(src2)  # planned again
+    got = rx.recv_into(target)
+    assert got.skipped == 3 and got.buckets == 6
+    assert_same(target, src2)
