@@ -174,9 +174,10 @@ fn gcd(a: u64, b: u64) -> u64 {
 
 /// The slot stride in elements for `geometry` with elements of `size` bytes: the capacity
 /// rounded up so that each slot starts 256-byte aligned where the size allows; `None` if the
-/// allocation would not fit.
+/// allocation would not fit, or a slot would hold more elements than an item's length word
+/// counts (2^48 − 1).
 fn layout(geometry: Geometry, size: u64) -> Option<u64> {
-    if geometry.capacity == 0 || size == 0 {
+    if geometry.capacity == 0 || geometry.capacity > ring::MAX_CAPACITY || size == 0 {
         return None;
     }
     let unit = SLOT_ALIGN / gcd(SLOT_ALIGN, size);
@@ -1318,6 +1319,11 @@ mod tests {
         assert_eq!(layout(g(4, 5), 1024), Some(5));
         assert_eq!(layout(g(1, 0), 4), None);
         assert_eq!(layout(g(64, u64::MAX / 2), 4), None);
+        assert_eq!(
+            layout(g(1, ring::MAX_CAPACITY), 1),
+            Some(ring::MAX_CAPACITY + 1)
+        );
+        assert_eq!(layout(g(1, ring::MAX_CAPACITY + 1), 1), None);
     }
 
     fn sealed() -> ChannelEnvelope {

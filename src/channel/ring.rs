@@ -9,9 +9,10 @@
 //! Items are numbered from 1. Item `k` lives in slot `(k − 1) mod slots`.
 //!
 //! - `sent`: the number of items the producer has published. Only the producer writes it, one
-//!   step at a time, *after* the item's length is stored in `lens[slot]`, its header (up to
-//!   [`HEADER_BYTES`]) in `headers[slot]`, and the item's GPU signal is enqueued (release
-//!   store, then a futex wake if the consumer sleeps).
+//!   step at a time, *after* the item's length (and its header's byte count, in the top 16
+//!   bits) is stored in `lens[slot]`, its header's bytes (up to [`HEADER_BYTES`]) in
+//!   `headers[slot]`, and the item's GPU signal is enqueued (release store, then a futex wake
+//!   if the consumer sleeps).
 //! - `consumer[0].released`: the number of items the consumer has handed back. Only that
 //!   consumer writes it, after its GPU release signal is enqueued.
 //! - Owner words ([`OwnedSlot`]): the producer (claimed at creation) and each consumer entry
@@ -109,6 +110,10 @@ pub(crate) const HEADER_BYTES: usize = 4096;
 #[cfg(loom)]
 pub(crate) const HEADER_BYTES: usize = 8;
 const HEADER_WORDS: usize = HEADER_BYTES / 8;
+/// A `lens` word: the item's elements in the low [`LEN_BITS`] bits, its header's bytes above.
+pub(crate) const LEN_BITS: u32 = 48;
+/// The most elements a slot can hold (what [`LEN_BITS`] can count).
+pub(crate) const MAX_CAPACITY: u64 = (1 << LEN_BITS) - 1;
 /// Consumer entries in the layout (one used today; the rest keep the format for broadcast).
 pub(crate) const CONSUMER_ENTRIES: usize = 8;
 /// How often a waiting side checks that the other side is alive.
@@ -166,10 +171,9 @@ pub(crate) struct ConsumerEntry {
     pub(crate) released_signal: ShmCell<Envelope>,
 }
 
-/// One slot's item header: its byte count and the bytes, as little-endian words.
+/// One slot's item header bytes, as little-endian words (their count is in `lens`).
 #[repr(C)]
 pub(crate) struct ItemHeader {
-    len: AtomicU64,
     words: [AtomicU64; HEADER_WORDS],
 }
 
@@ -241,7 +245,6 @@ impl RingState {
             data: ShmCell::new(Envelope::zeroed()),
             sent_signal: ShmCell::new(Envelope::zeroed()),
             headers: std::array::from_fn(|_| ItemHeader {
-                len: u64s(),
                 words: std::array::from_fn(|_| u64s()),
             }),
         })
@@ -293,14 +296,13 @@ impl Geometry {
     }
 }
 
-/// Store `header` (at most [`HEADER_BYTES`], checked by the caller) and its byte count in `h`.
+/// Store `header`'s bytes (at most [`HEADER_BYTES`], checked by the caller) in `h`.
 fn write_header(h: &ItemHeader, header: &[u8]) {
     for (word, chunk) in h.words.iter().zip(header.chunks(8)) {
         let mut bytes = [0u8; 8];
         bytes[..chunk.len()].copy_from_slice(chunk);
         word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
     }
-    h.len.store(header.len() as u64, Ordering::Relaxed);
 }
 
 /// Whether a process is alive, for the protocol (threads stand in for processes under loom).
@@ -634,8 +636,12 @@ impl<'a> Ring<'a> {
         }
         for (k, (len, header)) in (first..first + count).zip(items) {
             let slot = self.geometry.slot_of(k);
-            self.state.lens[slot].store(len, Ordering::Relaxed);
-            write_header(&self.state.headers[slot], header);
+            // len ≤ capacity ≤ MAX_CAPACITY (the geometry's bound), header ≤ HEADER_BYTES.
+            let word = len | (header.len() as u64) << LEN_BITS;
+            self.state.lens[slot].store(word, Ordering::Relaxed);
+            if !header.is_empty() {
+                write_header(&self.state.headers[slot], header);
+            }
         }
         // A read-modify-write, as a broadcast attach's read of `sent` is: of the two, the
         // later in `sent`'s modification order reads from the earlier, so either the attacher
@@ -717,7 +723,15 @@ impl<'a> Ring<'a> {
                 max: self.geometry.slots,
             }));
         }
-        let len = self.state.lens[self.geometry.slot_of(k)].load(Ordering::Relaxed);
+        let (len, header) = self.item_word(k);
+        if header > HEADER_BYTES as u64 {
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "item header bytes",
+                value: header,
+                min: 0,
+                max: HEADER_BYTES as u64,
+            }));
+        }
         if len > self.geometry.capacity {
             return Err(corrupt(StateDefect::OutOfRange {
                 field: "item elements",
@@ -733,7 +747,10 @@ impl<'a> Ring<'a> {
     /// [`recv`](Self::recv) returned `k`'s length (whose acquire of `sent` made it visible).
     pub(crate) fn header(&self, k: u64) -> Result<Vec<u8>> {
         let h = &self.state.headers[self.geometry.slot_of(k)];
-        let len = h.len.load(Ordering::Relaxed);
+        let (_, len) = self.item_word(k); // re-read: a peer may have changed it
+        if len == 0 {
+            return Ok(Vec::new());
+        }
         if len > HEADER_BYTES as u64 {
             return Err(corrupt(StateDefect::OutOfRange {
                 field: "item header bytes",
@@ -750,6 +767,12 @@ impl<'a> Ring<'a> {
             out.extend_from_slice(&bytes[..take]);
         }
         Ok(out)
+    }
+
+    /// Item `k`'s `lens` word: (elements, header bytes), unchecked.
+    fn item_word(&self, k: u64) -> (u64, u64) {
+        let word = self.state.lens[self.geometry.slot_of(k)].load(Ordering::Relaxed);
+        (word & MAX_CAPACITY, word >> LEN_BITS)
     }
 
     /// Consumer: wait for item `received + 1`, at most `timeout`; its length.
@@ -1235,11 +1258,13 @@ mod tests {
         assert_eq!(s.sent.load(Ordering::Relaxed), 0, "nothing published");
         assert_eq!(s.lens[0].load(Ordering::Relaxed), 0, "no length written");
         r.publish_from(1, 1, [(5, &b"abc"[..])]).unwrap();
-        s.headers[0]
-            .len
-            .store(HEADER_BYTES as u64 + 1, Ordering::Relaxed); // the peer's
+        assert_eq!(r.try_recv(0).unwrap(), Some(5));
+        let forged = 5 | (HEADER_BYTES as u64 + 1) << LEN_BITS; // the peer's
+        s.lens[0].store(forged, Ordering::Relaxed);
+        assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
         assert!(matches!(r.header(1), Err(Error::Corrupt { .. })));
-        s.headers[0].len.store(u64::MAX, Ordering::Relaxed);
+        s.lens[0].store(u64::MAX, Ordering::Relaxed);
+        assert!(matches!(r.try_recv(0), Err(Error::Corrupt { .. })));
         assert!(matches!(r.header(1), Err(Error::Corrupt { .. })));
     }
 
