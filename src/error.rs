@@ -292,6 +292,18 @@ pub enum Error {
         pid: u32,
     },
 
+    /// A bootstrap peer ([`crate::bootstrap`]) was refused: it is not a cuda-ipc bootstrap
+    /// peer, does not have the shared secret, or sent a message that failed its check
+    /// (forged, altered, replayed, out of order, over the size bound). The connection is not
+    /// used again.
+    #[error("bootstrap peer {peer} refused: {reason}")]
+    BootstrapRefused {
+        /// The peer's address.
+        peer: String,
+        /// Why.
+        reason: &'static str,
+    },
+
     /// `pidfd_getfd` was refused: taking another process's descriptor needs ptrace-attach
     /// permission over it (same uid and Yama `ptrace_scope` 0, or `CAP_SYS_PTRACE`), which
     /// default container settings deny.

@@ -165,6 +165,7 @@
 
 pub mod arena;
 pub mod barrier;
+pub mod bootstrap;
 mod buffer;
 pub mod channel;
 mod context;
