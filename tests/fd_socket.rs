@@ -46,6 +46,14 @@ fn abstract_name(what: &str) -> (SocketName, String) {
 
 const T: Duration = Duration::from_secs(10);
 
+/// Whether some process listens at the abstract name `raw` (`/proc/net/unix` lists it as
+/// `@raw`).
+fn abstract_bound(raw: &str) -> bool {
+    let want = format!(" @{raw}");
+    std::fs::read_to_string("/proc/net/unix")
+        .is_ok_and(|table| table.lines().any(|l| l.ends_with(&want)))
+}
+
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
@@ -217,10 +225,13 @@ fn peers_of_another_uid_are_refused_on_both_sides() {
     // A name squatted by another uid: binding it fails clearly, and connecting refuses it.
     let (name, raw) = abstract_name("fd-squat");
     let squatter = spawn("nobody_squats", &[&raw]);
-    common::wait_for("squatter listening", T, || {
-        FdListener::bind(name.clone(), PeerPolicy::SameUid)
-            .is_err_and(|e| matches!(e, Error::AddressInUse { .. }))
-    });
+    // Watch for the name in /proc/net/unix (a probe by binding it could take the name first
+    // and make the squatter's own bind fail: it did, once, on a loaded CI machine).
+    common::wait_for("squatter listening", T, || abstract_bound(&raw));
+    assert!(matches!(
+        FdListener::bind(name.clone(), PeerPolicy::SameUid),
+        Err(Error::AddressInUse { .. })
+    ));
     match FdSocket::connect(&name, &PeerPolicy::SameUid, T) {
         Err(Error::PeerRefused { uid, .. }) => assert_eq!(uid, NOBODY),
         other => panic!("expected PeerRefused for the squatter, got {other:?}"),
