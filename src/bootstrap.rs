@@ -156,27 +156,23 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-fn mac(key: &KeyBlock) -> HmacSha256 {
-    <HmacSha256 as KeyInit>::new(key.into())
-}
-
-fn tag_with(key: &KeyBlock, label: &[u8], parts: &[&[u8]]) -> [u8; TAG] {
-    let mut m = mac(key);
+/// HMAC-SHA256 under `key` over `label ‖ parts`, not yet finalised.
+fn mac(key: &KeyBlock, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    let mut m = <HmacSha256 as KeyInit>::new(key.into());
     m.update(label);
     for p in parts {
         m.update(p);
     }
-    m.finalize().into_bytes().into()
+    m
+}
+
+fn tag_with(key: &KeyBlock, label: &[u8], parts: &[&[u8]]) -> [u8; TAG] {
+    mac(key, label, parts).finalize().into_bytes().into()
 }
 
 /// Whether `tag` is `H(key, label ‖ parts)`, compared in constant time.
 fn verify(key: &KeyBlock, label: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
-    let mut m = mac(key);
-    m.update(label);
-    for p in parts {
-        m.update(p);
-    }
-    m.verify_slice(tag).is_ok()
+    mac(key, label, parts).verify_slice(tag).is_ok()
 }
 
 /// A listening TCP socket for bootstrap peers that know the secret.
@@ -242,13 +238,7 @@ impl BootstrapListener {
             }
         };
         let mut stream = stream;
-        prepare(&stream, &addr)?;
-        let mut link = Link {
-            stream: &mut stream,
-            peer: addr,
-            deadline,
-            timeout,
-        };
+        let mut link = Link::fresh(&mut stream, addr, deadline, timeout)?;
         let hello = link.read_exact::<HELLO>("bootstrap hello")?;
         let nc = check_hello(&hello, b'C', &addr)?;
         let ns = nonce()?;
@@ -310,13 +300,7 @@ pub fn connect(
         }
     };
     let mut stream = stream;
-    prepare(&stream, &addr)?;
-    let mut link = Link {
-        stream: &mut stream,
-        peer: addr,
-        deadline,
-        timeout,
-    };
+    let mut link = Link::fresh(&mut stream, addr, deadline, timeout)?;
     let nc = nonce()?;
     link.write_all(&hello_of(b'C', &nc), "bootstrap hello")?;
     let reply = link.read_exact::<{ HELLO + TAG }>("bootstrap hello")?;
@@ -458,16 +442,6 @@ struct Link<'a> {
     timeout: Duration,
 }
 
-/// Ready a fresh connection: no Nagle delay, blocking (reads and writes bounded by timeouts).
-fn prepare(stream: &TcpStream, peer: &SocketAddr) -> Result<()> {
-    stream
-        .set_nodelay(true)
-        .map_err(|e| os("setsockopt", &peer.to_string(), e))?;
-    stream
-        .set_nonblocking(false)
-        .map_err(|e| os("fcntl", &peer.to_string(), e))
-}
-
 fn session(stream: TcpStream, peer: SocketAddr, key: [u8; TAG], side: Side) -> Bootstrapped {
     Bootstrapped {
         stream,
@@ -480,9 +454,27 @@ fn session(stream: TcpStream, peer: SocketAddr, key: [u8; TAG], side: Side) -> B
     }
 }
 
-impl Link<'_> {
-    fn stream(&mut self) -> &mut TcpStream {
-        self.stream
+impl<'a> Link<'a> {
+    /// A fresh connection's link for the handshake: no Nagle delay, blocking (every read and
+    /// write bounded by what is left of `deadline`).
+    fn fresh(
+        stream: &'a mut TcpStream,
+        peer: SocketAddr,
+        deadline: Deadline,
+        timeout: Duration,
+    ) -> Result<Self> {
+        stream
+            .set_nodelay(true)
+            .map_err(|e| os("setsockopt", &peer.to_string(), e))?;
+        stream
+            .set_nonblocking(false)
+            .map_err(|e| os("fcntl", &peer.to_string(), e))?;
+        Ok(Self {
+            stream,
+            peer,
+            deadline,
+            timeout,
+        })
     }
 
     fn read_exact<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N]> {
@@ -496,11 +488,10 @@ impl Link<'_> {
         while at < buf.len() {
             let left = self.left(what)?;
             let peer = self.peer;
-            let stream = self.stream();
-            stream
+            self.stream
                 .set_read_timeout(Some(left))
                 .map_err(|e| os("setsockopt", &peer.to_string(), e))?;
-            match stream.read(&mut buf[at..]) {
+            match self.stream.read(&mut buf[at..]) {
                 Ok(0) => {
                     let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed");
                     return Err(os("recv", &peer.to_string(), eof));
@@ -518,11 +509,10 @@ impl Link<'_> {
         while !buf.is_empty() {
             let left = self.left(what)?;
             let peer = self.peer;
-            let stream = self.stream();
-            stream
+            self.stream
                 .set_write_timeout(Some(left))
                 .map_err(|e| os("setsockopt", &peer.to_string(), e))?;
-            match stream.write(buf) {
+            match self.stream.write(buf) {
                 Ok(0) => {
                     let e = io::Error::new(io::ErrorKind::WriteZero, "the peer closed");
                     return Err(os("send", &peer.to_string(), e));
