@@ -759,6 +759,16 @@ pub enum ArgumentDefect {
         /// The descriptor number.
         fd: i32,
     },
+    /// Memory another allocator owns that cannot be shared as asked
+    /// ([`ForeignExport::new`](crate::foreign::ForeignExport::new)): not device memory of the
+    /// context's device, a range that leaves its allocation, or an allocation made with no
+    /// shareable handle type.
+    NotShareable {
+        /// The address given.
+        ptr: u64,
+        /// Why, and what to do instead.
+        detail: String,
+    },
 }
 
 impl ArgumentDefect {
@@ -824,6 +834,9 @@ impl std::fmt::Display for ArgumentDefect {
                 f.write_str("the context is not its device's primary context")
             }
             Self::NoSuchDescriptor { pid, fd } => write!(f, "pid {pid} has no descriptor {fd}"),
+            Self::NotShareable { ptr, detail } => {
+                write!(f, "the memory at {ptr:#x} cannot be shared: {detail}")
+            }
         }
     }
 }

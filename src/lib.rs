@@ -16,6 +16,7 @@
 //! | Raw driver calls | [`driver::sys`] | integer `CUresult`s, never a Rust enum; the library loaded at run time |
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
 //! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`](crate::raw::RawMemHandle), [`RawExport`](crate::raw::RawExport), [`RawImport`](crate::raw::RawImport), [`ImportedBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuPointerGetAttributes`, `cuPointerGetAttribute` |
+//! | Memory another allocator owns (PyTorch's caching allocator and expandable segments, CuPy) | [`ForeignExport`](crate::foreign::ForeignExport), [`FdSocket::send_foreign`](crate::fd::FdSocket::send_foreign), [`FdSocket::recv_foreign`](crate::fd::FdSocket::recv_foreign) | `cuIpcGetMemHandle`, `cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle`, `cuPointerGetAttribute` |
 //! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`ImportedBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
 //! | Many buffers through one import | [`IpcArena`](crate::arena::IpcArena), [`ArenaBuffer`](crate::arena::ArenaBuffer), [`ArenaHandle`](crate::arena::ArenaHandle), [`ImportedArena`](crate::arena::ImportedArena), [`ArenaView`](crate::arena::ArenaView) | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
 //! | Stream-ordered pools between processes | [`IpcPool`](crate::pool::IpcPool), [`PoolBuffer`](crate::pool::PoolBuffer), [`PoolHandle`](crate::pool::PoolHandle), [`ImportedPool`](crate::pool::ImportedPool), [`PoolView`](crate::pool::PoolView); as buffers: [`HandleType::Pool`], [`IpcBuffer::export_pooled`], [`ImportedBuffer::open_pooled`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
@@ -175,6 +176,7 @@ mod envelope;
 pub mod error;
 mod event;
 pub mod fd;
+pub mod foreign;
 mod handle;
 mod interop;
 mod ledger;

@@ -27,6 +27,12 @@
 //! `cuMemsetD*` and `cuMemcpyHtoD` into it fail `CUDA_ERROR_INVALID_VALUE`; the data stays
 //! intact for every other mapping.
 //!
+//! - **Imported in chunks** ([`VmmMemory::import_chunks`]): the memory of another allocator that
+//!   maps several physical allocations side by side in one range (PyTorch's expandable
+//!   segments: one 20 MiB or 2 MiB allocation per chunk, see [`foreign`](crate::foreign)); each
+//!   descriptor is imported and checked as above and mapped at its offset in one reserved range,
+//!   so the importer sees the same contiguous bytes the exporter does.
+//!
 //! Either role tears down in the same order: `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease`.
 //! The physical memory is freed by the driver only when every process has released its handle
 //! and unmapped it, which is what makes an exporter's drop safe without waiting for importers:
@@ -39,13 +45,16 @@ use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
 
-/// One physical allocation mapped in one context (see the module docs).
+/// Physical allocations mapped side by side in one range of one context (one allocation, but
+/// for [`import_chunks`](VmmMemory::import_chunks); see the module docs).
 pub(crate) struct VmmMemory {
     ctx: GpuContext,
     /// The ordinal, in this process, of the device that holds the memory.
     holder: u32,
-    handle: sys::CUmemGenericAllocationHandle,
+    /// Each allocation and its bytes, in address order from `ptr` on; never empty.
+    chunks: Vec<(sys::CUmemGenericAllocationHandle, usize)>,
     ptr: sys::CUdeviceptr,
+    /// Bytes mapped: the sum of the chunks'.
     size: usize,
     /// How every device granted the mapping may access it.
     access: Access,
@@ -149,6 +158,20 @@ pub(crate) fn supports_posix_fd(dev: sys::CUdevice) -> Result<bool> {
         )? != 0)
 }
 
+/// Allocation handles imported so far, released on drop unless taken (an import that fails
+/// half-way leaves none behind).
+struct Imported(Vec<(sys::CUmemGenericAllocationHandle, usize)>);
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        for &(handle, _) in &self.0 {
+            // SAFETY: imported by `import_chunks`, not mapped (a failed map undid itself),
+            // released once: `import_chunks` takes the list on success.
+            let _ = unsafe { driver::vmm::release(handle) };
+        }
+    }
+}
+
 /// Reserve `size` bytes of address space, map `handle` there and give `ctx`'s device
 /// `access`; on failure nothing stays reserved or mapped (the handle is the caller's).
 /// A context is current.
@@ -159,23 +182,47 @@ fn map(
     alignment: usize,
     access: Access,
 ) -> Result<sys::CUdeviceptr> {
-    let ptr = driver::vmm::address_reserve(size, alignment)?;
-    // SAFETY: `ptr..ptr+size` was just reserved, nothing mapped in it; `handle` is a live
-    // allocation handle whose size the driver checks against `size` (too large is an error
-    // code).
-    let mapped = unsafe { driver::vmm::map(ptr, size, handle) };
-    let accessible = mapped.and_then(|()| {
-        // SAFETY: the range is ours, mapped just above.
-        let rc = unsafe { driver::vmm::set_access(ptr, size, &access.for_device(ctx.device())) };
-        if rc.is_err() {
-            // SAFETY: mapped above, unmapped once, never handed out.
-            let _ = unsafe { driver::vmm::unmap(ptr, size) };
+    map_chunks(ctx, &[(handle, size)], size, alignment, access)
+}
+
+/// [`map`] for allocations side by side: reserve `total` bytes (the chunks' sum), map each
+/// chunk at its offset and give `ctx`'s device `access` to each; on failure nothing stays
+/// reserved or mapped (the handles are the caller's). A context is current.
+fn map_chunks(
+    ctx: &GpuContext,
+    chunks: &[(sys::CUmemGenericAllocationHandle, usize)],
+    total: usize,
+    alignment: usize,
+    access: Access,
+) -> Result<sys::CUdeviceptr> {
+    let ptr = driver::vmm::address_reserve(total, alignment)?;
+    let desc = access.for_device(ctx.device());
+    let mut mapped: Vec<(sys::CUdeviceptr, usize)> = Vec::with_capacity(chunks.len());
+    let mut at = ptr;
+    let mut result = Ok(());
+    for &(handle, size) in chunks {
+        // SAFETY: `at..at+size` lies in the range reserved above (the sizes add up to
+        // `total`), nothing mapped there yet; `handle` is a live allocation handle whose size
+        // the driver checks against `size` (too large is an error code).
+        result = unsafe { driver::vmm::map(at, size, handle) };
+        if result.is_err() {
+            break;
         }
-        rc
-    });
-    if let Err(e) = accessible {
+        mapped.push((at, size));
+        // SAFETY: the range is ours, mapped just above.
+        result = unsafe { driver::vmm::set_access(at, size, &desc) };
+        if result.is_err() {
+            break;
+        }
+        at += size as u64;
+    }
+    if let Err(e) = result {
+        for &(at, size) in &mapped {
+            // SAFETY: mapped above, unmapped once, never handed out.
+            let _ = unsafe { driver::vmm::unmap(at, size) };
+        }
         // SAFETY: reserved above, freed once, nothing mapped in it any more.
-        let _ = unsafe { driver::vmm::address_free(ptr, size) };
+        let _ = unsafe { driver::vmm::address_free(ptr, total) };
         return Err(e);
     }
     Ok(ptr)
@@ -203,7 +250,7 @@ impl VmmMemory {
             Ok(ptr) => Ok(Self {
                 ctx: ctx.clone(),
                 holder: ctx.ordinal(),
-                handle,
+                chunks: vec![(handle, size)],
                 ptr,
                 size,
                 access: Access::ReadWrite,
@@ -228,45 +275,68 @@ impl VmmMemory {
         holder: u32,
         access: Access,
     ) -> Result<Self> {
+        Self::import_chunks(ctx, vec![(fd, size)], holder, access)
+    }
+
+    /// [`import`](Self::import) for several allocations mapped side by side: each
+    /// `(descriptor, bytes)` in turn, from the start of one reserved range (module docs). Every
+    /// descriptor is closed before this returns, whatever happens; on failure nothing stays
+    /// imported, mapped or reserved.
+    pub(crate) fn import_chunks(
+        ctx: &GpuContext,
+        chunks: Vec<(OwnedFd, usize)>,
+        holder: u32,
+        access: Access,
+    ) -> Result<Self> {
         let _g = ctx.enter()?;
         let expected = driver::device::get(holder)?;
-        let handle = driver::vmm::import_fd(fd.as_fd())?;
-        // The driver holds its own reference now.
-        drop(fd);
-        let release = |e: Error| {
-            // SAFETY: imported above, not mapped, released once.
-            let _ = unsafe { driver::vmm::release(handle) };
-            e
-        };
-        let prop = driver::vmm::properties(handle).map_err(release)?;
-        if prop.kind != sys::CU_MEM_ALLOCATION_TYPE_PINNED
-            || prop.location.kind != sys::CU_MEM_LOCATION_TYPE_DEVICE
-            || prop.location.id != expected
-        {
-            return Err(release(Error::corrupt_handle(HandleDefect::Memory {
-                detail: format!(
-                    "the descriptor's memory (allocation type {}, location type {} id {}) is not \
-                     pinned memory on device {expected}, where the handle says it is",
-                    prop.kind, prop.location.kind, prop.location.id
-                ),
-            })));
+        let mut imported = Imported(Vec::with_capacity(chunks.len()));
+        let mut gran = 0;
+        for (fd, size) in chunks {
+            let handle = driver::vmm::import_fd(fd.as_fd())?;
+            // The driver holds its own reference now.
+            drop(fd);
+            imported.0.push((handle, size));
+            let prop = driver::vmm::properties(handle)?;
+            if prop.kind != sys::CU_MEM_ALLOCATION_TYPE_PINNED
+                || prop.location.kind != sys::CU_MEM_LOCATION_TYPE_DEVICE
+                || prop.location.id != expected
+            {
+                return Err(Error::corrupt_handle(HandleDefect::Memory {
+                    detail: format!(
+                        "the descriptor's memory (allocation type {}, location type {} id {}) is \
+                         not pinned memory on device {expected}, where the handle says it is",
+                        prop.kind, prop.location.kind, prop.location.id
+                    ),
+                }));
+            }
+            gran = granularity(&prop)?;
+            if size == 0 || !size.is_multiple_of(gran) {
+                return Err(Error::corrupt_handle(HandleDefect::Layout {
+                    detail: format!(
+                        "the handle maps {size} bytes, not a multiple of the allocation \
+                         granularity {gran}"
+                    ),
+                }));
+            }
         }
-        let gran = granularity(&prop).map_err(release)?;
-        if size == 0 || !size.is_multiple_of(gran) {
-            return Err(release(Error::corrupt_handle(HandleDefect::Layout {
-                detail: format!(
-                    "the handle maps {size} bytes, not a multiple of the allocation \
-                     granularity {gran}"
-                ),
-            })));
-        }
-        let ptr = map(ctx, handle, size, gran, access).map_err(release)?;
+        let total = imported
+            .0
+            .iter()
+            .try_fold(0usize, |sum, &(_, size)| sum.checked_add(size))
+            .filter(|&t| t > 0 && t <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::corrupt_handle(HandleDefect::Layout {
+                    detail: "the chunks' sizes add up to no mappable range".into(),
+                })
+            })?;
+        let ptr = map_chunks(ctx, &imported.0, total, gran, access)?;
         Ok(Self {
             ctx: ctx.clone(),
             holder,
-            handle,
+            chunks: std::mem::take(&mut imported.0),
             ptr,
-            size,
+            size: total,
             access,
             granted: parking_lot::Mutex::new(Vec::new()),
         })
@@ -288,19 +358,32 @@ impl VmmMemory {
         }
         crate::device::check_peer(ctx.ordinal(), self.holder)?;
         let _g = self.ctx.enter()?;
-        // SAFETY: our range, mapped from creation/import until drop (`&self` keeps it);
-        // adding a device's access leaves every other device's as it was.
-        unsafe { driver::vmm::set_access(self.ptr, self.size, &self.access.for_device(device)) }?;
+        let desc = self.access.for_device(device);
+        let mut at = self.ptr;
+        for &(_, size) in &self.chunks {
+            // SAFETY: our range, each chunk mapped from creation/import until drop (`&self`
+            // keeps it); adding a device's access leaves every other device's as it was.
+            unsafe { driver::vmm::set_access(at, size, &desc) }?;
+            at += size as u64;
+        }
         granted.push(device);
         Ok(())
     }
 
     /// A new descriptor for this allocation (`cuMemExportToShareableHandle`); the receiver
-    /// imports it with [`import`](Self::import).
+    /// imports it with [`import`](Self::import). Only memory this process created (one
+    /// chunk) is exported again.
     pub(crate) fn export_fd(&self) -> Result<OwnedFd> {
+        let [(handle, _)] = self.chunks[..] else {
+            // Only imports have several chunks, and an import is not exported again.
+            return Err(Error::InvalidState {
+                call: "VmmMemory::export_fd",
+                state: crate::error::ObjectState::Imported,
+            });
+        };
         let _g = self.ctx.enter()?;
         // SAFETY: a live allocation of ours, created with the POSIX-fd handle type requested.
-        let fd = unsafe { driver::vmm::export_fd(self.handle) }?;
+        let fd = unsafe { driver::vmm::export_fd(handle) }?;
         if fd < 0 {
             return Err(Error::Corrupt {
                 what: "exported descriptor",
@@ -330,15 +413,21 @@ impl Drop for VmmMemory {
         // Drop cannot report failures; each step runs even if an earlier one failed, so a
         // failing unmap leaks at most the address range, never touches memory of others.
         if let Ok(_g) = self.ctx.enter() {
-            // SAFETY: mapped by create/import in this context, unmapped once, here.
-            // No view is left (each holds this memory); work queued on it was its callers' to
-            // finish (the calls that queue work are unsafe for that reason).
-            let _ = unsafe { driver::vmm::unmap(self.ptr, self.size) };
-            // SAFETY: reserved by create/import, freed once, after its mapping is gone.
+            let mut at = self.ptr;
+            for &(_, size) in &self.chunks {
+                // SAFETY: mapped by create/import in this context, unmapped once, here.
+                // No view is left (each holds this memory); work queued on it was its
+                // callers' to finish (the calls that queue work are unsafe for that reason).
+                let _ = unsafe { driver::vmm::unmap(at, size) };
+                at += size as u64;
+            }
+            // SAFETY: reserved by create/import, freed once, after its mappings are gone.
             let _ = unsafe { driver::vmm::address_free(self.ptr, self.size) };
-            // SAFETY: created or imported once, released once; the driver frees the memory
-            // when no process maps or holds it any more.
-            let _ = unsafe { driver::vmm::release(self.handle) };
+            for &(handle, _) in &self.chunks {
+                // SAFETY: created or imported once, released once; the driver frees the
+                // memory when no process maps or holds it any more.
+                let _ = unsafe { driver::vmm::release(handle) };
+            }
         }
     }
 }

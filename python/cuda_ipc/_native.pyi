@@ -161,7 +161,8 @@ class Listener:
     def accept(self, timeout: float = 30.0) -> Socket: ...
 
 class Socket:
-    """A connection to a peer: bytes, and arenas (their descriptor)."""
+    """A connection to a peer: bytes, arenas (their descriptor), and tensors of other
+    allocators (``send_tensor``)."""
 
     def send(self, payload: bytes, timeout: float = 30.0) -> None: ...
     def recv(self, timeout: float = 30.0) -> bytes: ...
@@ -169,6 +170,16 @@ class Socket:
     def recv_arena(
         self, ctx: Context, *, read_only: bool = False, timeout: float = 30.0
     ) -> ImportedArena: ...
+    def send_tensor(self, ctx: Context, tensor: Any, timeout: float = 30.0) -> int:
+        """Send a contiguous tensor PyTorch's or CuPy's allocator owns (a torch tensor, or any
+        object with ``__cuda_array_interface__``), no copy: its legacy IPC handle, or for
+        ``expandable_segments:True`` one descriptor per chunk it spans, sent over this socket
+        (no ``pidfd_getfd``: works across containers and pid namespaces). Returns the number
+        of descriptors sent (0: a legacy handle). Keep ``tensor`` alive, its memory not reused,
+        until the peer says it is done: its allocator knows nothing of the peer."""
+    def recv_tensor(self, ctx: Context, timeout: float = 30.0) -> Tensor:
+        """A tensor sent with ``send_tensor``, mapped read-write in ``ctx`` (the sender sees
+        writes). Valid while the sender keeps its tensor (see ``send_tensor``)."""
     @property
     def peer_pid(self) -> int: ...
 

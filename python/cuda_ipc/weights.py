@@ -252,6 +252,13 @@ def _copy(groups: List[Tuple[list, list]]) -> None:
                 a.copy_(b)
 
 
+def _same_layout(t, dtype, shape) -> bool:
+    """Whether ``t`` is a contiguous tensor of ``dtype`` and ``shape``: what a bucket's cached
+    copies assume of each tensor, checked on both sides at every bucket (a tensor re-bound to
+    a transposed view of the same storage keeps its address, dtype and square shape)."""
+    return t.dtype == dtype and tuple(t.shape) == tuple(shape) and t.is_contiguous()
+
+
 def _bytes_of(t):
     """A contiguous tensor's bytes, as a 1-D uint8 view (no copy)."""
     return t.detach().reshape(-1).view(_torch().uint8)
@@ -346,11 +353,12 @@ class WeightSender:
                     # same address is the same storage).
                     srcs = [state_dict[c.name] for c in bucket.chunks]
                     for c, t in zip(bucket.chunks, srcs):
-                        if t.dtype != dtypes[c.dtype_code] or t.shape != c.shape:
+                        if not _same_layout(t, dtypes[c.dtype_code], c.shape):
                             self._plan_key = None  # the next sync plans again
+                            layout = "" if t.is_contiguous() else " (not contiguous)"
                             raise ValueError(
-                                f"{c.name}: {t.dtype}{list(t.shape)} where the plan (made at an "
-                                f"earlier sync) has {dtypes[c.dtype_code]}{list(c.shape)}; "
+                                f"{c.name}: {t.dtype}{list(t.shape)}{layout} where the plan (made "
+                                f"at an earlier sync) has {dtypes[c.dtype_code]}{list(c.shape)}; "
                                 f"buckets 0..{i - 1} of sync {sync} were sent (the engine drops "
                                 f"them when the next sync begins)"
                             )
@@ -512,8 +520,7 @@ class WeightReceiver:
             if all(
                 (t := weights.get(n)) is not None
                 and t.data_ptr() == p
-                and t.dtype == dt
-                and t.shape == shape
+                and _same_layout(t, dt, shape)
                 for n, p, dt, shape in checks
             ):
                 return flags, sync, index, plan

@@ -91,6 +91,36 @@ fn check_no_tensors<T>(end: &Arc<T>, what: &str) -> PyResult<()> {
     )))
 }
 
+/// Close a channel end (`what`), refused while tensors of its slots live, the GIL released
+/// while `close` waits; an end whose close failed is put back, to be closed again or dropped.
+fn close_end<E>(
+    py: Python<'_>,
+    end: &Arc<Mutex<Option<E>>>,
+    what: &str,
+    timeout: f64,
+    close: fn(E, Duration) -> Result<(), cuda_ipc::CloseError<E>>,
+) -> PyResult<()> {
+    let timeout = seconds(timeout)?;
+    let mut guard = lock(end, what)?;
+    check_no_tensors(end, what)?;
+    let Some(e) = guard.take() else {
+        return Ok(());
+    };
+    let e = SameThread(e);
+    let closed = py.detach(move || {
+        let e = e; // the whole wrapper moves, not its (maybe !Send) field
+        SameThread(close(e.0, timeout))
+    });
+    match closed.0 {
+        Ok(()) => Ok(()),
+        Err(failed) => {
+            let (error, e) = failed.into_parts();
+            *guard = Some(e);
+            Err(to_py(error))
+        }
+    }
+}
+
 type SenderEnd = Arc<Mutex<Option<IpcSender<u8>>>>;
 type ReceiverEnd = Arc<Mutex<Option<IpcReceiver<u8>>>>;
 
@@ -217,21 +247,7 @@ impl Sender {
     /// `close`.
     #[pyo3(signature = (timeout = 30.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        let timeout = seconds(timeout)?;
-        let mut guard = lock(&self.end, "sender")?;
-        check_no_tensors(&self.end, "sender")?;
-        let Some(tx) = guard.take() else {
-            return Ok(());
-        };
-        let tx = SameThread(tx);
-        match py.detach(move || SameThread(tx.0.close(timeout))).0 {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let (error, tx) = e.into_parts();
-                *guard = Some(tx);
-                Err(to_py(error))
-            }
-        }
+        close_end(py, &self.end, "sender", timeout, IpcSender::close)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -345,21 +361,7 @@ impl Receiver {
     /// this consumer). Refused while tensors of its slots are alive.
     #[pyo3(signature = (timeout = 30.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        let timeout = seconds(timeout)?;
-        let mut guard = lock(&self.end, "receiver")?;
-        check_no_tensors(&self.end, "receiver")?;
-        let Some(rx) = guard.take() else {
-            return Ok(());
-        };
-        let rx = SameThread(rx);
-        match py.detach(move || SameThread(rx.0.close(timeout))).0 {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let (error, rx) = e.into_parts();
-                *guard = Some(rx);
-                Err(to_py(error))
-            }
-        }
+        close_end(py, &self.end, "receiver", timeout, IpcReceiver::close)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -10,7 +10,7 @@ use pyo3::types::PyBytes;
 
 use crate::Context;
 use crate::errors::to_py;
-use crate::tensor::{Arena, Imported, ImportedArena};
+use crate::tensor::{Arena, Imported, ImportedArena, Tensor};
 
 fn seconds(timeout: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(timeout)
@@ -119,6 +119,32 @@ impl Socket {
             arena,
             device: ctx.ctx.ordinal(),
         })
+    }
+
+    /// Send a tensor another allocator owns — PyTorch's caching allocator (also with
+    /// `expandable_segments:True`), CuPy's pool — with its dtype and shape, no copy: a legacy
+    /// IPC handle, or one descriptor per virtual-memory chunk it spans, sent over this socket
+    /// (no `pidfd_getfd`, so it works across containers and pid namespaces). Returns how many
+    /// descriptors went (0: a legacy handle). Keep `tensor` alive and its memory unused for
+    /// anything else until the peer says it is done (its allocator knows nothing of the peer).
+    #[pyo3(signature = (ctx, tensor, timeout = 30.0))]
+    fn send_tensor(
+        &self,
+        py: Python<'_>,
+        ctx: &Context,
+        tensor: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<usize> {
+        let timeout = seconds(timeout)?;
+        crate::tensor::send_foreign(py, &self.socket, &ctx.ctx, tensor, timeout)
+    }
+
+    /// Receive a tensor sent with `send_tensor` and map it in `ctx` (read-write: writes are
+    /// seen by the sender). Valid while the sender keeps its tensor alive (see `send_tensor`).
+    #[pyo3(signature = (ctx, timeout = 30.0))]
+    fn recv_tensor(&self, py: Python<'_>, ctx: &Context, timeout: f64) -> PyResult<Tensor> {
+        let timeout = seconds(timeout)?;
+        crate::tensor::recv_foreign(py, &self.socket, &ctx.ctx, timeout)
     }
 
     /// The peer's pid (0 when it is in a pid namespace this process cannot see).

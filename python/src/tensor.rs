@@ -167,6 +167,179 @@ fn nbytes_of(shape: &[i64], dtype: DType) -> Option<usize> {
     })
 }
 
+/// A tensor's dtype and shape as bytes: the tail of a tensor handle, and the metadata of a
+/// tensor sent with `Socket.send_tensor` (version, dtype code, dimensions, five zero bytes,
+/// then each dimension as a little-endian `u64`).
+fn tail_bytes(dtype: DType, shape: &[i64]) -> Vec<u8> {
+    let mut bytes = vec![
+        TENSOR_HANDLE_VERSION,
+        dtype.code(),
+        shape.len() as u8,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    for &d in shape {
+        bytes.extend_from_slice(&(d as u64).to_le_bytes());
+    }
+    bytes
+}
+
+/// [`tail_bytes`] read back, every field checked (a peer's bytes): a known version and dtype,
+/// 1 to [`MAX_DIMS`] dimensions, exactly their bytes, and a shape that makes exactly `nbytes`.
+fn parse_tail(tail: &[u8], nbytes: usize) -> PyResult<(DType, Vec<i64>)> {
+    let corrupt = |why: String| CorruptHandle::new_err(format!("tensor handle: {why}"));
+    if tail.len() < TAIL_HEAD {
+        return Err(corrupt(format!(
+            "{} bytes of dtype and shape, too short",
+            tail.len()
+        )));
+    }
+    let (version, code, ndim) = (tail[0], tail[1], usize::from(tail[2]));
+    if version != TENSOR_HANDLE_VERSION {
+        return Err(corrupt(format!("layout version {version}, expected 1")));
+    }
+    if tail[3..TAIL_HEAD] != [0; 5] || ndim == 0 || ndim > MAX_DIMS {
+        return Err(corrupt("reserved bytes or dimension count".into()));
+    }
+    if tail.len() != TAIL_HEAD + 8 * ndim {
+        return Err(corrupt(format!(
+            "{} bytes of dtype and shape for {ndim} dimensions",
+            tail.len()
+        )));
+    }
+    let dtype = DType::from_code(code).ok_or_else(|| corrupt(format!("dtype code {code}")))?;
+    let shape: Vec<i64> = tail[TAIL_HEAD..]
+        .chunks(8)
+        .map(|c| {
+            let mut d = [0u8; 8];
+            d.copy_from_slice(c);
+            i64::try_from(u64::from_le_bytes(d)).unwrap_or(-1)
+        })
+        .collect();
+    // The shape must describe exactly the (checked) memory it comes with.
+    if nbytes_of(&shape, dtype) != Some(nbytes) {
+        return Err(corrupt(format!(
+            "shape {shape:?} of {} does not fill the {nbytes} bytes of its buffer",
+            dtype.name()
+        )));
+    }
+    Ok((dtype, shape))
+}
+
+/// What a tensor of another library is: its address, dtype and shape, from a torch tensor
+/// (`data_ptr()`, `dtype`, `shape`; contiguous) or any object with
+/// `__cuda_array_interface__` (C-contiguous). Empty tensors are refused (nothing to share).
+fn describe_foreign(obj: &Bound<'_, PyAny>) -> PyResult<(u64, DType, Vec<i64>)> {
+    let (ptr, dtype, shape) = if obj.hasattr("data_ptr")? && obj.hasattr("is_contiguous")? {
+        if !obj.call_method0("is_contiguous")?.extract::<bool>()? {
+            return Err(PyValueError::new_err(
+                "the tensor is not contiguous: send t.contiguous() (a copy) instead",
+            ));
+        }
+        let ptr: u64 = obj.call_method0("data_ptr")?.extract()?;
+        let shape: Vec<i64> = obj.getattr("shape")?.extract()?;
+        (ptr, dtype_of(&obj.getattr("dtype")?)?, shape)
+    } else if obj.hasattr("__cuda_array_interface__")? {
+        let cai = obj.getattr("__cuda_array_interface__")?;
+        let (ptr, _read_only): (u64, bool) = cai.get_item("data")?.extract()?;
+        let shape: Vec<i64> = cai.get_item("shape")?.extract()?;
+        let typestr: String = cai.get_item("typestr")?.extract()?;
+        let dtype = DTYPES
+            .into_iter()
+            .find(|d| d.typestr().as_deref() == Some(typestr.as_str()))
+            .ok_or_else(|| PyTypeError::new_err(format!("unsupported typestr {typestr:?}")))?;
+        if let Ok(strides) = cai.get_item("strides")
+            && !strides.is_none()
+        {
+            let strides: Vec<i64> = strides.extract()?;
+            let mut want = dtype.itemsize() as i64;
+            for (&d, &st) in shape.iter().zip(&strides).rev() {
+                if d > 1 && st != want {
+                    return Err(PyValueError::new_err(
+                        "the array is not C-contiguous: send a contiguous copy instead",
+                    ));
+                }
+                want = want.saturating_mul(d);
+            }
+        }
+        (ptr, dtype, shape)
+    } else {
+        return Err(PyTypeError::new_err(
+            "expected a torch tensor or an object with __cuda_array_interface__",
+        ));
+    };
+    if shape.is_empty() || shape.len() > MAX_DIMS {
+        return Err(PyValueError::new_err(format!(
+            "a tensor of 1 to {MAX_DIMS} dimensions (a 0-d tensor: send t.reshape(1))"
+        )));
+    }
+    if shape.contains(&0) {
+        return Err(PyValueError::new_err(
+            "an empty tensor has no memory to share",
+        ));
+    }
+    Ok((ptr, dtype, shape))
+}
+
+/// Send `obj`'s memory (a tensor of another allocator: PyTorch's, CuPy's) with its dtype and
+/// shape over `socket`; returns how many descriptors went with it (0: a legacy handle).
+pub(crate) fn send_foreign(
+    py: Python<'_>,
+    socket: &cuda_ipc::fd::FdSocket,
+    ctx: &cuda_ipc::GpuContext,
+    obj: &Bound<'_, PyAny>,
+    timeout: std::time::Duration,
+) -> PyResult<usize> {
+    let (ptr, dtype, shape) = describe_foreign(obj)?;
+    let nbytes = nbytes_of(&shape, dtype)
+        .ok_or_else(|| PyValueError::new_err(format!("shape {shape:?} overflows")))?;
+    let meta = tail_bytes(dtype, &shape);
+    py.detach(|| {
+        let export = cuda_ipc::foreign::ForeignExport::new(ctx, ptr, nbytes)?;
+        socket.send_foreign(&export, &meta, timeout)?;
+        Ok(export.chunks())
+    })
+    .map_err(to_py)
+}
+
+/// Receive what [`send_foreign`] sent, as a tensor of its dtype and shape.
+pub(crate) fn recv_foreign(
+    py: Python<'_>,
+    socket: &cuda_ipc::fd::FdSocket,
+    ctx: &cuda_ipc::GpuContext,
+    timeout: std::time::Duration,
+) -> PyResult<Tensor> {
+    use cuda_ipc::foreign::ForeignMemory;
+    let buffer = py
+        .detach(|| {
+            let received = socket.recv_foreign::<u8>(ctx, timeout)?;
+            let buffer = match received.memory {
+                ForeignMemory::Mapped(buffer) => buffer,
+                // SAFETY: the contract of `Socket.recv_tensor` (its docs and the stubs'): the
+                // sender keeps the tensor alive, its memory not reused, until this side says
+                // it is done — what PyTorch's own CUDA IPC asks of a sender too.
+                ForeignMemory::Raw(raw) => unsafe {
+                    cuda_ipc::ImportedBuffer::<u8>::open_raw(ctx, &raw)?
+                },
+            };
+            Ok((buffer, received.meta))
+        })
+        .map_err(to_py);
+    let (buffer, meta) = buffer?;
+    let (dtype, shape) = parse_tail(&meta, buffer.len())?;
+    Ok(Tensor {
+        inner: Arc::new(Inner {
+            memory: Memory::Foreign(buffer),
+            dtype,
+            shape,
+            device: ctx.ordinal(),
+        }),
+    })
+}
+
 /// What backs a tensor, kept alive by every tensor and every DLPack capsule made of it.
 enum Memory {
     /// The owner's buffer (its drop frees the range once no importer views it).
@@ -175,6 +348,9 @@ enum Memory {
     View(cuda_ipc::arena::ArenaView<u8>),
     /// A read-only view (`PROT_READ`: the GPU refuses writes).
     ReadOnly(cuda_ipc::arena::ReadOnlyArenaView<u8>),
+    /// Another allocator's memory in another process (`Socket.recv_tensor`): its virtual
+    /// memory mapped here, or its legacy handle opened.
+    Foreign(cuda_ipc::ImportedBuffer<u8>),
     /// A channel slot (`crate::channel`): its address, and the channel end that maps it.
     Slot {
         ptr: u64,
@@ -195,6 +371,7 @@ impl Inner {
             Memory::Owned(b) => b.as_raw_ptr(),
             Memory::View(v) => v.as_raw_ptr(),
             Memory::ReadOnly(v) => v.as_raw_ptr(),
+            Memory::Foreign(b) => b.as_raw_ptr(),
             Memory::Slot { ptr, .. } => *ptr,
         }
     }
@@ -279,19 +456,7 @@ impl Tensor {
             ));
         };
         let mut bytes = buffer.handle().as_bytes().to_vec();
-        bytes.extend_from_slice(&[
-            TENSOR_HANDLE_VERSION,
-            self.inner.dtype.code(),
-            self.inner.shape.len() as u8,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ]);
-        for &d in &self.inner.shape {
-            bytes.extend_from_slice(&(d as u64).to_le_bytes());
-        }
+        bytes.extend_from_slice(&tail_bytes(self.inner.dtype, &self.inner.shape));
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -502,43 +667,16 @@ pub(crate) enum Imported {
 impl ImportedArena {
     /// Open one tensor from the bytes its owner's `Tensor.handle()` gave.
     fn open(&self, handle: &[u8]) -> PyResult<Tensor> {
-        let corrupt = |why: String| CorruptHandle::new_err(format!("tensor handle: {why}"));
         if handle.len() < ARENA_HANDLE + TAIL_HEAD {
-            return Err(corrupt(format!("{} bytes, too short", handle.len())));
-        }
-        let (arena_handle, tail) = handle.split_at(ARENA_HANDLE);
-        let (version, code, ndim) = (tail[0], tail[1], usize::from(tail[2]));
-        if version != TENSOR_HANDLE_VERSION {
-            return Err(corrupt(format!("layout version {version}, expected 1")));
-        }
-        if tail[3..TAIL_HEAD] != [0; 5] || ndim == 0 || ndim > MAX_DIMS {
-            return Err(corrupt("reserved bytes or dimension count".into()));
-        }
-        if tail.len() != TAIL_HEAD + 8 * ndim {
-            return Err(corrupt(format!(
-                "{} bytes for {ndim} dimensions",
+            return Err(CorruptHandle::new_err(format!(
+                "tensor handle: {} bytes, too short",
                 handle.len()
             )));
         }
-        let dtype = DType::from_code(code).ok_or_else(|| corrupt(format!("dtype code {code}")))?;
-        let shape: Vec<i64> = tail[TAIL_HEAD..]
-            .chunks(8)
-            .map(|c| {
-                let mut d = [0u8; 8];
-                d.copy_from_slice(c);
-                i64::try_from(u64::from_le_bytes(d)).unwrap_or(-1)
-            })
-            .collect();
+        let (arena_handle, tail) = handle.split_at(ARENA_HANDLE);
         let arena_handle =
             cuda_ipc::arena::ArenaHandle::<u8>::from_bytes(arena_handle).map_err(to_py)?;
-        // The shape must describe exactly the buffer the (checked) arena handle names.
-        if nbytes_of(&shape, dtype) != Some(arena_handle.len()) {
-            return Err(corrupt(format!(
-                "shape {shape:?} of {} does not fill the {} bytes of its buffer",
-                dtype.name(),
-                arena_handle.len()
-            )));
-        }
+        let (dtype, shape) = parse_tail(tail, arena_handle.len())?;
         let memory = match &self.arena {
             Imported::ReadWrite(a) => Memory::View(a.open(&arena_handle).map_err(to_py)?),
             Imported::ReadOnly(a) => Memory::ReadOnly(a.open(&arena_handle).map_err(to_py)?),

@@ -244,3 +244,29 @@ def test_a_layout_change_fails_the_sync_and_the_engine_drops_its_partial_buckets
     got = rx.recv_into(target)
     assert got.skipped == 3 and got.buckets == 6
     assert_same(target, src2)
+
+
+def test_a_tensor_that_becomes_a_transposed_view_is_refused_on_either_side(fake):
+    """A square matrix re-bound to its transpose keeps its address, dtype and shape: the cached
+    copies would move its storage's bytes, not the tensor's. Both sides check contiguity at
+    every bucket, not only when they plan or first build a bucket's copies."""
+    ch, tx, rx = fake(64 << 10)
+    g = torch.Generator().manual_seed(5)
+    src = {"w": torch.randn(32, 32, generator=g), "b": torch.randn(32, generator=g)}
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.send(src)
+    rx.recv_into(target)
+    assert_same(target, src)
+    # The trainer's side.
+    moved = dict(src, w=src["w"].t())
+    assert moved["w"].data_ptr() == src["w"].data_ptr() and moved["w"].shape == src["w"].shape
+    with pytest.raises(ValueError, match=r"w: .*\(not contiguous\)"):
+        tx.send(moved)
+    assert not ch.items, "nothing went"
+    # The engine's side: its cached copies for this layout would write the storage.
+    tx.send(src)
+    before = target["w"].clone()
+    flipped = dict(target, w=target["w"].t())
+    with pytest.raises(ValueError, match="w: the receiving tensor is not contiguous"):
+        rx.recv_into(flipped)
+    assert torch.equal(target["w"], before), "nothing was written through the stale copies"

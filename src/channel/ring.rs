@@ -723,15 +723,7 @@ impl<'a> Ring<'a> {
                 max: self.geometry.slots,
             }));
         }
-        let (len, header) = self.item_word(k);
-        if header > HEADER_BYTES as u64 {
-            return Err(corrupt(StateDefect::OutOfRange {
-                field: "item header bytes",
-                value: header,
-                min: 0,
-                max: HEADER_BYTES as u64,
-            }));
-        }
+        let (len, _) = self.item_word(k)?;
         if len > self.geometry.capacity {
             return Err(corrupt(StateDefect::OutOfRange {
                 field: "item elements",
@@ -747,18 +739,7 @@ impl<'a> Ring<'a> {
     /// [`recv`](Self::recv) returned `k`'s length (whose acquire of `sent` made it visible).
     pub(crate) fn header(&self, k: u64) -> Result<Vec<u8>> {
         let h = &self.state.headers[self.geometry.slot_of(k)];
-        let (_, len) = self.item_word(k); // re-read: a peer may have changed it
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        if len > HEADER_BYTES as u64 {
-            return Err(corrupt(StateDefect::OutOfRange {
-                field: "item header bytes",
-                value: len,
-                min: 0,
-                max: HEADER_BYTES as u64,
-            }));
-        }
+        let (_, len) = self.item_word(k)?; // re-read: a peer may have changed it
         let len = len as usize; // ≤ HEADER_BYTES
         let mut out = Vec::with_capacity(len);
         for word in h.words.iter().take(len.div_ceil(8)) {
@@ -769,10 +750,21 @@ impl<'a> Ring<'a> {
         Ok(out)
     }
 
-    /// Item `k`'s `lens` word: (elements, header bytes), unchecked.
-    fn item_word(&self, k: u64) -> (u64, u64) {
+    /// Item `k`'s `lens` word: (elements, header bytes), the header's count checked against
+    /// [`HEADER_BYTES`] (the elements are the caller's to check: only a receive knows the
+    /// capacity matters).
+    fn item_word(&self, k: u64) -> Result<(u64, u64)> {
         let word = self.state.lens[self.geometry.slot_of(k)].load(Ordering::Relaxed);
-        (word & MAX_CAPACITY, word >> LEN_BITS)
+        let (len, header) = (word & MAX_CAPACITY, word >> LEN_BITS);
+        if header > HEADER_BYTES as u64 {
+            return Err(corrupt(StateDefect::OutOfRange {
+                field: "item header bytes",
+                value: header,
+                min: 0,
+                max: HEADER_BYTES as u64,
+            }));
+        }
+        Ok((len, header))
     }
 
     /// Consumer: wait for item `received + 1`, at most `timeout`; its length.

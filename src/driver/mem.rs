@@ -72,6 +72,19 @@ pub(crate) fn device_ordinal_of(ptr: sys::CUdeviceptr) -> Result<c_int> {
     Ok(ordinal)
 }
 
+/// One attribute of the memory at `ptr` whose value fits 64 bits — a flag, a bit mask, a size
+/// or an address (`cuPointerGetAttribute`; the driver writes the attribute's own width into
+/// a zeroed `u64`, which reads the same on this little-endian target).
+pub(crate) fn attribute(ptr: sys::CUdeviceptr, attribute: c_int) -> Result<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: writes at most 8 bytes (every attribute this is called with is a bool, an int,
+    // a size_t or a pointer) into a `u64`; any pointer value is accepted.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute((&raw mut value).cast(), attribute, ptr)
+    })?;
+    Ok(value)
+}
+
 /// Copy `bytes` from host `src` to device `dst` (`cuMemcpyHtoD`).
 ///
 /// # Safety

@@ -202,6 +202,16 @@ pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 /// `cuPointerGetAttribute`: the size of the allocation `ptr` lies in (a `size_t`).
 pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+/// `cuPointerGetAttribute`: whether `cuIpcGetMemHandle` can share the memory (a `bool`).
+pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 10;
+/// `cuPointerGetAttribute`: the shareable handle types of the memory's allocation (a bit mask).
+pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: c_int = 14;
+/// `cuPointerGetAttribute`: the stream-ordered pool the memory came from, or null (a handle).
+pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: c_int = 17;
+/// `cuPointerGetAttribute`: the size of the `cuMemMap` mapping `ptr` lies in (a `size_t`).
+pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: c_int = 18;
+/// `cuPointerGetAttribute`: the start of the `cuMemMap` mapping `ptr` lies in (a pointer).
+pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: c_int = 19;
 
 super::loader::driver_api! {
     fn cuInit(flags: c_uint) -> CUresult;
@@ -357,6 +367,10 @@ super::loader::driver_api! {
         handle: *mut CUmemGenericAllocationHandle,
         shareable: *mut c_void,
         handle_type: c_uint,
+    ) -> CUresult;
+    fn cuMemRetainAllocationHandle(
+        handle: *mut CUmemGenericAllocationHandle,
+        addr: *mut c_void,
     ) -> CUresult;
     fn cuMemGetAllocationPropertiesFromHandle(
         prop: *mut CUmemAllocationProp,

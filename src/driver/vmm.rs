@@ -165,6 +165,18 @@ pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<sys::CUmemGenericAllocatio
     Ok(handle)
 }
 
+/// The allocation handle of the memory mapped at `ptr`, any address of a `cuMemMap` mapping
+/// (`cuMemRetainAllocationHandle`): a new reference, given back with [`release`].
+pub(crate) fn retain(ptr: sys::CUdeviceptr) -> Result<sys::CUmemGenericAllocationHandle> {
+    let mut handle = 0;
+    // SAFETY: writes one allocation handle; the address is passed as a value and never
+    // dereferenced by us (an address that is not mapped virtual memory is an error code).
+    check("cuMemRetainAllocationHandle", unsafe {
+        sys::cuMemRetainAllocationHandle(&mut handle, ptr as usize as *mut c_void)
+    })?;
+    Ok(handle)
+}
+
 /// What an allocation handle is (`cuMemGetAllocationPropertiesFromHandle`).
 pub(crate) fn properties(
     handle: sys::CUmemGenericAllocationHandle,
