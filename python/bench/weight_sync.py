@@ -4,13 +4,16 @@
     own weights;
 (b) flattened buckets, one CUDA IPC handle per bucket (``torch.multiprocessing`` reductions),
     a synchronize and an ack per bucket (the fastest published method);
-(c) this package: ``cuda_ipc.weights`` over the crate's GPU channel, the ring opened once.
+(c) this package: ``cuda_ipc.weights`` over the crate's GPU channel, the ring opened once;
+(d) this package: ``cuda_ipc.shared_weights``, the trainer's tensors shared once
+    (``Socket.send_tensor``) and each version copied straight out of them by the engine (one
+    copy per byte, all in the engine's context), a channel item per version.
 
 Each is timed end to end: from the trainer's first call to the engine's weights complete on
 the GPU (both clocks are CLOCK_MONOTONIC, which processes share). Each has its floor: the same
 copies, done in one process with no second process (for (c): the same multi-tensor pack and
 unpack of the same buckets; for (b): the same flatten and per-tensor unpack; for (a): one copy
-per tensor). Per-bucket overhead = (end to end - floor) / buckets. Every run's weights are
+per tensor; for (d): the same multi-tensor copies, trainer's tensors to engine's). Per-bucket overhead = (end to end - floor) / buckets. Every run's weights are
 checked word for word on the engine.
 
     python3 weight_sync.py [--big 1600] [--small 400] [--repeat 5] [--json out.json]
@@ -129,11 +132,17 @@ def floors(src, dst, repeat):
             W._copy(pack)
             W._copy(unpack)
 
+    # (d): one multi-tensor copy per dtype, every tensor from the source into the destination.
+    direct_groups = W._group([(dst[n], t) for n, t in src.items()])
+
+    def direct():
+        W._copy(direct_groups)
+
     out = {}
-    for name, fn in (("once", once), ("flat", flat), ("multi", multi)):
+    for name, fn in (("once", once), ("flat", flat), ("multi", multi), ("direct", direct)):
         fn()
         out[name] = statistics.median(sync_time(fn) for _ in range(repeat))
-    del slots, groups
+    del slots, groups, direct_groups
     return out, len(plan_b), len(plan_c)
 
 
@@ -153,9 +162,16 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry):
         tx = W.WeightSender(ctx, bucket_bytes=BUCKET_C, slots=SLOTS_C)
         peer = cuda_ipc.Listener(name).accept(timeout=120)
         peer.send(tx.handle())
+    elif method == "d":
+        import cuda_ipc
+        from cuda_ipc.shared_weights import SharedWeightSender
+
+        ctx = cuda_ipc.Context(0)
+        peer = cuda_ipc.Listener(name).accept(timeout=120)
+        tx = SharedWeightSender(ctx, src, peer, timeout=120)
     ctl.put(("ready", checksum(src)))
     for _ in range(repeat + WARM):
-        assert ctl.get() == "go" if method != "c" else peer.recv(timeout=120) == b"go"
+        assert ctl.get() == "go" if method not in "cd" else peer.recv(timeout=120) == b"go"
         t0 = time.monotonic()
         if method == "a":
             data.put(("start", t0, len(src)))
@@ -171,10 +187,13 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry):
                 data.put((names, bucket))
                 assert ctl.get() == "ack"
                 del bucket
-        else:
+        elif method == "c":
             peer.send(repr(t0).encode())
             tx.send(src)
-    if method == "c":
+        else:
+            peer.send(repr(t0).encode())
+            tx.update()  # the weights as they are: no step (the bench times the sync alone)
+    if method in "cd":
         tx.close(120)
     ctl.put("exit")
 
@@ -190,9 +209,10 @@ def engine(method, big, small, repeat, name):
     )
     proc.start()
     dst = model(big, small, 2)
-    if method == "c":
+    if method in "cd":
         import cuda_ipc
         from cuda_ipc import weights as W
+        from cuda_ipc.shared_weights import SharedWeightReceiver
 
         ctx = cuda_ipc.Context(0)
         deadline = time.monotonic() + 120
@@ -202,7 +222,10 @@ def engine(method, big, small, repeat, name):
                 break
             except cuda_ipc.CudaIpcError:
                 assert time.monotonic() < deadline
-        rx = W.WeightReceiver(ctx, peer.recv(timeout=120))
+        if method == "c":
+            rx = W.WeightReceiver(ctx, peer.recv(timeout=120))
+        else:
+            rx = SharedWeightReceiver(ctx, peer, timeout=120)
     tag, want = ctl.get(timeout=300)
     assert tag == "ready"
     times, cold = [], None
@@ -210,10 +233,10 @@ def engine(method, big, small, repeat, name):
         for t in dst.values():
             t.zero_()
         torch.cuda.synchronize()
-        if method == "c":
+        if method in "cd":
             peer.send(b"go")
             t0 = float(peer.recv(timeout=120))
-            stats = rx.recv_into(dst)
+            stats = rx.recv_into(dst) if method == "c" else rx.pull_into(dst)
             torch.cuda.synchronize()
             t1 = time.monotonic()
             buckets = stats.buckets
@@ -249,7 +272,7 @@ def engine(method, big, small, repeat, name):
             cold = t1 - t0
         if r >= WARM:
             times.append(t1 - t0)
-    if method == "c":
+    if method in "cd":
         rx.close(60)  # the trainer's close waits for it
     assert ctl.get(timeout=300) == "exit"
     proc.join(120)
@@ -273,7 +296,7 @@ def main():
     ap.add_argument("--big", type=int, default=1600)
     ap.add_argument("--small", type=int, default=400)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--methods", default="abc")
+    ap.add_argument("--methods", default="abcd")
     ap.add_argument("--bucket", type=int, default=512, help="MiB per bucket, (c) and its floor")
     ap.add_argument("--slots", type=int, default=4, help="(c)'s ring")
     ap.add_argument("--json")
@@ -294,10 +317,11 @@ def main():
         "floor_once_ms": floor["once"] * 1e3,
         "floor_flat_ms": floor["flat"] * 1e3,
         "floor_multi_ms": floor["multi"] * 1e3,
+        "floor_direct_ms": floor["direct"] * 1e3,
         "bucket_mib_c": args.bucket,
         "slots_c": args.slots,
     }
-    floors_of = {"a": floor["once"], "b": floor["flat"], "c": floor["multi"]}
+    floors_of = {"a": floor["once"], "b": floor["flat"], "c": floor["multi"], "d": floor["direct"]}
     for m in args.methods:
         med, best, buckets, cold = engine(m, args.big, args.small, args.repeat, f"cuda-ipc-bench-ws-{os.getpid()}")
         res[m] = {
@@ -317,6 +341,11 @@ def main():
         res["c_vs_b"] = res["b"]["median_ms"] / res["c"]["median_ms"]
     if "c" in res:
         res["c_vs_floor"] = res["c"]["median_ms"] / res["floor_multi_ms"]
+    for m in "abc":
+        if m in res and "d" in res:
+            res[f"d_vs_{m}"] = res[m]["median_ms"] / res["d"]["median_ms"]
+    if "d" in res:
+        res["d_vs_floor"] = res["d"]["median_ms"] / res["floor_direct_ms"]
     print(json.dumps(res, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -9,7 +9,9 @@ bytes (no pickle); every error is a :class:`CudaIpcError` subclass that keeps th
 
 A GPU channel (:class:`Sender`, :class:`Receiver`) streams slots of bytes from one process to
 another (or to up to 8), ordered on the GPU with no host synchronize, each item with a header
-of up to 4 KiB; :mod:`cuda_ipc.weights` syncs a PyTorch model's weights through it.
+of up to 4 KiB; :mod:`cuda_ipc.weights` syncs a PyTorch model's weights through it, in buckets;
+:mod:`cuda_ipc.shared_weights` syncs them with one copy, the engine reading the trainer's own
+tensors (``Socket.send_tensor``: PyTorch's memory shared as it is).
 
 Built on the cuda-ipc Rust crate (https://docs.rs/cuda-ipc); see README.md.
 """
@@ -61,7 +63,7 @@ __all__ = [
     "connect",
     "reclaim_stale_lease_tables",
 ]
-from . import weights  # noqa: E402  (needs torch only when used)
+from . import shared_weights, weights  # noqa: E402  (they need torch only when used)
 
-__all__.append("weights")
+__all__ += ["shared_weights", "weights"]
 __version__ = "0.2.0"

@@ -1,7 +1,7 @@
 """PyTorch's own memory shared with `Socket.send_tensor` / `recv_tensor` between real processes
 (issue 35 item 4): the caching allocator's blocks as legacy handles, expandable segments as one
 descriptor per chunk sent by the exporter itself — also to an importer in another pid
-namespace (`unshare --pid --fork`, as root), where PyTorch's own path (`pidfd_getfd`) fails.
+namespace (`unshare --pid --fork --mount-proc`, as root), where PyTorch's own path (`pidfd_getfd`) fails.
 Every byte checked, writes seen both ways, and a killed exporter leaves the importer's mapped
 tensors intact."""
 
@@ -33,11 +33,15 @@ def run(mode, unshared=False, dies="lives"):
     )
     try:
         assert exporter.stdout.readline().strip() == "READY", exporter.stderr.read()
-        wrapper = ["unshare", "--pid", "--fork"] if unshared else []
+        # A pid namespace of its own with its own /proc, as a container has (the driver's
+        # cuInit fails with OPERATING_SYSTEM under the host's /proc as pid 1 of a new namespace).
+        wrapper = ["unshare", "--pid", "--fork", "--mount-proc"] if unshared else []
         importer = subprocess.run(
             [*wrapper, sys.executable, script, "import", name, dies],
             capture_output=True, text=True, timeout=120, env=env,
         )
+        if importer.returncode != 0:
+            exporter.kill()  # it may wait for a peer that never came
         out, err = exporter.communicate(timeout=60)
     finally:
         if exporter.poll() is None:

@@ -1,0 +1,285 @@
+"""Weight sync with no staging copy: the engine copies straight out of the trainer's own tensors.
+
+:mod:`cuda_ipc.weights` packs a model into buckets of a ring and unpacks them: two copies of
+every byte, done by two processes — which one GPU time-slices between their contexts. Here the
+trainer shares its weights once (``Socket.send_tensor``: PyTorch's own memory, legacy handles or
+expandable segments' chunks, no copy), and each sync is one small channel item: the engine's
+stream waits on the GPU for the trainer's update, copies every tensor out of the trainer's
+memory into its own with one multi-tensor copy per dtype, and releases; the trainer's next
+update waits on the GPU for that release before it writes the weights again. One copy of every
+byte, all of it in the engine's context.
+
+::
+
+    # trainer
+    ctx = cuda_ipc.Context(0)
+    peer = cuda_ipc.Listener("weights").accept()
+    sender = cuda_ipc.shared_weights.SharedWeightSender(ctx, model.state_dict(), peer)
+    for batch in data:
+        model(batch).sum().backward()
+        sender.update(optimizer.step)     # waits for the engine's last read, steps, publishes
+
+    # engine
+    ctx = cuda_ipc.Context(0)
+    receiver = cuda_ipc.shared_weights.SharedWeightReceiver(ctx, cuda_ipc.connect("weights"))
+    weights = model.state_dict()
+    while True:
+        receiver.pull_into(weights)       # one version, on the current stream
+
+The two run in lockstep: every version the trainer publishes is pulled once before the next
+``update`` runs its step (``update`` waits at most ``timeout`` for it). The trainer's tensors
+must stay where they were shared: ``update`` checks, after ``step``, that every one still has
+its address and is contiguous (``ValueError`` otherwise — share again; pass ``state_dict=`` to
+have the model's current tensors checked too). Every byte from the peer is untrusted: the
+setup's names and counts are checked, and each tensor's dtype and shape against the engine's
+before its first pull into those tensors (and whenever they are other tensor objects). Either process
+dying is an exception in the other (``PeerGone``); the engine's mappings of the trainer's
+tensors keep virtual memory (expandable segments) alive after the trainer's death; a dead
+trainer's legacy handles are never read after its death is seen (the pull fails first).
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from ._native import Receiver, Sender
+from .weights import (
+    SyncStats,
+    _copy,
+    _current_stream,
+    _group,
+    _raw,
+    _same_layout,
+    _stream_context,
+    _torch,
+)
+
+__all__ = ["SharedWeightSender", "SharedWeightReceiver"]
+
+#: The setup's first message: magic, version, the number of tensors.
+_SETUP = struct.Struct("<4sB3xI")
+_SETUP_MAGIC = b"CISW"
+_VERSION = 1
+#: Each version's item header: magic, version number.
+_ITEM = struct.Struct("<4sxxxxQ")
+_ITEM_MAGIC = b"CISV"
+#: At most this many tensors are shared (a bound on what a peer's count can make us wait for).
+_MAX_TENSORS = 1 << 20
+#: A tensor's name message: this byte, then the name (UTF-8); a tensor follows it
+#: (``Socket.send_tensor``) unless the tensor is empty (nothing to share).
+_HAS_MEMORY, _EMPTY = 1, 0
+
+
+class SharedWeightSender:
+    """The trainer's end: shares the tensors of ``state_dict`` (contiguous CUDA tensors on
+    ``ctx``'s device, as PyTorch allocated them) with one engine over ``peer``, once; then
+    publishes each version with :meth:`update`."""
+
+    def __init__(self, ctx, state_dict: Mapping[str, object], peer, *, timeout: float = 30.0):
+        items = list(state_dict.items())
+        if len(items) > _MAX_TENSORS:
+            raise ValueError(f"{len(items)} tensors (at most {_MAX_TENSORS})")
+        for name, t in items:
+            if not t.is_contiguous():  # (CPU memory is refused by send_tensor)
+                raise ValueError(f"{name}: not contiguous (call .contiguous())")
+        self._tx = Sender(ctx, 256, slots=1)
+        peer.send(_SETUP.pack(_SETUP_MAGIC, _VERSION, len(items)), timeout)
+        peer.send(self._tx.handle(), timeout)
+        for name, t in items:
+            flag = _HAS_MEMORY if t.numel() else _EMPTY
+            peer.send(bytes([flag]) + name.encode(), timeout)
+            if flag == _HAS_MEMORY:
+                peer.send_tensor(ctx, t, timeout)
+        # What the engine mapped: these objects (held, so their memory stays allocated), at
+        # these addresses.
+        self._names = [name for name, _ in items]
+        self._tensors = [t for _, t in items]
+        self._ptrs = tuple(t.data_ptr() for t in self._tensors)
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """The last version published (0: none yet)."""
+        return self._version
+
+    def update(
+        self, step=None, *, state_dict=None, stream=None, timeout: float = 30.0
+    ) -> int:
+        """Publish a new version of the weights: wait (on the host for the engine's pull of the
+        last version to be enqueued, on ``stream``'s GPU queue for its copies to finish), run
+        ``step()`` — the optimizer step, writing the weights on ``stream`` (default: the current
+        stream) —, check that every shared tensor is where it was and contiguous, and publish
+        on ``stream``. Pass ``state_dict`` (the model's, now) to have its tensors' addresses
+        checked too: a parameter re-bound to new memory (``p.data = ...``) is then an error
+        instead of an engine reading the old memory, which these tensors keep. Returns the
+        version number."""
+        stream = _current_stream(stream)
+        version = self._version + 1
+
+        def fill(slot):
+            if step is not None:
+                step()
+            self._check(state_dict)
+            return 0
+
+        with _stream_context(stream):
+            self._tx.send(
+                fill, header=_ITEM.pack(_ITEM_MAGIC, version), stream=_raw(stream), timeout=timeout
+            )
+        self._version = version
+        return version
+
+    def _check(self, state_dict) -> None:
+        """Every shared tensor still at its address and contiguous (what the engine's copies
+        assume of the memory it maps); ``state_dict``'s tensors, if given, at the same
+        addresses. One pass of C-level calls per check: ~0.3 ms for 2,000 tensors."""
+        tensor = _torch().Tensor
+        now = tuple(map(tensor.data_ptr, self._tensors))
+        ok = now == self._ptrs and all(map(tensor.is_contiguous, self._tensors))
+        if ok and state_dict is not None:
+            try:
+                ok = tuple(state_dict[n].data_ptr() for n in self._names) == self._ptrs
+            except KeyError as e:
+                raise ValueError(f"{e.args[0]}: shared, and not in the state_dict") from None
+        if ok:
+            return
+        for name, t, ptr in zip(self._names, self._tensors, self._ptrs):
+            s = t if state_dict is None else state_dict[name]
+            if t.data_ptr() != ptr or s.data_ptr() != ptr or not t.is_contiguous():
+                raise ValueError(
+                    f"{name}: moved or no longer contiguous since it was shared (the engine maps "
+                    f"its old memory); share the weights again with a new SharedWeightSender"
+                )
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close: waits (at most ``timeout``) until the engine closed its end or died, then lets
+        go of the weights."""
+        self._tx.close(timeout)
+        self._tensors = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SharedWeightReceiver:
+    """The engine's end: maps the trainer's tensors once (over ``peer``, a :class:`Socket`
+    connected to the trainer), then copies each version out of them with :meth:`pull_into`."""
+
+    def __init__(self, ctx, peer, *, timeout: float = 30.0):
+        torch = _torch()
+        magic, version, count = _unpack(_SETUP, peer.recv(timeout), "setup message")
+        if magic != _SETUP_MAGIC or version != _VERSION:
+            raise ValueError(f"not a shared-weights setup (magic {magic!r}, version {version})")
+        if count > _MAX_TENSORS:
+            raise ValueError(f"a setup of {count} tensors (at most {_MAX_TENSORS})")
+        self._rx = Receiver(ctx, peer.recv(timeout))
+        self._sources: Dict[str, Optional[object]] = {}
+        for _ in range(count):
+            message = peer.recv(timeout)
+            flag = message[0]
+            try:
+                name = message[1:].decode()
+            except UnicodeDecodeError:
+                raise ValueError("a tensor name that is not UTF-8") from None
+            if flag not in (_HAS_MEMORY, _EMPTY) or name in self._sources:
+                raise ValueError(f"{name!r}: flag {flag}, or shared twice")
+            tensor = None
+            if flag == _HAS_MEMORY:
+                tensor = torch.from_dlpack(peer.recv_tensor(ctx, timeout))
+            self._sources[name] = tensor
+        self._names = list(self._sources)
+        self._plan: Optional[Tuple[list, list, int]] = None
+        self._version = 0
+
+    @property
+    def names(self) -> List[str]:
+        """The names the trainer shared, in its order."""
+        return list(self._sources)
+
+    def _check(self, weights: Mapping[str, object]):
+        """The copies for ``weights``: every shared name must be there, contiguous, of the
+        trainer's dtype and shape (an empty tensor empty). Checked in full whenever ``weights``
+        holds other tensor objects than the last pull's (a new dict of the same objects costs
+        one identity pass, ~0.15 ms for 2,000 tensors); the copies write into those objects, so
+        a change made to one in place since (``t.data = ...``, a resize) is torch's to handle
+        (``copy_`` semantics: a shape it cannot copy is an error, a dtype is converted)."""
+        if self._plan is not None:
+            targets = self._plan[0]
+            try:
+                same = all(map(operator.is_, map(weights.__getitem__, self._names), targets))
+            except KeyError:
+                same = False
+            if same:
+                return self._plan
+        targets, pairs, nbytes = [], [], 0
+        for name, src in self._sources.items():
+            t = weights.get(name)
+            if t is None:
+                raise ValueError(f"{name}: shared by the trainer, not in the weights")
+            targets.append(t)
+            if src is None:
+                if t.numel() != 0:
+                    raise ValueError(f"{name}: empty in the trainer, {list(t.shape)} here")
+                continue
+            if not _same_layout(t, src.dtype, src.shape):
+                raise ValueError(
+                    f"{name}: the trainer shares {src.dtype}{list(src.shape)}, the weights hold "
+                    f"{t.dtype}{list(t.shape)}" + ("" if t.is_contiguous() else " (not contiguous)")
+                )
+            pairs.append((t, src))
+            nbytes += src.numel() * src.element_size()
+        self._plan = (targets, _group(pairs), nbytes)
+        return self._plan
+
+    def pull_into(
+        self, weights: Mapping[str, object], *, stream=None, timeout: float = 30.0
+    ) -> SyncStats:
+        """Copy the trainer's next version into ``weights`` on ``stream`` (default: the current
+        stream), which waits on the GPU for the trainer's update and then for nothing else;
+        returns once the copies are enqueued. ``weights`` is checked first (see the class)."""
+        _, groups, nbytes = self._check(weights)
+        stream = _current_stream(stream)
+        last = self._version
+
+        def use(item, header):
+            magic, version = _unpack(_ITEM, header, "version header")
+            if magic != _ITEM_MAGIC or version != last + 1:
+                raise ValueError(f"version {version} after {last} (magic {magic!r})")
+            _copy(groups)
+            return version
+
+        with _stream_context(stream):
+            self._version = self._rx.recv(use, stream=_raw(stream), timeout=timeout)
+        return SyncStats(self._version, 1, len(self._sources), nbytes)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the receiver (the trainer's next ``update`` raises ``ChannelClosed``) and let
+        go of the trainer's tensors, once the device has finished every copy out of them (a
+        device-wide synchronize: a pull's copies may be on any stream). Close a receiver before
+        dropping it while a pull may be in flight: dropping unmaps the trainer's memory."""
+        self._plan = None
+        self._rx.close(timeout)
+        _synchronize()
+        self._sources = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _synchronize() -> None:
+    """Wait for the device's queued work (the host tests stand in for it)."""
+    _torch().cuda.synchronize()
+
+
+def _unpack(layout: struct.Struct, data: bytes, what: str):
+    if len(data) != layout.size:
+        raise ValueError(f"a {what} of {len(data)} bytes (expected {layout.size})")
+    return layout.unpack(data)

@@ -1,0 +1,99 @@
+"""The two processes of test_shared_weights_gpu.py. `trainer NAME SYNCS DIE_AFTER` shares a mixed
+model with cuda_ipc.shared_weights and publishes SYNCS versions (each adds its number to the
+floating tensors), SIGKILLing itself right after version DIE_AFTER when that is not 0;
+`engine NAME SYNCS DIE_AFTER` pulls each and checks it bit for bit, SIGKILLing itself right
+after enqueueing pull DIE_AFTER. Both print RESULT lines: `ok K`, `wrong K NAMES`,
+`gone CLASS ROLE MONOTONIC`, `killing MONOTONIC`, `done`."""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import cuda_ipc
+from cuda_ipc.shared_weights import SharedWeightReceiver, SharedWeightSender
+
+T = 60.0
+
+
+def result(line):
+    print("RESULT " + line, flush=True)
+
+
+def model():
+    g = torch.Generator(device="cuda").manual_seed(11)
+    sd = {
+        "emb": torch.randn(5000, 512, generator=g, device="cuda").to(torch.bfloat16),
+        "w": torch.randn(3 << 20, generator=g, device="cuda"),
+        "half": torch.randn(777, 3, generator=g, device="cuda").half(),
+        "steps": torch.arange(129, device="cuda", dtype=torch.int64),
+        "mask": torch.rand(77, generator=g, device="cuda") > 0.5,
+        "empty": torch.zeros(0, 4, device="cuda"),
+    }
+    for i in range(200):
+        sd[f"layers.{i}.bias"] = torch.full((i + 1,), float(i), device="cuda")
+    return sd
+
+
+def step(sd, k):
+    with torch.no_grad():
+        for t in sd.values():
+            if t.is_floating_point():
+                t.add_(k)
+
+
+def die():
+    result(f"killing {time.monotonic()}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def trainer(name, syncs, die_after):
+    ctx = cuda_ipc.Context(0)
+    sd = model()
+    torch.cuda.synchronize()
+    listener = cuda_ipc.Listener(name)
+    result("listening")
+    peer = listener.accept(T)
+    tx = SharedWeightSender(ctx, sd, peer)
+    try:
+        for k in range(1, syncs + 1):
+            tx.update(lambda: step(sd, k), timeout=T)
+            if k == die_after:
+                torch.cuda.synchronize()
+                die()
+    except cuda_ipc.CudaIpcError as e:
+        result(f"gone {type(e).__name__} {getattr(e, 'role', None)} {time.monotonic()}")
+        return
+    tx.close(T)
+    result("done")
+
+
+def engine(name, syncs, die_after):
+    ctx = cuda_ipc.Context(0)
+    rx = SharedWeightReceiver(ctx, cuda_ipc.connect(name, T), timeout=T)
+    target = {n: torch.zeros_like(t) for n, t in model().items()}
+    want = model()
+    try:
+        for k in range(1, syncs + 1):
+            stats = rx.pull_into(target, timeout=T)
+            if k == die_after:
+                die()  # copies in flight
+            torch.cuda.synchronize()
+            step(want, k)
+            bad = [n for n in want if not torch.equal(want[n], target[n])]
+            result(f"wrong {k} {bad[:3]}" if bad or stats.sync != k else f"ok {k}")
+    except cuda_ipc.CudaIpcError as e:
+        result(f"gone {type(e).__name__} {getattr(e, 'role', None)} {time.monotonic()}")
+        # The context survives: new work runs and completes.
+        x = torch.ones(1000, device="cuda").sum().item()
+        result(f"context {'ok' if x == 1000 else 'broken'}")
+        return
+    rx.close(T)
+    result("done")
+
+
+if __name__ == "__main__":
+    role, name, syncs, die_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    {"trainer": trainer, "engine": engine}[role](name, syncs, die_after)

@@ -1,0 +1,157 @@
+"""cuda_ipc.shared_weights without a GPU: the setup and each pull run on CPU tensors through
+in-process stand-ins for the socket and the channel (the GPU tests run the real ones). Needs
+torch; skipped (and says so) where torch is not installed."""
+
+import struct
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuda_ipc import shared_weights as SW  # noqa: E402
+from test_weights_host import FakeChannel  # noqa: E402
+
+
+class FakeSocket:
+    """Both ends of a socket in one process: messages and tensors in one queue."""
+
+    def __init__(self):
+        self.q = []
+
+    def send(self, payload, timeout=30.0):
+        assert 1 <= len(payload) <= 65536
+        self.q.append(bytes(payload))
+
+    def recv(self, timeout=30.0):
+        return self.q.pop(0)
+
+    def send_tensor(self, ctx, t, timeout=30.0):
+        self.q.append(t)
+        return 0
+
+    def recv_tensor(self, ctx, timeout=30.0):
+        t = self.q.pop(0)
+        assert isinstance(t, torch.Tensor)
+        return t
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    ch = FakeChannel(256, slots=1)
+    ch.handle = lambda: b"channel"
+    monkeypatch.setattr(SW, "Sender", lambda ctx, nbytes, slots: ch)
+    monkeypatch.setattr(SW, "Receiver", lambda ctx, handle: ch)
+    monkeypatch.setattr(SW, "_current_stream", lambda s: s)
+    monkeypatch.setattr(SW, "_stream_context", lambda s: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(SW, "_raw", lambda s: 0)
+    monkeypatch.setattr(SW, "_synchronize", lambda: None)
+
+    def make(sd):
+        sock = FakeSocket()
+        tx = SW.SharedWeightSender(None, sd, sock)
+        rx = SW.SharedWeightReceiver(None, sock)
+        assert not sock.q
+        return ch, sock, tx, rx
+
+    return make
+
+
+def model(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "a.bf16": torch.randn(33, 17, generator=g).to(torch.bfloat16),
+        "a.f32": torch.randn(1000, generator=g),
+        "a.i64": torch.randint(-(2**40), 2**40, (129,), generator=g),
+        "a.bool": torch.rand(77, generator=g) > 0.5,
+        "a.empty": torch.zeros(0, 4),
+    }
+
+
+def test_each_update_is_pulled_exactly_and_in_order(pair):
+    src = model(1)
+    ch, _, tx, rx = pair(src)
+    assert rx.names == list(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    for k in range(1, 4):
+        with torch.no_grad():
+            tx.update(lambda: [t.add_(1) for t in src.values() if t.dtype == torch.float32])
+        stats = rx.pull_into(target)
+        assert stats.sync == k and tx.version == k
+        for n in src:
+            assert torch.equal(target[n], src[n]), n
+    assert not ch.items
+
+
+def test_a_mismatched_engine_is_refused_before_anything_is_copied(pair):
+    src = model(2)
+    ch, _, tx, rx = pair(src)
+    tx.update()
+    for bad in (
+        dict({n: torch.zeros_like(t) for n, t in src.items()}, **{"a.f32": torch.zeros(999)}),
+        {n: torch.zeros_like(t) for n, t in src.items() if n != "a.i64"},
+        dict({n: torch.zeros_like(t) for n, t in src.items()}, **{"a.bf16": torch.zeros(17, 33).t()}),
+        dict({n: torch.zeros_like(t) for n, t in src.items()}, **{"a.empty": torch.zeros(1)}),
+    ):
+        with pytest.raises(ValueError):
+            rx.pull_into(bad)
+        assert all(not t.any() for t in bad.values() if t.dtype != torch.bool), "nothing copied"
+    assert len(ch.items) == 1, "the version is still there for a good pull"
+
+
+def test_a_trainer_tensor_that_moved_is_refused_at_its_update(pair):
+    src = model(3)
+    ch, _, tx, rx = pair(src)
+    src["a.f32"].data = torch.zeros(1000)  # a new storage under the same Parameter-like name
+    with pytest.raises(ValueError, match="a.f32: moved"):
+        tx.update()
+    assert not ch.items, "nothing published"
+
+
+def test_forged_setups_and_headers_are_value_errors(pair, monkeypatch):
+    src = model(4)
+    for forge in (
+        lambda q: q.__setitem__(0, b"XXXX" + q[0][4:]),
+        lambda q: q.__setitem__(0, q[0][:-1]),
+        lambda q: q.__setitem__(0, struct.pack("<4sB3xI", b"CISW", 1, (1 << 20) + 1)),
+        lambda q: q.__setitem__(2, b"\x07a.bf16"),
+        lambda q: q.__setitem__(2, b"\x01\xff\xfe"),
+        lambda q: q.__setitem__(4, b"\x01a.bf16"),  # a name shared twice
+    ):
+        sock = FakeSocket()
+        SW.SharedWeightSender(None, src, sock)
+        forge(sock.q)
+        with pytest.raises(ValueError):
+            SW.SharedWeightReceiver(None, sock)
+    ch, _, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    ch.items.append((ch.bufs[0], 0, b"CISV\0\0\0\0" + struct.pack("<Q", 5)))
+    with pytest.raises(ValueError, match="version 5 after 0"):
+        rx.pull_into(target)
+
+
+def test_a_parameter_rebound_to_new_memory_is_refused_when_its_state_dict_is_passed(pair):
+    src = model(5)
+    ch, _, tx, rx = pair(src)
+    now = dict(src, **{"a.f32": torch.zeros(1000)})  # what model.state_dict() gives after p.data = ...
+    with pytest.raises(ValueError, match="a.f32: moved"):
+        tx.update(state_dict=now)
+    with pytest.raises(ValueError, match="a.i64: shared, and not in the state_dict"):
+        tx.update(state_dict={n: t for n, t in src.items() if n != "a.i64"})
+    assert not ch.items
+    tx.update(state_dict=dict(src))
+    assert len(ch.items) == 1
+
+
+def test_a_new_dict_of_the_same_tensors_reuses_the_copies_and_new_tensors_are_checked(pair):
+    src = model(6)
+    ch, _, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.update()
+    rx.pull_into(target)
+    plan = rx._plan
+    tx.update()
+    rx.pull_into(dict(target))
+    assert rx._plan is plan, "same objects: no new plan"
+    tx.update()
+    with pytest.raises(ValueError, match="a.f32"):
+        rx.pull_into(dict(target, **{"a.f32": torch.zeros(7)}))
