@@ -332,6 +332,11 @@ pub struct Bootstrapped {
 }
 
 impl Bootstrapped {
+    /// Whether this end is the listening side ([`BootstrapListener::accept`]).
+    pub(crate) fn is_listener(&self) -> bool {
+        matches!(self.side, Side::Server)
+    }
+
     /// The peer's address.
     #[must_use]
     pub fn peer_addr(&self) -> SocketAddr {

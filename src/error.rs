@@ -256,6 +256,29 @@ pub enum Error {
         reason: String,
     },
 
+    /// An NCCL call failed ([`crate::nccl`]): the call, its `ncclResult_t`, and NCCL's own text
+    /// (`ncclGetErrorString` and `ncclGetLastError`).
+    #[error("{call} failed: {name} ({code}){}", if detail.is_empty() { String::new() } else { format!(": {detail}") })]
+    Nccl {
+        /// The NCCL function.
+        call: &'static str,
+        /// The raw `ncclResult_t` (-1: the library lacks the call).
+        code: i32,
+        /// Its name (`ncclInvalidUsage`, ...).
+        name: &'static str,
+        /// What NCCL said about it.
+        detail: String,
+    },
+
+    /// No NCCL library could be loaded ([`crate::nccl::library_path`]).
+    #[error("no NCCL library: tried {tried} ({reason})")]
+    NcclNotFound {
+        /// The libraries tried, in order.
+        tried: String,
+        /// What the dynamic loader said for each.
+        reason: String,
+    },
+
     /// The loaded driver library has no entry point for `call`: the driver is older than the
     /// call needs.
     #[error(

@@ -778,6 +778,39 @@ fn elements<T>(offset: u64, bytes: u64) -> Result<usize> {
     usize::try_from(bytes / size).map_err(|_| layout("the element count"))
 }
 
+/// Hooks for the fuzz target `foreign_message` (not API).
+#[cfg(any(test, fuzzing, feature = "__testing"))]
+pub mod __testing {
+    use super::{FdSocket, MAX_CHUNKS, decode_head, decode_more};
+
+    /// Parse `data` as a head message, then each of `more` as a continuation: every count the
+    /// parsers accept must be consistent with the bytes (the fuzz target's invariant); an
+    /// error is fine, a panic is not.
+    pub fn parse(data: &[u8], more: &[&[u8]]) {
+        let Ok((head, body, meta)) = decode_head(data) else {
+            return;
+        };
+        assert!(meta.len() <= super::MAX_META);
+        assert!(head.chunks as usize <= MAX_CHUNKS);
+        if head.kind == super::KIND_CHUNKS {
+            assert_eq!(body.len(), head.here as usize * 8);
+            assert!(head.here as usize <= FdSocket::MAX_FDS && head.here <= head.chunks);
+        }
+        let mut have = head.here as usize;
+        for m in more {
+            match decode_more(m, have, head.chunks as usize) {
+                Ok(sizes) => {
+                    assert!(!sizes.is_empty() && sizes.len() <= FdSocket::MAX_FDS);
+                    assert!(sizes.iter().all(|&s| s > 0));
+                    have += sizes.len();
+                    assert!(have <= head.chunks as usize);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -180,6 +180,7 @@ pub mod foreign;
 mod handle;
 mod interop;
 mod ledger;
+pub mod nccl;
 mod os;
 mod owned_slot;
 mod poll;
@@ -244,6 +245,7 @@ pub use bytemuck;
 pub mod __private {
     pub use crate::arena::__testing as arena;
     pub use crate::channel::__testing as channel;
+    pub use crate::foreign::__testing as foreign;
     #[cfg(fuzzing)]
     pub use crate::channel::fuzz_reseal_channel as reseal_channel;
     pub use crate::handle::reseal;
