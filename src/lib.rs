@@ -17,6 +17,8 @@
 //! | Streams from any CUDA crate | [`AsStream`], [`RawStream`] | cust's `Stream`, cudarc's `CudaStream`, a raw `CUstream` |
 //! | Raw handles for foreign peers (PyTorch, CuPy, C/C++) | [`RawMemHandle`](crate::raw::RawMemHandle), [`RawExport`](crate::raw::RawExport), [`RawImport`](crate::raw::RawImport), [`ImportedBuffer::open_raw`] | `cuIpcGetMemHandle`, `cuIpcOpenMemHandle`, `cuPointerGetAttributes`, `cuPointerGetAttribute` |
 //! | Memory another allocator owns (PyTorch's caching allocator and expandable segments, CuPy) | [`ForeignExport`](crate::foreign::ForeignExport), [`FdSocket::send_foreign`](crate::fd::FdSocket::send_foreign), [`FdSocket::recv_foreign`](crate::fd::FdSocket::recv_foreign) | `cuIpcGetMemHandle`, `cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle`, `cuPointerGetAttribute` |
+//! | Finding and authenticating a peer on another host (TCP, a shared secret) | [`BootstrapListener`](crate::bootstrap::BootstrapListener), [`bootstrap::connect`], [`Bootstrapped`](crate::bootstrap::Bootstrapped) | — (HMAC-SHA256 over `std::net`) |
+//! | NCCL communicators between processes, every wait bounded | [`nccl::Communicator`], [`nccl::UniqueId`] | `ncclCommInitRankConfig` (non-blocking), `ncclSend`, `ncclRecv`, `ncclCommGetAsyncError`, `ncclCommAbort` |
 //! | Shared GPU memory as file descriptors (capabilities) | [`HandleType::PosixFd`], [`IpcBuffer::new_with`], [`IpcBuffer::export_fd`], [`ImportedBuffer::open_fd`] | `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease` |
 //! | Many buffers through one import | [`IpcArena`](crate::arena::IpcArena), [`ArenaBuffer`](crate::arena::ArenaBuffer), [`ArenaHandle`](crate::arena::ArenaHandle), [`ImportedArena`](crate::arena::ImportedArena), [`ArenaView`](crate::arena::ArenaView) | one `cuMemCreate` region exported once; buffers sub-allocated and opened through a shared block table (no driver call) |
 //! | Stream-ordered pools between processes | [`IpcPool`](crate::pool::IpcPool), [`PoolBuffer`](crate::pool::PoolBuffer), [`PoolHandle`](crate::pool::PoolHandle), [`ImportedPool`](crate::pool::ImportedPool), [`PoolView`](crate::pool::PoolView); as buffers: [`HandleType::Pool`], [`IpcBuffer::export_pooled`], [`ImportedBuffer::open_pooled`] | `cuMemPoolCreate`, `cuMemPoolExportToShareableHandle`, `cuMemPoolImportFromShareableHandle`, `cuMemPoolSetAccess`, `cuMemAllocFromPoolAsync`, `cuMemPoolExportPointer`, `cuMemPoolImportPointer`, `cuMemFree(Async)` |
@@ -245,9 +247,9 @@ pub use bytemuck;
 pub mod __private {
     pub use crate::arena::__testing as arena;
     pub use crate::channel::__testing as channel;
-    pub use crate::foreign::__testing as foreign;
     #[cfg(fuzzing)]
     pub use crate::channel::fuzz_reseal_channel as reseal_channel;
+    pub use crate::foreign::__testing as foreign;
     pub use crate::handle::reseal;
     pub use crate::ledger::lease::__testing as lease;
     pub use crate::ledger::registry::__testing as registry;
