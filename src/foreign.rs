@@ -103,7 +103,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -114,7 +114,7 @@ use crate::buffer::ImportedBuffer;
 use crate::buffer::import::{Described, Mapping};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
-use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
+use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
 use crate::fd::FdSocket;
 use crate::poll::Deadline;
 use crate::process::ProcessIdentity;
@@ -374,18 +374,7 @@ fn export_mapping(base: u64) -> Result<OwnedFd> {
     let fd = unsafe { driver::vmm::export_fd(handle) };
     // SAFETY: retained above, released once; the mapping keeps its own reference.
     let _ = unsafe { driver::vmm::release(handle) };
-    let fd = fd?;
-    if fd < 0 {
-        return Err(Error::Corrupt {
-            what: "exported descriptor",
-            defect: StateDefect::DriverAnswer {
-                call: "cuMemExportToShareableHandle",
-                value: fd.into(),
-            },
-        });
-    }
-    // SAFETY: the driver opened this descriptor for us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    fd
 }
 
 /// What [`FdSocket::recv_foreign`] received: the memory, and the metadata the exporter sent

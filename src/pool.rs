@@ -11,7 +11,7 @@
 
 pub use crate::read_only::{ReadOnlyPool, ReadOnlyPoolView};
 use std::marker::PhantomData;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::envelope;
-use crate::error::{Capability, Error, HandleDefect, Result, StateDefect};
+use crate::error::{Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
 use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, ImportCache};
@@ -324,17 +324,6 @@ impl IpcPool {
         let _g = owner.ctx.enter()?;
         // SAFETY: our live pool, created with the POSIX-fd handle type.
         let fd = unsafe { driver::pool::export_fd(owner.pool) }?;
-        if fd < 0 {
-            return Err(Error::Corrupt {
-                what: "exported descriptor",
-                defect: StateDefect::DriverAnswer {
-                    call: "cuMemPoolExportToShareableHandle",
-                    value: fd.into(),
-                },
-            });
-        }
-        // SAFETY: the driver opened this descriptor for us; nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let read_only = owner.read_only.load(StdOrdering::Relaxed);
         Ok((
             Handle::from_envelope(env).marked_read_only_if(read_only),

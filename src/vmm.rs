@@ -39,7 +39,7 @@
 //! their mappings keep the memory alive.
 
 use std::ffi::c_uint;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
@@ -383,18 +383,7 @@ impl VmmMemory {
         };
         let _g = self.ctx.enter()?;
         // SAFETY: a live allocation of ours, created with the POSIX-fd handle type requested.
-        let fd = unsafe { driver::vmm::export_fd(handle) }?;
-        if fd < 0 {
-            return Err(Error::Corrupt {
-                what: "exported descriptor",
-                defect: StateDefect::DriverAnswer {
-                    call: "cuMemExportToShareableHandle",
-                    value: fd.into(),
-                },
-            });
-        }
-        // SAFETY: the driver opened this descriptor for us; nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        unsafe { driver::vmm::export_fd(handle) }
     }
 
     /// The mapped address.

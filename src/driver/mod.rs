@@ -20,9 +20,30 @@ pub(crate) mod vmm;
 
 pub use loader::{DEFAULT_LIBRARIES, LIBRARY_ENV, library_path};
 
-use std::ffi::CStr;
+use std::ffi::{CStr, c_int};
+use std::os::fd::{FromRawFd, OwnedFd};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StateDefect};
+
+/// The descriptor `call` wrote, owned: a negative one (what no working driver writes) is
+/// [`Error::Corrupt`] naming the call.
+///
+/// # Safety
+///
+/// `fd` was just opened for the caller by `call` and nothing else owns it.
+pub(crate) unsafe fn owned_fd(call: &'static str, fd: c_int) -> Result<OwnedFd> {
+    if fd < 0 {
+        return Err(Error::Corrupt {
+            what: "exported descriptor",
+            defect: StateDefect::DriverAnswer {
+                call,
+                value: fd.into(),
+            },
+        });
+    }
+    // SAFETY: the caller's duty: a descriptor the driver opened for us, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
 
 /// The name of a `CUresult`: from a table of the codes this crate meets, else from the driver's
 /// `cuGetErrorName`, else `CUDA_ERROR_<code>`. Never transmutes the code.

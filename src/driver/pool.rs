@@ -2,7 +2,7 @@
 //! allocate and free on a stream, and export and import single allocations.
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr;
 
 use super::{check, sys};
@@ -29,13 +29,13 @@ pub(crate) unsafe fn destroy(pool: sys::CUmemoryPool) -> Result<()> {
     check("cuMemPoolDestroy", unsafe { sys::cuMemPoolDestroy(pool) })
 }
 
-/// Share a pool as a POSIX file descriptor (`cuMemPoolExportToShareableHandle`); the caller
-/// owns the descriptor returned (check it is not negative).
+/// Share a pool as a POSIX file descriptor (`cuMemPoolExportToShareableHandle`), owned by the
+/// caller (a negative one is an error: [`owned_fd`](super::owned_fd)).
 ///
 /// # Safety
 ///
 /// `pool` is a live pool created with the POSIX-fd handle type.
-pub(crate) unsafe fn export_fd(pool: sys::CUmemoryPool) -> Result<c_int> {
+pub(crate) unsafe fn export_fd(pool: sys::CUmemoryPool) -> Result<OwnedFd> {
     let mut fd: c_int = -1;
     // SAFETY: writes one int (the POSIX-fd shareable type); the pool is the caller's duty.
     check("cuMemPoolExportToShareableHandle", unsafe {
@@ -46,7 +46,8 @@ pub(crate) unsafe fn export_fd(pool: sys::CUmemoryPool) -> Result<c_int> {
             0,
         )
     })?;
-    Ok(fd)
+    // SAFETY: the driver opened this descriptor for us just now.
+    unsafe { super::owned_fd("cuMemPoolExportToShareableHandle", fd) }
 }
 
 /// Import a pool shared as a POSIX file descriptor (`cuMemPoolImportFromShareableHandle`);

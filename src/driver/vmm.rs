@@ -2,7 +2,7 @@
 //! properties), address ranges (reserve, free) and mappings (map, unmap, access).
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use super::{check, sys};
 use crate::error::Result;
@@ -110,13 +110,13 @@ pub(crate) unsafe fn set_access(
     })
 }
 
-/// Export an allocation as a POSIX file descriptor (`cuMemExportToShareableHandle`); the
-/// caller owns the descriptor returned (it may be negative if the driver misbehaves: check).
+/// Export an allocation as a POSIX file descriptor (`cuMemExportToShareableHandle`), owned
+/// by the caller (a negative one is an error: [`owned_fd`](super::owned_fd)).
 ///
 /// # Safety
 ///
 /// `handle` is a live allocation handle created with the POSIX-fd handle type requested.
-pub(crate) unsafe fn export_fd(handle: sys::CUmemGenericAllocationHandle) -> Result<c_int> {
+pub(crate) unsafe fn export_fd(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
     let mut fd: c_int = -1;
     // SAFETY: writes one int, the POSIX-fd shareable type; the handle is the caller's duty.
     unsafe {
@@ -126,7 +126,8 @@ pub(crate) unsafe fn export_fd(handle: sys::CUmemGenericAllocationHandle) -> Res
             sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         )
     }?;
-    Ok(fd)
+    // SAFETY: the driver opened this descriptor for us just now.
+    unsafe { super::owned_fd("cuMemExportToShareableHandle", fd) }
 }
 
 /// Export an allocation as `handle_type` into `shareable` (`cuMemExportToShareableHandle`).
