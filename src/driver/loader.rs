@@ -35,24 +35,34 @@ pub(crate) struct LoadFailure {
 static DRIVER: OnceLock<Result<Loaded, LoadFailure>> = OnceLock::new();
 
 fn load() -> Result<Loaded, LoadFailure> {
-    let names: Vec<String> = match std::env::var(LIBRARY_ENV) {
+    let (library, path) = open_first(LIBRARY_ENV, &DEFAULT_LIBRARIES)?;
+    let api = super::sys::Api::resolve(&library);
+    Ok(Loaded {
+        _library: library,
+        api,
+        path,
+    })
+}
+
+/// Open a shared library the way this crate loads its run-time dependencies (the driver,
+/// NCCL): the path in the environment variable `env` if it is set and not empty, else each of
+/// `defaults` in turn; the first that opens, and its name, or every name tried with what
+/// `dlopen` said. The caller keeps the library open for the life of the process.
+pub(crate) fn open_first(
+    env: &str,
+    defaults: &[&str],
+) -> Result<(libloading::Library, String), LoadFailure> {
+    let names: Vec<String> = match std::env::var(env) {
         Ok(path) if !path.is_empty() => vec![path],
-        _ => DEFAULT_LIBRARIES.iter().map(|s| (*s).to_owned()).collect(),
+        _ => defaults.iter().map(|s| (*s).to_owned()).collect(),
     };
     let mut reasons = Vec::new();
-    for name in &names {
-        // SAFETY: loading the CUDA driver library runs its initialisers, which have no
-        // preconditions on the caller (they are what any program linking libcuda runs at
-        // start-up); the library is never unloaded, so symbols resolved from it stay valid.
+    for name in names.iter() {
+        // SAFETY: loading the CUDA driver or NCCL runs its initialisers, which have no
+        // preconditions on the caller (they are what any program linking the library runs at
+        // start-up); the caller never unloads it, so symbols resolved from it stay valid.
         match unsafe { libloading::Library::new(name.as_str()) } {
-            Ok(library) => {
-                let api = super::sys::Api::resolve(&library);
-                return Ok(Loaded {
-                    _library: library,
-                    api,
-                    path: name.clone(),
-                });
-            }
+            Ok(library) => return Ok((library, name.clone())),
             Err(e) => {
                 // libloading keeps dlerror's text as the source.
                 let detail =

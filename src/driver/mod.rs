@@ -11,7 +11,7 @@ pub(crate) mod ctx;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod ipc;
-mod loader;
+pub(crate) mod loader;
 pub(crate) mod mem;
 pub(crate) mod pool;
 pub(crate) mod stream;

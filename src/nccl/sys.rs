@@ -130,11 +130,7 @@ pub(crate) struct Loaded {
 }
 
 /// Why NCCL could not be loaded: each name tried, and what `dlopen` said.
-#[derive(Clone, Debug)]
-pub(crate) struct LoadFailure {
-    pub(crate) tried: String,
-    pub(crate) reason: String,
-}
+pub(crate) use crate::driver::loader::LoadFailure;
 
 static NCCL: OnceLock<Result<Loaded, LoadFailure>> = OnceLock::new();
 
@@ -144,33 +140,12 @@ pub(crate) fn library() -> Result<&'static Loaded, LoadFailure> {
 }
 
 fn load() -> Result<Loaded, LoadFailure> {
-    let names: Vec<String> = match std::env::var(LIBRARY_ENV) {
-        Ok(path) if !path.is_empty() => vec![path],
-        _ => DEFAULT_LIBRARIES.iter().map(|s| (*s).to_owned()).collect(),
-    };
-    let mut reasons = Vec::new();
-    for name in &names {
-        // SAFETY: loading NCCL runs its initialisers, which have no preconditions on the
-        // caller (what any program linking libnccl runs at start-up); it is never unloaded.
-        match unsafe { libloading::Library::new(name.as_str()) } {
-            Ok(library) => {
-                let api = Api::resolve(&library);
-                return Ok(Loaded {
-                    _library: library,
-                    api,
-                    path: name.clone(),
-                });
-            }
-            Err(e) => {
-                let detail =
-                    std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
-                reasons.push(format!("{name}: {e}{detail}"));
-            }
-        }
-    }
-    Err(LoadFailure {
-        tried: names.join(", "),
-        reason: reasons.join("; "),
+    let (library, path) = crate::driver::loader::open_first(LIBRARY_ENV, &DEFAULT_LIBRARIES)?;
+    let api = Api::resolve(&library);
+    Ok(Loaded {
+        _library: library,
+        api,
+        path,
     })
 }
 
