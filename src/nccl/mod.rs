@@ -382,18 +382,17 @@ impl Communicator {
         peer: u32,
         stream: &impl AsStream,
     ) -> Result<()> {
-        self.check_peer("Communicator::send", peer)?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: the buffer is the caller's duty; the communicator is live (not aborted).
-        let rc = call!(ncclSend(
-            ptr as usize as *const std::ffi::c_void,
-            bytes,
-            sys::NCCL_UINT8,
-            peer as c_int,
-            self.comm,
-            stream.as_cu_stream()
-        ));
-        self.enqueued("ncclSend", rc)
+        // SAFETY: the buffer is the caller's duty (forwarded); the communicator is live.
+        self.point_to_point("Communicator::send", "ncclSend", peer, |peer, comm| {
+            Ok(call!(ncclSend(
+                ptr as usize as *const std::ffi::c_void,
+                bytes,
+                sys::NCCL_UINT8,
+                peer,
+                comm,
+                stream.as_cu_stream()
+            )))
+        })
     }
 
     /// Enqueue a receive of `bytes` bytes into device address `ptr` from rank `peer` on
@@ -415,18 +414,17 @@ impl Communicator {
         peer: u32,
         stream: &impl AsStream,
     ) -> Result<()> {
-        self.check_peer("Communicator::recv", peer)?;
-        let _g = self.ctx.enter()?;
-        // SAFETY: the buffer is the caller's duty; the communicator is live (not aborted).
-        let rc = call!(ncclRecv(
-            ptr as usize as *mut std::ffi::c_void,
-            bytes,
-            sys::NCCL_UINT8,
-            peer as c_int,
-            self.comm,
-            stream.as_cu_stream()
-        ));
-        self.enqueued("ncclRecv", rc)
+        // SAFETY: the buffer is the caller's duty (forwarded); the communicator is live.
+        self.point_to_point("Communicator::recv", "ncclRecv", peer, |peer, comm| {
+            Ok(call!(ncclRecv(
+                ptr as usize as *mut std::ffi::c_void,
+                bytes,
+                sys::NCCL_UINT8,
+                peer,
+                comm,
+                stream.as_cu_stream()
+            )))
+        })
     }
 
     /// Run `f` between `ncclGroupStart` and `ncclGroupEnd`: its sends and receives are
@@ -559,6 +557,22 @@ impl Communicator {
                 Err(e)
             }
         }
+    }
+
+    /// What [`send`](Self::send) and [`recv`](Self::recv) share: the peer checked, the
+    /// context current, `enqueue(peer, comm)` called (the one NCCL call), its result settled as
+    /// [`enqueued`](Self::enqueued) does.
+    fn point_to_point(
+        &self,
+        call_name: &'static str,
+        nccl_call: &'static str,
+        peer: u32,
+        enqueue: impl FnOnce(c_int, sys::NcclComm) -> Result<sys::NcclResult>,
+    ) -> Result<()> {
+        self.check_peer(call_name, peer)?;
+        let _g = self.ctx.enter()?;
+        let rc = enqueue(peer as c_int, self.comm)?;
+        self.enqueued(nccl_call, rc)
     }
 
     fn check_peer(&self, call_name: &'static str, peer: u32) -> Result<()> {
