@@ -244,6 +244,38 @@ impl GpuContext {
         driver::mem_info()
     }
 
+    /// Block until every stream of this context — this crate's, PyTorch's, cust's, cudarc's,
+    /// the legacy default stream — has finished the work queued on it before the call
+    /// (`cuCtxSynchronize`). Work queued by other threads while it waits is not waited for.
+    ///
+    /// This is how to know that no kernel or copy still touches a buffer before dropping it
+    /// when the work went on streams the caller cannot name (see
+    /// [asynchronous work](crate::GpuSlice#asynchronous-work)). It has no time-out: a stream
+    /// waiting on the GPU for a value nobody writes keeps it waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuCtxSynchronize` — a queued kernel's fault (e.g.
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`) is reported here, and leaves the context unusable;
+    /// [`Error::InvalidState`] in a forked child (the context is its parent's).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::GpuContext;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// // ... kernels launched on any stream of the context ...
+    /// ctx.synchronize()?; // every one of them has finished
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuCtxSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        let _g = self.enter()?;
+        driver::ctx::synchronize()
+    }
+
     /// Let this context access memory of `peer`'s device (`cuCtxEnablePeerAccess`); already
     /// enabled is success.
     ///

@@ -34,7 +34,8 @@ use crate::stream::AsStream;
 /// slice's owner does not track that work, and dropping it (unmapping an import, freeing an
 /// export, giving an arena block back) does not wait for it. That is why they are `unsafe`:
 /// the caller keeps the owner alive until the work has completed (synchronise the stream, or an
-/// event recorded after the work, before dropping).
+/// event recorded after the work, before dropping; [`GpuContext::synchronize`](crate::GpuContext::synchronize)
+/// when the work went on streams the caller cannot name).
 ///
 /// `GpuSlice<T>` is `Send` and `Sync` (a device address and a context handle).
 ///

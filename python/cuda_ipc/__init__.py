@@ -6,6 +6,9 @@ arena once (``Socket.recv_arena``, read-only if asked) and opens every tensor wi
 ``ImportedArena.open`` — no driver call, microseconds each. Tensors go to PyTorch, CuPy or JAX
 with no copy (``torch.from_dlpack(t)``, ``cupy.asarray(t)``). Handles are typed, checksummed
 bytes (no pickle); every error is a :class:`CudaIpcError` subclass that keeps the reason.
+Dropping a tensor never unmaps or frees memory under queued GPU work: its memory is given back
+once the device has finished what was queued before the drop (:func:`wait_released` waits for
+that).
 
 A GPU channel (:class:`Sender`, :class:`Receiver`) streams slots of bytes from one process to
 another (or to up to 8), ordered on the GPU with no host synchronize, each item with a header
@@ -37,7 +40,9 @@ from ._native import (
     Timeout,
     TooManyImporters,
     connect,
+    leaked_releases,
     reclaim_stale_lease_tables,
+    wait_released,
 )
 
 __all__ = [
@@ -61,9 +66,18 @@ __all__ = [
     "Timeout",
     "TooManyImporters",
     "connect",
+    "leaked_releases",
     "reclaim_stale_lease_tables",
+    "wait_released",
 ]
+import atexit as _atexit  # noqa: E402
+
+from . import _native  # noqa: E402
 from . import shared_weights, weights  # noqa: E402  (they need torch only when used)
+
+# Tensors' memory is given back after the GPU's queued work (see `wait_released`): at exit,
+# let what is queued (and what finalisation drops) be released before the process ends.
+_atexit.register(_native.exiting)
 
 __all__ += ["shared_weights", "weights"]
 __version__ = "0.2.0"

@@ -32,7 +32,13 @@ class Context:
     def device(self) -> int: ...
 
 class Tensor:
-    """A tensor in an arena: the owner's, or a view of another process's (no copy)."""
+    """A tensor in an arena: the owner's, or a view of another process's (no copy); another
+    process's tensor (``Socket.recv_tensor``); a channel slot.
+
+    Dropping the last reference to it (this object, a DLPack capsule, the torch/CuPy tensor
+    made of it) never unmaps or frees the memory under GPU work queued on it: the memory is
+    given back once the device has finished everything queued before the drop, on any stream
+    (``wait_released`` waits for that). A slot's memory is its channel end's."""
 
     @property
     def shape(self) -> Tuple[int, ...]: ...
@@ -186,3 +192,18 @@ class Socket:
 def connect(socket_name: str, timeout: float = 30.0) -> Socket: ...
 def reclaim_stale_lease_tables() -> int:
     """Remove the shared-memory tables dead exporters left behind; how many."""
+
+def wait_released(timeout: float = 10.0) -> bool:
+    """Wait (at most ``timeout`` seconds) until the memory of every tensor dropped so far is
+    given back — after the GPU finished the work queued before each drop. ``True`` if it was,
+    ``False`` if the time ran out first (a stream still busy, or waiting on the GPU for a peer).
+    Dropping never waits; call this where the release must be seen (device memory counted, a
+    freed arena tensor's handle refused, ``/dev/shm`` names gone). At exit it is waited for
+    (at most 5 s)."""
+
+def leaked_releases() -> int:
+    """Releases given up because the device's synchronisation failed (a queued kernel
+    faulted and the context is unusable): their memory stays mapped until the process exits."""
+
+def exiting() -> None:
+    """The package's ``atexit`` hook (see ``wait_released``); not for direct use."""

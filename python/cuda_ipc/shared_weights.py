@@ -260,8 +260,10 @@ class SharedWeightReceiver:
     def close(self, timeout: float = 30.0) -> None:
         """Close the receiver (the trainer's next ``update`` raises ``ChannelClosed``) and let
         go of the trainer's tensors, once the device has finished every copy out of them (a
-        device-wide synchronize: a pull's copies may be on any stream). Close a receiver before
-        dropping it while a pull may be in flight: dropping unmaps the trainer's memory."""
+        device-wide synchronize: a pull's copies may be on any stream). A receiver dropped
+        without ``close`` is safe too: the trainer's memory is unmapped only after the GPU has
+        finished the copies queued on it (see ``cuda_ipc.wait_released``); ``close`` tells the
+        trainer at once."""
         self._plan = None
         self._rx.close(timeout)
         _synchronize()

@@ -12,7 +12,8 @@
 //! A slot's tensor keeps the channel end alive (its memory stays mapped) as long as it or a
 //! tensor made of it lives; `close` refuses while one does, rather than unmap memory a tensor
 //! still points at. Using a slot's tensor after its item was sent (or released) is a data race
-//! on the GPU with the other process — wrong data, never a fault.
+//! on the GPU with the other process — wrong data — and work the end does not track: it must
+//! be finished before the end closes (or drops with the last tensor of it), which unmaps.
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;

@@ -9,11 +9,13 @@
 //! call. A GPU channel ([`channel::Sender`], [`channel::Receiver`]): slots of bytes streamed
 //! between two processes (or to up to 8 consumers), ordered on the GPU, each item with a small
 //! host-readable header — what `cuda_ipc.weights` syncs a model's weights through. Tensors go to PyTorch, CuPy or JAX with no copy through DLPack (`__dlpack__`) and
-//! `__cuda_array_interface__`. Every error of the crate is a Python exception of a matching
+//! `__cuda_array_interface__`; the memory behind a dropped tensor is given back only after
+//! the GPU's queued work ([`release`]). Every error of the crate is a Python exception of a matching
 //! class that keeps the crate's reason (`str(e)`) and, where there is one, the peer's pid.
 
 mod channel;
 mod errors;
+mod release;
 mod socket;
 mod tensor;
 
@@ -72,6 +74,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<socket::Socket>()?;
     m.add_function(wrap_pyfunction!(socket::connect, m)?)?;
     m.add_function(wrap_pyfunction!(reclaim_stale_lease_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(release::wait_released, m)?)?;
+    m.add_function(wrap_pyfunction!(release::leaked_releases, m)?)?;
+    m.add_function(wrap_pyfunction!(release::exiting, m)?)?;
     errors::register(m)?;
     Ok(())
 }

@@ -117,6 +117,7 @@ impl Socket {
             .map_err(to_py)?;
         Ok(ImportedArena {
             arena,
+            ctx: ctx.ctx.clone(),
             device: ctx.ctx.ordinal(),
         })
     }

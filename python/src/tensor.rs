@@ -9,6 +9,7 @@
 //! so forged bytes are `CorruptHandle`, never a view past the buffer.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -331,12 +332,13 @@ pub(crate) fn recv_foreign(
     let (buffer, meta) = buffer?;
     let (dtype, shape) = parse_tail(&meta, buffer.len())?;
     Ok(Tensor {
-        inner: Arc::new(Inner {
-            memory: Memory::Foreign(buffer),
+        inner: Inner::new(
+            Memory::Foreign(buffer),
+            Some(ctx.clone()),
             dtype,
             shape,
-            device: ctx.ordinal(),
-        }),
+            ctx.ordinal(),
+        ),
     })
 }
 
@@ -359,15 +361,50 @@ enum Memory {
 }
 
 struct Inner {
-    memory: Memory,
+    /// Taken (once) by `drop`.
+    memory: ManuallyDrop<Memory>,
+    /// The context whose queued work the memory's release waits for (`crate::release`);
+    /// `None` for a channel slot, whose end tracks its own work and outlives the tensor.
+    release_after: Option<cuda_ipc::GpuContext>,
     dtype: DType,
     shape: Vec<i64>,
     device: u32,
 }
 
 impl Inner {
+    fn new(
+        memory: Memory,
+        release_after: Option<cuda_ipc::GpuContext>,
+        dtype: DType,
+        shape: Vec<i64>,
+        device: u32,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            memory: ManuallyDrop::new(memory),
+            release_after,
+            dtype,
+            shape,
+            device,
+        })
+    }
+}
+
+impl Drop for Inner {
+    /// The last reference (a `Tensor`, a DLPack capsule, a consumer's tensor) went: give the
+    /// memory back once the GPU has finished what was queued on it (`crate::release`).
+    fn drop(&mut self) {
+        // SAFETY: `memory` is taken here only, once, and not used after.
+        let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
+        match &self.release_after {
+            Some(ctx) => crate::release::after_queued_work(ctx, memory),
+            None => drop(memory),
+        }
+    }
+}
+
+impl Inner {
     fn ptr(&self) -> u64 {
-        match &self.memory {
+        match &*self.memory {
             Memory::Owned(b) => b.as_raw_ptr(),
             Memory::View(v) => v.as_raw_ptr(),
             Memory::ReadOnly(v) => v.as_raw_ptr(),
@@ -377,7 +414,7 @@ impl Inner {
     }
 
     fn read_only(&self) -> bool {
-        matches!(self.memory, Memory::ReadOnly(_))
+        matches!(*self.memory, Memory::ReadOnly(_))
     }
 }
 
@@ -398,12 +435,13 @@ impl Tensor {
         end: Arc<dyn std::any::Any + Send + Sync>,
     ) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                memory: Memory::Slot { ptr, _end: end },
-                dtype: DType::U8,
-                shape: vec![nbytes as i64],
+            inner: Inner::new(
+                Memory::Slot { ptr, _end: end },
+                None,
+                DType::U8,
+                vec![nbytes as i64],
                 device,
-            }),
+            ),
         }
     }
 }
@@ -449,7 +487,7 @@ impl Tensor {
     /// The bytes another process opens this tensor with (`ImportedArena.open`): the arena
     /// handle, the dtype and the shape. Only the owner's tensors have one.
     fn handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let Memory::Owned(buffer) = &self.inner.memory else {
+        let Memory::Owned(buffer) = &*self.inner.memory else {
             return Err(PyTypeError::new_err(
                 "only an arena owner's tensors have a handle (a tensor opened from another \
                  process's arena, or a channel slot, has none): send the owner's",
@@ -535,7 +573,7 @@ impl Tensor {
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Arena {
     pub(crate) arena: cuda_ipc::arena::IpcArena,
-    device: u32,
+    ctx: cuda_ipc::GpuContext,
 }
 
 impl Arena {
@@ -556,12 +594,13 @@ impl Arena {
         }
         .map_err(to_py)?;
         Ok(Tensor {
-            inner: Arc::new(Inner {
-                memory: Memory::Owned(buffer),
+            inner: Inner::new(
+                Memory::Owned(buffer),
+                Some(self.ctx.clone()),
                 dtype,
                 shape,
-                device: self.device,
-            }),
+                self.ctx.ordinal(),
+            ),
         })
     }
 }
@@ -594,7 +633,7 @@ impl Arena {
         };
         Ok(Self {
             arena,
-            device: ctx.ctx.ordinal(),
+            ctx: ctx.ctx.clone(),
         })
     }
 
@@ -644,7 +683,7 @@ impl Arena {
         format!(
             "Arena(capacity={}, device={}, read_only_for_importers={})",
             self.arena.capacity(),
-            self.device,
+            self.ctx.ordinal(),
             self.arena.is_read_only_for_importers()
         )
     }
@@ -655,6 +694,7 @@ impl Arena {
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct ImportedArena {
     pub(crate) arena: Imported,
+    pub(crate) ctx: cuda_ipc::GpuContext,
     pub(crate) device: u32,
 }
 
@@ -682,12 +722,7 @@ impl ImportedArena {
             Imported::ReadOnly(a) => Memory::ReadOnly(a.open(&arena_handle).map_err(to_py)?),
         };
         Ok(Tensor {
-            inner: Arc::new(Inner {
-                memory,
-                dtype,
-                shape,
-                device: self.device,
-            }),
+            inner: Inner::new(memory, Some(self.ctx.clone()), dtype, shape, self.device),
         })
     }
 

@@ -105,7 +105,30 @@ def import_(name, exporter_dies):
         flush=True,
     )
     if exporter_dies != "dies":
+        print("RESULT " + json.dumps({"queued_drop": drop_with_work_queued(keep)}), flush=True)
         sock.send(b"done", T)
+
+
+def drop_with_work_queued(keep):
+    """Drop the last reference to the imported bf16 tensor while a copy of it waits behind a
+    ~150 ms kernel on another stream: the mapping must outlive the copy (the copy exact, no
+    fault), its release must wait for it, and then happen."""
+    tt, info = keep.pop(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(300_000_000)
+        copy = tt.clone()
+    del tt  # the last reference: its memory is unmapped once the GPU is done with it
+    waited = not cuda_ipc.wait_released(0.02)
+    side.synchronize()
+    torch.cuda.synchronize()
+    return {
+        "waited": waited,
+        "exact": digest(copy) == info["digest"],
+        "released": cuda_ipc.wait_released(30),
+        "leaked": cuda_ipc.leaked_releases(),
+    }
 
 
 if __name__ == "__main__":

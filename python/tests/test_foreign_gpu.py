@@ -2,8 +2,9 @@
 (issue 35 item 4): the caching allocator's blocks as legacy handles, expandable segments as one
 descriptor per chunk sent by the exporter itself — also to an importer in another pid
 namespace (`unshare --pid --fork --mount-proc`, as root), where PyTorch's own path (`pidfd_getfd`) fails.
-Every byte checked, writes seen both ways, and a killed exporter leaves the importer's mapped
-tensors intact."""
+Every byte checked, writes seen both ways, an imported tensor dropped with GPU work still queued
+on it unmapped only after that work (the work exact, no fault), and a killed exporter leaves the
+importer's mapped tensors intact."""
 
 import json
 import os
@@ -50,6 +51,11 @@ def run(mode, unshared=False, dies="lives"):
     assert importer.returncode == 0, importer.stderr
     imported = [json.loads(l[7:]) for l in importer.stdout.splitlines() if l.startswith("RESULT ")]
     exported = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
+    if dies == "lives":
+        # The last line: a tensor dropped with GPU work queued on it (foreign_peer.py).
+        assert len(imported) == 2, importer.stdout + importer.stderr
+        queued = imported.pop()["queued_drop"]
+        assert queued == {"waited": True, "exact": True, "released": True, "leaked": 0}, queued
     assert len(imported) == 1, importer.stdout + importer.stderr
     if dies == "dies":
         assert exporter.returncode == -9, err

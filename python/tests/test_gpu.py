@@ -3,7 +3,8 @@ this process, readers in others. A read-only import reads the owner's tensor thr
 torch.from_dlpack (and CuPy's __cuda_array_interface__) and its writes fault without touching
 the owner's data; a read-write import writes it; a read-write open of a read-only arena is
 refused; forged handles are CorruptHandle, a freed tensor's StaleHandle; a torch tensor made
-from a view keeps the mapping alive after the package's objects are gone; a killed owner or
+from a view keeps the mapping alive after the package's objects are gone; a tensor dropped with
+GPU work queued keeps its memory until the work is done; a killed owner or
 reader leaves the survivor a prompt error and nothing behind (device memory, /dev/shm)."""
 
 import pytest
@@ -34,6 +35,7 @@ def owner(role, read_only_for_importers=True, free_before_open=False):
         s.send(w.handle())
     if free_before_open:
         del view, w
+        assert cuda_ipc.wait_released(30)  # the range is given back after the GPU's work
         s.send(b"freed")
     elif role in ("reader", "writer", "scribbler", "keepalive"):
         assert s.recv(timeout=60) == b"done"
@@ -132,6 +134,34 @@ def free_memory():
     return torch.cuda.mem_get_info()[0]
 
 
+def test_an_arena_tensor_dropped_with_work_queued_keeps_its_range_until_the_work_is_done():
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    arena = cuda_ipc.Arena(ctx, 8 << 20)
+    w = arena.empty((1 << 20,), torch.int32)
+    first = w.data_ptr
+    view = torch.from_dlpack(w)
+    view.copy_(torch.arange(1 << 20, dtype=torch.int32, device="cuda"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(300_000_000)  # ~150 ms, then the copy of the tensor
+        copy = view.clone()
+    del view, w  # the last references, the copy still queued
+    # Not given back yet: a new tensor gets another range, and writing it cannot reach the copy.
+    assert not cuda_ipc.wait_released(0.02)
+    other = arena.zeros((1 << 20,), torch.int32)
+    assert other.data_ptr != first
+    torch.from_dlpack(other).fill_(-1)
+    side.synchronize()
+    assert torch.equal(copy, torch.arange(1 << 20, dtype=torch.int32, device="cuda"))
+    assert cuda_ipc.wait_released(30) and cuda_ipc.leaked_releases() == 0
+    # Given back now: the range is free again.
+    again = arena.empty((1 << 20,), torch.int32)
+    assert again.data_ptr == first
+
+
 def test_a_killed_owner_leaves_the_reader_its_tensor_a_prompt_error_and_no_leak():
     import gc
     import signal
@@ -161,6 +191,7 @@ def test_a_killed_owner_leaves_the_reader_its_tensor_a_prompt_error_and_no_leak(
     assert int(view.to(torch.int64).sum()) == EXPECTED
     del view, t, arena, s
     gc.collect()
+    assert cuda_ipc.wait_released(30)
     # Nothing left: the memory is freed once the last mapping goes, the owner's tables are
     # reclaimed (it could not unlink them), the device is back to where it was.
     cuda_ipc.reclaim_stale_lease_tables()
@@ -195,5 +226,6 @@ def test_a_killed_reader_is_reaped_and_the_owner_frees_everything():
     assert arena.collect() == 0
     del arena, s
     gc.collect()
+    assert cuda_ipc.wait_released(30)
     assert shm_names() <= shm_before, shm_names() - shm_before
     assert abs(free_memory() - free_before) <= 4 << 20

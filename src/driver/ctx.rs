@@ -83,6 +83,13 @@ pub(crate) fn current_device() -> Result<sys::CUdevice> {
     Ok(dev)
 }
 
+/// Block until every stream of the current context has finished the work queued on it so
+/// far (`cuCtxSynchronize`).
+pub(crate) fn synchronize() -> Result<()> {
+    // SAFETY: no arguments; without a current context, an error code.
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
 /// Let the current context access memory of `peer`'s device (`cuCtxEnablePeerAccess`);
 /// already enabled is success.
 ///

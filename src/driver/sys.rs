@@ -235,6 +235,7 @@ super::loader::driver_api! {
     fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
     fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
     fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
+    fn cuCtxSynchronize() -> CUresult;
     fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult;
 
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
