@@ -98,13 +98,24 @@ def test_a_mismatched_engine_is_refused_before_anything_is_copied(pair):
     assert len(ch.items) == 1, "the version is still there for a good pull"
 
 
-def test_a_trainer_tensor_that_moved_is_refused_at_its_update(pair):
+def test_a_trainer_tensor_that_moved_is_refused_on_both_ends(pair):
     src = model(3)
-    ch, _, tx, rx = pair(src)
+    ch, sock, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.update()
+    rx.pull_into(target)
     src["a.f32"].data = torch.zeros(1000)  # a new storage under the same Parameter-like name
+    # Published (the check runs while the engine copies), then refused on both ends.
     with pytest.raises(ValueError, match="a.f32: moved"):
         tx.update()
-    assert not ch.items, "nothing published"
+    assert len(ch.items) == 1 and len(sock.q) == 1
+    with pytest.raises(ValueError, match="refused version 2: a.f32: moved"):
+        rx.pull_into(target)
+    with pytest.raises(ValueError, match="publishes no more"):
+        tx.update()
+    with pytest.raises(ValueError, match="pulls no more"):
+        rx.pull_into(target)
+    assert not ch.items and not sock.q
 
 
 def test_forged_setups_and_headers_are_value_errors(pair, monkeypatch):
@@ -127,19 +138,38 @@ def test_forged_setups_and_headers_are_value_errors(pair, monkeypatch):
     ch.items.append((ch.bufs[0], 0, b"CISV\0\0\0\0" + struct.pack("<Q", 5)))
     with pytest.raises(ValueError, match="version 5 after 0"):
         rx.pull_into(target)
+    # Forged verdicts: another version, another magic, too short, too long, a confirmation
+    # with a tail.
+    for verdict, match in (
+        (b"CISC\0\0\0\0" + struct.pack("<Q", 7), "verdict on version 7"),
+        (b"CISQ\0\0\0\0" + struct.pack("<Q", 1), "magic"),
+        (b"CISC\0\0\0\0", "verdict of 8 bytes"),
+        (b"CISX\0\0\0\0" + struct.pack("<Q", 1) + b"x" * 1025, "verdict of 1041 bytes"),
+        (b"CISC\0\0\0\0" + struct.pack("<Q", 1) + b"x", "confirmation of 17 bytes"),
+    ):
+        ch, sock, tx, rx = pair(src)
+        ch.items.append((ch.bufs[0], 0, b"CISV\0\0\0\0" + struct.pack("<Q", 1)))
+        sock.q.append(verdict)
+        with pytest.raises(ValueError, match=match):
+            rx.pull_into(target)
 
 
 def test_a_parameter_rebound_to_new_memory_is_refused_when_its_state_dict_is_passed(pair):
     src = model(5)
     ch, _, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.update(state_dict=dict(src))
+    rx.pull_into(target)
     now = dict(src, **{"a.f32": torch.zeros(1000)})  # what model.state_dict() gives after p.data = ...
     with pytest.raises(ValueError, match="a.f32: moved"):
         tx.update(state_dict=now)
+    with pytest.raises(ValueError, match="a.f32: moved"):
+        rx.pull_into(target)
+    ch, _, tx, rx = pair(src)
     with pytest.raises(ValueError, match="a.i64: shared, and not in the state_dict"):
         tx.update(state_dict={n: t for n, t in src.items() if n != "a.i64"})
-    assert not ch.items
-    tx.update(state_dict=dict(src))
-    assert len(ch.items) == 1
+    with pytest.raises(ValueError, match="a.i64: shared, and not in the state_dict"):
+        rx.pull_into(target)
 
 
 def test_a_new_dict_of_the_same_tensors_reuses_the_copies_and_new_tensors_are_checked(pair):
