@@ -41,6 +41,34 @@ before its first pull into those tensors (and whenever they are other tensor obj
 dying is an exception in the other (``PeerGone``); the engine's mappings of the trainer's
 tensors keep virtual memory (expandable segments) alive after the trainer's death; a dead
 trainer's legacy handles are never read after its death is seen (the pull fails first).
+
+Where either side can die (SIGKILL, a crash; a forked child acts for neither: its copies of the
+channel ends and the socket are its parent's, and the package's objects refuse use there) and
+what the other then sees:
+
+=========================================  =================================================
+trainer dies ...                            engine
+=========================================  =================================================
+before publishing version v                 ``pull_into`` of v: ``PeerGone`` (role
+                                            ``exporter``), within the channel's death check
+after publishing v, before its verdict      ``pull_into`` of v: its copies are enqueued, then
+                                            the verdict's receive is ``PeerClosed`` (the
+                                            socket's end-of-file); the next is ``PeerGone``
+after the verdict                           ``pull_into`` of v returns; the next is
+                                            ``PeerGone``
+=========================================  =================================================
+
+=========================================  =================================================
+engine dies ...                             trainer
+=========================================  =================================================
+before or during ``pull_into`` of v         ``update`` v + 1 waits for v's slot: ``PeerGone``
+                                            (role ``importer``); if v's verdict could not be
+                                            sent (the socket's ``EPIPE``), ``update`` v is
+                                            ``PeerClosed`` instead
+with v's copies in flight                   as above; the trainer's stream holds no wait
+                                            for v's release (``update`` v + 1 fails on the
+                                            host before it would enqueue one)
+=========================================  =================================================
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The two processes of test_shared_weights_gpu.py. `trainer NAME SYNCS DIE_AFTER` shares a mixed
 model with cuda_ipc.shared_weights and publishes SYNCS versions (each adds its number to the
-floating tensors), SIGKILLing itself right after version DIE_AFTER when that is not 0;
+floating tensors), SIGKILLing itself right after version DIE_AFTER when that is not 0 (with
+SW_DIE_BEFORE_VERDICT set: after publishing it, before sending its verdict);
 `engine NAME SYNCS DIE_AFTER` pulls each and checks it bit for bit, SIGKILLing itself right
 after enqueueing pull DIE_AFTER. Both print RESULT lines: `ok K`, `wrong K NAMES`,
 `gone CLASS ROLE MONOTONIC`, `killing MONOTONIC`, `done`."""
@@ -57,8 +58,14 @@ def trainer(name, syncs, die_after):
     result("listening")
     peer = listener.accept(T)
     tx = SharedWeightSender(ctx, sd, peer)
+    check = tx._moved
     try:
         for k in range(1, syncs + 1):
+            if k == die_after and os.environ.get("SW_DIE_BEFORE_VERDICT"):
+                # Published, its verdict not yet sent: die where the check would run.
+                tx._moved = lambda state_dict: (torch.cuda.synchronize(), die())
+            else:
+                tx._moved = check
             tx.update(lambda: step(sd, k), timeout=T)
             if k == die_after:
                 torch.cuda.synchronize()

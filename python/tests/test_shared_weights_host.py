@@ -185,3 +185,24 @@ def test_a_new_dict_of_the_same_tensors_reuses_the_copies_and_new_tensors_are_ch
     tx.update()
     with pytest.raises(ValueError, match="a.f32"):
         rx.pull_into(dict(target, **{"a.f32": torch.zeros(7)}))
+
+
+def test_a_trainer_gone_between_publishing_and_its_verdict_is_an_error_in_the_pull(pair):
+    """The interleaving of a trainer SIGKILLed after publishing a version, before its verdict
+    (the GPU test kills a real one there): the engine's pull enqueues the copies, then its
+    socket says the peer closed."""
+    import cuda_ipc
+
+    src = model(7)
+    ch, sock, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.update()
+    sock.q.clear()  # the verdict never came
+
+    def closed(timeout=30.0):
+        raise cuda_ipc.PeerClosed("the peer closed the connection")
+
+    sock.recv = closed
+    with pytest.raises(cuda_ipc.PeerClosed):
+        rx.pull_into(target)
+    assert not ch.items, "the item was taken (and released)"
