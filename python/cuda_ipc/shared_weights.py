@@ -62,9 +62,9 @@ after the verdict                           ``pull_into`` of v returns; the next
 engine dies ...                             trainer
 =========================================  =================================================
 before or during ``pull_into`` of v         ``update`` v + 1 waits for v's slot: ``PeerGone``
-                                            (role ``importer``); if v's verdict could not be
-                                            sent (the socket's ``EPIPE``), ``update`` v is
-                                            ``PeerClosed`` instead
+                                            (role ``importer``); a verdict its socket refused
+                                            (``EPIPE``) is not ``update`` v's error (a second
+                                            in a row is ``PeerClosed``)
 with v's copies in flight                   as above; the trainer's stream holds no wait
                                             for v's release (``update`` v + 1 fails on the
                                             host before it would enqueue one)
@@ -77,7 +77,7 @@ import operator
 import struct
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ._native import Receiver, Sender
+from ._native import PeerClosed, Receiver, Sender
 from .weights import (
     SyncStats,
     _copy,
@@ -139,6 +139,8 @@ class SharedWeightSender:
         self._version = 0
         #: Why this sender publishes no more (a shared tensor moved), once one did.
         self._refused: Optional[str] = None
+        #: The last verdict could not be sent (see `_send_verdict`).
+        self._verdict_lost = False
 
     @property
     def version(self) -> int:
@@ -175,12 +177,25 @@ class SharedWeightSender:
         # Checked while the engine's copies run; the engine's pull waits for the verdict.
         moved = self._moved(state_dict)
         if moved is None:
-            self._peer.send(_VERDICT.pack(_CONFIRMED, version), timeout)
+            self._send_verdict(_VERDICT.pack(_CONFIRMED, version), timeout)
             return version
         self._refused = moved
         reason = moved.encode()[:_MAX_REASON]
-        self._peer.send(_VERDICT.pack(_REFUSED, version) + reason, timeout)
+        self._send_verdict(_VERDICT.pack(_REFUSED, version) + reason, timeout)
         raise ValueError(moved)
+
+    def _send_verdict(self, verdict: bytes, timeout: float) -> None:
+        """Send a verdict. One the engine's socket refuses (``PeerClosed``) is not this
+        update's error: the engine died — the next ``update`` is ``PeerGone``, which names it —
+        or closed the socket, and its pull failed on its own; a second in a row is raised."""
+        try:
+            self._peer.send(verdict, timeout)
+        except PeerClosed:
+            if self._verdict_lost:
+                raise
+            self._verdict_lost = True
+        else:
+            self._verdict_lost = False
 
     def _moved(self, state_dict) -> Optional[str]:
         """Why a shared tensor is not where the engine reads it, if one is not: every shared

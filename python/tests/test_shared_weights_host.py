@@ -206,3 +206,23 @@ def test_a_trainer_gone_between_publishing_and_its_verdict_is_an_error_in_the_pu
     with pytest.raises(cuda_ipc.PeerClosed):
         rx.pull_into(target)
     assert not ch.items, "the item was taken (and released)"
+
+
+def test_a_verdict_the_socket_refuses_is_not_that_updates_error_but_two_in_a_row_are(pair):
+    """An engine SIGKILLed after its pull returned: the trainer's next update publishes into
+    the free slot and its verdict meets a closed socket — not that update's error (the one
+    after it waits for the dead engine's release: PeerGone); a live engine that closed its
+    socket makes the next verdict fail too, and that one is raised."""
+    import cuda_ipc
+
+    src = model(8)
+    ch, sock, tx, rx = pair(src)
+
+    def closed(payload, timeout=30.0):
+        raise cuda_ipc.PeerClosed("the peer closed the connection")
+
+    sock.send = closed
+    assert tx.update() == 1
+    ch.items.clear()  # (the fake ring has no back-pressure: let the next one publish)
+    with pytest.raises(cuda_ipc.PeerClosed):
+        tx.update()
