@@ -183,6 +183,9 @@ def test_a_new_dict_of_the_same_tensors_reuses_the_copies_and_new_tensors_are_ch
     rx.pull_into(dict(target))
     assert rx._plan is plan, "same objects: no new plan"
     tx.update()
+    rx.pull_into(dict(reversed(list(target.items())), extra=torch.zeros(3)))
+    assert rx._plan is plan, "same objects in another order, among others: no new plan"
+    tx.update()
     with pytest.raises(ValueError, match="a.f32"):
         rx.pull_into(dict(target, **{"a.f32": torch.zeros(7)}))
 
