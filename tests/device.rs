@@ -240,3 +240,50 @@ fn a_context_of_a_device_that_does_not_exist_is_refused() {
     // The GPUs that exist still work afterwards.
     GpuContext::new(n - 1).unwrap();
 }
+
+/// `GpuContext::synchronize` waits for work on a stream it was never told of: sixteen 1 GiB
+/// copies queued on a non-blocking stream of the context are still running right after they
+/// were queued, and done when it returns.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn synchronize_waits_for_every_stream_of_the_context() {
+    use cuda_ipc::driver::sys;
+    const BYTES: usize = 1 << 30;
+    let ctx = common::gpu();
+    ctx.make_current().unwrap();
+    let ok = |call: &str, rc: sys::CUresult| assert_eq!(rc, sys::CUDA_SUCCESS, "{call}");
+    let (mut a, mut b, mut s) = (0, 0, std::ptr::null_mut());
+    // SAFETY: two new allocations and a new stream of the current context; the copies stay
+    // within both allocations, which are freed only after the synchronize.
+    let (before, after) = unsafe {
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut a, BYTES));
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut b, BYTES));
+        ok(
+            "cuStreamCreate",
+            sys::cuStreamCreate(&mut s, sys::CU_STREAM_NON_BLOCKING),
+        );
+        for _ in 0..16 {
+            ok(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(b, a, BYTES, s),
+            );
+        }
+        let before = sys::cuStreamQuery(s);
+        ctx.synchronize().unwrap();
+        let after = sys::cuStreamQuery(s);
+        ok("cuStreamDestroy", sys::cuStreamDestroy_v2(s));
+        ok("cuMemFree", sys::cuMemFree_v2(a));
+        ok("cuMemFree", sys::cuMemFree_v2(b));
+        (before, after)
+    };
+    assert_eq!(
+        before,
+        sys::CUDA_ERROR_NOT_READY,
+        "the copies were still queued"
+    );
+    assert_eq!(
+        after,
+        sys::CUDA_SUCCESS,
+        "and done once synchronize returned"
+    );
+}

@@ -301,6 +301,7 @@ super::loader::driver_api! {
     fn cuEventSynchronize(event: CUevent) -> CUresult;
     fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
     fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    fn cuStreamQuery(stream: CUstream) -> CUresult;
     fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
     fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
     /// CUDA 12.0+: an id unique to the stream for the process's life (never reused, unlike
