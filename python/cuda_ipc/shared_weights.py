@@ -42,9 +42,10 @@ dying is an exception in the other (``PeerGone``); the engine's mappings of the 
 tensors keep virtual memory (expandable segments) alive after the trainer's death; a dead
 trainer's legacy handles are never read after its death is seen (the pull fails first).
 
-Where either side can die (SIGKILL, a crash; a forked child acts for neither: its copies of the
-channel ends and the socket are its parent's, and the package's objects refuse use there) and
-what the other then sees:
+Where either side can die (SIGKILL, a crash) and what the other then sees. A forked child acts
+for neither: the channel ends it inherits refuse use there (their context is the parent's);
+the socket is an ordinary descriptor, which a child must leave to its parent (a verdict read
+or sent by it would be taken from or added to the pair's stream).
 
 =========================================  =================================================
 trainer dies ...                            engine
