@@ -59,6 +59,11 @@ after the verdict                           ``pull_into`` of v returns; the next
                                             ``PeerGone``
 =========================================  =================================================
 
+A trainer killed after publishing v on the host but before its GPU wrote v's signal leaves the
+stream of the pull of v waiting on the GPU (the channel's rule: its host waits notice a dead
+peer, a GPU wait cannot): after either exception, ``close`` the receiver — it releases that
+wait and then synchronises — before using that stream again.
+
 =========================================  =================================================
 engine dies ...                             trainer
 =========================================  =================================================
