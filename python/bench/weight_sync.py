@@ -79,6 +79,19 @@ def buckets_b(sd):
     return out
 
 
+def connect_when_listening(name, within=120.0):
+    """Connect to the trainer's listener, retrying until it listens (``cuda_ipc.connect``
+    fails at once while nobody does), at most ``within`` seconds."""
+    import cuda_ipc
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return cuda_ipc.connect(name, timeout=5)
+        except cuda_ipc.CudaIpcError:
+            assert time.monotonic() < deadline
+
+
 def sync_time(fn):
     torch.cuda.synchronize()
     t = time.monotonic()
@@ -215,13 +228,7 @@ def engine(method, big, small, repeat, name):
         from cuda_ipc.shared_weights import SharedWeightReceiver
 
         ctx = cuda_ipc.Context(0)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                peer = cuda_ipc.connect(name, timeout=5)
-                break
-            except cuda_ipc.CudaIpcError:
-                assert time.monotonic() < deadline
+        peer = connect_when_listening(name)
         if method == "c":
             rx = W.WeightReceiver(ctx, peer.recv(timeout=120))
         else:
