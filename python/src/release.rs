@@ -27,7 +27,7 @@
 //!   it made; a process whose GPU work never finishes exits without them, as if killed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -40,15 +40,16 @@ struct Queue {
     pending: Vec<(cuda_ipc::GpuContext, Held)>,
     /// The thread is releasing a batch taken from `pending`.
     busy: bool,
-    /// Releases given up because their synchronisation failed, leaked (see the module docs).
-    leaked: u64,
 }
 
 static QUEUE: Mutex<Queue> = Mutex::new(Queue {
     pending: Vec::new(),
     busy: false,
-    leaked: 0,
 });
+/// Releases given up because their synchronisation failed, leaked (see the module docs): an
+/// atomic, not a field of [`QUEUE`], so that reading it takes no lock (a forked child's copy of
+/// the lock may be held by a thread the child does not have).
+static LEAKED: AtomicU64 = AtomicU64::new(0);
 /// Signalled when `pending` gains an item.
 static MORE: Condvar = Condvar::new();
 /// Signalled when the thread has nothing pending and nothing in hand.
@@ -100,7 +101,7 @@ pub(crate) fn after_queued_work(ctx: &cuda_ipc::GpuContext, held: impl Send + 's
     }
     if !started.running {
         // No thread (the system refused one): synchronise here rather than release early.
-        release(vec![(ctx.clone(), Box::new(held))], &mut 0);
+        release(vec![(ctx.clone(), Box::new(held))]);
         return;
     }
     lock().pending.push((ctx.clone(), Box::new(held)));
@@ -129,15 +130,13 @@ fn run() {
             q.busy = true;
             std::mem::take(&mut q.pending)
         };
-        let mut leaked = 0;
-        release(batch, &mut leaked);
-        lock().leaked += leaked;
+        release(batch);
     }
 }
 
-/// Synchronise each context of `batch` once, then drop what it holds — or leak it, counting
-/// into `leaked`, where the synchronisation failed.
-fn release(batch: Vec<(cuda_ipc::GpuContext, Held)>, leaked: &mut u64) {
+/// Synchronise each context of `batch` once, then drop what it holds — or leak it, counted in
+/// [`LEAKED`], where the synchronisation failed.
+fn release(batch: Vec<(cuda_ipc::GpuContext, Held)>) {
     let mut settled: HashMap<usize, bool> = HashMap::new();
     for (ctx, held) in batch {
         let ok = *settled
@@ -147,7 +146,7 @@ fn release(batch: Vec<(cuda_ipc::GpuContext, Held)>, leaked: &mut u64) {
             drop(held);
         } else {
             std::mem::forget(held);
-            *leaked += 1;
+            LEAKED.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -192,10 +191,11 @@ pub(crate) fn wait_released(py: Python<'_>, timeout: f64) -> PyResult<bool> {
 }
 
 /// How many releases were given up because the device's synchronisation failed (a faulted
-/// context): their memory is kept, not unmapped, until the process exits.
+/// context): their memory is kept, not unmapped, until the process exits. Takes no lock (a
+/// forked child may call it too: it reads the count its parent had at the fork).
 #[pyfunction]
 pub(crate) fn leaked_releases() -> u64 {
-    lock().leaked
+    LEAKED.load(Ordering::Relaxed)
 }
 
 /// The interpreter is exiting (the package's `atexit` hook): wait for what is queued, and have
