@@ -10,13 +10,18 @@
     copy per byte, all in the engine's context), a channel item per version.
 
 Each is timed end to end: from the trainer's first call to the engine's weights complete on
-the GPU (both clocks are CLOCK_MONOTONIC, which processes share). Each has its floor: the same
+the GPU (both clocks are CLOCK_MONOTONIC, which processes share); (c)'s and (d)'s trainers
+report their start after the sync, (a)'s and (b)'s in the queue's first message (their engines
+need its count), and every engine waits for the trainer's first message when the sync starts. Each has its floor: the same
 copies, done in one process with no second process (for (c): the same multi-tensor pack and
 unpack of the same buckets; for (b): the same flatten and per-tensor unpack; for (a): one copy
-per tensor; for (d): the same multi-tensor copies, trainer's tensors to engine's). Per-bucket overhead = (end to end - floor) / buckets. Every run's weights are
-checked word for word on the engine.
+per tensor; for (d): the same multi-tensor copies, trainer's tensors to engine's). Per-bucket
+overhead = (end to end - floor) / buckets. (d) also times its floor's copies out of the
+trainer's memory once its syncs are done, the trainer alive and idle: the share of (d)'s time
+beyond the floor that one GPU charges for a second process holding a context. Every run's
+weights are checked word for word on the engine.
 
-    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 5] [--json out.json]
+    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 9] [--json out.json]
 """
 
 import argparse
@@ -201,11 +206,11 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry):
                 assert ctl.get() == "ack"
                 del bucket
         elif method == "c":
-            peer.send(repr(t0).encode())
             tx.send(src)
+            peer.send(repr(t0).encode())  # after the sync: the report is not timed
         else:
-            peer.send(repr(t0).encode())
             tx.update()  # the weights as they are: no step (the bench times the sync alone)
+            peer.send(repr(t0).encode())
     if method in "cd":
         tx.close(120)
     ctl.put("exit")
@@ -242,10 +247,10 @@ def engine(method, big, small, repeat, name):
         torch.cuda.synchronize()
         if method in "cd":
             peer.send(b"go")
-            t0 = float(peer.recv(timeout=120))
             stats = rx.recv_into(dst) if method == "c" else rx.pull_into(dst)
             torch.cuda.synchronize()
             t1 = time.monotonic()
+            t0 = float(peer.recv(timeout=120))
             buckets = stats.buckets
         else:
             back.put("go")
@@ -279,11 +284,20 @@ def engine(method, big, small, repeat, name):
             cold = t1 - t0
         if r >= WARM:
             times.append(t1 - t0)
+    peer_idle = None
+    if method == "d":
+        # The floor's copies again, out of the trainer's memory, with the trainer alive and
+        # idle (waiting in its close): what one GPU charges for a second process that merely
+        # holds a context, measured apart from the protocol.
+        groups = W._group([(dst[n], rx._sources[n]) for n in dst])
+        W._copy(groups)
+        peer_idle = statistics.median(sync_time(lambda: W._copy(groups)) for _ in range(repeat))
+        del groups
     if method in "cd":
         rx.close(60)  # the trainer's close waits for it
     assert ctl.get(timeout=300) == "exit"
     proc.join(120)
-    return statistics.median(times), min(times), buckets, cold
+    return statistics.median(times), min(times), buckets, cold, peer_idle
 
 
 def trainer_entry(method, big, small, repeat, back, data, name, ctl, geometry):
@@ -302,7 +316,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", type=int, default=1600)
     ap.add_argument("--small", type=int, default=400)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--methods", default="abcd")
     ap.add_argument("--bucket", type=int, default=512, help="MiB per bucket, (c) and its floor")
     ap.add_argument("--slots", type=int, default=4, help="(c)'s ring")
@@ -330,7 +344,9 @@ def main():
     }
     floors_of = {"a": floor["once"], "b": floor["flat"], "c": floor["multi"], "d": floor["direct"]}
     for m in args.methods:
-        med, best, buckets, cold = engine(m, args.big, args.small, args.repeat, f"cuda-ipc-bench-ws-{os.getpid()}")
+        med, best, buckets, cold, peer_idle = engine(
+            m, args.big, args.small, args.repeat, f"cuda-ipc-bench-ws-{os.getpid()}"
+        )
         res[m] = {
             "median_ms": med * 1e3,
             "min_ms": best * 1e3,
@@ -339,9 +355,15 @@ def main():
             "floor_ms": floors_of[m] * 1e3,
             "per_bucket_overhead_us": (med - floors_of[m]) / buckets * 1e6,
         }
+        if peer_idle is not None:
+            res[m]["floor_peer_idle_ms"] = peer_idle * 1e3
+            res[m]["beyond_floor_peer_idle_us"] = (med - peer_idle) * 1e6
         print(f"({m}) {med * 1e3:8.2f} ms median ({best * 1e3:.2f} min), {buckets} buckets/messages, "
               f"floor {floors_of[m] * 1e3:.2f} ms, overhead {(med - floors_of[m]) / buckets * 1e6:.1f} us each",
               flush=True)
+        if peer_idle is not None:
+            print(f"    the floor's copies with the trainer alive and idle: {peer_idle * 1e3:.2f} ms; "
+                  f"({m}) {(med - peer_idle) * 1e6:.0f} us beyond them", flush=True)
     if "a" in res and "c" in res:
         res["c_vs_a"] = res["a"]["median_ms"] / res["c"]["median_ms"]
     if "b" in res and "c" in res:

@@ -81,17 +81,17 @@ from __future__ import annotations
 
 import operator
 import struct
+from contextlib import nullcontext as _nullcontext
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ._native import PeerClosed, Receiver, Sender
 from .weights import (
     SyncStats,
     _copy,
-    _current_stream,
     _group,
-    _raw,
     _same_layout,
     _stream_context,
+    _stream_handle,
     _torch,
 )
 
@@ -167,18 +167,20 @@ class SharedWeightSender:
         (the engine's pull of this version raises too, and this sender publishes no more)."""
         if self._refused is not None:
             raise ValueError(f"this sender publishes no more ({self._refused})")
-        stream = _current_stream(stream)
         version = self._version + 1
+        header = _ITEM.pack(_ITEM_MAGIC, version)
+        raw = _stream_handle(stream)
+        if step is None:
+            self._tx.send(_nothing, header=header, stream=raw, timeout=timeout)
+        else:
 
-        def fill(slot):
-            if step is not None:
+            def fill(slot):
                 step()
-            return 0
+                return 0
 
-        with _stream_context(stream):
-            self._tx.send(
-                fill, header=_ITEM.pack(_ITEM_MAGIC, version), stream=_raw(stream), timeout=timeout
-            )
+            # `step` writes on `stream`: make it torch's current one (it is, unless passed).
+            with _stream_context(stream) if stream is not None else _nullcontext():
+                self._tx.send(fill, header=header, stream=raw, timeout=timeout)
         self._version = version
         # Checked while the engine's copies run; the engine's pull waits for the verdict.
         moved = self._moved(state_dict)
@@ -329,7 +331,7 @@ class SharedWeightReceiver:
         if self._refused is not None:
             raise ValueError(f"this receiver pulls no more ({self._refused})")
         _, groups, nbytes = self._check(weights)
-        stream = _current_stream(stream)
+        raw = _stream_handle(stream)
         last = self._version
 
         def use(item, header):
@@ -339,8 +341,9 @@ class SharedWeightReceiver:
             _copy(groups)
             return version
 
-        with _stream_context(stream):
-            version = self._rx.recv(use, stream=_raw(stream), timeout=timeout)
+        # The copies go to torch's current stream: `stream`'s, made current if it was passed.
+        with _stream_context(stream) if stream is not None else _nullcontext():
+            version = self._rx.recv(use, stream=raw, timeout=timeout)
         self._version = version
         verdict = self._peer.recv(timeout)
         if len(verdict) < _VERDICT.size or len(verdict) > _VERDICT.size + _MAX_REASON:
@@ -375,6 +378,11 @@ class SharedWeightReceiver:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _nothing(slot) -> int:
+    """A version's fill when there is no step: nothing written in the slot."""
+    return 0
 
 
 def _synchronize() -> None:

@@ -290,6 +290,19 @@ def _raw(stream) -> int:
     return stream.cuda_stream
 
 
+def _stream_handle(stream) -> int:
+    """The ``CUstream`` of ``stream``, or of torch's current stream if it is ``None`` — read
+    without making a ``torch.cuda.Stream`` (``torch._C._cuda_getCurrentRawStream``, what
+    torch's own generated code calls, where this torch has it: ~1 µs instead of ~8)."""
+    if stream is not None:
+        return _raw(stream)
+    torch = _torch()
+    current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if current is None:
+        return _raw(torch.cuda.current_stream())
+    return current(torch.cuda.current_device())
+
+
 class WeightSender:
     """The trainer's end: a channel of ``slots`` buckets of ``bucket_bytes`` bytes (one
     allocation, made once), for one engine or — with ``consumers`` > 1 — up to 8 (a broadcast:

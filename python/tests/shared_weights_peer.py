@@ -3,8 +3,12 @@ model with cuda_ipc.shared_weights and publishes SYNCS versions (each adds its n
 floating tensors), SIGKILLing itself right after version DIE_AFTER when that is not 0 (with
 SW_DIE_BEFORE_VERDICT set: after publishing it, before sending its verdict);
 `engine NAME SYNCS DIE_AFTER` pulls each and checks it bit for bit, SIGKILLing itself right
-after enqueueing pull DIE_AFTER. Both print RESULT lines: `ok K`, `wrong K NAMES`,
-`gone CLASS ROLE MONOTONIC`, `killing MONOTONIC`, `done`."""
+after enqueueing pull DIE_AFTER. With SW_STREAMS set, both sides keep their default stream
+busy (a ~0.5 s kernel before each version) and pass a side stream, `stream=` on odd versions and
+as torch's current stream (`with torch.cuda.stream`) on even ones: a step or a copy that went to
+the default stream instead would run after the version's hand-off (the engine reads old bytes)
+or not be done when the side stream is (`default busy` missing). Both print RESULT lines: `ok
+K`, `wrong K NAMES`, `gone CLASS ROLE MONOTONIC`, `killing MONOTONIC`, `done`."""
 
 import os
 import signal
@@ -17,6 +21,9 @@ import cuda_ipc
 from cuda_ipc.shared_weights import SharedWeightReceiver, SharedWeightSender
 
 T = 60.0
+#: SM cycles of the kernel that keeps a default stream busy (~0.5 s on an H200).
+BUSY = 1_000_000_000
+STREAMS = bool(os.environ.get("SW_STREAMS"))
 
 
 def result(line):
@@ -59,6 +66,7 @@ def trainer(name, syncs, die_after):
     peer = listener.accept(T)
     tx = SharedWeightSender(ctx, sd, peer)
     check = tx._moved
+    side = torch.cuda.Stream()
     try:
         for k in range(1, syncs + 1):
             if k == die_after and os.environ.get("SW_DIE_BEFORE_VERDICT"):
@@ -66,7 +74,15 @@ def trainer(name, syncs, die_after):
                 tx._moved = lambda state_dict: (torch.cuda.synchronize(), die())
             else:
                 tx._moved = check
-            tx.update(lambda: step(sd, k), timeout=T)
+            if STREAMS:
+                torch.cuda._sleep(BUSY)  # on the default stream: a step there would be late
+                if k % 2:
+                    tx.update(lambda: step(sd, k), stream=side, timeout=T)
+                else:
+                    with torch.cuda.stream(side):
+                        tx.update(lambda: step(sd, k), timeout=T)
+            else:
+                tx.update(lambda: step(sd, k), timeout=T)
             if k == die_after:
                 torch.cuda.synchronize()
                 die()
@@ -82,14 +98,32 @@ def engine(name, syncs, die_after):
     rx = SharedWeightReceiver(ctx, cuda_ipc.connect(name, T), timeout=T)
     target = {n: torch.zeros_like(t) for n, t in model().items()}
     want = model()
+    side = torch.cuda.Stream()
     try:
         for k in range(1, syncs + 1):
-            stats = rx.pull_into(target, timeout=T)
+            bad = []
+            if STREAMS:
+                torch.cuda._sleep(BUSY)  # on the default stream: copies there would be late
+                if k % 2:
+                    stats = rx.pull_into(target, stream=side, timeout=T)
+                else:
+                    with torch.cuda.stream(side):
+                        stats = rx.pull_into(target, timeout=T)
+                side.synchronize()
+                if torch.cuda.default_stream().query():
+                    bad.append("default stream idle: the check proves nothing")
+                # What the side stream's copies wrote, taken while the default stream is busy.
+                with torch.cuda.stream(side):
+                    snapshot = {n: t.clone() for n, t in target.items()}
+                side.synchronize()
+            else:
+                stats = rx.pull_into(target, timeout=T)
+                snapshot = target
             if k == die_after:
                 die()  # copies in flight
             torch.cuda.synchronize()
             step(want, k)
-            bad = [n for n in want if not torch.equal(want[n], target[n])]
+            bad += [n for n in want if not torch.equal(want[n], snapshot[n])]
             result(f"wrong {k} {bad[:3]}" if bad or stats.sync != k else f"ok {k}")
     except cuda_ipc.CudaIpcError as e:
         result(f"gone {type(e).__name__} {getattr(e, 'role', None)} {time.monotonic()}")

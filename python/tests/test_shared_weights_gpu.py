@@ -18,11 +18,14 @@ pytestmark = pytest.mark.gpu
 BOUND_S = 1.0
 
 
-def run(syncs, trainer_dies=0, engine_dies=0, expandable=False, before_verdict=False):
+def run(syncs, trainer_dies=0, engine_dies=0, expandable=False, before_verdict=False, streams=False):
     name = unique("shared-weights")
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("SW_DIE_BEFORE_VERDICT", None)
+    env.pop("SW_STREAMS", None)
+    if streams:
+        env["SW_STREAMS"] = "1"
     if before_verdict:
         env["SW_DIE_BEFORE_VERDICT"] = "1"
     if expandable:
@@ -53,6 +56,15 @@ def run(syncs, trainer_dies=0, engine_dies=0, expandable=False, before_verdict=F
 @pytest.mark.parametrize("expandable", [False, True])
 def test_every_version_arrives_bit_for_bit(expandable):
     (t, t_rc, t_err), (e, e_rc, e_err) = run(6, expandable=expandable)
+    assert t_rc == 0 and e_rc == 0, t_err + e_err
+    assert e == [f"ok {k}" for k in range(1, 7)] + ["done"], e_err
+    assert t == ["done"], t_err
+
+
+def test_versions_follow_the_streams_they_are_given():
+    """`stream=` and torch's current stream, on both sides: each keeps its default stream busy,
+    so a step or a copy that went there instead would be seen (see shared_weights_peer.py)."""
+    (t, t_rc, t_err), (e, e_rc, e_err) = run(6, streams=True)
     assert t_rc == 0 and e_rc == 0, t_err + e_err
     assert e == [f"ok {k}" for k in range(1, 7)] + ["done"], e_err
     assert t == ["done"], t_err

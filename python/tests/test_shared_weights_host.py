@@ -41,9 +41,8 @@ def pair(monkeypatch):
     ch.handle = lambda: b"channel"
     monkeypatch.setattr(SW, "Sender", lambda ctx, nbytes, slots: ch)
     monkeypatch.setattr(SW, "Receiver", lambda ctx, handle: ch)
-    monkeypatch.setattr(SW, "_current_stream", lambda s: s)
     monkeypatch.setattr(SW, "_stream_context", lambda s: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(SW, "_raw", lambda s: 0)
+    monkeypatch.setattr(SW, "_stream_handle", lambda s: 0)
     monkeypatch.setattr(SW, "_synchronize", lambda: None)
 
     def make(sd):
