@@ -28,7 +28,7 @@
 //! | in the middle of a `send`                       | nothing half-sent: a message and its descriptors arrive whole or not at all |
 //! | after sending                                   | the message is delivered; the next `recv` is `PeerClosed` |
 //! | while this side sends                           | `send`: `PeerClosed` (`EPIPE`, never `SIGPIPE`) |
-//! | the listener, before a `connect`                | `connect`: [`Error::Os`] naming `connect` (`ECONNREFUSED`/`ENOENT`) |
+//! | the listener, before a `connect`                | `connect` waits for a new listener at the name: [`Error::Timeout`] at its deadline |
 //!
 //! The socket carries bytes and descriptors and knows no object of the crate: sending a
 //! buffer, an arena or a pool ([`FdSocket::send_buffer`], [`FdSocket::send_arena`],
@@ -42,7 +42,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::poll::Deadline;
+use crate::poll::{Backoff, Deadline};
 
 use rustix::event::PollFlags;
 use rustix::io::Errno;
@@ -295,17 +295,52 @@ impl FdSocket {
 
 impl FdSocket {
     /// Connect to a listener at `name`, checking that the listening process is one `policy`
-    /// allows (a name squatted by another user is refused), retrying at most `timeout` while
-    /// its backlog is full.
+    /// allows (a name squatted by another user is refused). Waits at most `timeout` for the
+    /// name to be listened on (two processes started together need not order their starts)
+    /// and, while the listener's backlog is full, for room in it; a zero `timeout` tries once.
     ///
     /// # Errors
     ///
-    /// [`Error::PeerRefused`] for a listener the policy does not allow; [`Error::Os`] naming
-    /// `connect` (`ECONNREFUSED` or `ENOENT`: nobody listens there).
+    /// [`Error::PeerRefused`] for a listener the policy does not allow; [`Error::Timeout`]
+    /// when nobody listened at `name` within `timeout` (`ECONNREFUSED` or `ENOENT` until then);
+    /// [`Error::Os`] naming `connect` for any other failure.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
+    ///
+    /// // The listener may start after us: wait up to 10 s for it.
+    /// let name = SocketName::Abstract("my-app.weights".into());
+    /// let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(10))?;
+    /// println!("connected to pid {}", socket.peer().pid);
+    /// # Ok::<(), cuda_ipc::Error>(())
+    /// ```
     #[doc(alias = "SO_PEERCRED")]
     pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
-        let fd = sys::connect(&name.address(), Deadline::after(timeout))
-            .map_err(|e| os_error("connect", name, e))?;
+        let deadline = Deadline::after(timeout);
+        // Nobody listening yet is retried: first after 100 µs, doubling up to 10 ms.
+        let mut not_yet = Backoff::new(
+            timeout,
+            Duration::from_micros(100),
+            Duration::from_millis(10),
+        );
+        let fd = loop {
+            match sys::connect(&name.address(), deadline) {
+                Ok(fd) => break fd,
+                Err(Errno::CONNREFUSED | Errno::NOENT) => {
+                    if let Err(waited) = not_yet.pause() {
+                        return Err(Error::Timeout {
+                            what: "FdSocket::connect (nobody listened at the name)",
+                            waited,
+                            waiting_for: None,
+                        });
+                    }
+                }
+                Err(e) => return Err(os_error("connect", name, e)),
+            }
+        };
         let peer = check_peer(fd.as_fd(), name, policy)?;
         Ok(Self {
             fd,

@@ -299,11 +299,62 @@ fn path_sockets_are_0600_and_unlinked_and_bad_sends_are_refused() {
     drop((client, server, msg));
     drop(listener);
     assert!(!path.exists(), "the socket file is unlinked on drop");
-    // Nobody listens: connect says so.
-    assert!(matches!(
-        FdSocket::connect(&name, &PeerPolicy::SameUid, T),
-        Err(Error::Os { .. })
-    ));
+    // Nobody listens (the file is gone): connect waits for a listener, then says so.
+    let start = Instant::now();
+    let wait = Duration::from_millis(150);
+    match FdSocket::connect(&name, &PeerPolicy::SameUid, wait) {
+        Err(Error::Timeout { waited, .. }) => assert!(waited >= wait, "{waited:?}"),
+        other => panic!("expected a timeout with nobody listening, got {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_connect_made_before_the_listener_binds_waits_for_it() {
+    for (label, name) in [
+        ("abstract", abstract_name("fd-early").0),
+        (
+            "path",
+            SocketName::Path(
+                std::env::temp_dir().join(format!("{}.sock", unique_name("fd-early"))),
+            ),
+        ),
+    ] {
+        let bind_after = Duration::from_millis(300);
+        let server = {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(bind_after);
+                let listener = FdListener::bind(name, PeerPolicy::SameUid).unwrap();
+                let s = listener.accept(T).unwrap();
+                s.send(b"late but here", &[], T).unwrap();
+                // Until the client has read it.
+                assert!(matches!(s.recv(T), Err(Error::PeerClosed { .. })));
+            })
+        };
+        let start = Instant::now();
+        let client = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+        assert!(
+            start.elapsed() >= bind_after / 2,
+            "{label}: connected before the bind?"
+        );
+        assert_eq!(client.peer().pid, std::process::id(), "{label}");
+        assert_eq!(client.recv(T).unwrap().payload, b"late but here", "{label}");
+        drop(client);
+        server.join().unwrap();
+        // A zero timeout tries once: nobody listens now.
+        assert!(
+            matches!(
+                FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::ZERO),
+                Err(Error::Timeout { .. })
+            ),
+            "{label}"
+        );
+    }
 }
 
 /// The opt-in `pidfd_getfd` path: with ptrace permission (root here) a child's descriptor is
@@ -425,17 +476,9 @@ fn a_peer_outside_our_pid_namespace_has_pid_zero() {
         &[&raw],
     );
     let name = SocketName::Abstract(raw);
-    let start = Instant::now();
-    let s = loop {
-        match FdSocket::connect(&name, &PeerPolicy::SameUid, T) {
-            Ok(s) => break s,
-            Err(e) if start.elapsed() < T => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("the listener in its pid namespace never came up: {e}"),
-        }
-    };
+    // (connect waits for the listener to come up)
+    let s = FdSocket::connect(&name, &PeerPolicy::SameUid, T)
+        .unwrap_or_else(|e| panic!("the listener in its pid namespace never came up: {e}"));
     assert_ne!(
         s.peer().pid,
         0,

@@ -85,8 +85,8 @@ def buckets_b(sd):
 
 
 def connect_when_listening(name, within=120.0):
-    """Connect to the trainer's listener, retrying until it listens (``cuda_ipc.connect``
-    fails at once while nobody does), at most ``within`` seconds."""
+    """Connect to the trainer's listener within ``within`` seconds: connects of 5 s each
+    (each waits for the listener), retried."""
     import cuda_ipc
 
     deadline = time.monotonic() + within

@@ -189,7 +189,9 @@ class Socket:
     @property
     def peer_pid(self) -> int: ...
 
-def connect(socket_name: str, timeout: float = 30.0) -> Socket: ...
+def connect(socket_name: str, timeout: float = 30.0) -> Socket:
+    """Connect to the listener at ``socket_name`` (a process of this uid), waiting at most
+    ``timeout`` seconds for one to listen there (``Timeout`` if none did)."""
 def reclaim_stale_lease_tables() -> int:
     """Remove the shared-memory tables dead exporters left behind; how many."""
 

@@ -52,7 +52,8 @@ pub(crate) struct Socket {
     socket: cuda_ipc::fd::FdSocket,
 }
 
-/// Connect to the listener at `socket_name`, waiting for it at most `timeout` seconds.
+/// Connect to the listener at `socket_name` (a process of this uid), waiting at most
+/// `timeout` seconds for one to listen there (`Timeout` if none did).
 #[pyfunction]
 #[pyo3(signature = (socket_name, timeout = 30.0))]
 pub(crate) fn connect(py: Python<'_>, socket_name: &str, timeout: f64) -> PyResult<Socket> {

@@ -82,5 +82,24 @@ def test_a_peer_that_closes_is_peer_closed():
 def test_bad_arguments_are_python_errors_not_crashes():
     with pytest.raises(ValueError):
         cuda_ipc.connect(unique("nobody"), timeout=-1.0)
-    with pytest.raises(cuda_ipc.CudaIpcError):
+    with pytest.raises(cuda_ipc.Timeout):  # nobody listened within the timeout
         cuda_ipc.connect(unique("nobody"), timeout=0.05)
+
+
+def test_connect_waits_for_a_listener_that_comes_up_later():
+    name = unique("late")
+    got = {}
+
+    def late_listener():
+        time.sleep(0.3)
+        s = cuda_ipc.Listener(name).accept(timeout=10)
+        s.send(b"here now")
+        got["sock"] = s  # kept open until the test ends
+
+    t = threading.Thread(target=late_listener)
+    t.start()
+    start = time.monotonic()
+    c = cuda_ipc.connect(name, timeout=10)
+    assert time.monotonic() - start >= 0.15
+    assert c.recv(timeout=10) == b"here now"
+    t.join()
