@@ -35,8 +35,9 @@
 //! [`FdSocket::send_pool`] and their `recv_*`) is written beside the objects, in `share.rs`.
 //!
 //! Covered by `tests/fd_socket.rs` (real processes): a descriptor and its contents across,
-//! a connect made before the listener binds, a peer that never sends, a peer killed, a listener of another uid (name squatted), a
-//! connector of another uid, truncated and oversized messages.
+//! a connect made before the listener binds, a peer that never sends, a peer killed, a
+//! listener of another uid (name squatted), a connector of another uid, truncated and oversized
+//! messages.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;

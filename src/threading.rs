@@ -29,7 +29,11 @@
 use crate::*;
 use crate::{arena::*, barrier::*, channel::*, fd::*, pool::*, shm::*};
 
+// Used only in the `const` item below, which Rust before 1.89 (the MSRV is 1.88) does not
+// count as a use.
+#[allow(dead_code)]
 const fn send_and_sync<T: Send + Sync>() {}
+#[allow(dead_code)]
 const fn send<T: Send>() {}
 
 const _: () = {
