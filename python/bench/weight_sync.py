@@ -12,10 +12,11 @@
 Each is timed end to end: from the trainer's first call to the engine's weights complete on
 the GPU (both clocks are CLOCK_MONOTONIC, which processes share); (c)'s and (d)'s trainers
 report their start after the sync, (a)'s and (b)'s in the queue's first message (their engines
-need its count), and every engine waits for the trainer's first message when the sync starts. Each has its floor: the same
-copies, done in one process with no second process (for (c): the same multi-tensor pack and
-unpack of the same buckets; for (b): the same flatten and per-tensor unpack; for (a): one copy
-per tensor; for (d): the same multi-tensor copies, trainer's tensors to engine's). Per-bucket
+need its count), and every engine waits for the trainer's first message when the sync starts.
+Each has its floor: the same copies, done in one process with no second process (for (c): the
+same multi-tensor pack and unpack of the same buckets; for (b): the same flatten and per-tensor
+unpack; for (a): one copy per tensor; for (d): the same multi-tensor copies, trainer's tensors
+to engine's). Per-bucket
 overhead = (end to end - floor) / buckets. (d) also times its floor's copies out of the
 trainer's memory once its syncs are done, the trainer alive and idle: the share of (d)'s time
 beyond the floor that one GPU charges for a second process holding a context. Every run's
