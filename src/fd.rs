@@ -43,7 +43,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::poll::{Backoff, Deadline};
+use crate::poll::Deadline;
 
 use rustix::event::PollFlags;
 use rustix::io::Errno;
@@ -303,8 +303,9 @@ impl FdSocket {
     /// # Errors
     ///
     /// [`Error::PeerRefused`] for a listener the policy does not allow; [`Error::Timeout`]
-    /// when nobody listened at `name` within `timeout` (`ECONNREFUSED` or `ENOENT` until then);
-    /// [`Error::Os`] naming `connect` for any other failure.
+    /// when nobody listened at `name` within `timeout` (`ECONNREFUSED` or `ENOENT` until then)
+    /// or its backlog stayed full (`EAGAIN`); [`Error::Os`] naming `connect` for any other
+    /// failure.
     ///
     /// # Examples
     ///
@@ -320,27 +321,20 @@ impl FdSocket {
     /// ```
     #[doc(alias = "SO_PEERCRED")]
     pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
-        let deadline = Deadline::after(timeout);
-        // Nobody listening yet is retried: first after 100 µs, doubling up to 10 ms.
-        let mut not_yet = Backoff::new(
-            timeout,
-            Duration::from_micros(100),
-            Duration::from_millis(10),
-        );
-        let fd = loop {
-            match sys::connect(&name.address(), deadline) {
-                Ok(fd) => break fd,
-                Err(Errno::CONNREFUSED | Errno::NOENT) => {
-                    if let Err(waited) = not_yet.pause() {
-                        return Err(Error::Timeout {
-                            what: "FdSocket::connect (nobody listened at the name)",
-                            waited,
-                            waiting_for: None,
-                        });
-                    }
-                }
-                Err(e) => return Err(os_error("connect", name, e)),
+        let fd = match sys::connect(&name.address(), timeout) {
+            Ok(fd) => fd,
+            Err(sys::ConnectFailure::NotYet { errno, waited }) => {
+                return Err(Error::Timeout {
+                    what: if errno == Errno::AGAIN {
+                        "FdSocket::connect (the listener's backlog stayed full)"
+                    } else {
+                        "FdSocket::connect (nobody listened at the name)"
+                    },
+                    waited,
+                    waiting_for: None,
+                });
             }
+            Err(sys::ConnectFailure::Failed(e)) => return Err(os_error("connect", name, e)),
         };
         let peer = check_peer(fd.as_fd(), name, policy)?;
         Ok(Self {

@@ -34,11 +34,6 @@ impl Deadline {
             d.saturating_duration_since(Instant::now())
         })
     }
-
-    /// Whether the deadline has passed (never, for a wait without end).
-    pub(crate) fn has_passed(&self) -> bool {
-        self.0.is_some_and(|d| Instant::now() >= d)
-    }
 }
 
 /// A deadline and the pause schedule of one wait (see the module docs).

@@ -97,7 +97,7 @@ def main():
     proc.start()
     dst = bench.model(1600, 400, 2)
     ctx = cuda_ipc.Context(0)
-    peer = bench.connect_when_listening(name)
+    peer = cuda_ipc.connect(name, timeout=120)  # waits for the trainer's listener
     rx = SW.SharedWeightReceiver(ctx, peer, timeout=120)
     real_copy, marks = SW._copy, {}
 

@@ -85,19 +85,6 @@ def buckets_b(sd):
     return out
 
 
-def connect_when_listening(name, within=120.0):
-    """Connect to the trainer's listener within ``within`` seconds: connects of 5 s each
-    (each waits for the listener), retried."""
-    import cuda_ipc
-
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return cuda_ipc.connect(name, timeout=5)
-        except cuda_ipc.CudaIpcError:
-            assert time.monotonic() < deadline
-
-
 def sync_time(fn):
     torch.cuda.synchronize()
     t = time.monotonic()
@@ -234,7 +221,7 @@ def engine(method, big, small, repeat, name):
         from cuda_ipc.shared_weights import SharedWeightReceiver
 
         ctx = cuda_ipc.Context(0)
-        peer = connect_when_listening(name)
+        peer = cuda_ipc.connect(name, timeout=120)  # waits for the trainer's listener
         if method == "c":
             rx = W.WeightReceiver(ctx, peer.recv(timeout=120))
         else:

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import operator
 import struct
-from contextlib import nullcontext as _nullcontext
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ._native import PeerClosed, Receiver, Sender
@@ -179,7 +178,7 @@ class SharedWeightSender:
                 return 0
 
             # `step` writes on `stream`: make it torch's current one (it is, unless passed).
-            with _stream_context(stream) if stream is not None else _nullcontext():
+            with _stream_context(stream):
                 self._tx.send(fill, header=header, stream=raw, timeout=timeout)
         self._version = version
         # Checked while the engine's copies run; the engine's pull waits for the verdict.
@@ -342,7 +341,7 @@ class SharedWeightReceiver:
             return version
 
         # The copies go to torch's current stream: `stream`'s, made current if it was passed.
-        with _stream_context(stream) if stream is not None else _nullcontext():
+        with _stream_context(stream):
             version = self._rx.recv(use, stream=raw, timeout=timeout)
         self._version = version
         verdict = self._peer.recv(timeout)

@@ -37,6 +37,7 @@ sync midway skips that sync's remaining buckets at its next ``recv_into``.
 from __future__ import annotations
 
 import struct
+from contextlib import nullcontext as _nullcontext
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -281,7 +282,11 @@ def _current_stream(stream):
 
 
 def _stream_context(stream):
-    """Make ``stream`` torch's current stream (its copies go there)."""
+    """Make ``stream`` torch's current stream (its copies go there); ``None`` leaves the
+    current stream as it is (entering ``torch.cuda.stream`` costs ~20 µs, even for the
+    stream that is already current)."""
+    if stream is None:
+        return _nullcontext()
     return _torch().cuda.stream(stream)
 
 

@@ -53,6 +53,15 @@ def step(sd, k):
                 t.add_(k)
 
 
+def on_side(k, side, call):
+    """``call`` on the side stream: passed as ``stream=`` on odd versions, made torch's current
+    stream on even ones."""
+    if k % 2:
+        return call(stream=side)
+    with torch.cuda.stream(side):
+        return call()
+
+
 def die():
     result(f"killing {time.monotonic()}")
     os.kill(os.getpid(), signal.SIGKILL)
@@ -78,11 +87,7 @@ def trainer(name, syncs, die_after):
             if STREAMS:
                 if k > 1:  # (version 1 loads the kernels: a first launch may wait for the device)
                     torch.cuda._sleep(BUSY)  # on the default stream: a step there would be late
-                if k % 2:
-                    tx.update(lambda: step(sd, k), stream=side, timeout=T)
-                else:
-                    with torch.cuda.stream(side):
-                        tx.update(lambda: step(sd, k), timeout=T)
+                on_side(k, side, lambda **s: tx.update(lambda: step(sd, k), timeout=T, **s))
             else:
                 tx.update(lambda: step(sd, k), timeout=T)
             if k == die_after:
@@ -107,11 +112,7 @@ def engine(name, syncs, die_after):
             if STREAMS:
                 if k > 1:  # (version 1 loads the kernels: a first launch may wait for the device)
                     torch.cuda._sleep(BUSY)  # on the default stream: copies there would be late
-                if k % 2:
-                    stats = rx.pull_into(target, stream=side, timeout=T)
-                else:
-                    with torch.cuda.stream(side):
-                        stats = rx.pull_into(target, timeout=T)
+                stats = on_side(k, side, lambda **s: rx.pull_into(target, timeout=T, **s))
                 side.synchronize()
                 if k > 1 and torch.cuda.default_stream().query():
                     bad.append("default stream idle: the check proves nothing")

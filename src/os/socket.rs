@@ -6,7 +6,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
-use crate::poll::Deadline;
+use crate::poll::{Backoff, Deadline};
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{BorrowedFd, OwnedFd};
@@ -52,18 +52,44 @@ pub(crate) fn listen(addr: &Address<'_>) -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-/// A connected socket to `addr`, retrying while the listener's backlog is full, until
-/// `deadline`.
-pub(crate) fn connect(addr: &Address<'_>, deadline: Deadline) -> Result<OwnedFd, Errno> {
-    let target = unix_addr(addr)?;
+/// Why [`connect`] gave up.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// Still refused at the deadline for a reason that passes by itself: nobody listening at
+    /// the address yet (`ECONNREFUSED`; `ENOENT` for a path) or the listener's backlog full
+    /// (`EAGAIN`). `errno` is the last try's, `waited` the time since the first.
+    NotYet { errno: Errno, waited: Duration },
+    /// Any other failure, at once.
+    Failed(Errno),
+}
+
+/// Whether a `connect` that failed with `e` may succeed later without anyone acting on this
+/// side: the listener is not up yet (two processes started together need not order their
+/// starts), has not bound its path yet, or has not accepted enough to make room.
+fn passes_by_itself(e: Errno) -> bool {
+    matches!(e, Errno::CONNREFUSED | Errno::NOENT | Errno::AGAIN)
+}
+
+/// A connected socket to `addr`. The one retry of the crate's connects: a try that fails for
+/// a reason that passes by itself ([`ConnectFailure::NotYet`]) is made again after 100 µs,
+/// then twice as long each time up to 10 ms, until `timeout` (a zero `timeout` tries once).
+pub(crate) fn connect(addr: &Address<'_>, timeout: Duration) -> Result<OwnedFd, ConnectFailure> {
+    let target = unix_addr(addr).map_err(ConnectFailure::Failed)?;
+    let mut again = Backoff::new(
+        timeout,
+        Duration::from_micros(100),
+        Duration::from_millis(10),
+    );
     loop {
-        let fd = seqpacket()?;
+        let fd = seqpacket().map_err(ConnectFailure::Failed)?;
         match rustix::net::connect(&fd, &target) {
             Ok(()) => return Ok(fd),
-            Err(Errno::AGAIN) if !deadline.has_passed() => {
-                std::thread::sleep(Duration::from_micros(200));
+            Err(errno) if passes_by_itself(errno) => {
+                if let Err(waited) = again.pause() {
+                    return Err(ConnectFailure::NotYet { errno, waited });
+                }
             }
-            Err(e) => return Err(e),
+            Err(errno) => return Err(ConnectFailure::Failed(errno)),
         }
     }
 }
@@ -212,4 +238,104 @@ pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Received, Errno
 /// Remove a socket file at `path`.
 pub(crate) fn unlink(path: &std::path::Path) -> Result<(), Errno> {
     rustix::fs::unlink(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::time::Instant;
+
+    fn unique(what: &str) -> Vec<u8> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("cuda-ipc-test-connect-{what}-{}-{n}", std::process::id()).into_bytes()
+    }
+
+    #[test]
+    fn nobody_listening_is_not_yet_until_the_timeout() {
+        let name = unique("nobody");
+        let start = Instant::now();
+        match connect(&Address::Abstract(&name), Duration::from_millis(60)) {
+            Err(ConnectFailure::NotYet { errno, waited }) => {
+                assert_eq!(errno, Errno::CONNREFUSED);
+                assert!(waited >= Duration::from_millis(60), "{waited:?}");
+            }
+            other => panic!("expected NotYet, got {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let dir = std::env::temp_dir().join(String::from_utf8_lossy(&name).into_owned());
+        match connect(&Address::Path(&dir), Duration::ZERO) {
+            Err(ConnectFailure::NotYet { errno, .. }) => assert_eq!(errno, Errno::NOENT),
+            other => panic!("expected NotYet, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_listener_that_comes_up_during_the_wait_is_reached() {
+        let name = unique("later");
+        let binder = {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                listen(&Address::Abstract(&name))
+            })
+        };
+        let fd = connect(&Address::Abstract(&name), Duration::from_secs(10));
+        let listener = binder.join().expect("binder thread").expect("listen");
+        assert!(fd.is_ok(), "{fd:?}");
+        assert!(
+            wait(
+                listener.as_fd(),
+                PollFlags::IN,
+                Deadline::after(Duration::ZERO)
+            )
+            .unwrap()
+        );
+    }
+
+    #[test]
+    fn a_full_backlog_is_not_yet_and_room_made_in_it_is_taken() {
+        let name = unique("backlog");
+        let listener = listen(&Address::Abstract(&name)).expect("listen");
+        // Fill the backlog (16, as `listen` asks; the kernel takes one more) without accepting.
+        let mut pending = Vec::new();
+        let full = loop {
+            match connect(&Address::Abstract(&name), Duration::ZERO) {
+                Ok(fd) => pending.push(fd),
+                Err(failure) => break failure,
+            }
+            assert!(pending.len() < 1024, "the backlog never filled");
+        };
+        match full {
+            ConnectFailure::NotYet { errno, .. } => assert_eq!(errno, Errno::AGAIN),
+            ConnectFailure::Failed(e) => panic!("a full backlog failed with {e}"),
+        }
+        assert!(
+            pending.len() >= 16,
+            "{} connections before the backlog filled",
+            pending.len()
+        );
+        // A connect that waits is let in once one pending connection is accepted.
+        let accepter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            accept(listener.as_fd()).map(|fd| (fd, listener))
+        });
+        let fd = connect(&Address::Abstract(&name), Duration::from_secs(10));
+        let accepted = accepter.join().expect("accepter thread");
+        assert!(accepted.is_ok(), "{accepted:?}");
+        assert!(fd.is_ok(), "{fd:?}");
+    }
+
+    #[test]
+    fn other_failures_are_not_retried() {
+        // An abstract name longer than `sun_path` fails at once, whatever the timeout.
+        let long = vec![b'x'; 200];
+        let start = Instant::now();
+        assert!(matches!(
+            connect(&Address::Abstract(&long), Duration::from_secs(10)),
+            Err(ConnectFailure::Failed(_))
+        ));
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
 }
