@@ -15,11 +15,12 @@
 //!
 //! An item: `IpcSender::acquire` waits for the slot on the host (`ring.rs`) and enqueues the
 //! GPU wait for its release (`signal.rs`); `SendSlot::send` enqueues the GPU write of `sent`
-//! and records the tracking event (`endpoint.rs`, `inflight.rs`), then publishes on the host
-//! (`ring.rs`). `IpcReceiver::recv` waits on the host (`ring.rs`) and enqueues the GPU wait for
-//! `sent` (`signal.rs`); `Received::release` enqueues the GPU write of `released`
-//! (`endpoint.rs`) and publishes (`ring.rs`). Each step goes down from this file to one of
-//! those and back; none calls up.
+//! (`endpoint.rs`), publishes on the host (`ring.rs`), then records the tracking event
+//! (`endpoint.rs`, `inflight.rs`: after the publish, off the consumer's path).
+//! `IpcReceiver::recv` waits on the host (`ring.rs`) and enqueues the GPU wait for `sent`
+//! (`signal.rs`); `Received::release` enqueues the GPU write of `released` (`endpoint.rs`),
+//! publishes (`ring.rs`) and records. Each step goes down from this file to one of those and
+//! back; none calls up.
 
 mod batch;
 mod drain;
@@ -832,9 +833,12 @@ impl<T: Pod> SendSlot<'_, T> {
         self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
         Geometry::check_header("SendSlot::send_with_header", header)?;
         let k = self.tx.next;
-        let recorded = self.tx.end.signal(self.stream, k)?;
+        let write = self.tx.end.signal(self.stream, k)?;
         self.waited = false;
-        self.tx.ring().publish_from(k, 1, [(len as u64, header)])?;
+        // Published before the write's tracking event is recorded (off the consumer's path).
+        let published = self.tx.ring().publish_from(k, 1, [(len as u64, header)]);
+        let recorded = self.tx.end.track(write);
+        published?;
         self.tx.next += 1;
         // Published: the item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
@@ -1133,10 +1137,13 @@ impl<T: Pod> IpcReceiver<T> {
         self.end.drain_timeout = timeout;
     }
 
-    /// Enqueue "`released` = item `k`" on `stream`, record it, publish it.
+    /// Enqueue "`released` = item `k`" on `stream`, publish it, record it (after the publish:
+    /// off the producer's path).
     fn release_item(&mut self, stream: sys::CUstream, k: u64) -> Result<()> {
-        let recorded = self.end.signal(stream, k)?;
-        self.ring().release(k)?;
+        let write = self.end.signal(stream, k)?;
+        let released = self.ring().release(k);
+        let recorded = self.end.track(write);
+        released?;
         recorded
     }
 

@@ -6,7 +6,9 @@ the trainer's start) of ``--repeat`` syncs after two untimed ones.
 
     python3 shared_weights_timeline.py [--repeat 12] [--json out.json]
 
-Marks: the trainer's ``send_in`` (its ``update`` reaches the channel's send), ``published``
+Marks: the trainer's ``handle_in`` (its ``update`` reads the stream's handle), ``send_in``
+(it reaches the channel's send), ``acquired`` (the send's ``fill`` is called: the slot taken,
+its GPU wait enqueued), ``filled`` (``fill`` returned), ``published``
 (the send returned), ``update_out``; the engine's ``enter`` (into ``pull_into``), ``item``
 (its copies begin: the item is in hand), ``launched`` (the copies enqueued), ``pull_out``,
 ``t1`` (the weights complete); ``gpu_ms``: the engine's copies on the GPU.
@@ -36,10 +38,18 @@ class MarkedSender:
     def __init__(self, real, marks):
         self.real, self.marks = real, marks
 
-    def send(self, *args, **kwargs):
-        self.marks["send_in"] = time.monotonic()
-        seq = self.real.send(*args, **kwargs)
-        self.marks["published"] = time.monotonic()
+    def send(self, fill, **kwargs):
+        marks = self.marks
+
+        def marked_fill(slot):
+            marks["acquired"] = time.monotonic()
+            n = fill(slot)
+            marks["filled"] = time.monotonic()
+            return n
+
+        marks["send_in"] = time.monotonic()
+        seq = self.real.send(marked_fill, **kwargs)
+        marks["published"] = time.monotonic()
         return seq
 
     def __getattr__(self, name):
@@ -54,6 +64,13 @@ def trainer(name, rounds, reports):
     tx = SW.SharedWeightSender(ctx, src, peer, timeout=120)
     marks = {}
     tx._tx = MarkedSender(tx._tx, marks)
+    real_handle = SW._stream_handle
+
+    def marked_handle(stream):
+        marks["handle_in"] = time.monotonic()
+        return real_handle(stream)
+
+    SW._stream_handle = marked_handle
     for _ in range(rounds):
         assert peer.recv(timeout=120) == b"go"
         t0 = time.monotonic()

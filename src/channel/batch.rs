@@ -203,13 +203,16 @@ impl<T: Pod> SendBatch<'_, T> {
         }
         let first = self.tx.next;
         let last = first + self.count - 1;
-        let recorded = self.tx.end.signal(self.stream, last)?;
+        let write = self.tx.end.signal(self.stream, last)?;
         self.waited = false;
         let items = lens
             .iter()
             .enumerate()
             .map(|(i, &len)| (len as u64, headers.get(i).copied().unwrap_or(&[])));
-        self.tx.ring().publish_from(first, self.count, items)?;
+        // Published before the write's tracking event is recorded (off the consumer's path).
+        let published = self.tx.ring().publish_from(first, self.count, items);
+        let recorded = self.tx.end.track(write);
+        published?;
         self.tx.next = last + 1;
         // Published: every item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
@@ -352,11 +355,12 @@ impl<T: Pod> ReceivedBatch<'_, T> {
 
     fn release_all(&mut self) -> Result<()> {
         let last = self.first + self.lens.len() as u64 - 1;
-        let recorded = self.rx.end.signal(self.stream, last)?;
+        let write = self.rx.end.signal(self.stream, last)?;
         let ring = self.rx.ring();
-        for k in self.first..=last {
-            ring.release(k)?;
-        }
+        let released = (self.first..=last).try_for_each(|k| ring.release(k));
+        // Recorded after the release is published (off the producer's path).
+        let recorded = self.rx.end.track(write);
+        released?;
         recorded
     }
 }

@@ -17,6 +17,13 @@ use crate::error::{Error, ObjectState, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
+/// A counter write [`Endpoint::signal`] enqueued on `stream` that no tracking event covers
+/// yet: [`Endpoint::track`] it once the item is published (or its publish failed).
+#[must_use = "a channel write must be tracked (Endpoint::track), or teardown may free under it"]
+pub(crate) struct Untracked {
+    stream: sys::CUstream,
+}
+
 /// How long an end's GPU operations are waited for (by `close`; after a drop, by later collects)
 /// before its memory is leaked rather than freed under them, and how long closing the producer
 /// waits for the consumer to unmap, by default: see `set_drop_timeout`.
@@ -150,9 +157,13 @@ impl<T: Pod> Endpoint<T> {
     }
 
     /// Enqueue "our counter = `value`" on `stream` (`cuStreamWriteValue64`, after a fence that
-    /// makes the stream's earlier work visible to every process) and record the tracking event
-    /// after it, in one entry of the context. The counter is `sent` for the producer,
-    /// `released` for the consumer.
+    /// makes the stream's earlier work visible to every process). The counter is `sent` for
+    /// the producer, `released` for the consumer. The write is not yet covered by a tracking
+    /// event: the caller publishes on the host first, then hands the returned [`Untracked`]
+    /// to [`track`](Self::track) whatever the publish's result — the record (a driver call,
+    /// ~1 µs, ~11–16 µs in a process that was idle a few ms, measured on an H200) is then off
+    /// the peer's path. Nothing can tear this end down in between: teardown takes the end by
+    /// `&mut` or by value, and the caller holds it.
     ///
     /// The counter must only grow on the GPU, whatever streams the user passes: the peer reads
     /// "counter ≥ k" as "items up to k are done", so a write of `k + 1` on a fast stream must
@@ -164,9 +175,9 @@ impl<T: Pod> Endpoint<T> {
     /// never shares with a destroyed one (a handle's address may be reused); without it, every
     /// write waits.
     ///
-    /// `Err`: the write failed, nothing was enqueued. `Ok(recorded)`: the write is enqueued;
-    /// `recorded` is the record's result (a failure marks the end untracked).
-    pub(crate) fn signal(&mut self, stream: sys::CUstream, value: u64) -> Result<Result<()>> {
+    /// `Err`: the write failed, nothing was enqueued (nothing to track). `Ok`: the write is
+    /// enqueued.
+    pub(crate) fn signal(&mut self, stream: sys::CUstream, value: u64) -> Result<Untracked> {
         let counter = match self.role {
             Role::Producer => self.sent.as_raw_ptr(),
             Role::Consumer => match self.released.first() {
@@ -215,11 +226,13 @@ impl<T: Pod> Endpoint<T> {
             }
         }
         self.last_signal = Some((id, value));
-        let recorded = self.inflight.record(stream);
-        if recorded.is_err() {
-            self.untracked = true;
-        }
-        Ok(recorded)
+        Ok(Untracked { stream })
+    }
+
+    /// Record the tracking event after a write [`signal`](Self::signal) enqueued (a failure
+    /// marks the end untracked: its teardown then leaks instead of freeing under GPU work).
+    pub(crate) fn track(&mut self, write: Untracked) -> Result<()> {
+        self.record(write.stream)
     }
 
     /// Take the end apart: a [`Drain`] of everything it holds (once; `None` after).
