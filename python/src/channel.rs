@@ -12,8 +12,11 @@
 //! A slot's tensor keeps the channel end alive (its memory stays mapped) as long as it or a
 //! tensor made of it lives; `close` refuses while one does, rather than unmap memory a tensor
 //! still points at. Using a slot's tensor after its item was sent (or released) is a data race
-//! on the GPU with the other process — wrong data — and work the end does not track: it must
-//! be finished before the end closes (or drops with the last tensor of it), which unmaps.
+//! on the GPU with the other process — wrong data. The end never unmaps its slots under work
+//! queued on them, whatever stream it is on: `close` first waits (within its time-out) for the
+//! device to finish everything queued in the end's context, and an end dropped with its last
+//! tensor goes to the package's release thread, which synchronises the context before
+//! dropping it (`release.rs`).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
@@ -93,16 +96,18 @@ fn check_no_tensors<T>(end: &Arc<T>, what: &str) -> PyResult<()> {
 }
 
 /// Close a channel end (`what`), refused while tensors of its slots live, the GIL released
-/// while `close` waits; an end whose close failed is put back, to be closed again or dropped.
-fn close_end<E>(
+/// while `close` waits: first (within `timeout`) for the device to finish everything queued in
+/// the end's context — work on the slots from streams the end never saw (see [`End`]) —, then
+/// for the end's own. An end whose close failed is put back, to be closed again or dropped.
+fn close_end<E: ChannelEnd>(
     py: Python<'_>,
-    end: &Arc<Mutex<Option<E>>>,
+    end: &Arc<End<E>>,
     what: &str,
     timeout: f64,
     close: fn(E, Duration) -> Result<(), cuda_ipc::CloseError<E>>,
 ) -> PyResult<()> {
     let timeout = seconds(timeout)?;
-    let mut guard = lock(end, what)?;
+    let mut guard = lock(&end.0, what)?;
     check_no_tensors(end, what)?;
     let Some(e) = guard.take() else {
         return Ok(());
@@ -110,20 +115,79 @@ fn close_end<E>(
     let e = SameThread(e);
     let closed = py.detach(move || {
         let e = e; // the whole wrapper moves, not its (maybe !Send) field
-        SameThread(close(e.0, timeout))
+        let start = std::time::Instant::now();
+        if !crate::release::synchronized(e.0.context(), timeout) {
+            return SameThread(Err((None, e.0)));
+        }
+        let left = timeout.saturating_sub(start.elapsed());
+        SameThread(close(e.0, left).map_err(|failed| {
+            let (error, e) = failed.into_parts();
+            (Some(error), e)
+        }))
     });
     match closed.0 {
         Ok(()) => Ok(()),
-        Err(failed) => {
-            let (error, e) = failed.into_parts();
+        Err((error, e)) => {
             *guard = Some(e);
-            Err(to_py(error))
+            Err(match error {
+                Some(error) => to_py(error),
+                None => to_py(cuda_ipc::Error::Timeout {
+                    what: "closing a channel end (waiting for the device's queued work on its \
+                           slots)",
+                    waited: timeout,
+                    waiting_for: None,
+                }),
+            })
         }
     }
 }
 
-type SenderEnd = Arc<Mutex<Option<IpcSender<u8>>>>;
-type ReceiverEnd = Arc<Mutex<Option<IpcReceiver<u8>>>>;
+/// A channel end as the crate has it: its context tells whose queued work to wait for.
+trait ChannelEnd: Send + 'static {
+    fn context(&self) -> &cuda_ipc::GpuContext;
+}
+
+impl ChannelEnd for IpcSender<u8> {
+    fn context(&self) -> &cuda_ipc::GpuContext {
+        IpcSender::context(self)
+    }
+}
+
+impl ChannelEnd for IpcReceiver<u8> {
+    fn context(&self) -> &cuda_ipc::GpuContext {
+        IpcReceiver::context(self)
+    }
+}
+
+/// A channel end shared by its Python object and the slot tensors made of it. The slots are
+/// unmapped only once the device has finished the work queued on them, on any stream (a slot
+/// tensor's kernels on a stream the end never saw, queued before the tensor was deleted): the
+/// last owner to go hands the end to `crate::release`, which synchronises the context first,
+/// and `close` waits for the same synchronisation (within its time-out) before closing.
+struct End<E: ChannelEnd>(Mutex<Option<E>>);
+
+impl<E: ChannelEnd> End<E> {
+    fn new(end: E) -> Arc<Self> {
+        Arc::new(Self(Mutex::new(Some(end))))
+    }
+}
+
+impl<E: ChannelEnd> Drop for End<E> {
+    fn drop(&mut self) {
+        let end = self
+            .0
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(end) = end {
+            let ctx = end.context().clone();
+            crate::release::after_queued_work(&ctx, end);
+        }
+    }
+}
+
+type SenderEnd = Arc<End<IpcSender<u8>>>;
+type ReceiverEnd = Arc<End<IpcReceiver<u8>>>;
 
 /// The producing end of a GPU channel: `slots` slots of `slot_bytes` bytes each, for one
 /// consumer or — with `consumers` > 1 — up to that many (a broadcast).
@@ -159,7 +223,7 @@ impl Sender {
             .map_err(to_py)?;
         let handle = tx.handle().as_bytes().to_vec();
         Ok(Self {
-            end: Arc::new(Mutex::new(Some(tx))),
+            end: End::new(tx),
             device: ctx.ctx.ordinal(),
             slots,
             slot_bytes,
@@ -198,7 +262,7 @@ impl Sender {
             )));
         }
         let stream = stream_of(stream)?;
-        let mut guard = lock(&self.end, "sender")?;
+        let mut guard = lock(&self.end.0, "sender")?;
         let tx = guard.as_mut().ok_or_else(|| closed("sender"))?;
         let slot = py
             .detach(|| tx.acquire(&stream, timeout).map(SameThread))
@@ -217,7 +281,7 @@ impl Sender {
 
     /// The consumers attached now (their pids).
     fn consumers(&self) -> PyResult<Vec<u32>> {
-        let guard = lock(&self.end, "sender")?;
+        let guard = lock(&self.end.0, "sender")?;
         let tx = guard.as_ref().ok_or_else(|| closed("sender"))?;
         Ok(tx.consumers().iter().map(|c| c.pid()).collect())
     }
@@ -225,7 +289,7 @@ impl Sender {
     /// Items sent so far.
     #[getter]
     fn sent(&self) -> PyResult<u64> {
-        let guard = lock(&self.end, "sender")?;
+        let guard = lock(&self.end.0, "sender")?;
         Ok(guard.as_ref().map_or(0, IpcSender::sent))
     }
 
@@ -241,8 +305,10 @@ impl Sender {
         self.slot_bytes
     }
 
-    /// Close the channel: wait (at most `timeout` seconds) for its GPU work here and for the
-    /// consumer to finish with the items it holds, then unmap. The consumer receives every
+    /// Close the channel: wait (at most `timeout` seconds, in all) for the device to finish the
+    /// work queued in this context (on any stream: work on the slots' tensors included), for
+    /// the channel's GPU work here and for the consumer to finish with the items it holds, then
+    /// unmap. The consumer receives every
     /// item sent, then `ChannelClosed`. Refused while tensors of its slots are alive. A close
     /// that does not finish keeps the sender (closing: it sends nothing more) for another
     /// `close`.
@@ -292,7 +358,7 @@ impl Receiver {
             slots: rx.slots(),
             slot_bytes: rx.capacity(),
             producer_pid: handle.producer().pid(),
-            end: Arc::new(Mutex::new(Some(rx))),
+            end: End::new(rx),
         })
     }
 
@@ -315,7 +381,7 @@ impl Receiver {
     ) -> PyResult<Bound<'py, PyAny>> {
         let timeout = seconds(timeout)?;
         let stream = stream_of(stream)?;
-        let mut guard = lock(&self.end, "receiver")?;
+        let mut guard = lock(&self.end.0, "receiver")?;
         let rx = guard.as_mut().ok_or_else(|| closed("receiver"))?;
         let item = py
             .detach(|| rx.recv(&stream, timeout).map(SameThread))
@@ -335,7 +401,7 @@ impl Receiver {
     /// Items received so far.
     #[getter]
     fn received(&self) -> PyResult<u64> {
-        let guard = lock(&self.end, "receiver")?;
+        let guard = lock(&self.end.0, "receiver")?;
         Ok(guard.as_ref().map_or(0, IpcReceiver::received))
     }
 
@@ -357,7 +423,9 @@ impl Receiver {
         self.producer_pid
     }
 
-    /// Close the receiver: wait (at most `timeout` seconds) for its GPU work, then unmap; the
+    /// Close the receiver: wait (at most `timeout` seconds, in all) for the device to finish the
+    /// work queued in this context (on any stream: work on the items' tensors included) and for
+    /// the channel's GPU work here, then unmap; the
     /// producer's next send raises `ChannelClosed` (a broadcast producer stops waiting for
     /// this consumer). Refused while tensors of its slots are alive.
     #[pyo3(signature = (timeout = 30.0))]

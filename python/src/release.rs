@@ -111,6 +111,16 @@ pub(crate) fn after_queued_work(ctx: &cuda_ipc::GpuContext, held: impl Send + 's
     }
 }
 
+/// Wait (at most `timeout`) until the device has finished everything queued in `ctx` so far, on
+/// every stream, and everything handed over before is released: `false` if that took longer
+/// (a kernel still running, a stream waiting on the GPU for a value nobody writes, or an earlier
+/// synchronisation stuck so). A channel end's `close` calls it before unmapping its slots. In a
+/// forked child it returns at once (nothing of the parent's is queued there).
+pub(crate) fn synchronized(ctx: &cuda_ipc::GpuContext, timeout: Duration) -> bool {
+    after_queued_work(ctx, ());
+    wait(timeout)
+}
+
 /// Wait for the queue at exit, at most [`AT_EXIT`], unless a wait already ran out.
 fn at_exit() {
     if !STUCK.load(Ordering::Acquire) && !wait(AT_EXIT) {

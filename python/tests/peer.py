@@ -17,6 +17,23 @@ def main():
 
     ctx = cuda_ipc.Context(0)
     owner = cuda_ipc.connect(name, timeout=30)
+    if role == "producer":
+        # A channel's producer: its handle, then (once the test opened it) one item of
+        # 0..2^20 as int32, then (once the test closed its end) close.
+        tx = cuda_ipc.Sender(ctx, 4 << 20, slots=2)
+        owner.send(tx.handle())
+        assert owner.recv(timeout=60) == b"opened"
+        want = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
+
+        def fill(slot):
+            torch.from_dlpack(slot).view(torch.int32).copy_(want)
+            return 4 << 20
+
+        tx.send(fill, timeout=30)
+        assert owner.recv(timeout=60) == b"done"
+        tx.close(30)
+        result("closed")
+        return
     if role == "owner":
         # The owner, in this process: an arena with one tensor, sent; then wait to be killed.
         arena = cuda_ipc.Arena(ctx, 8 << 20, read_only_for_importers=True)

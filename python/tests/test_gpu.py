@@ -4,7 +4,8 @@ torch.from_dlpack (and CuPy's __cuda_array_interface__) and its writes fault wit
 the owner's data; a read-write import writes it; a read-write open of a read-only arena is
 refused; forged handles are CorruptHandle, a freed tensor's StaleHandle; a torch tensor made
 from a view keeps the mapping alive after the package's objects are gone; a tensor dropped with
-GPU work queued keeps its memory until the work is done; a killed owner or
+GPU work queued keeps its memory until the work is done, and a channel end closes only after
+the work queued on its slots from other streams; a killed owner or
 reader leaves the survivor a prompt error and nothing behind (device memory, /dev/shm)."""
 
 import pytest
@@ -160,6 +161,73 @@ def test_an_arena_tensor_dropped_with_work_queued_keeps_its_range_until_the_work
     # Given back now: the range is free again.
     again = arena.empty((1 << 20,), torch.int32)
     assert again.data_ptr == first
+
+
+def _slow_copy_on(side, view):
+    """Queue on ``side``, after the current stream's work: ~150 ms of sleep, then a copy of
+    ``view``; returns the copy (not yet written)."""
+    import torch
+
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(300_000_000)
+        return view.clone()
+
+
+def test_a_sender_closes_only_after_the_work_queued_on_its_slots_is_done():
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    side = torch.cuda.Stream()
+    want = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
+    tx = cuda_ipc.Sender(ctx, 4 << 20, slots=2)
+    copies = []
+
+    def fill(slot):
+        # A slot read from a stream the channel never sees, then no item: nothing is sent.
+        view = torch.from_dlpack(slot).view(torch.int32)
+        view.copy_(want)
+        copies.append(_slow_copy_on(side, view))
+        raise LookupError("not sent")
+
+    try:
+        tx.send(fill, timeout=10)
+    except LookupError:
+        pass  # (the traceback, which holds the slot, goes with the block)
+    else:
+        raise AssertionError("fill's exception was not raised")
+    tx.close(30)  # the slot's tensors are gone; the copy out of it is still queued
+    assert side.query(), "close returned with work on its slots still queued"
+    assert torch.equal(copies[0], want)
+    assert cuda_ipc.leaked_releases() == 0
+
+
+def test_a_receiver_closes_only_after_the_work_queued_on_its_slots_is_done():
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    side = torch.cuda.Stream()
+    name = unique("producer")
+    listener = cuda_ipc.Listener(name)
+    peer = spawn_peer("producer", name)
+    s = listener.accept(timeout=60)
+    rx = cuda_ipc.Receiver(ctx, s.recv(timeout=60))
+    s.send(b"opened")
+    copies = []
+
+    def use(item, header):
+        # The item read from a stream the channel never sees (its release does not wait).
+        copies.append(_slow_copy_on(side, torch.from_dlpack(item).view(torch.int32)))
+
+    rx.recv(use, timeout=30)
+    rx.close(30)  # the item's tensors are gone; the copy out of its slot is still queued
+    assert side.query(), "close returned with work on its slots still queued"
+    s.send(b"done")
+    results, rc, err = finish(peer)
+    assert rc == 0, err
+    assert results == ["closed"]
+    assert torch.equal(copies[0], torch.arange(1 << 20, dtype=torch.int32, device="cuda"))
+    assert cuda_ipc.leaked_releases() == 0
 
 
 def test_a_killed_owner_leaves_the_reader_its_tensor_a_prompt_error_and_no_leak():
