@@ -7,7 +7,12 @@
 (c) this package: ``cuda_ipc.weights`` over the crate's GPU channel, the ring opened once;
 (d) this package: ``cuda_ipc.shared_weights``, the trainer's tensors shared once
     (``Socket.send_tensor``) and each version copied straight out of them by the engine (one
-    copy per byte, all in the engine's context), a channel item per version.
+    copy per byte, all in the engine's context), a channel item per version;
+(e) (d)'s sync on PyTorch's own primitives, without this package: the trainer's tensors shared
+    once through ``torch.multiprocessing`` (CUDA IPC handles), each version an interprocess
+    event the engine's stream waits on and a message over a pipe, the same multi-tensor copies,
+    and an interprocess event back that the trainer's next version waits on (what (d)'s
+    channel item and release do) — the same work as (d) on raw primitives.
 
 Each is timed end to end: from the trainer's first call to the engine's weights complete on
 the GPU (both clocks are CLOCK_MONOTONIC, which processes share); (c)'s and (d)'s trainers
@@ -15,14 +20,14 @@ report their start after the sync, (a)'s and (b)'s in the queue's first message 
 need its count), and every engine waits for the trainer's first message when the sync starts.
 Each has its floor: the same copies, done in one process with no second process (for (c): the
 same multi-tensor pack and unpack of the same buckets; for (b): the same flatten and per-tensor
-unpack; for (a): one copy per tensor; for (d): the same multi-tensor copies, trainer's tensors
-to engine's). Per-bucket
+unpack; for (a): one copy per tensor; for (d) and (e): the same multi-tensor copies, trainer's
+tensors to engine's). Per-bucket
 overhead = (end to end - floor) / buckets. (d) also times its floor's copies out of the
 trainer's memory once its syncs are done, the trainer alive and idle: the share of (d)'s time
 beyond the floor that one GPU charges for a second process holding a context. Every run's
 weights are checked word for word on the engine.
 
-    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 9] [--json out.json]
+    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 9] [--methods abcde] [--json out.json]
 """
 
 import argparse
@@ -155,7 +160,7 @@ def floors(src, dst, repeat):
 # ---- the trainer, in its own process ----
 
 
-def trainer(method, big, small, repeat, ctl, data, name, geometry):
+def trainer(method, big, small, repeat, ctl, data, name, geometry, pipe):
     global BUCKET_C, SLOTS_C
     BUCKET_C, SLOTS_C = geometry
     torch.cuda.set_device(0)
@@ -175,9 +180,18 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry):
         ctx = cuda_ipc.Context(0)
         peer = cuda_ipc.Listener(name).accept(timeout=120)
         tx = SharedWeightSender(ctx, src, peer, timeout=120)
+    elif method == "e":
+        version = torch.cuda.Event(interprocess=True)
+        data.put((src, bytes(version.ipc_handle())))  # the tensors' CUDA IPC handles, once
+        released = torch.cuda.Event.from_ipc_handle(0, pipe.recv_bytes())
     ctl.put(("ready", checksum(src)))
-    for _ in range(repeat + WARM):
-        assert ctl.get() == "go" if method not in "cd" else peer.recv(timeout=120) == b"go"
+    for r in range(repeat + WARM):
+        if method in "cd":
+            assert peer.recv(timeout=120) == b"go"
+        elif method == "e":
+            assert pipe.recv_bytes() == b"go"
+        else:
+            assert ctl.get() == "go"
         t0 = time.monotonic()
         if method == "a":
             data.put(("start", t0, len(src)))
@@ -196,22 +210,32 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry):
         elif method == "c":
             tx.send(src)
             peer.send(repr(t0).encode())  # after the sync: the report is not timed
-        else:
+        elif method == "d":
             tx.update()  # the weights as they are: no step (the bench times the sync alone)
             peer.send(repr(t0).encode())
+        else:
+            stream = torch.cuda.current_stream()
+            if r:
+                stream.wait_event(released)  # the engine's copies of the last version done
+            version.record(stream)
+            pipe.send_bytes(b"v")
+            pipe.send_bytes(repr(t0).encode())
     if method in "cd":
         tx.close(120)
+    if method == "e":
+        assert pipe.recv_bytes() == b"closed"  # the engine let go of the tensors
     ctl.put("exit")
 
 
 def engine(method, big, small, repeat, name):
     ctx_mp = mp.get_context("spawn")
     ctl, data = ctx_mp.Queue(), ctx_mp.Queue()
-    # The engine's own queue back to the trainer for (a)/(b) acks.
+    # The engine's own queue back to the trainer for (a)/(b) acks; (e)'s pipe.
     back = ctx_mp.Queue()
+    pipe, trainer_pipe = ctx_mp.Pipe()
     proc = ctx_mp.Process(
         target=trainer_entry,
-        args=(method, big, small, repeat, back, data, name, ctl, (BUCKET_C, SLOTS_C)),
+        args=(method, big, small, repeat, back, data, name, ctl, (BUCKET_C, SLOTS_C), trainer_pipe),
     )
     proc.start()
     dst = model(big, small, 2)
@@ -226,6 +250,14 @@ def engine(method, big, small, repeat, name):
             rx = W.WeightReceiver(ctx, peer.recv(timeout=120))
         else:
             rx = SharedWeightReceiver(ctx, peer, timeout=120)
+    elif method == "e":
+        from cuda_ipc import weights as W
+
+        sources, handle = data.get(timeout=300)
+        version = torch.cuda.Event.from_ipc_handle(0, handle)
+        released = torch.cuda.Event(interprocess=True)
+        pipe.send_bytes(bytes(released.ipc_handle()))
+        groups = W._group([(dst[n], sources[n]) for n in dst])
     tag, want = ctl.get(timeout=300)
     assert tag == "ready"
     times, cold = [], None
@@ -240,6 +272,17 @@ def engine(method, big, small, repeat, name):
             t1 = time.monotonic()
             t0 = float(peer.recv(timeout=120))
             buckets = stats.buckets
+        elif method == "e":
+            pipe.send_bytes(b"go")
+            assert pipe.recv_bytes() == b"v"
+            stream = torch.cuda.current_stream()
+            stream.wait_event(version)
+            W._copy(groups)
+            released.record(stream)
+            torch.cuda.synchronize()
+            t1 = time.monotonic()
+            t0 = float(pipe.recv_bytes())
+            buckets = 1
         else:
             back.put("go")
             tag, t0, count = data.get(timeout=300)
@@ -283,12 +326,17 @@ def engine(method, big, small, repeat, name):
         del groups
     if method in "cd":
         rx.close(60)  # the trainer's close waits for it
+    if method == "e":
+        del groups, sources
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        pipe.send_bytes(b"closed")
     assert ctl.get(timeout=300) == "exit"
     proc.join(120)
     return statistics.median(times), min(times), buckets, cold, peer_idle
 
 
-def trainer_entry(method, big, small, repeat, back, data, name, ctl, geometry):
+def trainer_entry(method, big, small, repeat, back, data, name, ctl, geometry, pipe):
     # `ctl` carries the trainer's reports to the engine; `back` the engine's go/acks to it.
     class Both:
         def put(self, v):
@@ -297,7 +345,7 @@ def trainer_entry(method, big, small, repeat, back, data, name, ctl, geometry):
         def get(self):
             return back.get(timeout=300)
 
-    trainer(method, big, small, repeat, Both(), data, name, geometry)
+    trainer(method, big, small, repeat, Both(), data, name, geometry, pipe)
 
 
 def main():
@@ -305,7 +353,7 @@ def main():
     ap.add_argument("--big", type=int, default=1600)
     ap.add_argument("--small", type=int, default=400)
     ap.add_argument("--repeat", type=int, default=9)
-    ap.add_argument("--methods", default="abcd")
+    ap.add_argument("--methods", default="abcde")
     ap.add_argument("--bucket", type=int, default=512, help="MiB per bucket, (c) and its floor")
     ap.add_argument("--slots", type=int, default=4, help="(c)'s ring")
     ap.add_argument("--json")
@@ -330,7 +378,13 @@ def main():
         "bucket_mib_c": args.bucket,
         "slots_c": args.slots,
     }
-    floors_of = {"a": floor["once"], "b": floor["flat"], "c": floor["multi"], "d": floor["direct"]}
+    floors_of = {
+        "a": floor["once"],
+        "b": floor["flat"],
+        "c": floor["multi"],
+        "d": floor["direct"],
+        "e": floor["direct"],
+    }
     for m in args.methods:
         med, best, buckets, cold, peer_idle = engine(
             m, args.big, args.small, args.repeat, f"cuda-ipc-bench-ws-{os.getpid()}"
@@ -363,6 +417,11 @@ def main():
             res[f"d_vs_{m}"] = res[m]["median_ms"] / res["d"]["median_ms"]
     if "d" in res:
         res["d_vs_floor"] = res["d"]["median_ms"] / res["floor_direct_ms"]
+    if "d" in res and "e" in res:
+        # (d) against the same sync on PyTorch's own primitives: below 1 is faster.
+        res["d_over_e"] = res["d"]["median_ms"] / res["e"]["median_ms"]
+    if "e" in res:
+        res["e_vs_floor"] = res["e"]["median_ms"] / res["floor_direct_ms"]
     print(json.dumps(res, indent=1))
     if args.json:
         with open(args.json, "w") as f:

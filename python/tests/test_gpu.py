@@ -135,6 +135,17 @@ def free_memory():
     return torch.cuda.mem_get_info()[0]
 
 
+def _slow_copy_on(side, view):
+    """Queue on ``side``, after the current stream's work: ~150 ms of sleep, then a copy of
+    ``view``; returns the copy (not yet written)."""
+    import torch
+
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(300_000_000)
+        return view.clone()
+
+
 def test_an_arena_tensor_dropped_with_work_queued_keeps_its_range_until_the_work_is_done():
     import torch
 
@@ -145,10 +156,7 @@ def test_an_arena_tensor_dropped_with_work_queued_keeps_its_range_until_the_work
     view = torch.from_dlpack(w)
     view.copy_(torch.arange(1 << 20, dtype=torch.int32, device="cuda"))
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(300_000_000)  # ~150 ms, then the copy of the tensor
-        copy = view.clone()
+    copy = _slow_copy_on(side, view)
     del view, w  # the last references, the copy still queued
     # Not given back yet: a new tensor gets another range, and writing it cannot reach the copy.
     assert not cuda_ipc.wait_released(0.02)
@@ -168,17 +176,6 @@ def test_an_arena_tensor_dropped_with_work_queued_keeps_its_range_until_the_work
 # and the package before the fix passed them too (measured). The package no longer relies on
 # that: `close` waits for the context's queued work itself (a driver whose free or close does
 # not wait — as a VMM unmap does not — would fault or copy freed bytes here).
-
-
-def _slow_copy_on(side, view):
-    """Queue on ``side``, after the current stream's work: ~150 ms of sleep, then a copy of
-    ``view``; returns the copy (not yet written)."""
-    import torch
-
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(300_000_000)
-        return view.clone()
 
 
 def test_a_sender_closes_only_after_the_work_queued_on_its_slots_is_done():
