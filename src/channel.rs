@@ -833,18 +833,17 @@ impl<T: Pod> SendSlot<'_, T> {
         self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
         Geometry::check_header("SendSlot::send_with_header", header)?;
         let k = self.tx.next;
-        let write = self.tx.end.signal(self.stream, k)?;
+        let done = self.tx.end.signal(self.stream, k, |ring| {
+            ring.publish_from(k, 1, [(len as u64, header)])
+        })?;
         self.waited = false;
-        // Published before the write's tracking event is recorded (off the consumer's path).
-        let published = self.tx.ring().publish_from(k, 1, [(len as u64, header)]);
-        let recorded = self.tx.end.track(write);
-        published?;
+        done.published?;
         self.tx.next += 1;
         // Published: the item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
         // rather than free them under GPU work); returning it here would tell the caller to
         // send again an item already delivered.
-        drop(recorded);
+        drop(done.recorded);
         Ok(())
     }
 }
@@ -1140,11 +1139,9 @@ impl<T: Pod> IpcReceiver<T> {
     /// Enqueue "`released` = item `k`" on `stream`, publish it, record it (after the publish:
     /// off the producer's path).
     fn release_item(&mut self, stream: sys::CUstream, k: u64) -> Result<()> {
-        let write = self.end.signal(stream, k)?;
-        let released = self.ring().release(k);
-        let recorded = self.end.track(write);
-        released?;
-        recorded
+        let done = self.end.signal(stream, k, |ring| ring.release(k))?;
+        done.published?;
+        done.recorded
     }
 
     /// Close the receiver: the producer's next acquire reports [`Error::ChannelClosed`] (a

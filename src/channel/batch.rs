@@ -202,23 +202,23 @@ impl<T: Pod> SendBatch<'_, T> {
             Geometry::check_header("SendBatch::send_with_headers", header)?;
         }
         let first = self.tx.next;
-        let last = first + self.count - 1;
-        let write = self.tx.end.signal(self.stream, last)?;
-        self.waited = false;
+        let count = self.count;
+        let last = first + count - 1;
         let items = lens
             .iter()
             .enumerate()
             .map(|(i, &len)| (len as u64, headers.get(i).copied().unwrap_or(&[])));
-        // Published before the write's tracking event is recorded (off the consumer's path).
-        let published = self.tx.ring().publish_from(first, self.count, items);
-        let recorded = self.tx.end.track(write);
-        published?;
+        let done = self.tx.end.signal(self.stream, last, |ring| {
+            ring.publish_from(first, count, items)
+        })?;
+        self.waited = false;
+        done.published?;
         self.tx.next = last + 1;
         // Published: every item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
         // rather than free them under GPU work); returning it here would tell the caller to
         // send again items already delivered.
-        drop(recorded);
+        drop(done.recorded);
         Ok(())
     }
 }
@@ -354,14 +354,13 @@ impl<T: Pod> ReceivedBatch<'_, T> {
     }
 
     fn release_all(&mut self) -> Result<()> {
-        let last = self.first + self.lens.len() as u64 - 1;
-        let write = self.rx.end.signal(self.stream, last)?;
-        let ring = self.rx.ring();
-        let released = (self.first..=last).try_for_each(|k| ring.release(k));
-        // Recorded after the release is published (off the producer's path).
-        let recorded = self.rx.end.track(write);
-        released?;
-        recorded
+        let first = self.first;
+        let last = first + self.lens.len() as u64 - 1;
+        let done = self.rx.end.signal(self.stream, last, |ring| {
+            (first..=last).try_for_each(|k| ring.release(k))
+        })?;
+        done.published?;
+        done.recorded
     }
 }
 

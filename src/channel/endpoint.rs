@@ -17,11 +17,14 @@ use crate::error::{Error, ObjectState, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
-/// A counter write [`Endpoint::signal`] enqueued on `stream` that no tracking event covers
-/// yet: [`Endpoint::track`] it once the item is published (or its publish failed).
-#[must_use = "a channel write must be tracked (Endpoint::track), or teardown may free under it"]
-pub(crate) struct Untracked {
-    stream: sys::CUstream,
+/// What [`Endpoint::signal`] did once its counter write was enqueued.
+#[must_use = "a publish that failed means the peer was told nothing"]
+pub(crate) struct Signalled {
+    /// The host publish's result: `Ok` means the peer sees the item (or release).
+    pub(crate) published: Result<()>,
+    /// The tracking event's record: an `Err` has marked the end untracked (its teardown then
+    /// leaks instead of freeing under GPU work).
+    pub(crate) recorded: Result<()>,
 }
 
 /// How long an end's GPU operations are waited for (by `close`; after a drop, by later collects)
@@ -157,13 +160,13 @@ impl<T: Pod> Endpoint<T> {
     }
 
     /// Enqueue "our counter = `value`" on `stream` (`cuStreamWriteValue64`, after a fence that
-    /// makes the stream's earlier work visible to every process). The counter is `sent` for
-    /// the producer, `released` for the consumer. The write is not yet covered by a tracking
-    /// event: the caller publishes on the host first, then hands the returned [`Untracked`]
-    /// to [`track`](Self::track) whatever the publish's result — the record (a driver call,
-    /// ~1 µs, ~11–16 µs in a process that was idle a few ms, measured on an H200) is then off
-    /// the peer's path. Nothing can tear this end down in between: teardown takes the end by
-    /// `&mut` or by value, and the caller holds it.
+    /// makes the stream's earlier work visible to every process), then `publish` on the ring
+    /// (the host's word to the peer: an item sent, or released), then record the event that
+    /// tracks the write — in that order, so that the record (a driver call, ~1 µs, ~11–16 µs
+    /// in a process that was idle a few ms, measured on an H200) is off the peer's path. The
+    /// counter is `sent` for the producer, `released` for the consumer. The record follows
+    /// whatever the publish's result: the write is enqueued either way, and teardown must
+    /// wait for it.
     ///
     /// The counter must only grow on the GPU, whatever streams the user passes: the peer reads
     /// "counter ≥ k" as "items up to k are done", so a write of `k + 1` on a fast stream must
@@ -175,9 +178,15 @@ impl<T: Pod> Endpoint<T> {
     /// never shares with a destroyed one (a handle's address may be reused); without it, every
     /// write waits.
     ///
-    /// `Err`: the write failed, nothing was enqueued (nothing to track). `Ok`: the write is
-    /// enqueued.
-    pub(crate) fn signal(&mut self, stream: sys::CUstream, value: u64) -> Result<Untracked> {
+    /// `Err`: the write failed; nothing was enqueued, nothing published (`publish` not called).
+    /// `Ok`: the write is enqueued, and [`Signalled`] holds the publish's and the record's
+    /// results.
+    pub(crate) fn signal(
+        &mut self,
+        stream: sys::CUstream,
+        value: u64,
+        publish: impl FnOnce(&Ring<'_>) -> Result<()>,
+    ) -> Result<Signalled> {
         let counter = match self.role {
             Role::Producer => self.sent.as_raw_ptr(),
             Role::Consumer => match self.released.first() {
@@ -192,7 +201,7 @@ impl<T: Pod> Endpoint<T> {
                 }
             },
         };
-        let _g = self.data.context().enter()?;
+        let guard = self.data.context().enter()?;
         let id = crate::driver::stream::id(stream);
         let write = sys::CUstreamMemOpValue64 {
             operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
@@ -215,8 +224,9 @@ impl<T: Pod> Endpoint<T> {
                 ];
                 // SAFETY: two operations on an 8-byte aligned word of a signal this end holds
                 // mapped; `stream` is live (borrowed by the caller's slot or item); the event
-                // recorded right after lets teardown wait for both before the counter is
-                // unmapped or freed.
+                // this function records below (after the publish) lets teardown wait for both
+                // before the counter is unmapped or freed (a failed record marks the end
+                // untracked: teardown then leaks the counter).
                 unsafe { driver::stream::batch_mem_op(stream, &mut ops) }?;
             }
             _ => {
@@ -226,13 +236,13 @@ impl<T: Pod> Endpoint<T> {
             }
         }
         self.last_signal = Some((id, value));
-        Ok(Untracked { stream })
-    }
-
-    /// Record the tracking event after a write [`signal`](Self::signal) enqueued (a failure
-    /// marks the end untracked: its teardown then leaks instead of freeing under GPU work).
-    pub(crate) fn track(&mut self, write: Untracked) -> Result<()> {
-        self.record(write.stream)
+        drop(guard); // `record` enters the context itself
+        let published = publish(&self.ring());
+        let recorded = self.record(stream);
+        Ok(Signalled {
+            published,
+            recorded,
+        })
     }
 
     /// Take the end apart: a [`Drain`] of everything it holds (once; `None` after).
