@@ -1,4 +1,4 @@
-"""Weight sync between two processes on one GPU, three ways, in one run (issue 35's bench):
+"""Weight sync between two processes on one GPU, six ways, in one run (issue 35's bench):
 
 (a) ``torch.multiprocessing`` Queue, one tensor per message, the engine copying each into its
     own weights;
@@ -12,22 +12,30 @@
     once through ``torch.multiprocessing`` (CUDA IPC handles), each version an interprocess
     event the engine's stream waits on and a message over a pipe, the same multi-tensor copies,
     and an interprocess event back that the trainer's next version waits on (what (d)'s
-    channel item and release do) — the same work as (d) on raw primitives.
+    channel item and release do) — the same work as (d) on raw primitives;
+(f) the least a sync between two processes on one GPU can cost, no package and no protocol
+    beyond one message each way: the engine's tensors shared once with the trainer
+    (``torch.multiprocessing``), and each version the floor's very copies done by the trainer,
+    in its own context, straight into the engine's tensors (after a GPU wait for the engine's
+    interprocess event saying it is done with them), an interprocess event recorded after
+    them and a pipe message; the engine waits for that event on the host. What (f) spends
+    beyond the floor is what one time-sliced GPU charges for a second process — (d)'s time
+    beyond (f)'s is its protocol's own.
 
 Each is timed end to end: from the trainer's first call to the engine's weights complete on
-the GPU (both clocks are CLOCK_MONOTONIC, which processes share); (c)'s and (d)'s trainers
-report their start after the sync, (a)'s and (b)'s in the queue's first message (their engines
-need its count), and every engine waits for the trainer's first message when the sync starts.
-Each has its floor: the same copies, done in one process with no second process (for (c): the
-same multi-tensor pack and unpack of the same buckets; for (b): the same flatten and per-tensor
-unpack; for (a): one copy per tensor; for (d) and (e): the same multi-tensor copies, trainer's
-tensors to engine's). Per-bucket
+the GPU (both clocks are CLOCK_MONOTONIC, which processes share); (c)'s to (f)'s trainers
+report their start after the sync (for (f): once its copies are enqueued), (a)'s and (b)'s in
+the queue's first message (their engines need its count), and every engine waits for the
+trainer's first message when the sync starts. Each has its floor: the same copies, done in one
+process with no second process (for (c): the same multi-tensor pack and unpack of the same
+buckets; for (b): the same flatten and per-tensor unpack; for (a): one copy per tensor; for
+(d), (e) and (f): the same multi-tensor copies, trainer's tensors to engine's). Per-bucket
 overhead = (end to end - floor) / buckets. (d) also times its floor's copies out of the
 trainer's memory once its syncs are done, the trainer alive and idle: the share of (d)'s time
 beyond the floor that one GPU charges for a second process holding a context. Every run's
 weights are checked word for word on the engine.
 
-    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 9] [--methods abcde] [--json out.json]
+    python3 weight_sync.py [--big 1600] [--small 400] [--repeat 9] [--methods abcdef] [--json out.json]
 """
 
 import argparse
@@ -184,11 +192,19 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry, pipe):
         version = torch.cuda.Event(interprocess=True)
         data.put((src, bytes(version.ipc_handle())))  # the tensors' CUDA IPC handles, once
         released = torch.cuda.Event.from_ipc_handle(0, pipe.recv_bytes())
+    elif method == "f":
+        from cuda_ipc import weights as W  # its dtype grouping and `_foreach_copy_` only
+
+        targets = ctl.get()  # the engine's tensors (CUDA IPC handles), once
+        free = torch.cuda.Event.from_ipc_handle(0, pipe.recv_bytes())
+        done = torch.cuda.Event(interprocess=True)
+        pipe.send_bytes(bytes(done.ipc_handle()))
+        groups = W._group([(targets[n], t) for n, t in src.items()])
     ctl.put(("ready", checksum(src)))
     for r in range(repeat + WARM):
         if method in "cd":
             assert peer.recv(timeout=120) == b"go"
-        elif method == "e":
+        elif method in "ef":
             assert pipe.recv_bytes() == b"go"
         else:
             assert ctl.get() == "go"
@@ -213,17 +229,29 @@ def trainer(method, big, small, repeat, ctl, data, name, geometry, pipe):
         elif method == "d":
             tx.update()  # the weights as they are: no step (the bench times the sync alone)
             peer.send(repr(t0).encode())
-        else:
+        elif method == "e":
             stream = torch.cuda.current_stream()
             if r:
                 stream.wait_event(released)  # the engine's copies of the last version done
             version.record(stream)
             pipe.send_bytes(b"v")
             pipe.send_bytes(repr(t0).encode())
+        else:
+            stream = torch.cuda.current_stream()
+            stream.wait_event(free)  # the engine is done with its weights
+            W._copy(groups)
+            done.record(stream)
+            pipe.send_bytes(repr(t0).encode())
     if method in "cd":
         tx.close(120)
     if method == "e":
         assert pipe.recv_bytes() == b"closed"  # the engine let go of the tensors
+    if method == "f":
+        assert pipe.recv_bytes() == b"done"  # the engine's last check read its weights
+        del groups, targets
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        pipe.send_bytes(b"closed")  # this process let go of the engine's tensors
     ctl.put("exit")
 
 
@@ -258,12 +286,19 @@ def engine(method, big, small, repeat, name):
         released = torch.cuda.Event(interprocess=True)
         pipe.send_bytes(bytes(released.ipc_handle()))
         groups = W._group([(dst[n], sources[n]) for n in dst])
+    elif method == "f":
+        back.put(dst)  # the engine's own tensors, to the trainer, once
+        free = torch.cuda.Event(interprocess=True)
+        pipe.send_bytes(bytes(free.ipc_handle()))
+        done = torch.cuda.Event.from_ipc_handle(0, pipe.recv_bytes())
     tag, want = ctl.get(timeout=300)
     assert tag == "ready"
     times, cold = [], None
     for r in range(repeat + WARM):
         for t in dst.values():
             t.zero_()
+        if method == "f":
+            free.record()  # what the trainer's copies wait for on the GPU
         torch.cuda.synchronize()
         if method in "cd":
             peer.send(b"go")
@@ -282,6 +317,12 @@ def engine(method, big, small, repeat, name):
             torch.cuda.synchronize()
             t1 = time.monotonic()
             t0 = float(pipe.recv_bytes())
+            buckets = 1
+        elif method == "f":
+            pipe.send_bytes(b"go")
+            t0 = float(pipe.recv_bytes())  # sent once the trainer's copies are enqueued
+            done.synchronize()  # the host waits: the engine's context stays idle
+            t1 = time.monotonic()
             buckets = 1
         else:
             back.put("go")
@@ -331,6 +372,9 @@ def engine(method, big, small, repeat, name):
         torch.cuda.synchronize()
         torch.cuda.ipc_collect()
         pipe.send_bytes(b"closed")
+    if method == "f":
+        pipe.send_bytes(b"done")
+        assert pipe.recv_bytes() == b"closed"
     assert ctl.get(timeout=300) == "exit"
     proc.join(120)
     return statistics.median(times), min(times), buckets, cold, peer_idle
@@ -353,7 +397,7 @@ def main():
     ap.add_argument("--big", type=int, default=1600)
     ap.add_argument("--small", type=int, default=400)
     ap.add_argument("--repeat", type=int, default=9)
-    ap.add_argument("--methods", default="abcde")
+    ap.add_argument("--methods", default="abcdef")
     ap.add_argument("--bucket", type=int, default=512, help="MiB per bucket, (c) and its floor")
     ap.add_argument("--slots", type=int, default=4, help="(c)'s ring")
     ap.add_argument("--json")
@@ -384,6 +428,7 @@ def main():
         "c": floor["multi"],
         "d": floor["direct"],
         "e": floor["direct"],
+        "f": floor["direct"],
     }
     for m in args.methods:
         med, best, buckets, cold, peer_idle = engine(
@@ -422,6 +467,13 @@ def main():
         res["d_over_e"] = res["d"]["median_ms"] / res["e"]["median_ms"]
     if "e" in res:
         res["e_vs_floor"] = res["e"]["median_ms"] / res["floor_direct_ms"]
+    if "f" in res:
+        # What one GPU charges for a second process, with no protocol: the least any
+        # two-process sync can spend beyond the floor.
+        res["f_vs_floor"] = res["f"]["median_ms"] / res["floor_direct_ms"]
+    if "d" in res and "f" in res:
+        # (d)'s time beyond (f)'s: its protocol's own (≤ 0 is within the spread).
+        res["d_minus_f_ms"] = res["d"]["median_ms"] - res["f"]["median_ms"]
     print(json.dumps(res, indent=1))
     if args.json:
         with open(args.json, "w") as f:
