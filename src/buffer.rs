@@ -252,9 +252,11 @@ impl<T: Pod> IpcBuffer<T> {
     /// [`MAX_EXPORTS`](Self::MAX_EXPORTS) buffers and signals of this process are exported; at
     /// this process's first export, a shared-memory error creating its export registry;
     /// [`Error::HandleTypeMismatch`] ([`TypeConflict::NoReadOnlyMapping`]) for a legacy buffer
-    /// shared [read-only](Self::read_only_for_importers).
+    /// shared [read-only](Self::read_only_for_importers); [`Error::InvalidState`]
+    /// ([`ObjectState::Closing`]) for a buffer a [`close`](Self::close) released (see there).
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
+        self.check_unreleased("IpcBuffer::handle")?;
         self.check_read_only_shareable()?;
         let handle: IpcMemHandle<T> = self.export_handle()?;
         Ok(handle.marked_read_only_if(self.read_only))
@@ -323,7 +325,8 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::Cuda`] naming
-    /// `cuMemExportToShareableHandle`.
+    /// `cuMemExportToShareableHandle`; [`Error::InvalidState`] ([`ObjectState::Closing`]) for a buffer a
+    /// [`close`](Self::close) released.
     ///
     /// # Examples
     ///
@@ -343,6 +346,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemExportToShareableHandle")]
     pub fn export_fd(&self) -> Result<(IpcMemHandle<T>, OwnedFd)> {
+        self.check_unreleased("IpcBuffer::export_fd")?;
         let memory = match &self.export {
             Export::Vmm {
                 memory: Some(m), ..
@@ -372,7 +376,8 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// [`Error::HandleTypeMismatch`] for a buffer of another handle type;
     /// [`Error::Cuda`] naming `cuMemPoolExportToShareableHandle`, `cuEventSynchronize` or
-    /// `cuMemPoolExportPointer`.
+    /// `cuMemPoolExportPointer`; [`Error::InvalidState`] ([`ObjectState::Closing`]) for a buffer a
+    /// [`close`](Self::close) released.
     ///
     /// # Examples
     ///
@@ -393,6 +398,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuMemPoolExportPointer")]
     pub fn export_pooled(&self) -> Result<(IpcPoolHandle, OwnedFd, PoolHandle<T>)> {
+        self.check_unreleased("IpcBuffer::export_pooled")?;
         let Export::Pooled(alloc) = &self.export else {
             return Err(Error::HandleTypeMismatch {
                 handle: self.handle_type(),
@@ -472,7 +478,8 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`.
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; [`Error::InvalidState`] ([`ObjectState::Closing`]) for a buffer a
+    /// [`close`](Self::close) released.
     ///
     /// # Examples
     ///
@@ -489,6 +496,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// ```
     #[doc(alias = "cuIpcGetMemHandle")]
     pub fn raw_export(&self) -> Result<RawExport> {
+        self.check_unreleased("IpcBuffer::raw_export")?;
         self.check_read_only_shareable()?;
         let published = match &self.export {
             Export::Legacy { published, .. } => published,
@@ -535,7 +543,11 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::LeasesOutstanding`] naming the importers still mapping the memory after
-    /// `timeout`; [`Error::Cuda`] naming `cuMemFree`.
+    /// `timeout`; [`Error::Cuda`] naming `cuMemFree` when the driver refused the free. That
+    /// buffer comes back released: its memory is no longer its own to share — every export
+    /// (`handle`, `export_fd`, `export_pooled`, `raw_export`) is [`Error::InvalidState`]
+    /// ([`ObjectState::Closing`]) —, and dropping it leaks the memory (a free the driver
+    /// refused is not retried).
     ///
     /// # Examples
     ///

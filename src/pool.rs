@@ -772,6 +772,14 @@ impl PoolAlloc {
 
     /// The handle of this allocation as `len` elements of `T` (see [`PoolBuffer::handle`]).
     pub(crate) fn handle<T: Pod>(&self, len: usize) -> Result<PoolHandle<T>> {
+        if self.freed {
+            // Its event is destroyed and its block retired (an owner checks first; this keeps
+            // the destroyed event from ever reaching the driver).
+            return Err(Error::InvalidState {
+                call: "cuMemPoolExportPointer",
+                state: crate::error::ObjectState::Closing,
+            });
+        }
         let _g = self.owner.ctx.enter()?;
         // SAFETY: our live event.
         unsafe { driver::event::synchronize(self.ready) }?;
@@ -784,6 +792,11 @@ impl PoolAlloc {
             len as u64,
             export,
         ))
+    }
+
+    /// Whether [`free`](Self::free) ran (whatever it returned).
+    pub(crate) fn is_freed(&self) -> bool {
+        self.freed
     }
 
     /// See [`IpcPool::grant_access`] (for the whole pool).

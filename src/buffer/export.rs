@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use super::{IpcBuffer, allocation_bytes};
 use crate::context::GpuContext;
 use crate::driver;
-use crate::error::{Capability, Error, Result};
+use crate::error::{Capability, Error, ObjectState, Result};
 use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
 use crate::ledger::deferred;
 use crate::ledger::registry::{self, Record};
@@ -240,6 +240,25 @@ impl<T: Pod> IpcBuffer<T> {
             .and_then(|()| self.release())
     }
 
+    /// Refuse `call` once the memory was released (by a `close` that handed the buffer back
+    /// because the driver refused the free, the only way a released buffer stays reachable):
+    /// its record is gone, so a new export would publish a fresh one for memory this buffer no
+    /// longer owns, and a pool allocation's event is destroyed.
+    pub(crate) fn check_unreleased(&self, call: &'static str) -> Result<()> {
+        let released = match &self.export {
+            Export::Legacy { released, .. } => *released,
+            Export::Vmm { memory, .. } => memory.is_none(),
+            Export::Pooled(alloc) => alloc.is_freed(),
+        };
+        if released {
+            return Err(Error::InvalidState {
+                call,
+                state: ObjectState::Closing,
+            });
+        }
+        Ok(())
+    }
+
     /// For a `cuMemAlloc` export: retire it (new opens are stale) and wait up to `timeout`
     /// until no importer maps it (then it may be freed), reaping importers proven dead. A pool
     /// buffer waits until no importer holds it; a POSIX-fd buffer has nothing to wait for (the
@@ -312,5 +331,58 @@ impl<T: Pod> Drop for IpcBuffer<T> {
         // Never waits: freed now, or deferred while importers map it. A failed cuMemFree
         // cannot be reported from drop; `IpcBuffer::close` reports it.
         let _ = self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::{Error, ObjectState};
+    use crate::{GpuContext, HandleType, IpcBuffer};
+
+    fn closing(r: crate::Result<impl Sized>) -> Option<&'static str> {
+        match r {
+            Err(Error::InvalidState {
+                call,
+                state: ObjectState::Closing,
+            }) => Some(call),
+            _ => None,
+        }
+    }
+
+    /// What a `close` hands back when the driver refused its free: a buffer whose `release`
+    /// ran. The refusal cannot be caused on purpose, so `release` runs here as the close runs
+    /// it (and succeeds): every export of the released buffer is refused, naming its call.
+    #[test]
+    #[ignore = "requires a CUDA device"]
+    fn a_released_buffer_exports_nothing_more() {
+        let ctx = GpuContext::new(0).expect("a CUDA device (this test runs on a GPU machine)");
+        for kind in [HandleType::Legacy, HandleType::PosixFd, HandleType::Pool] {
+            let mut buf = IpcBuffer::<u32>::new_with(&ctx, 4096, kind).unwrap();
+            // Exported once before, as a buffer handed back by a close would have been.
+            match kind {
+                HandleType::Legacy => drop(buf.handle().unwrap()),
+                HandleType::PosixFd => drop(buf.export_fd().unwrap()),
+                _ => drop(buf.export_pooled().unwrap()),
+            }
+            buf.release().unwrap();
+            assert_eq!(closing(buf.handle()), Some("IpcBuffer::handle"), "{kind:?}");
+            assert_eq!(
+                closing(buf.export_fd()),
+                Some("IpcBuffer::export_fd"),
+                "{kind:?}"
+            );
+            assert_eq!(
+                closing(buf.export_pooled()),
+                Some("IpcBuffer::export_pooled"),
+                "{kind:?}"
+            );
+            assert_eq!(
+                closing(buf.raw_export()),
+                Some("IpcBuffer::raw_export"),
+                "{kind:?}"
+            );
+            // Its drop finds nothing left to free.
+            drop(buf);
+        }
     }
 }
