@@ -924,10 +924,14 @@ impl<T: Pod> std::ops::Deref for Side<T> {
 
 impl<T: Pod> Side<T> {
     /// The owner's handle of kind `K` (`call` names the public method that asked, for the
-    /// importer's error: an import cannot be exported again).
+    /// errors: an import cannot be exported again, and an owner a failed close released — an
+    /// [`IpcSignal`](crate::IpcSignal) handed back by its `close` — has nothing left to export).
     pub(crate) fn export_handle<K: HandleKind>(&self, call: &'static str) -> Result<Handle<K>> {
         match self {
-            Self::Owner(b) => b.export_handle(),
+            Self::Owner(b) => {
+                b.check_unreleased(call)?;
+                b.export_handle()
+            }
             Self::Importer(_) => Err(Error::InvalidState {
                 call,
                 state: ObjectState::Imported,

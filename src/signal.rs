@@ -174,7 +174,9 @@ impl IpcSignal {
     /// # Errors
     ///
     /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; as
-    /// [`IpcBuffer::handle`](crate::IpcBuffer::handle) for the export registry.
+    /// [`IpcBuffer::handle`](crate::IpcBuffer::handle) for the export registry;
+    /// [`Error::InvalidState`] ([`ObjectState::Closing`](crate::error::ObjectState::Closing))
+    /// for a signal a [`close`](Self::close) released (see there).
     pub fn handle(&self) -> Result<IpcSignalHandle> {
         self.signal.handle()
     }
@@ -192,7 +194,9 @@ impl IpcSignal {
     /// # Errors
     ///
     /// [`Error::LeasesOutstanding`] when importers remained (the signal comes back in the
-    /// error, closing), [`Error::Cuda`] naming `cuMemFree`.
+    /// error, closing), [`Error::Cuda`] naming `cuMemFree` when the driver refused the free
+    /// (the signal comes back released: its counter is no longer its own to share, so
+    /// [`handle`](Self::handle) is [`Error::InvalidState`], and dropping it leaks the counter).
     #[doc(alias = "cuMemFree")]
     pub fn close(self, timeout: Duration) -> Result<(), CloseError<Self>> {
         let mut signal = self.signal;
@@ -783,6 +787,34 @@ mod tests {
         assert_eq!(*last.lock(), 0);
         advance(&last, "t", 1, || Ok(())).unwrap();
         assert_eq!(*last.lock(), 1);
+    }
+
+    /// What a `close` hands back when the driver refused its free: a signal whose counter was
+    /// released. The refusal cannot be caused on purpose, so the counter is released here as
+    /// the close releases it: the signal exports nothing more (before, its handle published a
+    /// fresh export record for a counter it no longer owned).
+    #[test]
+    #[ignore = "requires a CUDA device"]
+    fn a_released_signal_exports_nothing_more() {
+        let ctx =
+            crate::GpuContext::new(0).expect("a CUDA device (this test runs on a GPU machine)");
+        let mut signal = IpcSignal::new(&ctx).unwrap();
+        signal.handle().unwrap(); // exported once, as a signal handed back would be
+        let Side::Owner(counter) = &mut signal.signal.counter else {
+            unreachable!("a new signal owns its counter")
+        };
+        counter.release().unwrap();
+        assert!(
+            matches!(
+                signal.handle(),
+                Err(Error::InvalidState {
+                    call: "IpcSignal::handle",
+                    state: crate::error::ObjectState::Closing,
+                })
+            ),
+            "a released signal's handle"
+        );
+        drop(signal); // its drop finds nothing left to free
     }
 
     /// Issue 11, defect 7: the host wait compared unsigned where the GPU compares the signed
