@@ -325,8 +325,8 @@ impl<T: Pod> IpcBuffer<T> {
     /// # Errors
     ///
     /// [`Error::HandleTypeMismatch`] for a legacy buffer; [`Error::Cuda`] naming
-    /// `cuMemExportToShareableHandle`; [`Error::InvalidState`] ([`ObjectState::Closing`]) for a buffer a
-    /// [`close`](Self::close) released.
+    /// `cuMemExportToShareableHandle`; [`Error::InvalidState`] ([`ObjectState::Closing`]) for
+    /// a buffer a [`close`](Self::close) released.
     ///
     /// # Examples
     ///
@@ -478,8 +478,8 @@ impl<T: Pod> IpcBuffer<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; [`Error::InvalidState`] ([`ObjectState::Closing`]) for a buffer a
-    /// [`close`](Self::close) released.
+    /// [`Error::Cuda`] naming `cuIpcGetMemHandle`; [`Error::InvalidState`]
+    /// ([`ObjectState::Closing`]) for a buffer a [`close`](Self::close) released.
     ///
     /// # Examples
     ///
