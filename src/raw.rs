@@ -390,7 +390,8 @@ pub(crate) unsafe fn open_raw<T: Pod>(
             }
         };
         let _g = ctx.enter()?;
-        let ptr = driver::ipc::open_mem_handle(import.handle.0)?;
+        let ptr = driver::ipc::open_mem_handle(import.handle.0)
+            .map_err(|e| crate::buffer::import::judged_again(e, exporter.as_ref()))?;
         let checked = mapped_bytes(ptr).and_then(|mapped| {
             in_range(mapped)?;
             check_memory_device(ctx, ptr)?;

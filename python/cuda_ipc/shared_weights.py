@@ -50,6 +50,10 @@ or sent by it would be taken from or added to the pair's stream).
 =========================================  =================================================
 trainer dies ...                            engine
 =========================================  =================================================
+during the setup                            ``SharedWeightReceiver(...)``: ``PeerClosed`` (the
+                                            socket's end of file), or ``PeerGone`` (role
+                                            ``exporter``) from opening the channel or a tensor
+                                            of the dead trainer; what it had mapped is let go
 before publishing version v                 ``pull_into`` of v: ``PeerGone`` (role
                                             ``exporter``), within the channel's death check
 after publishing v, before its verdict      ``pull_into`` of v: its copies are enqueued, then
@@ -67,6 +71,10 @@ wait and then synchronises — before using that stream again.
 =========================================  =================================================
 engine dies ...                             trainer
 =========================================  =================================================
+during the setup                            ``SharedWeightSender(...)``: ``PeerClosed`` (a send
+                                            refused, or the end of file where the engine's
+                                            answer was due) — never an ``update`` that waits
+                                            for an engine that never attached
 before or during ``pull_into`` of v         ``update`` v + 1 waits for v's slot: ``PeerGone``
                                             (role ``importer``); a verdict its socket refused
                                             (``EPIPE``) is not ``update`` v's error (a second
@@ -99,7 +107,11 @@ __all__ = ["SharedWeightSender", "SharedWeightReceiver"]
 #: The setup's first message: magic, version, the number of tensors.
 _SETUP = struct.Struct("<4sB3xI")
 _SETUP_MAGIC = b"CISW"
-_VERSION = 1
+_VERSION = 2
+#: The setup's answer (engine to trainer, once every tensor is mapped and the channel open):
+#: magic, the number of tensors mapped.
+_READY = struct.Struct("<4sxxxxQ")
+_READY_MAGIC = b"CISR"
 #: Each version's item header: magic, version number.
 _ITEM = struct.Struct("<4sxxxxQ")
 _ITEM_MAGIC = b"CISV"
@@ -118,7 +130,10 @@ _HAS_MEMORY, _EMPTY = 1, 0
 class SharedWeightSender:
     """The trainer's end: shares the tensors of ``state_dict`` (contiguous CUDA tensors on
     ``ctx``'s device, as PyTorch allocated them) with one engine over ``peer``, once; then
-    publishes each version with :meth:`update`."""
+    publishes each version with :meth:`update`. Returns once the engine answered that it holds
+    the channel and mapped every tensor (each wait at most ``timeout``): ``PeerClosed`` if its
+    end of ``peer`` closed first (it died, or refused the setup), ``Timeout`` if it never
+    answered, ``ValueError`` for an answer that is not one."""
 
     def __init__(self, ctx, state_dict: Mapping[str, object], peer, *, timeout: float = 30.0):
         items = list(state_dict.items())
@@ -135,6 +150,11 @@ class SharedWeightSender:
             peer.send(bytes([flag]) + name.encode(), timeout)
             if flag == _HAS_MEMORY:
                 peer.send_tensor(ctx, t, timeout)
+        # The engine's answer: it holds the channel's consumer end (so its death is seen by
+        # `update`) and mapped every tensor.
+        magic, mapped = _unpack(_READY, peer.recv(timeout), "setup answer")
+        if magic != _READY_MAGIC or mapped != len(items):
+            raise ValueError(f"a setup answer of {mapped} tensors for {len(items)} (magic {magic!r})")
         # What the engine mapped: these objects (held, so their memory stays allocated), at
         # these addresses.
         self._names = [name for name, _ in items]
@@ -267,6 +287,7 @@ class SharedWeightReceiver:
             if flag == _HAS_MEMORY:
                 tensor = torch.from_dlpack(peer.recv_tensor(ctx, timeout))
             self._sources[name] = tensor
+        peer.send(_READY.pack(_READY_MAGIC, count), timeout)
         self._names = list(self._sources)
         self._plan: Optional[Tuple[list, list, int]] = None
         self._peer = peer

@@ -1,9 +1,11 @@
-"""The two processes of test_shared_weights_gpu.py. `trainer NAME SYNCS DIE_AFTER` shares a mixed
-model with cuda_ipc.shared_weights and publishes SYNCS versions (each adds its number to the
-floating tensors), SIGKILLing itself right after version DIE_AFTER when that is not 0 (with
+"""The two processes of test_shared_weights_gpu.py. `trainer NAME SYNCS DIE_AFTER [SIZE]` shares a
+mixed model with cuda_ipc.shared_weights and publishes SYNCS versions (each adds its number to
+the floating tensors), SIGKILLing itself right after version DIE_AFTER when that is not 0 (with
 SW_DIE_BEFORE_VERDICT set: after publishing it, before sending its verdict);
 `engine NAME SYNCS DIE_AFTER` pulls each and checks it bit for bit, SIGKILLing itself right
-after enqueueing pull DIE_AFTER. With SW_STREAMS set, both sides pass a side stream, `stream=`
+after enqueueing pull DIE_AFTER. SYNCS 0: versions until killed (the random-kill stress). SIZE
+`small` (the stress): a model of a few tensors, and only failures and the count are printed
+(`checked N` once SYNCS versions were checked). With SW_STREAMS set, both sides pass a side stream, `stream=`
 on odd versions and as torch's current stream (`with torch.cuda.stream`) on even ones, and from
 version 2 on (the first loads the kernels: a first launch may wait for the device) keep their
 default stream busy with a ~0.5 s kernel before each version: a step or a copy that went to the
@@ -31,8 +33,15 @@ def result(line):
     print("RESULT " + line, flush=True)
 
 
-def model():
+def model(size="mixed"):
     g = torch.Generator(device="cuda").manual_seed(11)
+    if size == "small":
+        return {
+            "a": torch.randn(300, 100, generator=g, device="cuda").to(torch.bfloat16),
+            "b": torch.randn(10_000, generator=g, device="cuda"),
+            "c": torch.randint(0, 1 << 30, (777,), generator=g, device="cuda"),
+            "empty": torch.zeros(0, 4, device="cuda"),
+        }
     sd = {
         "emb": torch.randn(5000, 512, generator=g, device="cuda").to(torch.bfloat16),
         "w": torch.randn(3 << 20, generator=g, device="cuda"),
@@ -49,7 +58,7 @@ def model():
 def step(sd, k):
     with torch.no_grad():
         for t in sd.values():
-            if t.is_floating_point():
+            if t.is_floating_point() or t.dtype == torch.int64:
                 t.add_(k)
 
 
@@ -67,9 +76,17 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def trainer(name, syncs, die_after):
+def versions(syncs):
+    """1, 2, ... SYNCS; with SYNCS 0, without end."""
+    k = 0
+    while syncs == 0 or k < syncs:
+        k += 1
+        yield k
+
+
+def trainer(name, syncs, die_after, size):
     ctx = cuda_ipc.Context(0)
-    sd = model()
+    sd = model(size)
     torch.cuda.synchronize()
     listener = cuda_ipc.Listener(name)
     result("listening")
@@ -78,7 +95,7 @@ def trainer(name, syncs, die_after):
     check = tx._moved
     side = torch.cuda.Stream()
     try:
-        for k in range(1, syncs + 1):
+        for k in versions(syncs):
             if k == die_after and os.environ.get("SW_DIE_BEFORE_VERDICT"):
                 # Published, its verdict not yet sent: die where the check would run.
                 tx._moved = lambda state_dict: (torch.cuda.synchronize(), die())
@@ -100,14 +117,15 @@ def trainer(name, syncs, die_after):
     result("done")
 
 
-def engine(name, syncs, die_after):
+def engine(name, syncs, die_after, size):
     ctx = cuda_ipc.Context(0)
     rx = SharedWeightReceiver(ctx, cuda_ipc.connect(name, T), timeout=T)
-    target = {n: torch.zeros_like(t) for n, t in model().items()}
-    want = model()
+    target = {n: torch.zeros_like(t) for n, t in model(size).items()}
+    want = model(size)
     side = torch.cuda.Stream()
+    quiet = size == "small"
     try:
-        for k in range(1, syncs + 1):
+        for k in versions(syncs):
             bad = []
             if STREAMS:
                 if k > 1:  # (version 1 loads the kernels: a first launch may wait for the device)
@@ -128,17 +146,23 @@ def engine(name, syncs, die_after):
             torch.cuda.synchronize()
             step(want, k)
             bad += [n for n in want if not torch.equal(want[n], snapshot[n])]
-            result(f"wrong {k} {bad[:3]}" if bad or stats.sync != k else f"ok {k}")
+            if bad or stats.sync != k:
+                result(f"wrong {k} {bad[:3]}")
+            elif not quiet:
+                result(f"ok {k}")
     except cuda_ipc.CudaIpcError as e:
         result(f"gone {type(e).__name__} {getattr(e, 'role', None)} {time.monotonic()}")
         # The context survives: new work runs and completes.
         x = torch.ones(1000, device="cuda").sum().item()
         result(f"context {'ok' if x == 1000 else 'broken'}")
         return
+    if quiet:
+        result(f"checked {syncs}")
     rx.close(T)
     result("done")
 
 
 if __name__ == "__main__":
     role, name, syncs, die_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    {"trainer": trainer, "engine": engine}[role](name, syncs, die_after)
+    size = sys.argv[5] if len(sys.argv) > 5 else "mixed"
+    {"trainer": trainer, "engine": engine}[role](name, syncs, die_after, size)

@@ -3,8 +3,11 @@ in-process stand-ins for the socket and the channel (the GPU tests run the real 
 torch; skipped (and says so) where torch is not installed."""
 
 import struct
+import threading
 
 import pytest
+
+import cuda_ipc
 
 torch = pytest.importorskip("torch")
 
@@ -12,27 +15,93 @@ from cuda_ipc import shared_weights as SW  # noqa: E402
 from test_weights_host import FakeChannel  # noqa: E402
 
 
-class FakeSocket:
-    """Both ends of a socket in one process: messages and tensors in one queue."""
+class FakeWire:
+    """An in-process socket pair: ``trainer`` and ``engine`` ends; ``q`` holds what the trainer
+    sent and the engine has not received yet (tensors too), ``back`` the other way. A receive
+    waits (the other end may be a thread); once either end is closed, sends, and receives with
+    nothing left to read, raise PeerClosed."""
 
     def __init__(self):
-        self.q = []
+        self.q, self.back = [], []
+        self.cond = threading.Condition()
+        self.closed = set()
+        self.trainer = FakeEnd(self, "trainer")
+        self.engine = FakeEnd(self, "engine")
+
+
+class FakeEnd:
+    def __init__(self, wire, who):
+        self.wire, self.who = wire, who
+        self.other = "engine" if who == "trainer" else "trainer"
+
+    def _boxes(self):
+        w = self.wire
+        return (w.q, w.back) if self.who == "trainer" else (w.back, w.q)
+
+    def _put(self, x):
+        out, _ = self._boxes()
+        with self.wire.cond:
+            if self.wire.closed:
+                raise cuda_ipc.PeerClosed("the peer closed the connection")
+            out.append(x)
+            self.wire.cond.notify_all()
+
+    def _get(self, timeout):
+        _, inbox = self._boxes()
+        with self.wire.cond:
+            self.wire.cond.wait_for(lambda: inbox or self.wire.closed, timeout)
+            if inbox:
+                return inbox.pop(0)
+            if self.wire.closed:
+                raise cuda_ipc.PeerClosed("the peer closed the connection")
+            raise cuda_ipc.Timeout("nothing came")
 
     def send(self, payload, timeout=30.0):
         assert 1 <= len(payload) <= 65536
-        self.q.append(bytes(payload))
+        self._put(bytes(payload))
 
     def recv(self, timeout=30.0):
-        return self.q.pop(0)
+        x = self._get(timeout)
+        assert isinstance(x, bytes)
+        return x
 
     def send_tensor(self, ctx, t, timeout=30.0):
-        self.q.append(t)
+        self._put(t)
         return 0
 
     def recv_tensor(self, ctx, timeout=30.0):
-        t = self.q.pop(0)
+        t = self._get(timeout)
         assert isinstance(t, torch.Tensor)
         return t
+
+    def close(self):
+        with self.wire.cond:
+            self.wire.closed.add(self.who)
+            self.wire.cond.notify_all()
+
+
+def start_sender(sd, end):
+    """``SharedWeightSender(None, sd, end)`` in a thread (it waits for the engine's answer):
+    ``join()`` returns the sender, or raises what its constructor raised."""
+    out = {}
+
+    def run():
+        try:
+            out["tx"] = SW.SharedWeightSender(None, sd, end, timeout=10)
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            out["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+
+    def join():
+        th.join(30)
+        assert not th.is_alive(), "the sender's setup did not end"
+        if "error" in out:
+            raise out["error"]
+        return out["tx"]
+
+    return join
 
 
 @pytest.fixture
@@ -46,11 +115,12 @@ def pair(monkeypatch):
     monkeypatch.setattr(SW, "_synchronize", lambda: None)
 
     def make(sd):
-        sock = FakeSocket()
-        tx = SW.SharedWeightSender(None, sd, sock)
-        rx = SW.SharedWeightReceiver(None, sock)
-        assert not sock.q
-        return ch, sock, tx, rx
+        wire = FakeWire()
+        join = start_sender(sd, wire.trainer)
+        rx = SW.SharedWeightReceiver(None, wire.engine)
+        tx = join()
+        assert not wire.q and not wire.back
+        return ch, wire, tx, rx
 
     return make
 
@@ -117,21 +187,51 @@ def test_a_trainer_tensor_that_moved_is_refused_on_both_ends(pair):
     assert not ch.items and not sock.q
 
 
+def queued(wire, n):
+    """Wait until the trainer's end has queued `n` messages (its setup, sent from a thread)."""
+    with wire.cond:
+        assert wire.cond.wait_for(lambda: len(wire.q) >= n, 10), wire.q
+
+
+#: The setup of model(): the setup message, the channel's handle, a name per tensor and a
+#: tensor per non-empty one.
+SETUP_MESSAGES = 2 + 5 + 4
+
+
 def test_forged_setups_and_headers_are_value_errors(pair, monkeypatch):
     src = model(4)
     for forge in (
         lambda q: q.__setitem__(0, b"XXXX" + q[0][4:]),
         lambda q: q.__setitem__(0, q[0][:-1]),
-        lambda q: q.__setitem__(0, struct.pack("<4sB3xI", b"CISW", 1, (1 << 20) + 1)),
+        lambda q: q.__setitem__(0, struct.pack("<4sB3xI", b"CISW", SW._VERSION, (1 << 20) + 1)),
+        lambda q: q.__setitem__(0, struct.pack("<4sB3xI", b"CISW", 1, 5)),  # the old setup
         lambda q: q.__setitem__(2, b"\x07a.bf16"),
         lambda q: q.__setitem__(2, b"\x01\xff\xfe"),
         lambda q: q.__setitem__(4, b"\x01a.bf16"),  # a name shared twice
     ):
-        sock = FakeSocket()
-        SW.SharedWeightSender(None, src, sock)
-        forge(sock.q)
+        wire = FakeWire()
+        join = start_sender(src, wire.trainer)
+        queued(wire, SETUP_MESSAGES)
+        forge(wire.q)
         with pytest.raises(ValueError):
-            SW.SharedWeightReceiver(None, sock)
+            SW.SharedWeightReceiver(None, wire.engine)
+        # The engine's socket, dropped with its failed setup: the trainer's setup ends there.
+        wire.engine.close()
+        with pytest.raises(cuda_ipc.PeerClosed):
+            join()
+    # Forged answers to the setup: the trainer refuses them.
+    for answer in (
+        b"CISX\0\0\0\0" + struct.pack("<Q", 5),
+        b"CISR\0\0\0\0" + struct.pack("<Q", 4),
+        b"CISR\0\0\0\0",
+        b"CISR\0\0\0\0" + struct.pack("<Q", 5) + b"x",
+    ):
+        wire = FakeWire()
+        join = start_sender(src, wire.trainer)
+        queued(wire, SETUP_MESSAGES)
+        wire.engine.send(answer)
+        with pytest.raises(ValueError, match="setup answer"):
+            join()
     ch, _, tx, rx = pair(src)
     target = {n: torch.zeros_like(t) for n, t in src.items()}
     ch.items.append((ch.bufs[0], 0, b"CISV\0\0\0\0" + struct.pack("<Q", 5)))
@@ -204,7 +304,7 @@ def test_a_trainer_gone_between_publishing_and_its_verdict_is_an_error_in_the_pu
     def closed(timeout=30.0):
         raise cuda_ipc.PeerClosed("the peer closed the connection")
 
-    sock.recv = closed
+    sock.engine.recv = closed
     with pytest.raises(cuda_ipc.PeerClosed):
         rx.pull_into(target)
     assert not ch.items, "the item was taken (and released)"
@@ -223,8 +323,30 @@ def test_a_verdict_the_socket_refuses_is_not_that_updates_error_but_two_in_a_row
     def closed(payload, timeout=30.0):
         raise cuda_ipc.PeerClosed("the peer closed the connection")
 
-    sock.send = closed
+    sock.trainer.send = closed
     assert tx.update() == 1
     ch.items.clear()  # (the fake ring has no back-pressure: let the next one publish)
     with pytest.raises(cuda_ipc.PeerClosed):
         tx.update()
+
+
+def test_a_peer_gone_during_the_setup_fails_the_setup_on_the_other_end(pair):
+    """The engine gone before its answer: the trainer's setup is PeerClosed — not a sender
+    whose updates would wait for a consumer that never attached. The trainer gone midway: the
+    engine's setup is PeerClosed, after receiving what came."""
+    src = model(9)
+    wire = FakeWire()
+    join = start_sender(src, wire.trainer)
+    queued(wire, 3)
+    wire.engine.close()
+    with pytest.raises(cuda_ipc.PeerClosed):
+        join()
+    wire = FakeWire()
+    join = start_sender(src, wire.trainer)
+    queued(wire, SETUP_MESSAGES)
+    del wire.q[5:]  # the trainer died after its second tensor's name
+    wire.trainer.close()
+    with pytest.raises(cuda_ipc.PeerClosed):
+        SW.SharedWeightReceiver(None, wire.engine)
+    with pytest.raises(cuda_ipc.PeerClosed):
+        join()  # (the "dead" trainer's thread: its own end closed under it)

@@ -165,7 +165,8 @@ impl<T: Pod> ImportedBuffer<T> {
                 }
                 None => {
                     let wanted = len.saturating_mul(std::mem::size_of::<T>());
-                    let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)?;
+                    let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)
+                        .map_err(|e| judged_again(e, Some(&exporter)))?;
                     (ptr, mapped, None)
                 }
             };
@@ -281,6 +282,21 @@ fn liveness_clock() -> u64 {
     u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A failed open of an exporter's memory, with the exporter judged again: one that died after
+/// it was judged alive took its memory with it, and that death — [`Error::PeerGone`], the
+/// exporter — is what the caller is told, not the driver's code for the memory it no longer
+/// finds. Any other failure is returned as it is.
+pub(crate) fn judged_again(e: Error, exporter: Option<&ProcessIdentity>) -> Error {
+    match exporter {
+        Some(id)
+            if !matches!(e, Error::PeerGone { .. }) && !crate::process::is_alive_cached(id) =>
+        {
+            Error::exporter_gone(id.pid())
+        }
+        _ => e,
+    }
+}
+
 /// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold the envelope's
 /// `wanted` bytes — the peer's word — to what the driver mapped; returns the address and the
 /// bytes mapped from it. On an error nothing stays mapped.
@@ -339,4 +355,43 @@ pub(crate) fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Re
         });
     };
     device::check_peer(ctx.ordinal(), ordinal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An open that failed after its exporter was judged alive: the exporter dead now is
+    /// `PeerGone` (the exporter, its pid), alive or unnamed the error stays the driver's.
+    #[test]
+    fn a_failed_open_judges_the_exporter_again() {
+        let driver_error = || Error::Cuda {
+            call: "cuIpcOpenMemHandle",
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let st = crate::os::proc_stat(child.id()).unwrap();
+        let id = ProcessIdentity::from_parts(child.id(), st.start_time);
+        assert!(matches!(
+            judged_again(driver_error(), Some(&id)),
+            Error::Cuda { code: 1, .. }
+        ));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        match judged_again(driver_error(), Some(&id)) {
+            Error::PeerGone { pid, role } => {
+                assert_eq!(pid, child.id());
+                assert_eq!(role, crate::error::PeerRole::Exporter);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            judged_again(driver_error(), None),
+            Error::Cuda { code: 1, .. }
+        ));
+    }
 }
