@@ -1,5 +1,6 @@
 """Shared pieces of the Python tests: the GPU marker (fail loudly with CUDA_IPC_REQUIRE_GPU=1
-when there is no GPU, skip otherwise), unique socket names, and a peer process runner."""
+when there is no GPU, skip otherwise), unique socket names, a peer process runner, and lines a
+test reports at the end of the run (`report`)."""
 
 import os
 import subprocess
@@ -33,6 +34,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+#: Lines a test reports (what a stress did: its rounds, kills, versions), printed at the end of
+#: the run even under -q (pytest shows a passing test's own output only with -s).
+REPORT = []
+
+
+def report(line):
+    REPORT.append(line)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in REPORT:
+        terminalreporter.write_line(f"REPORT {line}")
 
 
 def pytest_configure(config):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import HERE, unique
+from conftest import HERE, report, unique
 
 pytestmark = pytest.mark.gpu
 
@@ -280,6 +280,8 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
     ctx = cuda_ipc.Context(0)
     stream = torch.cuda.Stream()
 
+    seen, slowest = {}, [0.0]  # the survivors' errors by role and class; the slowest
+
     def one(role, kill_after, syncs, expandable):
         rnd = Round(role, kill_after, syncs, expandable)
         try:
@@ -305,6 +307,8 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
             assert (cls, who) in (("PeerGone", dead), ("PeerClosed", None)), error
             took = at - rnd.killed_at
             assert 0 <= took < BOUND_S, f"{cls} {took:.3f} s after the kill"
+            seen[f"{role}:{cls}"] = seen.get(f"{role}:{cls}", 0) + 1
+            slowest[0] = max(slowest[0], took)
         gc.collect()
         assert cuda_ipc.wait_released(30)
         assert stream.query(), "the round left work on this process's stream"
@@ -344,4 +348,10 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
                 f"memory not returned"
             )
             time.sleep(0.1)
-    print(f"{total} versions in {rounds} rounds ({tally}), {time.monotonic() - t0:.0f} s")
+    report(
+        f"shared_weights stress: {total} versions in {rounds} rounds after 3 warm-up ones "
+        f"({tally}), {time.monotonic() - t0:.0f} s; errors {seen}, the slowest "
+        f"{slowest[0] * 1e3:.1f} ms after its kill; this process: {len(fds_before)} descriptors "
+        f"(+{pidfds()} pidfds), device free memory {memory_before >> 20} -> "
+        f"{free_memory() >> 20} MiB"
+    )

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import cuda_ipc
-from conftest import HERE, unique
+from conftest import HERE, report, unique
 
 pytestmark = pytest.mark.gpu
 
@@ -245,4 +245,4 @@ def test_random_kills_over_10000_syncs_leak_nothing():
             total += int(count.split()[1])
         assert shm() == before, f"round {rounds} ({victim}) left {shm() - before}"
     assert_memory_back(baseline, f"after {rounds} rounds")
-    print(f"{total} syncs in {rounds} rounds ({tally}), {time.monotonic() - t0:.0f} s")
+    report(f"weights stress: {total} syncs in {rounds} rounds ({tally}), {time.monotonic() - t0:.0f} s")
