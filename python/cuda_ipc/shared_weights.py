@@ -263,7 +263,10 @@ class SharedWeightSender:
 
 class SharedWeightReceiver:
     """The engine's end: maps the trainer's tensors once (over ``peer``, a :class:`Socket`
-    connected to the trainer), then copies each version out of them with :meth:`pull_into`."""
+    connected to the trainer) and answers the setup — the trainer's constructor returns then —,
+    then copies each version out of them with :meth:`pull_into`. ``PeerClosed`` or
+    ``PeerGone`` (the exporter) if the trainer died during the setup (what was mapped is let
+    go), ``ValueError`` for a setup that is not one."""
 
     def __init__(self, ctx, peer, *, timeout: float = 30.0):
         torch = _torch()
