@@ -6,7 +6,6 @@ its verdict: PeerClosed, the socket's end of file), and a dead trainer's engine 
 context."""
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import time
 import pytest
 
 from conftest import HERE, report, unique
+from survivor import Peer, State, caught
 
 pytestmark = pytest.mark.gpu
 
@@ -110,118 +110,24 @@ def test_a_killed_engine_is_peer_gone_in_the_trainer():
 # ---- 10,000 versions under random kills, this process the survivor of every round ----
 
 
-def fds():
-    """This process's descriptors (their targets), but for pidfds: the crate's liveness cache
-    pins the processes it checked with one each, up to 256 (`cuda_ipc`'s `is_alive_cached`),
-    dead ones dropped at its next check or when it is full — bounded, not a leak."""
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # (the listing's own descriptor, closed by now)
-        if target != "anon_inode:[pidfd]":
-            out.append(target)
-    return sorted(out)
-
-
-def pidfds():
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
-        except OSError:
-            pass
-    return n
-
-
-def shm():
-    """This package's names in /dev/shm, once a dead exporter's lease tables are reclaimed."""
-    import cuda_ipc
-
-    cuda_ipc.reclaim_stale_lease_tables()
-    return {n for n in os.listdir("/dev/shm") if n.startswith("cuda-ipc")}
-
-
-def free_memory():
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.mem_get_info()[0]
-
-
-class Round:
-    """One round of the stress: this process as the engine (pulling from a trainer process)
-    or as the trainer (publishing to an engine process); the peer SIGKILLed after `kill_after`
-    seconds (from just before the setup: it may die during the setup or in any version), or,
-    with `kill_after` None, `syncs` versions and a clean close on both ends."""
-
-    def __init__(self, role, kill_after, syncs, expandable):
-        self.role, self.kill_after, self.syncs = role, kill_after, syncs
-        self.name = unique("sw-stress")
-        env = dict(os.environ)
-        env.pop("SW_STREAMS", None)
-        env.pop("SW_DIE_BEFORE_VERDICT", None)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        if expandable:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        peer_role = "trainer" if role == "engine" else "engine"
-        forever = 0 if kill_after is not None else syncs
-        self.peer = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "shared_weights_peer.py"), peer_role, self.name,
-             str(forever), "0", "small"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        self.killed_at = None
-        self.timer = None
-
-    def arm(self):
-        """Start the peer's clock (this round's kill), if it has one."""
-        import threading
-
-        if self.kill_after is None:
-            return
-
-        def kill():
-            self.killed_at = time.monotonic()
-            self.peer.send_signal(signal.SIGKILL)
-
-        self.timer = threading.Timer(self.kill_after, kill)
-        self.timer.start()
-
-    def finish(self):
-        """The peer's RESULT lines and exit code (waited for, at most 120 s)."""
-        if self.timer is not None:
-            self.timer.join(30)
-        try:
-            out, err = self.peer.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.peer.kill()
-            self.peer.communicate()
-            raise
-        self.err = err
-        return [l[7:] for l in out.splitlines() if l.startswith("RESULT ")], self.peer.returncode
-
-
-def as_engine(ctx, rnd, stream):
+def as_engine(ctx, peer, syncs, stream):
     """Pull and check versions from the trainer process; the versions checked and the error
-    that ended the round (None: a clean end)."""
+    that ended the round (None: `syncs` versions and a clean end)."""
     import torch
 
     import cuda_ipc
     from cuda_ipc.shared_weights import SharedWeightReceiver
     from shared_weights_peer import model, step
 
-    assert rnd.peer.stdout.readline().strip() == "RESULT listening", rnd.peer.stderr.read()
+    assert peer.proc.stdout.readline().strip() == "RESULT listening", peer.proc.stderr.read()
     want = model("small")
     target = {n: torch.zeros_like(t) for n, t in want.items()}
     k, rx, error = 0, None, None
-    sock = cuda_ipc.connect(rnd.name, 30)
-    rnd.arm()  # (after the connection: a trainer killed before it would be no peer at all)
+    sock = cuda_ipc.connect(peer.name, 30)
+    peer.arm()  # (after the connection: a trainer killed before it would be no peer at all)
     try:
         rx = SharedWeightReceiver(ctx, sock, timeout=30)
-        while rnd.kill_after is not None or k < rnd.syncs:
+        while peer.kill_after is not None or k < syncs:
             stats = rx.pull_into(target, stream=stream, timeout=30)
             k += 1
             stream.synchronize()
@@ -229,31 +135,31 @@ def as_engine(ctx, rnd, stream):
             bad = [n for n in want if not torch.equal(want[n], target[n])]
             assert not bad and stats.sync == k, f"version {k}: {bad} differ ({stats})"
     except (cuda_ipc.PeerGone, cuda_ipc.PeerClosed) as e:
-        error = (type(e).__name__, getattr(e, "role", None), time.monotonic())
+        error = caught(e)
     if rx is not None:
         rx.close(10)  # releases a GPU wait the dead trainer left, then synchronises
     return k, error
 
 
-def as_trainer(ctx, rnd):
+def as_trainer(ctx, peer, syncs):
     """Publish versions to the engine process (which checks each); the versions published
-    and the error that ended the round (None: a clean end)."""
+    and the error that ended the round (None: `syncs` versions and a clean end)."""
     import cuda_ipc
     from cuda_ipc.shared_weights import SharedWeightSender
     from shared_weights_peer import model, step
 
     sd = model("small")
-    listener = cuda_ipc.Listener(rnd.name)
+    listener = cuda_ipc.Listener(peer.name)
     k, tx, error = 0, None, None
-    peer = listener.accept(30)
-    rnd.arm()  # (after the connection: an engine killed before it would be no peer at all)
+    sock = listener.accept(30)
+    peer.arm()  # (after the connection: an engine killed before it would be no peer at all)
     try:
-        tx = SharedWeightSender(ctx, sd, peer, timeout=30)
-        while rnd.kill_after is not None or k < rnd.syncs:
+        tx = SharedWeightSender(ctx, sd, sock, timeout=30)
+        while peer.kill_after is not None or k < syncs:
             tx.update(lambda: step(sd, k + 1), timeout=30)
             k += 1
     except (cuda_ipc.PeerGone, cuda_ipc.PeerClosed) as e:
-        error = (type(e).__name__, getattr(e, "role", None), time.monotonic())
+        error = caught(e)
     if tx is not None:
         tx.close(10)  # waits for the engine's close, or its death
     return k, error
@@ -267,7 +173,7 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
     process); the survivor's error comes within BOUND_S of the kill and is the peer's death
     (PeerGone naming the peer's role, or PeerClosed: its socket's end); and after every round
     this process holds the file descriptors, /dev/shm names and device memory it held before
-    — its mappings of a dead trainer's memory included."""
+    (survivor.State) — its mappings of a dead trainer's memory included."""
     import gc
     import random
 
@@ -279,35 +185,30 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
     rng = random.Random(int(os.environ.get("SHARED_WEIGHT_STRESS_SEED", str(os.getpid()))))
     ctx = cuda_ipc.Context(0)
     stream = torch.cuda.Stream()
-
     seen, slowest = {}, [0.0]  # the survivors' errors by role and class; the slowest
 
     def one(role, kill_after, syncs, expandable):
-        rnd = Round(role, kill_after, syncs, expandable)
+        other = "trainer" if role == "engine" else "engine"
+        name = unique("sw-stress")
+        forever = 0 if kill_after is not None else syncs
+        peer = Peer("shared_weights_peer.py", name, [other, name, forever, 0, "small"],
+                    kill_after, expandable)
         try:
             if role == "engine":
-                k, error = as_engine(ctx, rnd, stream)
+                k, error = as_engine(ctx, peer, syncs, stream)
             else:
-                k, error = as_trainer(ctx, rnd)
+                k, error = as_trainer(ctx, peer, syncs)
         finally:
-            if rnd.peer.poll() is None and kill_after is not None:
-                rnd.peer.kill()  # (a failed round: never leave the peer running)
-        results, rc = rnd.finish()
+            results, rc = peer.finish()
         assert not any(r.startswith("wrong") for r in results), results
         if kill_after is None:
             assert error is None and k == syncs, (error, k)
-            assert rc == 0, rnd.err
+            assert rc == 0, peer.err
             tail = [f"checked {syncs}", "done"] if role == "trainer" else ["done"]
             assert results[-len(tail):] == tail, results
         else:
-            assert rc == -signal.SIGKILL and rnd.killed_at is not None, (rc, results, rnd.err)
-            assert error is not None, f"{k} versions, and no error after the kill"
-            cls, who, at = error
-            dead = "exporter" if role == "engine" else "importer"
-            assert (cls, who) in (("PeerGone", dead), ("PeerClosed", None)), error
-            took = at - rnd.killed_at
-            assert 0 <= took < BOUND_S, f"{cls} {took:.3f} s after the kill"
-            seen[f"{role}:{cls}"] = seen.get(f"{role}:{cls}", 0) + 1
+            took = peer.check_death(error, "exporter" if role == "engine" else "importer", BOUND_S)
+            seen[f"{role}:{error[0]}"] = seen.get(f"{role}:{error[0]}", 0) + 1
             slowest[0] = max(slowest[0], took)
         gc.collect()
         assert cuda_ipc.wait_released(30)
@@ -318,7 +219,7 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
     # expandable segments' descriptors) open what they keep for the process's life.
     total = one("engine", None, 20, False) + one("engine", None, 20, True)
     total += one("trainer", None, 20, False)
-    fds_before, shm_before, memory_before = fds(), shm(), free_memory()
+    before = State()
     rounds, tally, t0 = 0, {}, time.monotonic()
     while total < want or rounds < 12:
         assert rounds < 80 and time.monotonic() - t0 < 300, f"{total} versions in {rounds} rounds"
@@ -334,24 +235,9 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
         total += one(role, kill_after, 1500, expandable)
         key = f"{role}/{kind}/{'expandable' if expandable else 'default'}"
         tally[key] = tally.get(key, 0) + 1
-        now = fds()
-        assert len(now) == len(fds_before), (
-            f"round {rounds} ({key}): descriptors {sorted(set(now) - set(fds_before))} new, "
-            f"{sorted(set(fds_before) - set(now))} gone ({len(now) - len(fds_before):+d})"
-        )
-        assert pidfds() <= 256, pidfds()
-        assert shm() == shm_before, f"round {rounds} ({key}) left {shm() - shm_before}"
-        deadline = time.monotonic() + 10  # (the dead peer's context is the driver's to free)
-        while free_memory() < memory_before - (4 << 20):
-            assert time.monotonic() < deadline, (
-                f"round {rounds} ({key}): {(memory_before - free_memory()) >> 20} MiB of device "
-                f"memory not returned"
-            )
-            time.sleep(0.1)
+        before.check(f"round {rounds} ({key})")
     report(
         f"shared_weights stress: {total} versions in {rounds} rounds after 3 warm-up ones "
         f"({tally}), {time.monotonic() - t0:.0f} s; errors {seen}, the slowest "
-        f"{slowest[0] * 1e3:.1f} ms after its kill; this process: {len(fds_before)} descriptors "
-        f"(+{pidfds()} pidfds), device free memory {memory_before >> 20} -> "
-        f"{free_memory() >> 20} MiB"
+        f"{slowest[0] * 1e3:.1f} ms after its kill; {before.summary()}"
     )

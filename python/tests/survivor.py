@@ -1,0 +1,153 @@
+"""The random-kill stresses' common part (test_weights_gpu.py, test_shared_weights_gpu.py): this
+process is the survivor of every round — a peer process is started, killed at a random moment
+or left to finish — and after each round holds what it held before: its file descriptors, the
+package's names in /dev/shm, and the device's free memory (its own mappings of a dead peer's
+memory included, which a survivor in a process of its own would take with it on exit)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from conftest import HERE
+
+
+def fds():
+    """This process's descriptors (their targets), but for pidfds: the crate's liveness cache
+    pins the processes it checked with one each, up to 256 (`is_alive_cached`), dead ones
+    dropped at its next check of them or when it is full — bounded, not a leak."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # (the listing's own descriptor, closed by now)
+        if target != "anon_inode:[pidfd]":
+            out.append(target)
+    return sorted(out)
+
+
+def pidfds():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+        except OSError:
+            pass
+    return n
+
+
+def shm():
+    """This package's names in /dev/shm, once dead exporters' lease tables are reclaimed."""
+    import cuda_ipc
+
+    cuda_ipc.reclaim_stale_lease_tables()
+    return {n for n in os.listdir("/dev/shm") if n.startswith("cuda-ipc")}
+
+
+def free_memory():
+    """The device's free memory, this process's queued work done and torch's cache emptied."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+class State:
+    """What this process holds now; `check(what)` asserts it holds the same again (the device's
+    memory within 4 MiB, waiting up to 10 s for a dead peer's context to be freed)."""
+
+    def __init__(self):
+        self.fds, self.shm, self.memory = fds(), shm(), free_memory()
+
+    def check(self, what):
+        now = fds()
+        assert len(now) == len(self.fds), (
+            f"{what}: descriptors {sorted(set(now) - set(self.fds))} new, "
+            f"{sorted(set(self.fds) - set(now))} gone ({len(now) - len(self.fds):+d})"
+        )
+        assert pidfds() <= 256, pidfds()
+        assert shm() == self.shm, f"{what} left {shm() - self.shm}"
+        deadline = time.monotonic() + 10
+        while free_memory() < self.memory - (4 << 20):
+            assert time.monotonic() < deadline, (
+                f"{what}: {(self.memory - free_memory()) >> 20} MiB of device memory not returned"
+            )
+            time.sleep(0.1)
+
+    def summary(self):
+        return (
+            f"this process: {len(self.fds)} descriptors (+{pidfds()} pidfds), device free "
+            f"memory {self.memory >> 20} -> {free_memory() >> 20} MiB"
+        )
+
+
+class Peer:
+    """The other process of a round: `script` (in this directory) with `args`, meeting this
+    process at the socket `name`, PyTorch's allocator set by `expandable`; SIGKILLed
+    `kill_after` seconds after `arm()` when that is not None."""
+
+    def __init__(self, script, name, args, kill_after, expandable=False):
+        self.name = name
+        env = dict(os.environ)
+        for var in ("SW_STREAMS", "SW_DIE_BEFORE_VERDICT", "PYTORCH_CUDA_ALLOC_CONF"):
+            env.pop(var, None)
+        if expandable:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        self.kill_after = kill_after
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, script), *map(str, args)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        self.killed_at = None
+        self.timer = None
+        self.err = ""
+
+    def arm(self):
+        """Start the clock of this round's kill, if it has one."""
+        if self.kill_after is None:
+            return
+
+        def kill():
+            self.killed_at = time.monotonic()
+            self.proc.send_signal(signal.SIGKILL)
+
+        self.timer = threading.Timer(self.kill_after, kill)
+        self.timer.start()
+
+    def finish(self):
+        """The peer's RESULT lines and exit code (waited for, at most 120 s; a peer still
+        running that was to be killed is killed)."""
+        if self.timer is not None:
+            self.timer.join(30)
+        if self.kill_after is not None and self.proc.poll() is None:
+            self.proc.kill()  # (a round that failed before its kill: never leave the peer)
+        try:
+            out, self.err = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise
+        return [l[7:] for l in out.splitlines() if l.startswith("RESULT ")], self.proc.returncode
+
+    def check_death(self, error, role, bound):
+        """The round's peer was killed and this side's error — (class, role, monotonic time)
+        — is its death: PeerGone naming `role`, or PeerClosed (its socket's end), within
+        `bound` seconds of the kill. Returns the delay."""
+        assert self.proc.returncode == -signal.SIGKILL and self.killed_at is not None, (
+            self.proc.returncode, self.err
+        )
+        assert error is not None, "no error after the kill"
+        cls, who, at = error
+        assert (cls, who) in (("PeerGone", role), ("PeerClosed", None)), error
+        took = at - self.killed_at
+        assert 0 <= took < bound, f"{cls} {took:.3f} s after the kill"
+        return took
+
+
+def caught(e):
+    """An error of the peer's death as a check_death tuple."""
+    return (type(e).__name__, getattr(e, "role", None), time.monotonic())
