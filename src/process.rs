@@ -298,6 +298,19 @@ pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
     true
 }
 
+/// A child process (`sleep 10`) and its identity (pid and start time), for tests that watch a
+/// process die: kill and wait it.
+#[cfg(test)]
+pub(crate) fn sleeping_child() -> (std::process::Child, ProcessIdentity) {
+    let child = std::process::Command::new("sleep")
+        .arg("10")
+        .spawn()
+        .unwrap();
+    let st = os::proc_stat(child.id()).unwrap();
+    let id = ProcessIdentity::from_parts(child.id(), st.start_time);
+    (child, id)
+}
+
 /// The process an object was made in. A child forked without `exec` inherits every object's
 /// memory, but not the right to act for it: the CUDA context, the lease and barrier slots and
 /// the shared tables all belong to the parent, which still uses them. So every object that
@@ -372,17 +385,12 @@ mod tests {
 
     #[test]
     fn the_pidfd_cache_sees_a_child_exit() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("10")
-            .spawn()
-            .unwrap();
-        let st = crate::os::proc_stat(child.id()).unwrap();
-        let id = ProcessIdentity::from_parts(child.id(), st.start_time);
+        let (mut child, id) = sleeping_child();
         assert!(is_alive_cached(&id));
         assert!(is_alive_cached(&id)); // from the cache
         assert!(!is_alive_cached(&ProcessIdentity::from_parts(
             child.id(),
-            st.start_time + 1
+            id.start_time + 1
         )));
         child.kill().unwrap();
         child.wait().unwrap();

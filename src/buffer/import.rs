@@ -370,12 +370,7 @@ mod tests {
             code: 1,
             name: "CUDA_ERROR_INVALID_VALUE".into(),
         };
-        let mut child = std::process::Command::new("sleep")
-            .arg("10")
-            .spawn()
-            .unwrap();
-        let st = crate::os::proc_stat(child.id()).unwrap();
-        let id = ProcessIdentity::from_parts(child.id(), st.start_time);
+        let (mut child, id) = crate::process::sleeping_child();
         assert!(matches!(
             judged_again(driver_error(), Some(&id)),
             Error::Cuda { code: 1, .. }
