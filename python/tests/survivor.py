@@ -4,6 +4,7 @@ or left to finish — and after each round holds what it held before: its file d
 package's names in /dev/shm, and the device's free memory (its own mappings of a dead peer's
 memory included, which a survivor in a process of its own would take with it on exit)."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -14,29 +15,29 @@ import time
 from conftest import HERE
 
 
+def _descriptors():
+    """The targets of this process's descriptors."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # (the listing's own descriptor, closed by now)
+    return out
+
+
 def fds():
     """This process's descriptors (their targets), but for pidfds: the crate's liveness cache
     pins the processes it checked with one each, up to 256 (`is_alive_cached`), dead ones
     dropped at its next check of them or when it is full — bounded, not a leak."""
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # (the listing's own descriptor, closed by now)
-        if target != "anon_inode:[pidfd]":
-            out.append(target)
-    return sorted(out)
+    return sorted(t for t in _descriptors() if t != PIDFD)
 
 
 def pidfds():
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
-        except OSError:
-            pass
-    return n
+    return sum(t == PIDFD for t in _descriptors())
+
+
+PIDFD = "anon_inode:[pidfd]"
 
 
 def shm():
@@ -151,3 +152,69 @@ class Peer:
 def caught(e):
     """An error of the peer's death as a check_death tuple."""
     return (type(e).__name__, getattr(e, "role", None), time.monotonic())
+
+
+def kill_plan(rng):
+    """A round's kind and its kill, in seconds after the connection: "early" (within 30 ms:
+    the setup, the first syncs), "late" (30 ms to 1.5 s: anywhere in the syncs; twice as
+    often), or "clean" (None: no kill)."""
+    kind = rng.choice(["early", "late", "late", "clean"])
+    return kind, {
+        "early": rng.uniform(0, 0.03),
+        "late": rng.uniform(0.03, 1.5),
+        "clean": None,
+    }[kind]
+
+
+class Stress:
+    """Rounds of a random-kill stress, this process the survivor of every one; the survivors'
+    errors by role and class, and the slowest, for the report."""
+
+    def __init__(self, bound):
+        self.bound = bound
+        self.seen, self.slowest = {}, 0.0
+
+    def round(self, role, peer, here, syncs, tail):
+        """One round: `here()` — this process's side, as `role` ("engine" or "trainer"),
+        returning the syncs it did and the error that ended them — against `peer`. The peer
+        printed no "wrong" line; a clean round did `syncs` syncs, the peer exited 0 and its
+        last lines are `tail`; a killed peer's death is this side's error (`check_death`).
+        Returns the syncs done."""
+        import cuda_ipc
+
+        try:
+            k, error = here()
+        finally:
+            results, rc = peer.finish()
+        assert not any("wrong" in r for r in results), results
+        if peer.kill_after is None:
+            assert error is None and k == syncs, (error, k)
+            assert rc == 0, peer.err
+            assert results[-len(tail):] == tail, results
+        else:
+            took = peer.check_death(error, "exporter" if role == "engine" else "importer", self.bound)
+            key = f"{role}:{error[0]}"
+            self.seen[key] = self.seen.get(key, 0) + 1
+            self.slowest = max(self.slowest, took)
+        gc.collect()
+        assert cuda_ipc.wait_released(30)
+        return k
+
+    def run(self, want, play, done=0):
+        """Rounds of `play()` — returning the syncs it did and its key for the tally — until
+        `want` syncs (`done` already) and at least 12 rounds, within 80 rounds and 300 s; this
+        process's State checked after each. Returns the report's line."""
+        before = State()
+        rounds, tally, t0 = 0, {}, time.monotonic()
+        while done < want or rounds < 12:
+            assert rounds < 80 and time.monotonic() - t0 < 300, f"{done} syncs in {rounds} rounds"
+            rounds += 1
+            k, key = play()
+            done += k
+            tally[key] = tally.get(key, 0) + 1
+            before.check(f"round {rounds} ({key})")
+        return (
+            f"{done} in {rounds} rounds ({tally}), {time.monotonic() - t0:.0f} s; errors "
+            f"{self.seen}, the slowest {self.slowest * 1e3:.1f} ms after its kill; "
+            f"{before.summary()}"
+        )

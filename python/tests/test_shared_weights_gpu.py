@@ -8,12 +8,11 @@ context."""
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import HERE, report, unique
-from survivor import Peer, State, caught
+from survivor import Peer, Stress, caught, kill_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -174,7 +173,6 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
     (PeerGone naming the peer's role, or PeerClosed: its socket's end); and after every round
     this process holds the file descriptors, /dev/shm names and device memory it held before
     (survivor.State) — its mappings of a dead trainer's memory included."""
-    import gc
     import random
 
     import torch
@@ -185,7 +183,7 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
     rng = random.Random(int(os.environ.get("SHARED_WEIGHT_STRESS_SEED", str(os.getpid()))))
     ctx = cuda_ipc.Context(0)
     stream = torch.cuda.Stream()
-    seen, slowest = {}, [0.0]  # the survivors' errors by role and class; the slowest
+    stress = Stress(BOUND_S)
 
     def one(role, kill_after, syncs, expandable):
         other = "trainer" if role == "engine" else "engine"
@@ -193,51 +191,23 @@ def test_random_kills_over_10000_versions_leave_the_survivor_nothing():
         forever = 0 if kill_after is not None else syncs
         peer = Peer("shared_weights_peer.py", name, [other, name, forever, 0, "small"],
                     kill_after, expandable)
-        try:
-            if role == "engine":
-                k, error = as_engine(ctx, peer, syncs, stream)
-            else:
-                k, error = as_trainer(ctx, peer, syncs)
-        finally:
-            results, rc = peer.finish()
-        assert not any(r.startswith("wrong") for r in results), results
-        if kill_after is None:
-            assert error is None and k == syncs, (error, k)
-            assert rc == 0, peer.err
-            tail = [f"checked {syncs}", "done"] if role == "trainer" else ["done"]
-            assert results[-len(tail):] == tail, results
+        if role == "engine":
+            here, tail = (lambda: as_engine(ctx, peer, syncs, stream)), ["done"]
         else:
-            took = peer.check_death(error, "exporter" if role == "engine" else "importer", BOUND_S)
-            seen[f"{role}:{error[0]}"] = seen.get(f"{role}:{error[0]}", 0) + 1
-            slowest[0] = max(slowest[0], took)
-        gc.collect()
-        assert cuda_ipc.wait_released(30)
+            here, tail = (lambda: as_trainer(ctx, peer, syncs)), [f"checked {syncs}", "done"]
+        k = stress.round(role, peer, here, syncs, tail)
         assert stream.query(), "the round left work on this process's stream"
         return k
 
-    # Warm-up: this process's first export, first imports of each kind (legacy handles and
-    # expandable segments' descriptors) open what they keep for the process's life.
-    total = one("engine", None, 20, False) + one("engine", None, 20, True)
-    total += one("trainer", None, 20, False)
-    before = State()
-    rounds, tally, t0 = 0, {}, time.monotonic()
-    while total < want or rounds < 12:
-        assert rounds < 80 and time.monotonic() - t0 < 300, f"{total} versions in {rounds} rounds"
-        rounds += 1
+    def play():
         role = rng.choice(["engine", "trainer"])
         expandable = rng.random() < 0.5
-        kind = rng.choice(["setup", "versions", "versions", "clean"])
-        kill_after = {
-            "setup": rng.uniform(0, 0.03),
-            "versions": rng.uniform(0.03, 1.5),
-            "clean": None,
-        }[kind]
-        total += one(role, kill_after, 1500, expandable)
-        key = f"{role}/{kind}/{'expandable' if expandable else 'default'}"
-        tally[key] = tally.get(key, 0) + 1
-        before.check(f"round {rounds} ({key})")
-    report(
-        f"shared_weights stress: {total} versions in {rounds} rounds after 3 warm-up ones "
-        f"({tally}), {time.monotonic() - t0:.0f} s; errors {seen}, the slowest "
-        f"{slowest[0] * 1e3:.1f} ms after its kill; {before.summary()}"
-    )
+        kind, kill_after = kill_plan(rng)
+        k = one(role, kill_after, 1500, expandable)
+        return k, f"{role}/{kind}/{'expandable' if expandable else 'default'}"
+
+    # Warm-up: this process's first export, first imports of each kind (legacy handles and
+    # expandable segments' descriptors) open what they keep for the process's life.
+    done = one("engine", None, 20, False) + one("engine", None, 20, True)
+    done += one("trainer", None, 20, False)
+    report(f"shared_weights stress, versions: {stress.run(want, play, done)} (3 warm-up rounds)")

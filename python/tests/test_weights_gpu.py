@@ -19,7 +19,7 @@ import pytest
 import cuda_ipc
 from conftest import HERE, report, unique
 from cuda_ipc import weights as W
-from survivor import Peer, State, caught
+from survivor import Peer, Stress, caught, kill_plan, shm
 
 pytestmark = pytest.mark.gpu
 
@@ -73,13 +73,6 @@ def finish(proc, timeout=90):
     proc.reader.join(10)
     err = proc.stderr.read()
     return proc.results, rc, err
-
-
-def shm():
-    """This package's names in /dev/shm, once those of dead exporters (their lease tables,
-    which a SIGKILL leaves) are reclaimed, as any process's next export does."""
-    cuda_ipc.reclaim_stale_lease_tables()
-    return {n for n in os.listdir("/dev/shm") if n.startswith("cuda-ipc")}
 
 
 def free_memory():
@@ -271,59 +264,28 @@ def test_random_kills_over_10000_syncs_leave_the_survivor_nothing():
     in the engine process), the survivor's PeerGone naming the peer within BOUND_S of the kill,
     and after every round this process holds the file descriptors, /dev/shm names and device
     memory it held before (survivor.State) — its mappings of a dead trainer's ring included."""
-    import gc
-
     want = int(os.environ.get("WEIGHT_STRESS_SYNCS", "10000"))
     rng = random.Random(int(os.environ.get("WEIGHT_STRESS_SEED", str(os.getpid()))))
     ctx = cuda_ipc.Context(0)
-    seen, slowest = {}, [0.0]
+    stress = Stress(BOUND_S)
 
     def one(role, kill_after, syncs):
         name = unique(f"w-stress-{role}")
         forever = 0 if kill_after is not None else syncs
         if role == "engine":
             args = ["trainer", name, "size=small", f"syncs={forever}", f"bucket={32 << 10}", "slots=2"]
+            here, tail = engine_here, [f"sent {syncs}", "closed"]
         else:
             args = ["engine", name, "size=small", f"syncs={forever}"]
+            here, tail = trainer_here, ["closed pid=True role=producer"]
         peer = Peer("weights_peer.py", name, args, kill_after)
-        try:
-            k, error = (engine_here if role == "engine" else trainer_here)(ctx, peer, syncs)
-        finally:
-            results, rc = peer.finish()
-        assert not any("wrong" in r for r in results), results
-        if kill_after is None:
-            assert error is None and k == syncs, (error, k)
-            assert rc == 0, peer.err
-            tail = [f"sent {syncs}", "closed"] if role == "engine" else ["closed pid=True role=producer"]
-            assert results[-len(tail):] == tail, results
-        else:
-            took = peer.check_death(error, "exporter" if role == "engine" else "importer", BOUND_S)
-            seen[f"{role}:{error[0]}"] = seen.get(f"{role}:{error[0]}", 0) + 1
-            slowest[0] = max(slowest[0], took)
-        gc.collect()
-        assert cuda_ipc.wait_released(30)
-        return k
+        return stress.round(role, peer, lambda: here(ctx, peer, syncs), syncs, tail)
+
+    def play():
+        role = rng.choice(["engine", "trainer"])
+        kind, kill_after = kill_plan(rng)
+        return one(role, kill_after, 1500), f"{role}/{kind}"
 
     # Warm-up: this process's first channel of each side opens what it keeps for its life.
-    total = one("engine", None, 20) + one("trainer", None, 20)
-    before = State()
-    rounds, tally, t0 = 0, {}, time.monotonic()
-    while total < want or rounds < 12:
-        assert rounds < 80 and time.monotonic() - t0 < 300, f"{total} syncs in {rounds} rounds"
-        rounds += 1
-        role = rng.choice(["engine", "trainer"])
-        kind = rng.choice(["early", "syncs", "syncs", "clean"])
-        kill_after = {
-            "early": rng.uniform(0, 0.03),
-            "syncs": rng.uniform(0.03, 1.5),
-            "clean": None,
-        }[kind]
-        total += one(role, kill_after, 1500)
-        key = f"{role}/{kind}"
-        tally[key] = tally.get(key, 0) + 1
-        before.check(f"round {rounds} ({key})")
-    report(
-        f"weights stress: {total} syncs in {rounds} rounds after 2 warm-up ones ({tally}), "
-        f"{time.monotonic() - t0:.0f} s; errors {seen}, the slowest {slowest[0] * 1e3:.1f} ms "
-        f"after its kill; {before.summary()}"
-    )
+    done = one("engine", None, 20) + one("trainer", None, 20)
+    report(f"weights stress, syncs: {stress.run(want, play, done)} (2 warm-up rounds)")
