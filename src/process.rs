@@ -251,13 +251,11 @@ fn only_the_leader_left(pid: u32) -> bool {
 /// tick) are judged apart. A pinned process that exited proves the death of a record that
 /// knows its inode (the pin checked it); a record without one is judged afresh, since a
 /// successor in the same tick matches it too.
+///
+/// The cache holds one pidfd per pinned process, at most 256; each new pin first lets go of
+/// the pins of processes that exited (judged afresh if asked about again), so the descriptors
+/// it holds are those of processes alive at the last pin, not of every process it ever saw.
 pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
-    use std::collections::BTreeMap;
-    use std::sync::Mutex;
-    type Key = (u32, u64, u64);
-    static PINNED: Mutex<BTreeMap<Key, rustix::fd::OwnedFd>> = Mutex::new(BTreeMap::new());
-    const MAX_PINNED: usize = 256;
-
     if id.pid == 0 {
         return false;
     }
@@ -288,11 +286,9 @@ pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
         // The pinned-to-be process exited after `is_alive` looked: judge again, pin nothing.
         return id.is_alive();
     }
+    pinned.retain(|_, fd| !os::pidfd_exited(fd));
     if pinned.len() >= MAX_PINNED {
-        pinned.retain(|_, fd| !os::pidfd_exited(fd));
-        if pinned.len() >= MAX_PINNED {
-            pinned.clear();
-        }
+        pinned.clear();
     }
     pinned.insert(key, fd);
     true
@@ -310,6 +306,16 @@ pub(crate) fn sleeping_child() -> (std::process::Child, ProcessIdentity) {
     let id = ProcessIdentity::from_parts(child.id(), st.start_time);
     (child, id)
 }
+
+/// A pin's key: pid, start time, pidfs inode (see [`is_alive_cached`]).
+type PinKey = (u32, u64, u64);
+
+/// [`is_alive_cached`]'s pins.
+static PINNED: std::sync::Mutex<std::collections::BTreeMap<PinKey, rustix::fd::OwnedFd>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// The most processes [`is_alive_cached`] pins at once.
+const MAX_PINNED: usize = 256;
 
 /// The process an object was made in. A child forked without `exec` inherits every object's
 /// memory, but not the right to act for it: the CUDA context, the lease and barrier slots and
@@ -395,6 +401,28 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!is_alive_cached(&id));
+    }
+
+    /// A new pin lets go of the pins of processes that exited: the cache's descriptors are
+    /// those of live processes, not of every process it checked.
+    #[test]
+    fn a_new_pin_lets_go_of_exited_ones() {
+        let pinned = |id: &ProcessIdentity| {
+            PINNED
+                .lock()
+                .unwrap()
+                .contains_key(&(id.pid, id.start_time, id.pidfs_ino))
+        };
+        let (mut a, a_id) = sleeping_child();
+        assert!(is_alive_cached(&a_id) && pinned(&a_id));
+        a.kill().unwrap();
+        a.wait().unwrap();
+        let (mut b, b_id) = sleeping_child();
+        assert!(is_alive_cached(&b_id) && pinned(&b_id));
+        assert!(!pinned(&a_id), "the exited process's pidfd was let go");
+        assert!(!is_alive_cached(&a_id), "and it is judged dead afresh");
+        b.kill().unwrap();
+        b.wait().unwrap();
     }
 
     #[test]

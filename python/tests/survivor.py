@@ -28,8 +28,8 @@ def _descriptors():
 
 def fds():
     """This process's descriptors (their targets), but for pidfds: the crate's liveness cache
-    pins the processes it checked with one each, up to 256 (`is_alive_cached`), dead ones
-    dropped at its next check of them or when it is full — bounded, not a leak."""
+    pins the processes it checks with one each (`is_alive_cached`), those that exited let go
+    at its next pin — a round's dead peer's until the next round's."""
     return sorted(t for t in _descriptors() if t != PIDFD)
 
 
@@ -70,7 +70,7 @@ class State:
             f"{what}: descriptors {sorted(set(now) - set(self.fds))} new, "
             f"{sorted(set(self.fds) - set(now))} gone ({len(now) - len(self.fds):+d})"
         )
-        assert pidfds() <= 256, pidfds()
+        assert pidfds() <= 4, f"{what}: {pidfds()} pidfds (the liveness cache pins live processes)"
         assert shm() == self.shm, f"{what} left {shm() - self.shm}"
         deadline = time.monotonic() + 10
         while free_memory() < self.memory - (4 << 20):

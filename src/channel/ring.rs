@@ -315,6 +315,11 @@ fn alive(id: &ProcessIdentity) -> bool {
     id.pid() < crate::barrier::loom_support::DEAD_FROM
 }
 
+/// What a one-consumer channel's acquire that timed out waited for, when no consumer had
+/// attached: a consumer that died before attaching cannot be told from one still on its way.
+const NOBODY_ATTACHED: &str = "IPC channel acquire (no consumer has attached: one that died \
+     before opening the channel cannot be told from one that has yet to)";
+
 /// `e` with the process it waited for named, if `e` is a time-out.
 fn waiting_for(e: Error, pid: Option<u32>) -> Error {
     match e {
@@ -595,8 +600,21 @@ impl<'a> Ring<'a> {
                 self.consumer_status()
             },
         );
-        // A time-out names the consumer that held the slot, if one holds it still.
-        got.map_err(|e| waiting_for(e, self.holder(blocking.get())))
+        // A time-out names the consumer that held the slot, if one holds it still; with one
+        // consumer that never attached, it says so (nothing can tell one not yet attached from
+        // one that died before it did: the caller's own hand-off of the handle can).
+        got.map_err(|e| match e {
+            Error::Timeout { waited, .. }
+                if !broadcast && self.entry().owner.load().state == OwnerState::Free =>
+            {
+                Error::Timeout {
+                    what: NOBODY_ATTACHED,
+                    waited,
+                    waiting_for: None,
+                }
+            }
+            e => waiting_for(e, self.holder(blocking.get())),
+        })
     }
 
     /// The pid of entry `i`'s consumer while it is attached or attaching.
@@ -1375,7 +1393,14 @@ mod tests {
         assert!(e.to_string().contains("waiting for the producer"), "{e}");
         r.publish(1, 1).unwrap();
         let e = r.acquire(2, Duration::from_millis(30)).unwrap_err();
+        assert!(e.to_string().contains("no consumer has attached"), "{e}");
+        r.attach(&me(), || {}).unwrap();
+        let e = r.acquire(2, Duration::from_millis(30)).unwrap_err();
         assert!(e.to_string().contains("release a slot"), "{e}");
+        assert!(
+            matches!(e, Error::Timeout { waiting_for: Some(pid), .. } if pid == me().pid()),
+            "names the consumer: {e}"
+        );
     }
 
     /// Forged state from a peer: counts beyond the ring, a length beyond the slot, releases
