@@ -19,7 +19,7 @@ import pytest
 import cuda_ipc
 from conftest import HERE, report, unique
 from cuda_ipc import weights as W
-from survivor import Peer, Stress, caught, kill_plan, shm
+from survivor import Peer, Stress, caught, free_memory, kill_plan, shm
 
 pytestmark = pytest.mark.gpu
 
@@ -73,13 +73,6 @@ def finish(proc, timeout=90):
     proc.reader.join(10)
     err = proc.stderr.read()
     return proc.results, rc, err
-
-
-def free_memory():
-    import torch
-
-    torch.cuda.synchronize()
-    return torch.cuda.mem_get_info()[0]
 
 
 def assert_memory_back(baseline, what):
