@@ -5,13 +5,13 @@ SW_DIE_BEFORE_VERDICT set: after publishing it, before sending its verdict);
 `engine NAME SYNCS DIE_AFTER` pulls each and checks it bit for bit, SIGKILLing itself right
 after enqueueing pull DIE_AFTER. SYNCS 0: versions until killed (the random-kill stress). SIZE
 `small` (the stress): a model of a few tensors, and only failures and the count are printed
-(`checked N` once SYNCS versions were checked). With SW_STREAMS set, both sides pass a side stream, `stream=`
-on odd versions and as torch's current stream (`with torch.cuda.stream`) on even ones, and from
-version 2 on (the first loads the kernels: a first launch may wait for the device) keep their
-default stream busy with a ~0.5 s kernel before each version: a step or a copy that went to the
-default stream instead would run after the version's hand-off (the engine reads old bytes) or
-not be done when the side stream is. Both print RESULT lines: `ok K`, `wrong K NAMES`, `gone
-CLASS ROLE MONOTONIC`, `killing MONOTONIC`, `done`."""
+(`checked N` once SYNCS versions were checked). With SW_STREAMS set, both sides pass a side
+stream, `stream=` on odd versions and as torch's current stream (`with torch.cuda.stream`) on
+even ones, and from version 2 on (the first loads the kernels: a first launch may wait for the
+device) keep their default stream busy with a ~0.5 s kernel before each version: a step or a
+copy that went to the default stream instead would run after the version's hand-off (the engine
+reads old bytes) or not be done when the side stream is. Both print RESULT lines: `ok K`,
+`wrong K NAMES`, `gone CLASS ROLE MONOTONIC`, `killing MONOTONIC`, `done`."""
 
 import os
 import signal

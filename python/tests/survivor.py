@@ -14,6 +14,9 @@ import time
 
 from conftest import HERE
 
+#: What /proc/self/fd shows for a pidfd.
+PIDFD = "anon_inode:[pidfd]"
+
 
 def _descriptors():
     """The targets of this process's descriptors."""
@@ -36,8 +39,6 @@ def fds():
 def pidfds():
     return sum(t == PIDFD for t in _descriptors())
 
-
-PIDFD = "anon_inode:[pidfd]"
 
 
 def shm():
