@@ -9,7 +9,8 @@
 //!
 //! - Sockets are `SOCK_SEQPACKET` (each send is one message, with its descriptors), in the
 //!   abstract namespace ([`SocketName::Abstract`], no file, gone with the listener) or at a
-//!   path ([`SocketName::Path`], mode `0600` right after the bind, unlinked on drop).
+//!   path ([`SocketName::Path`], mode `0600` right after the bind, unlinked on drop — by the
+//!   process that bound it, and only while the file there is still the one it bound).
 //! - Both sides check the other's credentials (`SO_PEERCRED`: pid, uid, gid as the kernel saw
 //!   them at `connect`/`listen`) against a [`PeerPolicy`] — the same uid by default. A
 //!   listener on an abstract name has no file permissions, so this check is what keeps other
@@ -192,11 +193,20 @@ fn check_peer(fd: BorrowedFd<'_>, name: &SocketName, policy: &PeerPolicy) -> Res
 /// socket.send(b"here is a descriptor", &[std::os::fd::AsFd::as_fd(&file)], Duration::from_secs(5))?;
 /// # Ok(()) }
 /// ```
+///
+/// A listener at a [`SocketName::Path`] removes its socket file when it drops, in the process
+/// that bound it only (a child forked without `exec` that drops its copy leaves the parent's
+/// file alone) and only while that path still names the file it bound (device and inode: a
+/// file someone put there since is not its to remove).
 #[derive(Debug)]
 pub struct FdListener {
     fd: OwnedFd,
     name: SocketName,
     policy: PeerPolicy,
+    /// The process that bound the socket: the only one whose drop unlinks its file.
+    home: crate::process::Home,
+    /// The socket file's device and inode, for a [`SocketName::Path`].
+    file: Option<(u64, u64)>,
 }
 
 impl FdListener {
@@ -208,13 +218,19 @@ impl FdListener {
     /// path: it is never removed for you); [`Error::Os`] naming the failed call otherwise.
     #[doc(alias = "listen")]
     pub fn bind(name: SocketName, policy: PeerPolicy) -> Result<Self> {
-        let fd = sys::listen(&name.address()).map_err(|e| match e {
+        let (fd, file) = sys::listen(&name.address()).map_err(|e| match e {
             Errno::ADDRINUSE => Error::AddressInUse {
                 name: name.describe(),
             },
             e => os_error("bind/listen", &name, e),
         })?;
-        Ok(Self { fd, name, policy })
+        Ok(Self {
+            fd,
+            name,
+            policy,
+            home: crate::process::Home::here(),
+            file,
+        })
     }
 
     /// The next connection whose peer the policy allows, waiting at most `timeout`.
@@ -262,9 +278,14 @@ impl FdListener {
 
 impl Drop for FdListener {
     fn drop(&mut self) {
-        if let SocketName::Path(path) = &self.name {
-            // Ours since the bind (the bind fails on an existing file). Drop cannot report.
-            let _ = sys::unlink(path);
+        // Only the process that bound it (a forked child's copy is its parent's), and only
+        // the file it bound (the bind fails on an existing file; one put there since is
+        // someone else's). Drop cannot report: a file left behind makes the next bind at the
+        // path `AddressInUse`.
+        if let (SocketName::Path(path), Some(id)) = (&self.name, self.file)
+            && self.home.is_here()
+        {
+            let _ = sys::unlink_if_same(path, id);
         }
     }
 }

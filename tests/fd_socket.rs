@@ -313,6 +313,36 @@ fn path_sockets_are_0600_and_unlinked_and_bad_sends_are_refused() {
     );
 }
 
+/// A listener's drop removes the file it bound, not one put at its path since: a same-uid
+/// process that unlinked the socket file and bound its own listener there keeps it.
+#[test]
+fn a_dropped_listener_leaves_a_file_put_at_its_path_since() {
+    use std::os::unix::fs::FileTypeExt;
+    let path = std::env::temp_dir().join(format!("{}.sock", unique_name("fd-replaced")));
+    let name = SocketName::Path(path.clone());
+    let first = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let second = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+    drop(first);
+    assert!(
+        std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()),
+        "the first listener's drop unlinked the second's socket file"
+    );
+    let client = FdSocket::connect(&name, &PeerPolicy::SameUid, T).unwrap();
+    let server = second.accept(T).unwrap();
+    client.send(b"to the second", &[], T).unwrap();
+    assert_eq!(server.recv(T).unwrap().payload, b"to the second");
+    drop((client, server, second));
+    assert!(!path.exists(), "the second listener unlinks its own file");
+    // A regular file put there is left alone too.
+    let third = FdListener::bind(name, PeerPolicy::SameUid).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, b"someone else's").unwrap();
+    drop(third);
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn a_connect_made_before_the_listener_binds_waits_for_it() {
     for (label, name) in [

@@ -4,8 +4,8 @@
 //! it inherited and exiting (`exit` runs the `atexit` hooks), `process::exit` with everything
 //! still alive, or dropping and dying by `SIGKILL`. Afterwards the parent's objects must be
 //! intact: the region still named, its lease still held, its registry tables still there, its
-//! barrier seat still taken, its channel still open, its export still opening in another
-//! process. On e94c9f7 each of these broke.
+//! barrier seat still taken, its channel still open, its listener's socket file still there,
+//! its export still opening in another process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -236,6 +236,28 @@ fn a_forked_child_leaves_the_parents_channel_ends_alone() {
             "{end:?}: the channel was closed by the child: {got:?}"
         );
         consumer.release().unwrap();
+    }
+}
+
+#[test]
+fn a_forked_child_leaves_the_parents_socket_file_alone() {
+    use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+    let _dog = watchdog("fork: listener", Duration::from_secs(60));
+    let _one = one_at_a_time();
+    let t = Duration::from_secs(10);
+    for end in ENDS {
+        let path = std::env::temp_dir().join(format!("{}.sock", unique_name("fork-listener")));
+        let name = SocketName::Path(path.clone());
+        let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
+        fork_and_end(end, || drop_inherited(&listener));
+        assert!(path.exists(), "{end:?}: the child unlinked the parent's socket file");
+        let client = FdSocket::connect(&name, &PeerPolicy::SameUid, t);
+        assert!(client.is_ok(), "{end:?}: {client:?}");
+        let server = listener.accept(t).unwrap();
+        client.unwrap().send(b"still here", &[], t).unwrap();
+        assert_eq!(server.recv(t).unwrap().payload, b"still here", "{end:?}");
+        drop(listener);
+        assert!(!path.exists(), "the parent unlinks its own socket file");
     }
 }
 

@@ -41,15 +41,31 @@ fn seqpacket() -> Result<OwnedFd, Errno> {
     )
 }
 
-/// A listening socket bound at `addr`; a path is made `0600` right after the bind.
-pub(crate) fn listen(addr: &Address<'_>) -> Result<OwnedFd, Errno> {
+/// A listening socket bound at `addr`; a path is made `0600` right after the bind, and its
+/// file's identity ([`file_id`]) returned with the socket for the unlink at the end. A path
+/// bound here is unlinked again if a later step fails.
+pub(crate) fn listen(addr: &Address<'_>) -> Result<(OwnedFd, Option<(u64, u64)>), Errno> {
     let fd = seqpacket()?;
     rustix::net::bind(&fd, &unix_addr(addr)?)?;
-    if let Address::Path(path) = addr {
+    let Address::Path(path) = addr else {
+        rustix::net::listen(&fd, 16)?;
+        return Ok((fd, None));
+    };
+    let id = file_id(path);
+    let made = id.and_then(|id| {
         rustix::fs::chmod(*path, rustix::fs::Mode::from_raw_mode(0o600))?;
+        rustix::net::listen(&fd, 16)?;
+        Ok(id)
+    });
+    match made {
+        Ok(id) => Ok((fd, Some(id))),
+        Err(e) => {
+            if let Ok(id) = id {
+                let _ = unlink_if_same(path, id);
+            }
+            Err(e)
+        }
     }
-    rustix::net::listen(&fd, 16)?;
-    Ok(fd)
 }
 
 /// Why [`connect`] gave up.
@@ -235,9 +251,22 @@ pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Received, Errno
     })
 }
 
-/// Remove a socket file at `path`.
-pub(crate) fn unlink(path: &std::path::Path) -> Result<(), Errno> {
-    rustix::fs::unlink(path)
+/// Which file is at `path` (device, inode), not following a link.
+pub(crate) fn file_id(path: &std::path::Path) -> Result<(u64, u64), Errno> {
+    let st = rustix::fs::lstat(path)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Remove the socket file at `path` if it is still the file `id` ([`file_id`] at the bind);
+/// returns whether it did. A file someone put there since (after unlinking ours) is theirs.
+/// (A window remains between the `lstat` and the `unlink`; only a process that can write the
+/// directory can race it, and such a process can unlink the name anyway.)
+pub(crate) fn unlink_if_same(path: &std::path::Path, id: (u64, u64)) -> Result<bool, Errno> {
+    match file_id(path) {
+        Ok(now) if now == id => rustix::fs::unlink(path).map(|()| true),
+        Ok(_) | Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -282,7 +311,7 @@ mod tests {
             })
         };
         let fd = connect(&Address::Abstract(&name), Duration::from_secs(10));
-        let listener = binder.join().expect("binder thread").expect("listen");
+        let (listener, _) = binder.join().expect("binder thread").expect("listen");
         assert!(fd.is_ok(), "{fd:?}");
         assert!(
             wait(
@@ -297,7 +326,7 @@ mod tests {
     #[test]
     fn a_full_backlog_is_not_yet_and_room_made_in_it_is_taken() {
         let name = unique("backlog");
-        let listener = listen(&Address::Abstract(&name)).expect("listen");
+        let (listener, _) = listen(&Address::Abstract(&name)).expect("listen");
         // Fill the backlog (16, as `listen` asks; the kernel takes one more) without accepting.
         let mut pending = Vec::new();
         let full = loop {
