@@ -169,6 +169,20 @@ pub fn fuzz_reseal_channel(bytes: &mut [u8]) {
 /// Region names of channels start with this.
 const NAME_PREFIX: &str = "cuda-ipc-chan";
 
+/// Once per process, before its first channel: remove the regions of channels whose producers
+/// died without removing them — one killed before its consumer attached (the consumer unlinks
+/// the name when it attaches), or a broadcast producer, whose consumers leave the name for
+/// later ones. A region whose creator lives, or of another uid, is never touched
+/// ([`reclaim_stale`](crate::shm::reclaim_stale)); consumers still attached to a dead
+/// producer's region keep their mappings (only the name goes, and no new consumer could
+/// attach to a dead producer).
+fn reclaim_stale_regions() {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| {
+        crate::shm::reclaim_stale_prefixed(NAME_PREFIX);
+    });
+}
+
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
@@ -339,8 +353,10 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
 /// any [`IpcBuffer`](crate::IpcBuffer) (dropping the sender while the consumer still maps the memory defers
 /// its free until the consumer unmaps, as for an `IpcBuffer`), so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
-/// the consumer has attached (before that, a killed producer leaves one region for
-/// [`reclaim_stale`](crate::shm::reclaim_stale)).
+/// the consumer has attached. A producer killed before that — or a broadcast producer, whose
+/// region keeps its name for later consumers — leaves its region until the next process
+/// that creates a channel removes the regions of dead producers (once, before its first),
+/// or [`reclaim_stale`](crate::shm::reclaim_stale) does.
 ///
 /// # Kill points
 ///
@@ -506,6 +522,7 @@ impl<T: Pod> IpcSender<T> {
             .collect::<Result<Vec<_>>>()?;
         let me = ProcessIdentity::current();
         let mut held = 0;
+        reclaim_stale_regions();
         let ring = ShmOptions::new(NAME_PREFIX)
             .random_suffix(true)
             .create_with(|s: &RingState| {
@@ -1462,6 +1479,7 @@ pub mod __testing {
             };
             let me = ProcessIdentity::current();
             let mut held = 0;
+            reclaim_stale_regions();
             let region = ShmOptions::new(NAME_PREFIX)
                 .random_suffix(true)
                 .create_with(|s: &RingState| {

@@ -250,7 +250,10 @@ fn a_forked_child_leaves_the_parents_socket_file_alone() {
         let name = SocketName::Path(path.clone());
         let listener = FdListener::bind(name.clone(), PeerPolicy::SameUid).unwrap();
         fork_and_end(end, || drop_inherited(&listener));
-        assert!(path.exists(), "{end:?}: the child unlinked the parent's socket file");
+        assert!(
+            path.exists(),
+            "{end:?}: the child unlinked the parent's socket file"
+        );
         let client = FdSocket::connect(&name, &PeerPolicy::SameUid, t);
         assert!(client.is_ok(), "{end:?}: {client:?}");
         let server = listener.accept(t).unwrap();

@@ -3,7 +3,8 @@
 //! — `cuMemsetD8`, `cuMemcpyHtoD`, a kernel — fails in the reader (a fault, for the kernel)
 //! and leaves the owner's data intact; a pool opened read-only is read-only by type only, and
 //! a raw write through it *does* reach the owner's data (what the docs say, checked). An
-//! export marked read-only refuses read-write opens; a legacy buffer cannot be shared
+//! export marked read-only refuses read-write opens and opens read-only (a pool-backed
+//! `IpcBuffer` through `recv_buffer_read_only` too); a legacy buffer cannot be shared
 //! read-only; a read-only and a read-write import of one arena in one process are two
 //! mappings of the same memory.
 
@@ -195,11 +196,11 @@ fn share(kind: &str, role: &str, how: &str, marked: bool) -> (Vec<String>, bool)
             let out = finish(&s, child);
             (out, intact(&buf))
         }
-        "fd" | "legacy" => {
-            let handle_type = if kind == "fd" {
-                HandleType::PosixFd
-            } else {
-                HandleType::Legacy
+        "fd" | "legacy" | "pool_buffer" => {
+            let handle_type = match kind {
+                "fd" => HandleType::PosixFd,
+                "pool_buffer" => HandleType::Pool,
+                _ => HandleType::Legacy,
             };
             let buf = IpcBuffer::<u32>::new_with(&ctx, LEN, handle_type).unwrap();
             let buf = if marked {
@@ -286,11 +287,18 @@ fn a_read_only_pool_is_read_only_by_type_only_and_a_raw_write_reaches_the_owner(
 #[ignore = "requires a CUDA device"]
 fn an_export_marked_read_only_refuses_read_write_opens_and_opens_read_only() {
     let _dog = watchdog("read-only: marked exports", Duration::from_secs(120));
-    for kind in ["arena", "fd", "pool"] {
-        let (out, intact) = share(kind, &format!("rw_{kind}"), "none", true);
+    // (kind, the reader's role): an `IpcBuffer` of `HandleType::Pool` travels as a buffer
+    // (`send_buffer`, `recv_buffer_read_only`), as a POSIX-fd one does.
+    for (kind, role) in [
+        ("arena", "arena"),
+        ("fd", "fd"),
+        ("pool", "pool"),
+        ("pool_buffer", "fd"),
+    ] {
+        let (out, intact) = share(kind, &format!("rw_{role}"), "none", true);
         assert_eq!(out, vec!["refused: read-only"], "{kind}");
         assert!(intact);
-        let (out, intact) = share(kind, kind, "none", true);
+        let (out, intact) = share(kind, role, "none", true);
         assert!(out.contains(&"intact true".to_string()), "{kind}: {out:?}");
         assert!(intact);
     }

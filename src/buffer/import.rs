@@ -194,7 +194,7 @@ impl<T: Pod> ImportedBuffer<T> {
         fd: OwnedFd,
         buffer: &PoolHandle<T>,
     ) -> Result<Self> {
-        let (slice, hold) = crate::pool::ImportedPool::open_fd(ctx, pool, fd)?
+        let (slice, hold) = crate::pool::ImportedPool::open_fd_any(ctx, pool, fd)?
             .open(buffer)?
             .into_parts();
         Ok(Self {
