@@ -84,6 +84,43 @@ fn one_rank_sends_to_itself_byte_for_byte() {
     comm.async_error().unwrap();
 }
 
+/// An enqueue NCCL refuses inside a group (a receive into a null pointer): the group returns
+/// that error, the communicator is aborted only after `ncclGroupEnd` ran its queued send (not
+/// under it), later calls inside the group and after it are refused without reaching NCCL,
+/// and the process goes on (a new communicator works).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_enqueue_refused_inside_a_group_aborts_the_communicator_after_the_group() {
+    let _dog = watchdog("nccl group error", Duration::from_secs(120));
+    let ctx = gpu();
+    let comm = Communicator::new(&ctx, &UniqueId::new().unwrap(), 1, 0, T).unwrap();
+    let src = IpcBuffer::<u8>::zeroed(&ctx, 4096).unwrap();
+    let mut after_the_refusal = None;
+    let r = comm.group(|| {
+        // SAFETY: `src` outlives the communicator's abort below, which cancels the send; the
+        // null receive is refused by NCCL before anything is queued for it.
+        unsafe {
+            comm.send(src.as_raw_ptr(), 4096, 0, &RawStream::LEGACY)?;
+            let refused = comm.recv(0, 4096, 0, &RawStream::LEGACY);
+            after_the_refusal = Some(comm.send(src.as_raw_ptr(), 4096, 0, &RawStream::LEGACY));
+            refused
+        }
+    });
+    assert!(matches!(r, Err(Error::Nccl { .. })), "{r:?}");
+    assert!(
+        matches!(after_the_refusal, Some(Err(Error::Nccl { code: 5, .. }))),
+        "a send after the refusal, inside the group: {after_the_refusal:?}"
+    );
+    let later = comm.async_error();
+    assert!(
+        matches!(later, Err(Error::Nccl { code: 5, .. })),
+        "{later:?}"
+    );
+    drop(comm);
+    let again = Communicator::new(&ctx, &UniqueId::new().unwrap(), 1, 0, T).unwrap();
+    again.async_error().unwrap();
+}
+
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_peer_outside_the_communicator_is_refused() {

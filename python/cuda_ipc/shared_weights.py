@@ -58,10 +58,18 @@ before publishing version v                 ``pull_into`` of v: ``PeerGone`` (ro
                                             ``exporter``), within the channel's death check
 after publishing v, before its verdict      ``pull_into`` of v: its copies are enqueued, then
                                             the verdict's receive is ``PeerClosed`` (the
-                                            socket's end-of-file); the next is ``PeerGone``
+                                            socket's end-of-file); the verdict stays due, so
+                                            every later pull is ``PeerClosed`` before it
+                                            copies anything
 after the verdict                           ``pull_into`` of v returns; the next is
                                             ``PeerGone``
 =========================================  =================================================
+
+A pull that gives up between its copies and their verdict — its ``timeout`` ran out (a
+descheduled trainer, a short poll), or an exception interrupted it — leaves the verdict due:
+the next ``pull_into`` reads it before anything else, then pulls the next version as usual; if
+it still has not come, that call raises ``Timeout`` again having copied nothing. A verdict that
+is not the due version's confirmation ends the receiver (``ValueError``, then on every pull).
 
 A trainer killed after publishing v on the host but before its GPU wrote v's signal leaves the
 stream of the pull of v waiting on the GPU (the channel's rule: its host waits notice a dead
@@ -279,6 +287,8 @@ class SharedWeightReceiver:
         self._sources: Dict[str, Optional[object]] = {}
         for _ in range(count):
             message = peer.recv(timeout)
+            if not message:
+                raise ValueError("an empty tensor name message")
             flag = message[0]
             try:
                 name = message[1:].decode()
@@ -297,6 +307,9 @@ class SharedWeightReceiver:
         self._version = 0
         #: Why this receiver pulls no more (the trainer refused a version), once it did.
         self._refused: Optional[str] = None
+        #: The version whose copies were enqueued and whose verdict has not been read yet (a
+        #: pull that timed out or failed waiting for it): the next pull reads it first.
+        self._verdict_due: Optional[int] = None
 
     @property
     def names(self) -> List[str]:
@@ -350,39 +363,68 @@ class SharedWeightReceiver:
         stream), which waits on the GPU for the trainer's update and then for nothing else;
         returns once the copies are enqueued and the trainer confirmed the version (see the
         module docs: ``ValueError`` if it refused it — a tensor of its had moved, and
-        ``weights`` now hold an unknown mix). ``weights`` is checked first (see the class)."""
+        ``weights`` now hold an unknown mix). ``weights`` is checked first (see the class).
+        A verdict an earlier pull left due (it timed out waiting) is read before anything is
+        copied: ``Timeout`` if it still does not come within ``timeout``."""
         if self._refused is not None:
             raise ValueError(f"this receiver pulls no more ({self._refused})")
+        if self._verdict_due is not None:
+            # The last pull enqueued its copies and gave up waiting for their verdict: read it
+            # before anything else (a Timeout again copies nothing and leaves it due).
+            self._take_verdict(self._verdict_due, timeout)
         _, groups, nbytes = self._check(weights)
         raw = _stream_handle(stream)
         last = self._version
 
         def use(item, header):
-            magic, version = _unpack(_ITEM, header, "version header")
-            if magic != _ITEM_MAGIC or version != last + 1:
-                raise ValueError(f"version {version} after {last} (magic {magic!r})")
+            try:
+                magic, version = _unpack(_ITEM, header, "version header")
+                if magic != _ITEM_MAGIC or version != last + 1:
+                    raise ValueError(f"version {version} after {last} (magic {magic!r})")
+            except ValueError as e:
+                self._refused = str(e)  # out of step with the trainer: no later pull can be
+                raise
+            # The item is this version's: from here its verdict is due until read, whatever
+            # interrupts this call (a failed copy, a Timeout waiting for the verdict, a
+            # signal's exception).
+            self._version = version
+            self._verdict_due = version
             _copy(groups)
             return version
 
         # The copies go to torch's current stream: `stream`'s, made current if it was passed.
         with _stream_context(stream):
             version = self._rx.recv(use, stream=raw, timeout=timeout)
-        self._version = version
-        verdict = self._peer.recv(timeout)
-        if len(verdict) < _VERDICT.size or len(verdict) > _VERDICT.size + _MAX_REASON:
-            raise ValueError(f"a verdict of {len(verdict)} bytes")
-        magic, number = _VERDICT.unpack(verdict[: _VERDICT.size])
-        if number != version or magic not in (_CONFIRMED, _REFUSED):
-            raise ValueError(f"a verdict on version {number} (magic {magic!r}) after {version}")
-        if magic == _REFUSED:
-            reason = verdict[_VERDICT.size :].decode("utf-8", "replace")
-            self._refused = f"the trainer refused version {version}: {reason}"
-            raise ValueError(
-                f"{self._refused} — the weights hold an unknown mix of versions; share again"
-            )
-        if len(verdict) != _VERDICT.size:
-            raise ValueError(f"a confirmation of {len(verdict)} bytes")
+        self._take_verdict(version, timeout)
         return SyncStats(version, 1, len(self._sources), nbytes)
+
+    def _take_verdict(self, version: int, timeout: float) -> None:
+        """Read the trainer's verdict on ``version`` (due, see ``_verdict_due``). Until one
+        arrives it stays due (the socket's ``Timeout`` or ``PeerClosed`` is raised); once
+        read, it is no longer due, and one that is not a confirmation of ``version`` ends
+        this receiver (``ValueError``, as every later pull): the pair's stream of verdicts
+        cannot be trusted after it."""
+        verdict = self._peer.recv(timeout)
+        self._verdict_due = None
+        try:
+            if len(verdict) < _VERDICT.size or len(verdict) > _VERDICT.size + _MAX_REASON:
+                raise ValueError(f"a verdict of {len(verdict)} bytes")
+            magic, number = _VERDICT.unpack(verdict[: _VERDICT.size])
+            if number != version or magic not in (_CONFIRMED, _REFUSED):
+                raise ValueError(
+                    f"a verdict on version {number} (magic {magic!r}) after {version}"
+                )
+            if magic == _REFUSED:
+                reason = verdict[_VERDICT.size :].decode("utf-8", "replace")
+                raise ValueError(
+                    f"the trainer refused version {version}: {reason} — the weights hold an "
+                    f"unknown mix of versions; share again"
+                )
+            if len(verdict) != _VERDICT.size:
+                raise ValueError(f"a confirmation of {len(verdict)} bytes")
+        except ValueError as e:
+            self._refused = str(e)
+            raise
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the receiver (the trainer's next ``update`` raises ``ChannelClosed``) and let

@@ -224,7 +224,9 @@ def plan_buckets(
 
 
 def _word(nbytes: int, *offsets: int):
-    """The widest integer dtype whose size divides ``nbytes`` and every offset."""
+    """The widest integer dtype whose size divides ``nbytes`` and every offset (callers pass
+    every byte offset the reinterpreted views start at: in the bucket, in the tensor, and the
+    tensor's own place in its storage and in memory — see ``_tensor_offsets``)."""
     torch = _torch()
     for size, dt in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
         if nbytes % size == 0 and all(o % size == 0 for o in offsets):
@@ -258,6 +260,12 @@ def _same_layout(t, dtype, shape) -> bool:
     copies assume of each tensor, checked on both sides at every bucket (a tensor re-bound to
     a transposed view of the same storage keeps its address, dtype and square shape)."""
     return t.dtype == dtype and tuple(t.shape) == tuple(shape) and t.is_contiguous()
+
+
+def _tensor_offsets(t) -> Tuple[int, int]:
+    """Where a tensor's bytes start: its byte offset in its storage (what ``view(dtype)``
+    checks: a view of one flat buffer, a ``chunk`` of a fused weight) and its address."""
+    return t.storage_offset() * t.element_size(), t.data_ptr()
 
 
 def _bytes_of(t):
@@ -387,7 +395,7 @@ class WeightSender:
                         buf = torch.from_dlpack(slot)
                         pairs = []
                         for c, t in zip(bucket.chunks, srcs):
-                            word = _word(c.nbytes, c.offset, c.start)
+                            word = _word(c.nbytes, c.offset, c.start, *_tensor_offsets(t))
                             src = _bytes_of(t)[c.start : c.start + c.nbytes].view(word)
                             pairs.append((buf[c.offset : c.offset + c.nbytes].view(word), src))
                         hit = views[key] = (ptrs, _group(pairs))
@@ -507,7 +515,7 @@ class WeightReceiver:
                     f"bucket {index} of sync {sync} where bucket {state['next']} of sync "
                     f"{state['sync']} was due"
                 )
-            _, names, nbytes, groups = plan
+            _, names, nbytes, groups, _ = plan
             _copy(groups)
             seen.update(names)
             state["bytes"] += nbytes
@@ -524,34 +532,37 @@ class WeightReceiver:
 
     def _plan_of(self, header: bytes, item, weights, strict: bool):
         """The parsed header and the copies' views for a bucket: made once per (header
-        layout, slot) and reused while every receiving tensor is where it was, with its dtype
-        and shape (a view keeps its storage alive, so the same address is the same storage)."""
+        layout, slot, ``strict``) and reused while every receiving tensor is where it was, with
+        its dtype and shape (a view keeps its storage alive, so the same address is the same
+        storage), and every name the plan skipped (``strict=False``) is still absent from
+        ``weights`` — everything the plan depends on."""
         torch = _torch()
         if len(header) < _HEAD.size:
             raise ValueError(f"a weight-sync header of {len(header)} bytes")
         (sync,) = struct.unpack_from("<Q", header, 8)
-        key = (header[:8], header[16:], item.data_ptr, item.nbytes)
+        key = (header[:8], header[16:], item.data_ptr, item.nbytes, strict)
         hit = self._views.get(key)
         if hit is not None:
             flags, index, plan = hit
-            checks = plan[0]
+            checks, skipped = plan[0], plan[4]
             if all(
                 (t := weights.get(n)) is not None
                 and t.data_ptr() == p
                 and _same_layout(t, dt, shape)
                 for n, p, dt, shape in checks
-            ):
+            ) and not any(n in weights for n in skipped):
                 return flags, sync, index, plan
         if self._codes is None:
             self._codes = {code: dt for dt, code in _dtype_codes().items()}
         flags, sync, index, chunks = _parse(header, item.nbytes)
         buf = torch.from_dlpack(item) if chunks else None
-        pairs, checks, names, nbytes = [], [], [], 0
+        pairs, checks, names, skipped, nbytes = [], [], [], [], 0
         for c in chunks:
             t = weights.get(c.name)
             if t is None:
                 if strict:
                     raise ValueError(f"{c.name}: sent by the trainer, not in the weights")
+                skipped.append(c.name)
                 continue
             if self._codes.get(c.dtype_code) != t.dtype or tuple(t.shape) != c.shape:
                 raise ValueError(
@@ -565,13 +576,13 @@ class WeightReceiver:
                 raise ValueError(
                     f"{c.name}: bytes {c.start}..{c.start + c.nbytes} of a tensor of {whole}"
                 )
-            word = _word(c.nbytes, c.offset, c.start)
+            word = _word(c.nbytes, c.offset, c.start, *_tensor_offsets(t))
             dst = _bytes_of(t)[c.start : c.start + c.nbytes].view(word)
             pairs.append((dst, buf[c.offset : c.offset + c.nbytes].view(word)))
             checks.append((c.name, t.data_ptr(), t.dtype, t.shape))
             names.append(c.name)
             nbytes += c.nbytes
-        plan = (checks, names, nbytes, _group(pairs))
+        plan = (checks, names, nbytes, _group(pairs), skipped)
         if len(self._views) > 4096:
             self._views.clear()  # a bound on what stale layouts can hold
         self._views[key] = (flags, index, plan)

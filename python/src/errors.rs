@@ -64,7 +64,7 @@ create_exception!(
     cuda_ipc,
     PeerClosed,
     CudaIpcError,
-    "The socket's peer closed the connection."
+    "The socket's peer closed the connection (`pid`: the peer's, 0 where its pid namespace is not visible)."
 );
 
 create_exception!(
@@ -116,7 +116,7 @@ pub(crate) fn to_py(e: cuda_ipc::Error) -> PyErr {
         E::HandleTypeMismatch { .. } => (HandleTypeMismatch::new_err(message), None, None),
         E::TooManyImporters { .. } => (TooManyImporters::new_err(message), None, None),
         E::ArenaFull { .. } => (ArenaFull::new_err(message), None, None),
-        E::PeerClosed { .. } => (PeerClosed::new_err(message), None, None),
+        E::PeerClosed { pid } => (PeerClosed::new_err(message), Some(*pid), None),
         E::ChannelClosed { pid, role } => {
             (ChannelClosed::new_err(message), Some(*pid), Some(*role))
         }

@@ -12,6 +12,7 @@ use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -577,7 +578,18 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    fn alloc(&self, shape: Vec<i64>, dtype: &Bound<'_, PyAny>, zeroed: bool) -> PyResult<Tensor> {
+    /// A tensor's range of the arena; with `zeroed`, its bytes set to 0 before it is handed
+    /// out — on the legacy stream (after this process's earlier work on blocking streams),
+    /// waited for at most `timeout` with the GIL released (a stream held up by a dead peer
+    /// must not freeze every Python thread). On a time-out the range is given back only once
+    /// the context's queued work is done (`crate::release`), never under the pending memset.
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        shape: Vec<i64>,
+        dtype: &Bound<'_, PyAny>,
+        zeroed: Option<Duration>,
+    ) -> PyResult<Tensor> {
         let dtype = dtype_of(dtype)?;
         if shape.is_empty() || shape.len() > MAX_DIMS {
             return Err(PyValueError::new_err(format!(
@@ -587,12 +599,29 @@ impl Arena {
         }
         let bytes = nbytes_of(&shape, dtype)
             .ok_or_else(|| PyValueError::new_err(format!("invalid shape {shape:?}")))?;
-        let buffer = if zeroed {
-            self.arena.alloc_zeroed::<u8>(bytes)
-        } else {
-            self.arena.alloc::<u8>(bytes)
-        }
-        .map_err(to_py)?;
+        let buffer = py
+            .detach(|| {
+                let buffer = self.arena.alloc::<u8>(bytes)?;
+                let Some(timeout) = zeroed else {
+                    return Ok(buffer);
+                };
+                let stream = cuda_ipc::RawStream::LEGACY;
+                // SAFETY: `buffer` stays allocated until the memset has completed: it is
+                // returned after the wait below, or handed to the release thread, which
+                // synchronises the context before it drops it.
+                unsafe { buffer.memset_bytes_async(0, &stream) }?;
+                let done = cuda_ipc::IpcEvent::new(&self.ctx)
+                    .and_then(|event| event.record(&stream).map(|()| event))
+                    .and_then(|event| event.synchronize(timeout));
+                match done {
+                    Ok(()) => Ok(buffer),
+                    Err(e) => {
+                        crate::release::after_queued_work(&self.ctx, buffer);
+                        Err(e)
+                    }
+                }
+            })
+            .map_err(to_py)?;
         Ok(Tensor {
             inner: Inner::new(
                 Memory::Owned(buffer),
@@ -639,14 +668,24 @@ impl Arena {
 
     /// A tensor of `shape` and `dtype` (contents unspecified).
     #[pyo3(signature = (shape, dtype))]
-    fn empty(&self, shape: Vec<i64>, dtype: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-        self.alloc(shape, dtype, false)
+    fn empty(&self, py: Python<'_>, shape: Vec<i64>, dtype: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+        self.alloc(py, shape, dtype, None)
     }
 
-    /// A tensor of `shape` and `dtype`, zeroed.
-    #[pyo3(signature = (shape, dtype))]
-    fn zeros(&self, shape: Vec<i64>, dtype: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-        self.alloc(shape, dtype, true)
+    /// A tensor of `shape` and `dtype`, zeroed: the zeroing is waited for (at most `timeout`
+    /// seconds, the GIL released; `Timeout` after that, the tensor not handed out), so that
+    /// another process that maps it reads zeros.
+    #[pyo3(signature = (shape, dtype, timeout = 30.0))]
+    fn zeros(
+        &self,
+        py: Python<'_>,
+        shape: Vec<i64>,
+        dtype: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<Tensor> {
+        let timeout = Duration::try_from_secs_f64(timeout)
+            .map_err(|_| PyValueError::new_err(format!("timeout {timeout} is not a duration")))?;
+        self.alloc(py, shape, dtype, Some(timeout))
     }
 
     /// Bytes the arena holds.

@@ -48,6 +48,36 @@ def report(line):
 def pytest_terminal_summary(terminalreporter):
     for line in REPORT:
         terminalreporter.write_line(f"REPORT {line}")
+    if SKIPPED_HOST_TESTS and os.environ.get(MUST_RUN):
+        terminalreporter.write_line(f"{MUST_RUN} is set and host tests were skipped:")
+        for line in SKIPPED_HOST_TESTS:
+            terminalreporter.write_line(f"  {line}")
+
+
+#: With this set (CI does), a host test that is skipped fails the run: a host test needs no
+#: GPU, so a skip means something it needs (torch) is missing. The GPU tests, and the one
+#: host test that needs a machine *without* a GPU, may still skip.
+MUST_RUN = "CUDA_IPC_HOST_TESTS_MUST_RUN"
+SKIPPED_HOST_TESTS = []
+
+
+def _is_host_test(nodeid):
+    return os.path.basename(nodeid.split("::")[0]).endswith("_host.py")
+
+
+def pytest_collectreport(report):
+    if report.skipped and _is_host_test(report.nodeid):
+        SKIPPED_HOST_TESTS.append(f"{report.nodeid}: {report.longrepr}")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and _is_host_test(report.nodeid) and "has a GPU" not in str(report.longrepr):
+        SKIPPED_HOST_TESTS.append(f"{report.nodeid}: {report.longrepr}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if SKIPPED_HOST_TESTS and os.environ.get(MUST_RUN):
+        session.exitstatus = 1
 
 
 def pytest_configure(config):

@@ -1,6 +1,7 @@
 """What runs without a GPU: the package imports, every exception class is a CudaIpcError,
 a missing device is NoDevice (never a crash), and sockets carry bytes with bounded waits."""
 
+import os
 import threading
 import time
 
@@ -77,6 +78,7 @@ def test_a_peer_that_closes_is_peer_closed():
     with pytest.raises(cuda_ipc.PeerClosed) as e:
         s.recv(timeout=5)
     assert "closed" in str(e.value)
+    assert e.value.pid == os.getpid(), "the peer's pid, as the crate's error names it"
 
 
 def test_bad_arguments_are_python_errors_not_crashes():

@@ -208,6 +208,7 @@ def test_forged_setups_and_headers_are_value_errors(pair, monkeypatch):
         lambda q: q.__setitem__(2, b"\x07a.bf16"),
         lambda q: q.__setitem__(2, b"\x01\xff\xfe"),
         lambda q: q.__setitem__(4, b"\x01a.bf16"),  # a name shared twice
+        lambda q: q.__setitem__(2, b""),  # an empty name message
     ):
         wire = FakeWire()
         join = start_sender(src, wire.trainer)
@@ -350,3 +351,72 @@ def test_a_peer_gone_during_the_setup_fails_the_setup_on_the_other_end(pair):
         SW.SharedWeightReceiver(None, wire.engine)
     with pytest.raises(cuda_ipc.PeerClosed):
         join()  # (the "dead" trainer's thread: its own end closed under it)
+
+
+def test_a_pull_that_timed_out_waiting_for_its_verdict_reads_it_before_anything_else(pair):
+    """A trainer whose verdict comes after the pull's timeout (descheduled, or a short poll):
+    the pull raises Timeout with its copies enqueued; the next pull reads that verdict first
+    and then pulls the next version — and while it still has not come, a pull copies nothing
+    and raises Timeout again."""
+    src = model(10)
+    ch, sock, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    with torch.no_grad():
+        tx.update(lambda: src["a.f32"].add_(1))
+    late = [sock.q.pop()]  # version 1's verdict, late
+    with pytest.raises(cuda_ipc.Timeout):
+        rx.pull_into(target, timeout=0.05)
+    assert torch.equal(target["a.f32"], src["a.f32"]), "version 1's copies were enqueued"
+    with torch.no_grad():
+        tx.update(lambda: src["a.f32"].add_(1))
+    late.append(sock.q.pop())  # version 2's verdict, late too
+    before = {n: t.clone() for n, t in target.items()}
+    with pytest.raises(cuda_ipc.Timeout):
+        rx.pull_into(target, timeout=0.05)
+    assert len(ch.items) == 1, "version 2 is still there: nothing was taken"
+    assert all(torch.equal(target[n], before[n]) for n in target), "nothing was copied"
+    sock.q.extend(late)
+    stats = rx.pull_into(target, timeout=5)
+    assert stats.sync == 2 and not sock.q and not ch.items
+    for n in src:
+        assert torch.equal(target[n], src[n]), n
+    tx.update()
+    assert rx.pull_into(target, timeout=5).sync == 3
+
+
+def test_a_pull_whose_copy_failed_still_reads_its_verdict_next_time(pair, monkeypatch):
+    """An exception between the item and its verdict (here: the copy itself) leaves the
+    verdict due; the next pull reads it, then pulls the next version."""
+    src = model(11)
+    ch, sock, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.update()
+
+    def broken(groups):
+        raise RuntimeError("a copy failed")
+
+    real = SW._copy
+    monkeypatch.setattr(SW, "_copy", broken)
+    with pytest.raises(RuntimeError, match="a copy failed"):
+        rx.pull_into(target)
+    monkeypatch.setattr(SW, "_copy", real)
+    assert len(sock.q) == 1, "version 1's verdict is still unread"
+    tx.update()
+    assert rx.pull_into(target).sync == 2
+    assert not sock.q and not ch.items
+    for n in src:
+        assert torch.equal(target[n], src[n]), n
+
+
+def test_a_verdict_out_of_step_ends_the_receiver_with_one_clear_error(pair):
+    src = model(12)
+    ch, sock, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    tx.update()
+    sock.q[0] = b"CISC\0\0\0\0" + struct.pack("<Q", 7)
+    with pytest.raises(ValueError, match="verdict on version 7"):
+        rx.pull_into(target)
+    tx.update()
+    with pytest.raises(ValueError, match="pulls no more .*verdict on version 7"):
+        rx.pull_into(target)
+    assert len(ch.items) == 1, "nothing taken after the error"

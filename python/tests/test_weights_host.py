@@ -270,3 +270,65 @@ def test_a_tensor_that_becomes_a_transposed_view_is_refused_on_either_side(fake)
     with pytest.raises(ValueError, match="w: the receiving tensor is not contiguous"):
         rx.recv_into(flipped)
     assert torch.equal(target["w"], before), "nothing was written through the stale copies"
+
+
+def test_a_strict_receive_after_a_lenient_one_of_the_same_layout_refuses_a_missing_name(fake):
+    """The cached copies of a bucket depend on ``strict`` and on which names the weights lack:
+    a lenient receive that skipped ``b`` must not let a strict one pass without it, and a
+    name added to the weights since is received, not skipped."""
+    ch, tx, rx = fake(1 << 20, slots=1)  # one slot: every sync's bucket hits the same cache entry
+    src = {"a": torch.full((8,), 3.0), "b": torch.full((4, 4), 5.0)}
+    only_a = {"a": torch.zeros(8)}
+    tx.send(src)
+    assert rx.recv_into(only_a, strict=False).tensors == 1
+    tx.send(src)
+    with pytest.raises(ValueError, match="b: sent by the trainer, not in the weights"):
+        rx.recv_into(only_a, strict=True)
+    both = dict(only_a, b=torch.zeros(4, 4))
+    tx.send(src)
+    rx.recv_into(only_a, strict=False)  # the lenient plan again, cached
+    tx.send(src)
+    got = rx.recv_into(both, strict=False)
+    assert got.tensors == 2
+    assert_same(both, src)
+    assert not ch.items
+
+
+def test_contiguous_tensors_at_any_storage_offset_are_sent_and_received(fake):
+    """Views of one flat buffer, ``parameters_to_vector``-style packing and a fused QKV
+    weight split with ``chunk``: contiguous tensors whose bytes start at an offset in their
+    storage that no wide word divides, on both sides."""
+    ch, tx, rx = fake(64 << 10)
+    g = torch.Generator().manual_seed(11)
+    flat = torch.randn(4099, generator=g)
+    qkv = torch.randn(3 * 7, 5, generator=g)
+    q, k, v = qkv.chunk(3)
+    raw = torch.randint(0, 255, (301,), generator=g).to(torch.uint8)
+    half = torch.randn(257, generator=g).to(torch.bfloat16)
+    src = {
+        "flat.a": flat[1:10],  # 4 bytes in
+        "flat.b": flat[10:1033].view(31, 33),  # 40 bytes in
+        "qkv.q": q, "qkv.k": k, "qkv.v": v,  # 140 and 280 bytes in
+        "raw.odd": raw[3:300],  # 3 bytes in
+        "half.odd": half[1:],  # 2 bytes in
+        "flag": torch.rand(9, generator=g)[1:] > 0.5,
+    }
+    assert all(t.is_contiguous() for t in src.values())
+    # The engine's weights: views at other odd offsets of its own buffers.
+    mine = torch.zeros(5000)
+    mine_raw = torch.zeros(400, dtype=torch.uint8)
+    target = {
+        "flat.a": mine[3:12],
+        "flat.b": mine[13:1036].view(31, 33),
+        "qkv.q": mine[1100:1135].view(7, 5),
+        "qkv.k": mine[1137:1172].view(7, 5),
+        "qkv.v": torch.zeros(7, 5),
+        "raw.odd": mine_raw[1:298],
+        "half.odd": torch.zeros(257, dtype=torch.bfloat16)[1:],
+        "flag": torch.zeros(9, dtype=torch.bool)[1:],
+    }
+    for _ in range(2):  # planned, then from the cached copies
+        tx.send(src)
+        rx.recv_into(target)
+        assert_same(target, src)
+    assert not ch.items

@@ -55,7 +55,7 @@
 mod sys;
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::context::GpuContext;
@@ -229,6 +229,11 @@ pub struct Communicator {
     size: u32,
     /// Set once an error or time-out aborted it: later calls are refused.
     aborted: AtomicBool,
+    /// How many [`group`](Self::group)s are open: an abort then waits for the last
+    /// `ncclGroupEnd` (NCCL would run the group's queued work against a freed communicator).
+    groups_open: AtomicU32,
+    /// An abort asked for inside a group, made once the group has ended.
+    abort_after_group: AtomicBool,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; `&self`
@@ -290,6 +295,8 @@ impl Communicator {
             rank,
             size: ranks,
             aborted: AtomicBool::new(false),
+            groups_open: AtomicU32::new(0),
+            abort_after_group: AtomicBool::new(false),
         };
         this.settle(
             "ncclCommInitRankConfig",
@@ -374,7 +381,10 @@ impl Communicator {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a peer outside the communicator; [`Error::Nccl`]; an
-    /// aborted communicator is refused ([`Error::Nccl`], `ncclInvalidUsage`).
+    /// aborted communicator is refused ([`Error::Nccl`], `ncclInvalidUsage`);
+    /// [`Error::Timeout`] when NCCL has not taken the work within
+    /// [`ENQUEUE_TIMEOUT`](Self::ENQUEUE_TIMEOUT). An error or the time-out aborts the
+    /// communicator (inside [`group`](Self::group): once the group has ended).
     pub unsafe fn send(
         &self,
         ptr: u64,
@@ -429,18 +439,34 @@ impl Communicator {
 
     /// Run `f` between `ncclGroupStart` and `ncclGroupEnd`: its sends and receives are
     /// matched as one (a rank sending to itself needs both in one group). `ncclGroupEnd` runs
-    /// whatever `f` returned; its failure is reported after `f`'s.
+    /// whatever `f` returned; its failure is reported after `f`'s. An enqueue that fails
+    /// inside `f` aborts the communicator only once `ncclGroupEnd` has run (aborting inside
+    /// an open group would leave NCCL the group's queued work on a freed communicator).
     ///
     /// # Errors
     ///
-    /// `f`'s error; [`Error::Nccl`] naming `ncclGroupStart` / `ncclGroupEnd`.
+    /// `f`'s error; [`Error::Nccl`] naming `ncclGroupStart` / `ncclGroupEnd`; [`Error::Timeout`]
+    /// when NCCL has not taken the group's work within
+    /// [`ENQUEUE_TIMEOUT`](Self::ENQUEUE_TIMEOUT).
     pub fn group<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
         self.check_live("ncclGroupStart")?;
+        self.groups_open.fetch_add(1, Ordering::AcqRel);
+        let ended = self.run_group(f);
+        if self.groups_open.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.abort_after_group.swap(false, Ordering::AcqRel)
+        {
+            self.abort_now();
+        }
+        ended
+    }
+
+    fn run_group<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
         let _g = self.ctx.enter()?;
         // SAFETY: no arguments; opens a group on this thread, closed below whatever happens.
-        check("ncclGroupStart", call!(ncclGroupStart()), self.comm)?;
+        check("ncclGroupStart", call!(ncclGroupStart()), self.live_comm())?;
         let result = f();
-        // SAFETY: closes the group opened above.
+        // SAFETY: closes the group opened above (the communicator is not aborted inside it:
+        // see `abort_now`).
         let end = call!(ncclGroupEnd());
         let ended = self.enqueued("ncclGroupEnd", end);
         let r = result?;
@@ -499,12 +525,12 @@ impl Communicator {
         check(
             "ncclCommGetAsyncError",
             call!(ncclCommGetAsyncError(self.comm, &mut state)),
-            self.comm,
+            self.live_comm(),
         )?;
         match state {
             sys::NCCL_SUCCESS => Ok(true),
             sys::NCCL_IN_PROGRESS => Ok(false),
-            code => Err(nccl_error("ncclCommGetAsyncError", code, self.comm)),
+            code => Err(nccl_error("ncclCommGetAsyncError", code, self.live_comm())),
         }
     }
 
@@ -543,16 +569,20 @@ impl Communicator {
         }
     }
 
+    /// How long [`send`](Self::send), [`recv`](Self::recv) and [`group`](Self::group) wait
+    /// for NCCL to take work it answered "in progress" (a non-blocking communicator's enqueue
+    /// returns at once, and takes the work once its connections to the peer are up); past it,
+    /// the call is [`Error::Timeout`] and the communicator is aborted.
+    pub const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+
     /// The result of an enqueueing call on a non-blocking communicator: in progress is waited
     /// out (it settles once NCCL has taken the work), an error aborts.
     fn enqueued(&self, call_name: &'static str, rc: sys::NcclResult) -> Result<()> {
         match rc {
             sys::NCCL_SUCCESS => Ok(()),
-            sys::NCCL_IN_PROGRESS => {
-                self.settle(call_name, "NCCL enqueue", Duration::from_secs(30))
-            }
+            sys::NCCL_IN_PROGRESS => self.settle(call_name, "NCCL enqueue", Self::ENQUEUE_TIMEOUT),
             code => {
-                let e = nccl_error(call_name, code, self.comm);
+                let e = nccl_error(call_name, code, self.live_comm());
                 self.abort_now();
                 Err(e)
             }
@@ -587,7 +617,7 @@ impl Communicator {
     }
 
     fn check_live(&self, call_name: &'static str) -> Result<()> {
-        if self.aborted.load(Ordering::Acquire) {
+        if self.aborted.load(Ordering::Acquire) || self.abort_after_group.load(Ordering::Acquire) {
             return Err(Error::Nccl {
                 call: call_name,
                 code: 5,
@@ -599,8 +629,23 @@ impl Communicator {
         Ok(())
     }
 
-    /// Abort once (`ncclCommAbort`: cancels queued work, never waits for a peer).
+    /// The communicator for `ncclGetLastError`, null once aborted (NCCL then gives the
+    /// thread's last error instead of reading a freed communicator).
+    fn live_comm(&self) -> sys::NcclComm {
+        if self.aborted.load(Ordering::Acquire) {
+            std::ptr::null_mut()
+        } else {
+            self.comm
+        }
+    }
+
+    /// Abort once (`ncclCommAbort`: cancels queued work, never waits for a peer). Inside a
+    /// group, later calls are refused at once and the abort itself waits for the group's end.
     fn abort_now(&self) {
+        if self.groups_open.load(Ordering::Acquire) > 0 {
+            self.abort_after_group.store(true, Ordering::Release);
+            return;
+        }
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
         }
