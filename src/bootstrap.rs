@@ -331,6 +331,15 @@ pub struct Bootstrapped {
     broken: bool,
 }
 
+impl Drop for Bootstrapped {
+    fn drop(&mut self) {
+        for b in &mut self.key {
+            // SAFETY: as in `zero`: a valid, aligned, exclusive reference into our own block.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
+    }
+}
+
 impl Bootstrapped {
     /// Whether this end is the listening side ([`BootstrapListener::accept`]).
     pub(crate) fn is_listener(&self) -> bool {

@@ -259,6 +259,7 @@ impl FdListener {
                     return Ok(FdSocket {
                         fd,
                         peer,
+                        peer_id: crate::process::ProcessIdentity::of_pid(peer.pid),
                         name: self.name.clone(),
                     });
                 }
@@ -295,6 +296,9 @@ impl Drop for FdListener {
 pub struct FdSocket {
     fd: OwnedFd,
     peer: PeerCred,
+    /// The peer's process, identified when the connection was made (its pid, start time and
+    /// pidfs inode: a reused pid is another process).
+    peer_id: crate::process::ProcessIdentity,
     name: SocketName,
 }
 
@@ -361,6 +365,7 @@ impl FdSocket {
         Ok(Self {
             fd,
             peer,
+            peer_id: crate::process::ProcessIdentity::of_pid(peer.pid),
             name: name.clone(),
         })
     }
@@ -369,6 +374,13 @@ impl FdSocket {
     #[must_use]
     pub fn peer(&self) -> PeerCred {
         self.peer
+    }
+
+    /// The peer's process as identified when the connection was made (pid, start time,
+    /// pidfs inode), for liveness checks that must not mistake a process that later reuses
+    /// its pid for it; not alive where its pid is not visible (0).
+    pub(crate) fn peer_identity(&self) -> crate::process::ProcessIdentity {
+        self.peer_id
     }
 
     /// Send `payload` (1 to [`MAX_PAYLOAD`](Self::MAX_PAYLOAD) bytes) and `fds` (at most [`MAX_FDS`](Self::MAX_FDS)) as one

@@ -11,6 +11,14 @@
 //! | virtual memory created with the POSIX-fd handle type, in one mapping or several side by side (PyTorch's `expandable_segments:True`: one allocation per 20 MiB or 2 MiB chunk) | one descriptor per mapping the range touches (`cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`), sent with [`FdSocket::send_foreign`] | [`ForeignMemory::Mapped`]: an [`ImportedBuffer`], every chunk mapped at its offset in one range of the importer's |
 //! | anything else (stream-ordered pool memory, managed or host memory, another device's) | refused: [`ArgumentDefect::NotShareable`] | |
 //!
+//! **Virtual memory is shared as whole allocations, each mapped from its start.** A
+//! descriptor carries an allocation, not the part of it a mapping shows: the importer maps
+//! each chunk from the allocation's byte 0. The driver does not say at which offset of its
+//! allocation a mapping begins (`cuMemMap`'s `offset`), so a range mapped from the middle of an
+//! allocation cannot be refused here; it would be read at other bytes. PyTorch's expandable
+//! segments and every allocator the crate knows map whole allocations at offset 0; an
+//! application that maps at other offsets must not export those ranges.
+//!
 //! For expandable segments this replaces PyTorch's own path, which makes the importer copy each
 //! descriptor out of the exporter with `pidfd_getfd` — refused in containers with the default
 //! seccomp or Yama settings, and across pid namespaces, where the exporter's pid means nothing.
@@ -117,7 +125,6 @@ use crate::driver::{self, sys};
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
 use crate::fd::FdSocket;
 use crate::poll::Deadline;
-use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport, RawMemHandle};
 use crate::vmm::{Access, VmmMemory};
 
@@ -498,7 +505,8 @@ impl FdSocket {
         ctx: &GpuContext,
         timeout: Duration,
     ) -> Result<ForeignReceived<T>> {
-        let exporter_pid = Some(self.peer().pid).filter(|&p| p != 0);
+        let exporter = Some(self.peer_identity()).filter(|id| id.pid() != 0);
+        let exporter_pid = exporter.map(|id| id.pid());
         let (head, arrived, meta) = self.receive_foreign(timeout)?;
         let chunks = match arrived {
             Arrived::Legacy(mut raw) => {
@@ -526,7 +534,7 @@ impl FdSocket {
                 KIND_FOREIGN,
                 Access::ReadWrite,
             ),
-            exporter: exporter_pid.map(|pid| ProcessIdentity::from_parts(pid, 0)),
+            exporter,
             exporter_seen_alive: AtomicU64::new(0),
             vmm: Some(memory),
             hold: None,

@@ -113,6 +113,18 @@ impl ProcessIdentity {
         }
     }
 
+    /// The process that `pid` names now: its start time and pidfs inode read at once, so that
+    /// a later reuse of the pid reads as another process. A pid that names nobody (or 0) gives
+    /// an identity that is not alive.
+    pub(crate) fn of_pid(pid: u32) -> Self {
+        if pid == 0 {
+            return Self::from_parts(0, 0);
+        }
+        let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
+        let pidfs_ino = os::pidfs_ino(pid).unwrap_or(0);
+        Self::from_parts(pid, start_time).with_pidfs_ino(pidfs_ino)
+    }
+
     /// Rebuild an identity from its parts (as read back from shared memory); the pidfs inode
     /// is unknown (add it with [`with_pidfs_ino`](Self::with_pidfs_ino)).
     #[must_use]
@@ -423,6 +435,28 @@ mod tests {
         assert!(!is_alive_cached(&a_id), "and it is judged dead afresh");
         b.kill().unwrap();
         b.wait().unwrap();
+    }
+
+    /// `of_pid` identifies the process a pid names now — start time and pidfs inode — so an
+    /// identity taken from a socket's peer pid does not carry over to a process that later
+    /// reuses the pid (a bare pid, start time 0, would).
+    #[test]
+    fn an_identity_of_a_pid_is_that_process_not_the_pid() {
+        assert_eq!(
+            ProcessIdentity::of_pid(os::pid()),
+            ProcessIdentity::current()
+        );
+        assert!(!ProcessIdentity::of_pid(0).is_alive());
+        let (mut child, child_id) = sleeping_child();
+        let id = ProcessIdentity::of_pid(child.id());
+        assert_eq!(id.start_time(), child_id.start_time());
+        assert!(id.start_time() != 0 && id.is_alive());
+        // Another process at the same pid: what a reuse looks like (same pid, other start).
+        let reused = ProcessIdentity::from_parts(id.pid(), id.start_time() + 1);
+        assert!(!reused.is_alive());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!id.is_alive());
     }
 
     #[test]

@@ -20,7 +20,9 @@ class NoDevice(CudaIpcError): ...
 class HandleTypeMismatch(CudaIpcError): ...
 class TooManyImporters(CudaIpcError): ...
 class ArenaFull(CudaIpcError): ...
-class PeerClosed(CudaIpcError): ...
+class PeerClosed(CudaIpcError):
+    """The socket's peer closed the connection; ``pid`` is the peer's (0 where its pid
+    namespace is not visible)."""
 class ChannelClosed(CudaIpcError):
     """The channel's other end closed; a consumer gets it once every item sent was received."""
 
@@ -189,7 +191,9 @@ class Socket:
         until the peer says it is done: its allocator knows nothing of the peer."""
     def recv_tensor(self, ctx: Context, timeout: float = 30.0) -> Tensor:
         """A tensor sent with ``send_tensor``, mapped read-write in ``ctx`` (the sender sees
-        writes). Valid while the sender keeps its tensor (see ``send_tensor``)."""
+        writes). Valid while the sender keeps its tensor (see ``send_tensor``). Its bytes are
+        the sender's: a ``bool`` tensor may hold bytes other than 0 and 1 — from a sender you
+        do not trust, read it as ``t.view(torch.uint8) != 0``."""
     @property
     def peer_pid(self) -> int: ...
 

@@ -336,7 +336,7 @@ class SharedWeightReceiver:
                     same = False
             if same:
                 return self._plan
-        targets, pairs, nbytes = [], [], 0
+        targets, pairs, bools, nbytes = [], [], [], 0
         for name, src in self._sources.items():
             t = weights.get(name)
             if t is None:
@@ -351,9 +351,13 @@ class SharedWeightReceiver:
                     f"{name}: the trainer shares {src.dtype}{list(src.shape)}, the weights hold "
                     f"{t.dtype}{list(t.shape)}" + ("" if t.is_contiguous() else " (not contiguous)")
                 )
-            pairs.append((t, src))
+            if src.dtype == _torch().bool:
+                # The trainer's bytes: PyTorch assumes 0 or 1 of a bool, so compare, not copy.
+                bools.append((t, src.view(_torch().uint8)))
+            else:
+                pairs.append((t, src))
             nbytes += src.numel() * src.element_size()
-        self._plan = (targets, _group(pairs), nbytes)
+        self._plan = (targets, (_group(pairs), bools), nbytes)
         return self._plan
 
     def pull_into(
@@ -389,7 +393,11 @@ class SharedWeightReceiver:
             # signal's exception).
             self._version = version
             self._verdict_due = version
-            _copy(groups)
+            copies, bools = groups
+            _copy(copies)
+            ne = _torch().ne
+            for t, raw in bools:
+                ne(raw, 0, out=t)
             return version
 
         # The copies go to torch's current stream: `stream`'s, made current if it was passed.

@@ -255,6 +255,13 @@ def _copy(groups: List[Tuple[list, list]]) -> None:
                 a.copy_(b)
 
 
+def _as_bools(byte_views: List[object]) -> None:
+    """Make the bytes of received ``bool`` tensors 0 or 1 (each a uint8 view): they are the
+    peer's bytes, and PyTorch's kernels assume nothing else of a ``bool`` (one clamp each)."""
+    for b in byte_views:
+        b.clamp_(max=1)
+
+
 def _same_layout(t, dtype, shape) -> bool:
     """Whether ``t`` is a contiguous tensor of ``dtype`` and ``shape``: what a bucket's cached
     copies assume of each tensor, checked on both sides at every bucket (a tensor re-bound to
@@ -515,8 +522,9 @@ class WeightReceiver:
                     f"bucket {index} of sync {sync} where bucket {state['next']} of sync "
                     f"{state['sync']} was due"
                 )
-            _, names, nbytes, groups, _ = plan
+            _, names, nbytes, (groups, bools), _ = plan
             _copy(groups)
+            _as_bools(bools)
             seen.update(names)
             state["bytes"] += nbytes
             state["next"] = index + 1
@@ -556,7 +564,7 @@ class WeightReceiver:
             self._codes = {code: dt for dt, code in _dtype_codes().items()}
         flags, sync, index, chunks = _parse(header, item.nbytes)
         buf = torch.from_dlpack(item) if chunks else None
-        pairs, checks, names, skipped, nbytes = [], [], [], [], 0
+        pairs, checks, names, skipped, bools, nbytes = [], [], [], [], [], 0
         for c in chunks:
             t = weights.get(c.name)
             if t is None:
@@ -579,10 +587,12 @@ class WeightReceiver:
             word = _word(c.nbytes, c.offset, c.start, *_tensor_offsets(t))
             dst = _bytes_of(t)[c.start : c.start + c.nbytes].view(word)
             pairs.append((dst, buf[c.offset : c.offset + c.nbytes].view(word)))
+            if t.dtype == torch.bool:
+                bools.append(_bytes_of(t)[c.start : c.start + c.nbytes])
             checks.append((c.name, t.data_ptr(), t.dtype, t.shape))
             names.append(c.name)
             nbytes += c.nbytes
-        plan = (checks, names, nbytes, _group(pairs), skipped)
+        plan = (checks, names, nbytes, (_group(pairs), bools), skipped)
         if len(self._views) > 4096:
             self._views.clear()  # a bound on what stale layouts can hold
         self._views[key] = (flags, index, plan)

@@ -143,6 +143,9 @@ impl Socket {
 
     /// Receive a tensor sent with `send_tensor` and map it in `ctx` (read-write: writes are
     /// seen by the sender). Valid while the sender keeps its tensor alive (see `send_tensor`).
+    /// Its bytes are the sender's, live: a `bool` tensor may hold bytes other than 0 and 1,
+    /// which PyTorch's kernels assume it does not — from a sender you do not trust, read it
+    /// as `t.view(torch.uint8) != 0`.
     #[pyo3(signature = (ctx, timeout = 30.0))]
     fn recv_tensor(&self, py: Python<'_>, ctx: &Context, timeout: f64) -> PyResult<Tensor> {
         let timeout = seconds(timeout)?;

@@ -420,3 +420,14 @@ def test_a_verdict_out_of_step_ends_the_receiver_with_one_clear_error(pair):
     with pytest.raises(ValueError, match="pulls no more .*verdict on version 7"):
         rx.pull_into(target)
     assert len(ch.items) == 1, "nothing taken after the error"
+
+
+def test_bool_bytes_other_than_0_and_1_arrive_as_0_and_1(pair):
+    src = dict(model(13), **{"a.bool": torch.tensor([2, 0, 255, 1], dtype=torch.uint8).view(torch.bool)})
+    ch, sock, tx, rx = pair(src)
+    target = {n: torch.zeros_like(t) for n, t in src.items()}
+    for _ in range(2):
+        tx.update()
+        rx.pull_into(target)
+        assert target["a.bool"].view(torch.uint8).tolist() == [1, 0, 1, 1]
+        assert torch.equal(target["a.f32"], src["a.f32"])

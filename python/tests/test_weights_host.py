@@ -332,3 +332,15 @@ def test_contiguous_tensors_at_any_storage_offset_are_sent_and_received(fake):
         rx.recv_into(target)
         assert_same(target, src)
     assert not ch.items
+
+
+def test_bool_bytes_other_than_0_and_1_arrive_as_0_and_1(fake):
+    """A peer's bool bytes may be anything; PyTorch's kernels assume 0 or 1."""
+    ch, tx, rx = fake(1 << 20)
+    raw = torch.tensor([2, 0, 255, 1, 0, 7], dtype=torch.uint8)
+    src = {"mask": raw.view(torch.bool), "w": torch.ones(3)}
+    target = {"mask": torch.zeros(6, dtype=torch.bool), "w": torch.zeros(3)}
+    for _ in range(2):
+        tx.send(src)
+        rx.recv_into(target)
+        assert target["mask"].view(torch.uint8).tolist() == [1, 0, 1, 1, 0, 1]
