@@ -58,12 +58,44 @@ def free_memory():
     return torch.cuda.mem_get_info()[0]
 
 
+def _gpu_holders():
+    """Who holds device memory now, for a failed check: every compute process nvidia-smi lists
+    (pid, MiB, alive or not) and this process's torch allocator."""
+    import torch
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        out = [f"(nvidia-smi: {e})"]
+    procs = []
+    for line in out:
+        pid = line.split(",")[0].strip()
+        alive = pid.isdigit() and os.path.exists(f"/proc/{pid}")
+        me = " (this process)" if pid == str(os.getpid()) else ""
+        procs.append(f"{line.strip()} MiB{me}{'' if alive else ' (no such process)'}")
+    return (
+        f"compute processes: {procs}; this process's torch: "
+        f"{torch.cuda.memory_allocated() >> 20} MiB allocated, "
+        f"{torch.cuda.memory_reserved() >> 20} MiB reserved"
+    )
+
+
+#: How long a check waits for the device's memory to come back: a SIGKILLed or exited peer's
+#: context is freed by the driver after the process is reaped, not always at once.
+MEMORY_WAIT_S = 30
+
+
 class State:
     """What this process holds now; `check(what)` asserts it holds the same again (the device's
-    memory within 4 MiB, waiting up to 10 s for a dead peer's context to be freed)."""
+    memory within 4 MiB, waiting up to MEMORY_WAIT_S for a peer's context to be freed — the
+    longest such wait is in the summary)."""
 
     def __init__(self):
         self.fds, self.shm, self.memory = fds(), shm(), free_memory()
+        self.longest_wait = 0.0
 
     def check(self, what):
         now = fds()
@@ -73,17 +105,20 @@ class State:
         )
         assert pidfds() <= 4, f"{what}: {pidfds()} pidfds (the liveness cache pins live processes)"
         assert shm() == self.shm, f"{what} left {shm() - self.shm}"
-        deadline = time.monotonic() + 10
+        start = time.monotonic()
         while free_memory() < self.memory - (4 << 20):
-            assert time.monotonic() < deadline, (
-                f"{what}: {(self.memory - free_memory()) >> 20} MiB of device memory not returned"
+            assert time.monotonic() - start < MEMORY_WAIT_S, (
+                f"{what}: {(self.memory - free_memory()) >> 20} MiB of device memory not returned "
+                f"after {MEMORY_WAIT_S} s; {_gpu_holders()}"
             )
             time.sleep(0.1)
+        self.longest_wait = max(self.longest_wait, time.monotonic() - start)
 
     def summary(self):
         return (
             f"this process: {len(self.fds)} descriptors (+{pidfds()} pidfds), device free "
-            f"memory {self.memory >> 20} -> {free_memory() >> 20} MiB"
+            f"memory {self.memory >> 20} -> {free_memory() >> 20} MiB (the longest wait for it "
+            f"{self.longest_wait:.1f} s)"
         )
 
 
