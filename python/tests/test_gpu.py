@@ -171,6 +171,46 @@ def test_an_arena_tensor_dropped_with_work_queued_keeps_its_range_until_the_work
     assert again.data_ptr == first
 
 
+def test_arena_zeros_waits_for_its_memset_bounded_and_without_the_gil():
+    """A legacy stream held up (here by a 2-second kernel; in life, a wait on a dead peer):
+    `zeros` raises Timeout at its bound, other Python threads run meanwhile, and the range is
+    given back once the stream moves on."""
+    import threading
+    import time
+
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    arena = cuda_ipc.Arena(ctx, 8 << 20)
+    free = arena.free_bytes
+    ticks, stop = [0], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    torch.cuda._sleep(4_000_000_000)  # on torch's default stream: the legacy stream
+    start, before = time.monotonic(), ticks[0]
+    try:
+        with pytest.raises(cuda_ipc.Timeout):
+            arena.zeros((1 << 20,), torch.int32, timeout=0.3)
+        took = time.monotonic() - start
+        seen = ticks[0] - before
+    finally:
+        stop.set()
+        t.join()
+    assert 0.3 <= took < 1.5, took
+    assert seen >= 50, f"another thread ran {seen} times in {took:.2f} s: the GIL was held"
+    torch.cuda.synchronize()
+    assert cuda_ipc.wait_released(30)
+    assert arena.free_bytes == free, "the timed-out tensor's range was given back"
+    z = arena.zeros((1 << 20,), torch.int32, timeout=30)
+    assert not torch.from_dlpack(z).any()
+
+
 # The two tests below pin a contract rather than catch a fault seen: on driver 580 (H200) the
 # slots' memory (legacy allocations and imports) synchronises by itself when freed or closed,
 # and the package before the fix passed them too (measured). The package no longer relies on
