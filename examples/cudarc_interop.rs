@@ -92,11 +92,11 @@ fn producer() -> Result<Option<Duration>, Failure> {
     let devices = match cuda_ipc::device::device_count() {
         Ok(n) => n,
         Err(Error::NoDevice { name, .. }) => {
-            println!("Waived: no CUDA device ({name})");
+            eprintln!("cudarc_interop: waived: no CUDA device (cuInit: {name})");
             return Ok(None);
         }
         Err(Error::DriverNotFound { tried, .. }) => {
-            println!("Waived: no CUDA driver library (tried {tried})");
+            eprintln!("cudarc_interop: waived: no CUDA driver library (tried {tried})");
             return Ok(None);
         }
         Err(e) => return Err(e.into()),

@@ -209,14 +209,18 @@ fn consumer(
 fn parent(o: &Options) -> Result<ExitCode, Failure> {
     let n = match cuda_ipc::device::device_count() {
         Ok(n) if n > 0 => n,
-        Ok(_) | Err(Error::NoDevice { .. } | Error::DriverNotFound { .. }) => {
-            println!("pipeline: no CUDA device; waived");
+        Ok(_) => {
+            eprintln!("pipeline: waived: no CUDA device");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e @ (Error::NoDevice { .. } | Error::DriverNotFound { .. })) => {
+            eprintln!("pipeline: waived: {e}");
             return Ok(ExitCode::from(2));
         }
         Err(e) => return Err(e.into()),
     };
     if !cuda_ipc::device::can_use_stream_mem_ops(0)? {
-        println!("pipeline: device 0 has no 64-bit stream memory operations; waived");
+        eprintln!("pipeline: waived: device 0 has no 64-bit stream memory operations");
         return Ok(ExitCode::from(2));
     }
     let (producer_dev, consumer_dev) = (0, if n > 1 && !o.same_gpu { 1 } else { 0 });

@@ -98,10 +98,11 @@ fn main() -> ExitCode {
 fn owner(o: &Options) -> Result<ExitCode, Failure> {
     let ctx = match GpuContext::new(0) {
         Ok(ctx) => ctx,
-        Err(e) => {
-            println!("shared_weights: no CUDA device ({e}): waived");
+        Err(e @ (cuda_ipc::Error::NoDevice { .. } | cuda_ipc::Error::DriverNotFound { .. })) => {
+            eprintln!("shared_weights: waived: {e}");
             return Ok(ExitCode::from(2));
         }
+        Err(e) => return Err(e.into()),
     };
     let words = tensor_words(o.tensors, o.gib);
     let bytes: usize = words.iter().map(|w| (w + 1) * 4).sum();

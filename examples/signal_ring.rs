@@ -196,23 +196,25 @@ struct Published {
 fn parent(opts: &Options) -> Result<Option<(usize, usize)>, Failure> {
     let group = match PeerGroup::select(opts.max_devices) {
         Err(cuda_ipc::Error::NoDevice { name, code }) => {
-            println!("Waived: no CUDA device ({name}, {code})");
+            eprintln!("signal_ring: waived: no CUDA device (cuInit: {name}, {code})");
             return Ok(None);
         }
         Err(cuda_ipc::Error::DriverNotFound { tried, .. }) => {
-            println!("Waived: no CUDA driver library (tried {tried})");
+            eprintln!("signal_ring: waived: no CUDA driver library (tried {tried})");
             return Ok(None);
         }
         other => other?,
     };
     print!("{}", group.report());
     if group.devices.is_empty() {
-        println!("Waived: no device supports IPC (unified addressing, default compute mode)");
+        eprintln!(
+            "signal_ring: waived: no device supports IPC (unified addressing, default compute mode)"
+        );
         return Ok(None);
     }
     if let Some(d) = group.devices.iter().find(|d| !d.stream_mem_ops) {
-        println!(
-            "Waived: device {} cannot use 64-bit stream memory operations",
+        eprintln!(
+            "signal_ring: waived: device {} cannot use 64-bit stream memory operations",
             d.ordinal
         );
         return Ok(None);

@@ -329,18 +329,20 @@ fn parent(opts: &Options, origin_ns: u128) -> Result<Option<(usize, usize)>, Fai
     println!("Checking for multiple GPUs...");
     let group = match PeerGroup::select(opts.max_devices) {
         Err(Error::NoDevice { name, code }) => {
-            println!("Waived: no CUDA device ({name}, {code})");
+            eprintln!("simple_ipc: waived: no CUDA device (cuInit: {name}, {code})");
             return Ok(None);
         }
         Err(Error::DriverNotFound { tried, .. }) => {
-            println!("Waived: no CUDA driver library (tried {tried})");
+            eprintln!("simple_ipc: waived: no CUDA driver library (tried {tried})");
             return Ok(None);
         }
         other => other?,
     };
     print!("{}", group.report());
     if group.devices.is_empty() {
-        println!("Waived: no device supports IPC (unified addressing, default compute mode)");
+        eprintln!(
+            "simple_ipc: waived: no device supports IPC (unified addressing, default compute mode)"
+        );
         return Ok(None);
     }
     let n = group.devices.len();

@@ -1,6 +1,6 @@
 //! `cuda_ipc._native`: the Python package's extension module, a client of cuda-ipc's public
 //! Rust API (no second implementation of any protocol). The Python-facing docs are the type
-//! stubs (`python/cuda_ipc/_native.pyi`) and `python/README.md`.
+//! stubs (`python/python/cuda_ipc/_native.pyi`) and `python/README.md`.
 //!
 //! What it offers (this release): a [`Context`] per device; [`Arena`]s that hold tensors in
 //! memory another process can map (`arena.empty(shape, dtype)`), shared read-only or
