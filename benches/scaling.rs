@@ -1,4 +1,4 @@
-//! Export and open cost with 1, 100, 1,000 and 10,000 live buffers (issue 13, item 6): the
+//! Export and open cost with 1, 100, 1,000 and 10,000 live buffers: the
 //! per-operation cost should stay within 1.2× of the 1-buffer case, and the descriptors and
 //! `/dev/shm` entries of each process should not grow with the number of exports.
 //!

@@ -991,9 +991,9 @@ mod tests {
         ProcessIdentity::from_parts(me.pid(), me.start_time() + 1)
     }
 
-    /// Issue 11, defect 3, replayed: A arrives and reads the futex word (not yet passed); B
+    /// A reported interleaving, replayed: A arrives and reads the futex word (not yet passed); B
     /// arrives, completes the generation and leaves (drops: the last barrier, then exit); A
-    /// then checks its peers and finds B gone. On 66d5eef A reported `PeerGone` (barrier participant) for the
+    /// then checks its peers and finds B gone. Once A reported `PeerGone` (barrier participant) for the
     /// generation that had completed and poisoned the barrier (14 of 160 such waits failed
     /// with the shipped constants). The check now sees that the generation passed.
     #[test]
@@ -1020,8 +1020,8 @@ mod tests {
         );
     }
 
-    /// Issue 11, defect 4: a joiner killed between taking its slot and finishing the join. On
-    /// 66d5eef its slot said `CLAIMING` with no owner: waiters ignored it and got `Timeout`,
+    /// A joiner killed between taking its slot and finishing the join. Its
+    /// slot once said `CLAIMING` with no owner: waiters ignored it and got `Timeout`,
     /// and the slot was lost (a replacement got `BarrierFull`). The slot now names the joiner
     /// from the first step.
     #[test]
@@ -1163,7 +1163,7 @@ mod loom_tests {
         });
     }
 
-    /// Issue 11, defect 4: a joiner killed between taking its slot and finishing the join.
+    /// A joiner killed between taking its slot and finishing the join.
     /// Its slot names it from the first step, so waiters see it die (`PeerGone` (barrier participant), never a
     /// timeout), and a replacement can take its slot over while nobody has noticed yet. Both
     /// live participants agree: both complete, or both fail.

@@ -476,7 +476,7 @@ mod tests {
         assert_ne!(impostor, me);
     }
 
-    /// `Eq` must be an equivalence: on 66d5eef an unknown inode matched any, so a == b and
+    /// `Eq` must be an equivalence: once an unknown inode matched any, so a == b and
     /// b == c held while a != c.
     #[test]
     fn equality_is_transitive() {

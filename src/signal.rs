@@ -768,7 +768,7 @@ mod tests {
         advance(&last, "t", GpuSignal::MAX_VALUE, ok).unwrap();
     }
 
-    /// Issue 11, defect 7: on 66d5eef the value was used up before the driver call, so a
+    /// A regression test: the value was once used up before the driver call, so a
     /// signal that failed could not be retried with the same value.
     #[test]
     fn a_failed_signal_can_be_retried_with_the_same_value() {
@@ -817,8 +817,8 @@ mod tests {
         drop(signal); // its drop finds nothing left to free
     }
 
-    /// Issue 11, defect 7: the host wait compared unsigned where the GPU compares the signed
-    /// difference; a peer kernel writing 2^63 or more made the two disagree (on 66d5eef the
+    /// A regression test: the host wait once compared unsigned where the GPU compares the signed
+    /// difference; a peer kernel writing 2^63 or more made the two disagree (once the
     /// host saw 2^63 + 5 ≥ 1 while every GPU-side wait for 1 stayed blocked).
     #[test]
     fn the_host_wait_decides_as_the_gpu_does() {

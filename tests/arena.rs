@@ -352,7 +352,7 @@ fn forged_foreign_and_mistyped_handles_are_refused() {
     let v2 = imported.open(&a2.handle()).unwrap();
     assert_eq!(v2.len(), 100);
     // A handle carrying a freed buffer's *retired* generation (what its block reads once the
-    // buffer is gone, here kept quarantined by a view): on e94c9f7 it opened the freed range.
+    // buffer is gone, here kept quarantined by a view): once it opened the freed range.
     let doomed = x.alloc_zeroed::<u32>(100).unwrap();
     let held_view = imported.open(&doomed.handle()).unwrap();
     let mut bytes = doomed.handle().as_bytes().to_vec();

@@ -132,7 +132,7 @@ fn child_process() {
                 std::thread::sleep(Duration::from_secs(50));
                 1
             }
-            // Issue 11, defect 2: the envelope's length is the peer's word. Forge it (and
+            // The envelope's length is the peer's word. Forge it (and
             // reseal: the checksum is integrity, not authenticity) and try both paths.
             "forged_lengths" => {
                 let ctx = gpu();
@@ -162,7 +162,7 @@ fn child_process() {
                 report(format!("real {}", real.len()));
                 0
             }
-            // Issue 11, defect 7: a cache hit must see that the exporter is closing. Hold a
+            // A cache hit must see that the exporter is closing. Hold a
             // view and keep re-opening (cache hits) until refused, then let the close finish.
             "reopen_until_closing" => {
                 let ctx = gpu();

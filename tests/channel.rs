@@ -810,7 +810,7 @@ fn a_dead_producer_is_reported_and_nothing_hangs() {
     }
 }
 
-/// Dropping a channel end never waits for its GPU work (issue 33, item 6): a consumer that
+/// Dropping a channel end never waits for its GPU work: a consumer that
 /// releases its last item behind a 1 s kernel drops its receiver in well under that second
 /// (the end waits on this process's list of draining ends), then returns from `main` while
 /// the kernel runs; the exit hook finishes the drain, so the producer sees `ChannelClosed`, a
@@ -935,7 +935,7 @@ fn a_dead_consumer_is_reported_and_nothing_hangs() {
     }
 }
 
-/// A `close` that does not finish hands the end back whole (issue 33, item 6): a sender whose
+/// A `close` that does not finish hands the end back whole: a sender whose
 /// last send is behind a 400 ms kernel times out closing in 50 ms — nothing freed or leaked —
 /// and refuses to send from then on; once the kernel is done, a consumer that still maps the
 /// slots makes the close `LeasesOutstanding`, again with the sender back; after the consumer
@@ -999,7 +999,7 @@ fn a_close_that_does_not_finish_hands_the_end_back_whole() {
     assert_nothing_left(&before, "after the closes");
 }
 
-/// A broadcast channel (issue 34): three consumers — two attached from the start, one of which
+/// A broadcast channel: three consumers — two attached from the start, one of which
 /// dies holding its third item, and one attached mid-stream — every byte of every item
 /// checked by each. The live consumers receive every item from their start to the last, the
 /// late one starts after the first item; the dead one is detached and the producer sends on.

@@ -449,7 +449,7 @@ fn pair(what: &str) -> (FdSocket, FdSocket) {
     (accepted, connector.join().unwrap())
 }
 
-/// On e94c9f7 `accept`, `connect`, `send` and `recv` computed `Instant::now() + timeout`
+/// Once `accept`, `connect`, `send` and `recv` computed `Instant::now() + timeout`
 /// and panicked on `Duration::MAX`; the crate's other waits accepted it.
 #[test]
 fn the_longest_timeout_is_a_wait_without_end_not_a_panic() {
@@ -465,7 +465,7 @@ fn the_longest_timeout_is_a_wait_without_end_not_a_panic() {
     assert_eq!(b.recv(Duration::MAX).unwrap().payload, b"ping");
 }
 
-/// A 0-byte `SOCK_SEQPACKET` record while the connection is up: on e94c9f7 `recv` said
+/// A 0-byte `SOCK_SEQPACKET` record while the connection is up: once `recv` said
 /// `PeerClosed`, though the next `recv` worked. It is a record no sender of this crate makes
 /// (every frame has its version byte): `Corrupt`, and the connection goes on.
 #[test]
@@ -486,8 +486,8 @@ fn an_empty_record_is_corrupt_not_peer_closed_and_the_next_message_arrives() {
     );
 }
 
-/// `PeerCred::pid` is 0 for a peer in a pid namespace this process cannot see (documented,
-/// issue 31 item 9): the listener runs in a new pid namespace (`unshare --pid --fork`, as root)
+/// `PeerCred::pid` is 0 for a peer in a pid namespace this process cannot see (documented):
+/// the listener runs in a new pid namespace (`unshare --pid --fork`, as root)
 /// and the connector, this process, is outside it. From outside, the listener's pid is seen.
 #[test]
 fn a_peer_outside_our_pid_namespace_has_pid_zero() {

@@ -265,8 +265,8 @@ fn a_forked_child_leaves_the_parents_socket_file_alone() {
 }
 
 /// The GPU half: a buffer exported (legacy and POSIX-fd), then a forked child that ends by each
-/// path; a new importer in another process must still open the export and read its data. On
-/// e94c9f7 the child's exit ran the registry's `atexit` hook, which unlinked the parent's
+/// path; a new importer in another process must still open the export and read its data. The
+/// child's exit once ran the registry's `atexit` hook, which unlinked the parent's
 /// registry: the open failed with `StaleHandle`.
 #[test]
 #[ignore = "requires a CUDA device"]

@@ -1,7 +1,7 @@
 //! The multi-process harness judges children strictly: a stress test accepts exit 0 or death
 //! by `SIGKILL`, and nothing else — a crash (`SIGSEGV`, `SIGBUS`, `SIGABRT`) or a panic (exit
-//! 101) of a child reading hostile shared state must fail the test that started it. Before
-//! this (e94c9f7) the harness accepted death by any signal and some stress tests threw the
+//! 101) of a child reading hostile shared state must fail the test that started it. The
+//! harness once accepted death by any signal and some stress tests threw the
 //! statuses away.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point

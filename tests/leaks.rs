@@ -347,8 +347,7 @@ fn two_thousand_buffers_dropped_while_mapped_are_freed_once_unmapped() {
     legacy_soak(true);
 }
 
-/// Lease state costs two files per process, whatever the number of exports (issue 13, item
-/// 6): 1,000 buffers never exported hold nothing in `/dev/shm` and no descriptor; exporting
+/// Lease state costs two files per process, whatever the number of exports: 1,000 buffers never exported hold nothing in `/dev/shm` and no descriptor; exporting
 /// all of them adds at most this process's export registry (its two files, once) and no
 /// descriptor; dropping them leaves the registry for later exports.
 #[test]

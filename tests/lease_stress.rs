@@ -55,7 +55,7 @@ fn claimer(shadow_name: &str) -> i32 {
         loop {
             // One claim in four stalls in the claim's windows (the slot reads *claiming*, then
             // *held* before the closing check) and sometimes dies there, while the exporter
-            // polls and closes: the interleavings of issue 11's defect 1, made wide.
+            // polls and closes: a reported release/exit interleaving, made wide.
             let claimed = if rng.one_in(4) {
                 let mut pause_rng = Rng(rng.next() | 1);
                 Held::acquire_pausing(&token, || {
@@ -121,7 +121,7 @@ fn run(shadow: &ShmRegion<Shadow>, run: u64, n: usize) -> u64 {
     }
     let export = Export::create(&token).unwrap();
     // One claimer in every third run has no main thread (its leader reads as a zombie, and it
-    // must be treated as the live process it is: issue 31, item 1).
+    // must be treated as the live process it is).
     let children: Vec<_> = (0..n)
         .map(|i| {
             if i == 0 && run % 3 == 2 {

@@ -2,7 +2,7 @@
 //! while other threads run (`pthread_exit` in `main`, some language runtimes) shows its leader
 //! as `Z` in `/proc/<pid>/stat`, yet lives and holds what it holds. Every reaper must read it
 //! as alive: the liveness check itself (plain and cached), a lease close, the export registry's
-//! collect, the barrier, the stale-table sweep and region reclaim. On e94c9f7 each of these
+//! collect, the barrier, the stale-table sweep and region reclaim. Each of these once
 //! took it for dead. Once its last thread exits, the same checks must read it as dead.
 //!
 //! No GPU: the lease table, registry and barrier are driven through their host-side hooks.

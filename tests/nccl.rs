@@ -2,7 +2,7 @@
 //! one rank sends to itself, 1 MiB and 64 MiB, byte for byte; a peer outside it is refused; a
 //! rank whose peer never joins ends in its time-out, aborted; two processes pairing on one GPU
 //! (over the TCP bootstrap and over a Unix socket) get NCCL's own refusal, with its text, in
-//! bounded time — not a hang. Two processes on two GPUs belong to issue 38's two-GPU runs.
+//! bounded time — not a hang. Two processes on two GPUs need a machine with two.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 

@@ -125,6 +125,6 @@ fn a_pool_opened_in_its_own_process_leaves_the_owner_intact() {
     let _dog = watchdog("own_pool", Duration::from_secs(90));
     let lines = run("pool");
     // Measured on an H200 (driver 580): the pool's own process opens its buffer and reads
-    // what the owner wrote. An open that read wrong data passed here before (issue 37).
+    // what the owner wrote. An open that read wrong data once passed here.
     assert_eq!(lines[0], "opened, reads true", "{lines:?}");
 }

@@ -147,7 +147,7 @@ fn start_and_inode(pid: u32) -> Option<(u64, u64)> {
 
 /// Two processes that get one pid within one clock tick share pid and start time and differ
 /// only in their pidfs inode. The liveness cache keyed its pinned pidfd on (pid, start time)
-/// alone on e94c9f7: after the first died, the second (alive) read as dead, and once the
+/// alone once: after the first died, the second (alive) read as dead, and once the
 /// second was pinned, the first (dead) read as alive.
 #[test]
 fn the_liveness_cache_tells_two_processes_of_one_pid_and_tick_apart_by_their_inodes() {

@@ -188,7 +188,7 @@ fn pool_buffers_travel_like_any_buffer_on_every_device() {
 
 /// A shared pool whose last buffer drops while another thread looks through the context's
 /// pools for room (holding a reference to each) is destroyed at the next allocation, not kept
-/// until an explicit `collect_deferred()` (issue 31, item 9: on e94c9f7 its table stayed).
+/// until an explicit `collect_deferred()` (its table once stayed).
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_shared_pool_left_without_buffers_while_another_thread_looked_is_destroyed_next() {
@@ -271,8 +271,7 @@ fn a_dropped_pool_buffer_stays_with_its_importer_and_is_freed_after() {
     s.send_buffer(&buf, T).unwrap();
     drop(buf);
     // A hostile importer scribbles every block's size word in the pool's shared table: the
-    // owner's count of what waits must come from its own records (issue 31, item 5; on
-    // e94c9f7 two scribbled sizes summed to pending_bytes = 18446744073709551614).
+    // owner's count of what waits must come from its own records (two scribbled sizes once summed to pending_bytes = 18446744073709551614).
     assert_eq!(
         pool_table.len(),
         1,

@@ -366,8 +366,8 @@ fn unpublished_header_gives_not_ready_and_a_dead_creator_is_noticed() {
     assert!(!shm_exists(&name));
 }
 
-/// Issue 11, defect 5: between the creator's exclusive `open` and its `fallocate` the file is
-/// empty. On 66d5eef an open in that window returned `SizeMismatch { found: 0 }` at once (81
+/// Between the creator's exclusive `open` and its `fallocate` the file is
+/// empty. Once an open in that window returned `SizeMismatch { found: 0 }` at once (81
 /// of 400 racing opens); it must wait, within the open timeout, like an unpublished header.
 #[test]
 fn an_open_racing_a_create_waits_instead_of_failing() {

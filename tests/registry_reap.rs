@@ -1,7 +1,7 @@
 //! Dead importers never lock the next one out of an export registry, even when the exporter
 //! sits idle: 64 importer processes (as many as the registry has slots) enter one export and
 //! are killed holding it; a 65th importer must get in without the exporter calling anything.
-//! On e94c9f7 it got `TooManyImporters`: dead importers' slots were reaped only by the
+//! Once it got `TooManyImporters`: dead importers' slots were reaped only by the
 //! exporter's collect, which an idle exporter never runs. Its own test binary: the registry is
 //! one per process, and no other test may take its slots.
 

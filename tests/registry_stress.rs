@@ -222,7 +222,7 @@ fn random_kills_never_let_the_exporter_free_under_a_holder() {
 
     // Fill all but four of the registry's 64 importer slots with importers that died holding
     // a filler export: the six live importers (and every replacement) then keep taking dead
-    // slots over while this exporter's collects reap them too (issue 31, item 6).
+    // slots over while this exporter's collects reap them too.
     let filler = Export::publish().unwrap();
     let (token, generation) = (
         common::to_hex(&filler.token()),

@@ -308,7 +308,7 @@ fn owner(kind: &str) {
         "event" => "opened",
         // Measured on 2 × H200 (2026-11-30, BENCHMARKS.md): the driver maps an imported pool
         // allocation at one address per process (so the crate imports a pool once); legacy,
-        // POSIX-fd and arena imports in two contexts each get their own. Before issue 37 this
+        // POSIX-fd and arena imports in two contexts each get their own. Once this
         // compared the line with itself.
         "pool" | "pooled" => "same address true",
         _ => "same address false",

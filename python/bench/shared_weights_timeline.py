@@ -1,4 +1,4 @@
-"""Where method (d)'s time goes (``cuda_ipc.shared_weights``, issue 35): the weight-sync
+"""Where method (d)'s time goes (``cuda_ipc.shared_weights``): the weight-sync
 bench's model and protocol, with CLOCK_MONOTONIC marks in both processes (shared by them) and
 CUDA events around the engine's copies; and the floor's copies, one process, with the same
 events. The engine waits in ``pull_into`` when the trainer starts. Prints the medians (ms after

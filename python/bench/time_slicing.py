@@ -1,4 +1,4 @@
-"""What one GPU charges two processes for sharing it (issue 35's method (c) context): the same
+"""What one GPU charges two processes for sharing it (the context of weight_sync.py's method (c)): the same
 device-to-device copies done by one process, then split between two processes that run at the
 same time. Two processes on one GPU are time-sliced (no MPS): the GPU runs one context at a
 time and switches between them, so the pair's wall time over one process's is the price of the

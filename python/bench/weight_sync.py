@@ -1,4 +1,4 @@
-"""Weight sync between two processes on one GPU, six ways, in one run (issue 35's bench):
+"""Weight sync between two processes on one GPU, six ways, in one run:
 
 (a) ``torch.multiprocessing`` Queue, one tensor per message, the engine copying each into its
     own weights;

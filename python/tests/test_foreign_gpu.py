@@ -1,5 +1,5 @@
-"""PyTorch's own memory shared with `Socket.send_tensor` / `recv_tensor` between real processes
-(issue 35 item 4): the caching allocator's blocks as legacy handles, expandable segments as one
+"""PyTorch's own memory shared with `Socket.send_tensor` / `recv_tensor` between real processes:
+the caching allocator's blocks as legacy handles, expandable segments as one
 descriptor per chunk sent by the exporter itself — also to an importer in another pid
 namespace (`unshare --pid --fork --mount-proc`, as root), where PyTorch's own path (`pidfd_getfd`) fails.
 Every byte checked, writes seen both ways, an imported tensor dropped with GPU work still queued

@@ -1180,7 +1180,7 @@ mod tests {
         ProcessIdentity::from_parts(4_194_000, 1)
     }
 
-    /// Counters a peer scribbled: on e94c9f7 `released > sent` panicked the consumer in debug
+    /// Counters a peer scribbled: once `released > sent` panicked the consumer in debug
     /// builds (`sent - released`) and `sent = released = u64::MAX` made the producer wait for
     /// a `Timeout` (`released + slots` wrapped) instead of reporting `Corrupt`.
     #[test]
@@ -1201,7 +1201,7 @@ mod tests {
     }
 
     /// A batch is published in one step: an error (here a forged `sent`) leaves nothing of it
-    /// published. On e94c9f7 a batch published item by item, so a failure on its second item
+    /// published. Once a batch published item by item, so a failure on its second item
     /// came after the first was the consumer's, and `SendBatch::send` reported an error for a
     /// batch partly delivered.
     #[test]

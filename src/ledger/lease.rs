@@ -835,10 +835,10 @@ mod tests {
         ProcessIdentity::from_parts(p, 1000 + u64::from(p))
     }
 
-    /// Issue 11, defect 1, as reported against 66d5eef: P releases slot 0 and exits; C takes
+    /// A replay of a reported interleaving: P releases slot 0 and exits; C takes
     /// the slot and is preempted before naming itself; the exporter's `importers()` finds the
     /// slot naming dead P and reaps it; D claims slot 0; C resumes; D releases; close finds no
-    /// holder and frees while C maps. On 66d5eef slot 0 was granted to C and D at once. Now C's
+    /// holder and frees while C maps. Once slot 0 was granted to C and D at once. Now C's
     /// claim names C in the same step, so nothing about P remains to mislead the reaper.
     #[test]
     fn a_slot_released_by_a_dead_holder_is_never_granted_twice() {
@@ -866,8 +866,8 @@ mod tests {
     }
 
     /// A claimer killed between its compare-exchange and finishing: the slot names it, it
-    /// reads as a holder while alive, and the exporter's close reaps it once it is dead (on
-    /// 66d5eef the slot read `CLAIMING` with pid 0 and no close could ever reap it).
+    /// reads as a holder while alive, and the exporter's close reaps it once it is dead (the
+    /// slot once read `CLAIMING` with pid 0 and no close could ever reap it).
     #[test]
     fn a_claimer_killed_mid_claim_is_reaped_by_the_close() {
         let t = Table::new(2);

@@ -323,7 +323,7 @@ fn imported(
         || {
             let table = cached_table(token, generation)?;
             // With every slot taken, take over a dead importer's, clearing its bits first: no call of
-            // an idle exporter is needed to reap (issue 31, item 6).
+            // an idle exporter is needed to reap.
             let lease = Lease::acquire_clearing(token, generation, &table)?;
             // The ledger must be the exporter's own: a handle naming one process and another's
             // ledger would hold the wrong process's memory.

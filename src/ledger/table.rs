@@ -369,7 +369,7 @@ mod tests {
         assert_eq!(b.holders(), 0, "reusable once the view is gone");
     }
 
-    /// On e94c9f7 a handle carrying the retired generation (2, what the block reads once
+    /// Once a handle carrying the retired generation (2, what the block reads once
     /// generation 1 is retired) entered: arena and pool opens then mapped the freed range,
     /// reused for another buffer.
     #[test]

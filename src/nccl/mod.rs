@@ -1,6 +1,6 @@
 //! NCCL communicators, for GPU data between processes that share no memory — on other hosts,
 //! or on this host where CUDA IPC is not an option — with NCCL's own transports (NVLink, PCIe,
-//! InfiniBand/RoCE, sockets). The first part of the channel across hosts (issue 38): a
+//! InfiniBand/RoCE, sockets). The first part of the channel across hosts: a
 //! [`Communicator`] whose unique id travels over what the crate has — an authenticated
 //! [`Bootstrapped`](crate::bootstrap::Bootstrapped) TCP link ([`Communicator::pair`]) or a Unix
 //! socket ([`Communicator::pair_local`]) — and stream-ordered point-to-point sends and receives,

@@ -103,7 +103,7 @@ pub fn exit_child(code: i32) -> ! {
 
 /// [`spawn`] a child whose main thread exits before the role runs on another thread: its
 /// leader reads `Z` in `/proc/<pid>/stat` while the process lives, as after `pthread_exit` in
-/// `main` (issue 31, item 1). Every stress test runs some of its children this way.
+/// `main`. Every stress test runs some of its children this way.
 pub fn spawn_without_main_thread(role: &str, args: &[&str]) -> Child {
     spawn_env(role, args, &[(NO_MAIN_THREAD_ENV, "1")])
 }
