@@ -53,6 +53,78 @@
 //! # let _ = hello;
 //! # Ok(()) }
 //! ```
+//!
+//! # Across machines
+//!
+//! The channel across hosts (the `IpcSender`/`IpcReceiver` API carried by NCCL when the peer is
+//! on another machine) is being built from the bottom. Here now: the bootstrap, and NCCL
+//! communicators joined through it. Not yet: the remote end of the channel itself (below, the
+//! design), and any test with two GPUs (NCCL refuses two ranks on one GPU).
+//!
+//! **The bootstrap.** `cuda_ipc::bootstrap`: two processes that were given the same secret find
+//! each other at a TCP address and exchange small messages, each authenticated:
+//!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use cuda_ipc::bootstrap::{BootstrapListener, Secret, connect};
+//!
+//! # fn main() -> cuda_ipc::Result<()> {
+//! let t = Duration::from_secs(30);
+//! // host A
+//! let listener = BootstrapListener::bind("0.0.0.0:29500", Secret::new(std::env::var("TOKEN").unwrap_or_default())?)?;
+//! let mut b = listener.accept(t)?;                 // refuses a peer without the secret
+//! b.send(b"what B needs to join", t)?;
+//! // host B
+//! let mut a = connect("host-a:29500", &Secret::new(std::env::var("TOKEN").unwrap_or_default())?, t)?;
+//! let msg = a.recv(t)?;                            // forged, altered or replayed: BootstrapRefused
+//! # let _ = msg;
+//! # Ok(()) }
+//! ```
+//!
+//! HMAC-SHA256 challenge-response with fresh nonces both ways, then a tag on every message;
+//! nothing is encrypted (SECURITY.md, "Across hosts").
+//!
+//! **NCCL communicators.** `cuda_ipc::nccl::Communicator::pair(&ctx, &mut link, timeout)` joins
+//! the two ends of a bootstrap link into a communicator of two ranks (the listener draws NCCL's
+//! unique id and sends it over the link; `pair_local` does the same over a Unix socket on one
+//! host); `send` / `recv` enqueue `ncclSend` / `ncclRecv` on your stream, `group` pairs them,
+//! `wait` waits for queued work. NCCL is loaded at run time like the driver (`libnccl.so.2`, or
+//! `CUDA_IPC_NCCL_LIBRARY`); every communicator is non-blocking, so joining and waiting end in the
+//! caller's time-out — a peer that never joins, dies or hangs aborts the communicator
+//! (`ncclCommAbort`) instead of hanging the process — and errors keep NCCL's own text
+//! (`Error::Nccl`: the call, the `ncclResult_t`, `ncclGetLastError`). Tested on one H200: a
+//! communicator of one rank sending 1 MiB and 64 MiB to itself byte for byte; a lonely rank ending
+//! in its time-out; two processes pairing on one GPU, over TCP and over a Unix socket, each
+//! getting NCCL's `ncclInvalidUsage` with its text in bounded time.
+//!
+//! **The remote end of the channel (design, not built).** A `RemoteSender` owns its slots (its
+//! own device memory) and a communicator; `acquire` waits for a credit, `send(len, header)` makes
+//! NCCL's stream wait for the caller's stream (an event) and enqueues `ncclSend` of the item,
+//! while its length and header go to the receiver over the bootstrap link (host-readable, as the
+//! local channel's are). The `RemoteReceiver` owns its slots too: `recv` reads the next length and
+//! header from the link and enqueues `ncclRecv` into a free slot on NCCL's stream, which the
+//! caller's stream then waits for (no host synchronise per item); `release` records the caller's
+//! stream, and the next receive into that slot waits for it, so a credit can go back to the sender
+//! at once. One line at construction chooses the end (`IpcSender::new` / `RemoteSender::pair`);
+//! the slot, batch and header API is the channel's. A peer's death surfaces as NCCL's
+//! asynchronous error or as the link's end, within `wait`'s bound, and aborts the communicator.
+//!
+//! **What cannot be tested here (on paper).**
+//! - *Multi-node NVLink* (GB200 NVL72 and the like): memory is shared across nodes as *fabric*
+//!   handles (`CU_MEM_HANDLE_TYPE_FABRIC`, 64 bytes instead of a descriptor) and importing needs an
+//!   IMEX channel (`/dev/nvidia-caps-imex-channels/channelN`, granted by the IMEX daemon). The
+//!   crate's VMM path would create with the fabric type requested, export the 64 bytes
+//!   (`cuMemExportToShareableHandle`) and send them over the bootstrap link instead of a
+//!   descriptor over a Unix socket; the importer maps them as it maps a descriptor today. The
+//!   probe already tries it: it reads `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED` and
+//!   exports a fabric handle of a small allocation (key `fabric`), which fails where no IMEX
+//!   channel is visible.
+//!   Over NVLink, such memory would make the remote end zero-copy, like the local one.
+//! - *RDMA NICs* (InfiniBand, RoCE): NCCL's net transport uses them by itself (its `libnccl-net`
+//!   plugins, GPUDirect RDMA where `nvidia-peermem` or dma-buf allow); nothing in the crate changes.
+//!   What NCCL needs: the NIC's drivers and rdma-core, `NCCL_IB_HCA` / `NCCL_SOCKET_IFNAME` where
+//!   the defaults pick wrong, and for GPUDirect the device's
+//!   `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};

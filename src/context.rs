@@ -53,6 +53,14 @@ impl Drop for Inner {
 /// this crate makes the right context current for the duration of its driver calls and then
 /// restores the previous one, so callers need not.
 ///
+/// The last clone releases the context, and the driver destroys it if nobody else holds it
+/// (creating one again takes hundreds of milliseconds).
+/// [`retain_until_exit`](Self::retain_until_exit) keeps it for the rest of the process, as
+/// NVIDIA's runtime does: `examples/simple_ipc.rs` does so in every process (the driver's
+/// teardown at exit is faster than releasing contexts one by one). With cudarc, get it with
+/// `GpuContext::from_cudarc(&cuda_context)` and pass cudarc's streams as they are
+/// (`examples/cudarc_interop.rs`).
+///
 /// # Examples
 ///
 /// ```no_run

@@ -3,6 +3,52 @@
 //! Every variant says which operation failed and with what: the OS error and the shared-memory
 //! name, the header field that did not match and both values, the peer that was lost. Callers
 //! branch on the variant; the `Display` text is for people.
+//!
+//! # Freeing, and what errors say
+//!
+//! Dropping an exported buffer never waits: new opens of its handle are
+//! refused at once (`StaleHandle`), and the memory is freed as soon as no importer maps it — at
+//! once, or later, when the last importer has unmapped or died (the free is *deferred*; this process
+//! frees deferred buffers at its next allocation or export, or when you call `collect_deferred()`).
+//! To wait and know, call `close(timeout)`: it hands the buffer back if importers remain. A process
+//! that dies on the other side is `Error::PeerGone { pid, role }`, the `PeerRole` saying who it was
+//! (an `Exporter` whose handle you open or wait on, an `Importer` of your signal or channel, a
+//! `BarrierParty`). A handle refused as `Error::CorruptHandle { defect }` says why in a
+//! `HandleDefect` to match on: `Size`, `Magic`, `Version`, `Kind` (another kind's handle),
+//! `Checksum`, `Layout`, `Names` (another export's table), `Memory` (it disagrees with what the
+//! driver maps), `Unsupported` (a PyTorch expandable segment), ... The other errors with a reason
+//! carry it as an enum too: `InvalidArgument { call, defect: ArgumentDefect }` (`OutOfRange` with
+//! the value and the bounds, `AllocationSize`, `LengthMismatch`, `NotIncreasing` for a signal,
+//! ...), `Corrupt { what, defect: StateDefect }` (shared state a peer broke: `NotInitialised`,
+//! `OutOfRange`, `Counter`, `Mismatch`, `DriverAnswer`, ...), `InvalidState { call, state:
+//! ObjectState }`, `InvalidName { name, defect: NameDefect }`, `HandleTypeMismatch { handle,
+//! conflict: TypeConflict }` (`Descriptors { expected, found }` — a POSIX-fd handle without its
+//! descriptor is `expected: 1, found: 0` — or `Needs(HandleType)`), `Unsupported { missing:
+//! Capability, .. }` (`StreamMemOps64`: use events instead of signals) and `DeviceNotReachable {
+//! peer, .. }` (`None`: not visible here). `Display` is for people; match the variants.
+//!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use cuda_ipc::{Error, GpuContext, IpcBuffer};
+//!
+//! fn main() -> cuda_ipc::Result<()> {
+//!     let ctx = GpuContext::new(0)?;
+//!     let buf = IpcBuffer::<u32>::zeroed(&ctx, 1024)?;
+//!     // ... publish buf.handle()?; importers open it ...
+//!     match buf.close(Duration::from_secs(2)) {
+//!         Ok(()) => println!("freed"),
+//!         Err(e) => {
+//!             if let Error::LeasesOutstanding { pids, .. } = e.error() {
+//!                 println!("{pids:?} still map it; freed once they let go");
+//!             }
+//!             drop(e); // the buffer in it: its free is deferred
+//!         }
+//!     }
+//!     let left = cuda_ipc::collect_deferred();
+//!     println!("{} bytes still mapped by other processes", left.pending_bytes);
+//!     Ok(())
+//! }
+//! ```
 
 use std::io;
 use std::time::Duration;

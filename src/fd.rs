@@ -39,6 +39,77 @@
 //! a connect made before the listener binds, a peer that never sends, a peer killed, a
 //! listener of another uid (name squatted), a connector of another uid, truncated and oversized
 //! messages.
+//!
+//! # Sharing memory as file descriptors
+//!
+//! A legacy handle is 64 bytes that map the memory from any process that reads them; a POSIX-fd
+//! buffer's memory travels as a file descriptor, which the kernel hands only to the process at the
+//! other end of a Unix socket whose credentials were checked:
+//!
+//! ```rust,no_run
+//! use std::time::Duration;
+//! use cuda_ipc::{GpuContext, HandleType, IpcBuffer};
+//! use cuda_ipc::fd::{FdListener, FdSocket, PeerPolicy, SocketName};
+//!
+//! fn exporter(ctx: &GpuContext) -> cuda_ipc::Result<()> {
+//!     let buf = IpcBuffer::<f32>::zeroed_with(ctx, 1 << 20, HandleType::PosixFd)?;
+//!     let listener = FdListener::bind(SocketName::Abstract("my-app".into()), PeerPolicy::SameUid)?;
+//!     let peer = listener.accept(Duration::from_secs(5))?;
+//!     peer.send_buffer(&buf, Duration::from_secs(5))?; // the envelope and a descriptor
+//!     Ok(()) // dropping `buf` never waits: the importer's mapping keeps the memory alive
+//! }
+//!
+//! fn importer(ctx: &GpuContext) -> cuda_ipc::Result<Vec<f32>> {
+//!     let name = SocketName::Abstract("my-app".into());
+//!     let socket = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(5))?;
+//!     let buf = socket.recv_buffer::<f32>(ctx, Duration::from_secs(5))?;
+//!     let mut host = vec![0.0; buf.len()];
+//!     buf.copy_to_host(&mut host)?;
+//!     Ok(host)
+//! }
+//! ```
+//!
+//! |  | `Legacy` | `PosixFd` | `Pool` |
+//! |--|----------|-----------|--------|
+//! | who can map it | any process that reads the 184-byte handle (any uid, any pid namespace) | only one the descriptor was sent to | only one the pool's descriptor was sent to |
+//! | the exporter drops while mapped elsewhere | returns at once; the free is deferred until the last importer unmaps (freed at a later allocation, export or `collect_deferred()`) | returns at once (137 µs measured); the memory lives until the last importer unmaps | returns at once; the allocation waits in its pool's quarantine until the importers free their imports (freed at the pool's next allocation or `collect_deferred()`) |
+//! | opened in its own process | refused (CUDA cannot) | allowed | allowed |
+//! | PyTorch / CuPy / C++ peers (`raw_export`) | yes | no (`HandleTypeMismatch`) | no |
+//! | one handle (`handle()`, `export_fd()`) | `handle()` | both | neither: `send_buffer`, or `export_pooled()` for another channel |
+//! | size | as asked | rounded up to the allocation granularity (2 MiB on an H200) | as asked |
+//!
+//! Everything else is the same: the typed envelope and its checks, leases (`importers()`), stale
+//! handles refused after the exporter dropped the buffer, the import cache, `PeerGone` for a
+//! descriptor whose exporter died before it was opened. `IpcBuffer::export_fd` / `open_fd` are the
+//! lower level for sending the descriptor your own way. `simple_ipc --handles fd` runs NVIDIA's
+//! flow this way.
+//!
+//! **Other devices of the same process.** Virtual memory is mapped for one device: the one of the
+//! context that created or opened it. Peer access between contexts (`enable_peer_access`,
+//! `PeerGroup`) does not reach it, so before a kernel or a copy on another GPU of the process
+//! touches a POSIX-fd buffer, an arena or a pool, grant that device access:
+//!
+//! ```rust,no_run
+//! # fn f(buf: &cuda_ipc::IpcBuffer<f32>) -> cuda_ipc::Result<()> {
+//! let gpu1 = cuda_ipc::GpuContext::new(1)?;
+//! buf.grant_access(&gpu1)?; // cuMemSetAccess; IpcArena, IpcPool and their imports have it too
+//! # Ok(()) }
+//! ```
+//!
+//! Without it the driver refuses copies there (`CUDA_ERROR_INVALID_VALUE`) and kernels fault
+//! (`tests/peer_access.rs`). A legacy *import* cannot be granted — the driver maps it for its
+//! context only — and says so (`TypeConflict::ImportMappedPerContext`): open the handle in the
+//! other context as well.
+//!
+//! Not here: **fabric handles** (`CU_MEM_HANDLE_TYPE_FABRIC`), the way to share memory across
+//! machines of one NVLink domain (GB200 NVL72 and the like). The H200 machines report the device
+//! attribute as supported, but `cuMemCreate` asking for a fabric handle fails with
+//! `CUDA_ERROR_NOT_PERMITTED`, which is what a node without an IMEX channel answers (`doctor`
+//! tries it rather than trusting the attribute). Using them needs the IMEX service running on
+//! every node of the domain and an IMEX channel device (`/dev/nvidia-caps-imex-channels/channelN`)
+//! visible to the process; with those, export gives a 64-byte handle instead of a descriptor,
+//! and access is granted by the IMEX channel rather than by passing an fd. The crate does not
+//! offer them until it can be tested on such a machine.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;

@@ -110,6 +110,41 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! # PyTorch's own memory: `send_tensor` and `cuda_ipc::foreign`
+//!
+//! A tensor need not live in the crate's memory to be shared. `ForeignExport::new(&ctx, ptr,
+//! bytes)` asks the driver what memory another allocator of this process owns is, and shares it
+//! the one way it can: a `cudaMalloc` block (PyTorch's default caching allocator, CuPy's pool) as
+//! its legacy IPC handle and offset; virtual memory — PyTorch's `expandable_segments:True`, one
+//! allocation per 20 MiB (or 2 MiB) chunk mapped side by side — as one descriptor per chunk the
+//! range touches (`cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`), which
+//! `FdSocket::send_foreign` sends itself over the socket. `FdSocket::recv_foreign` maps every
+//! chunk side by side in one range (an `ImportedBuffer`, safe: the mapping holds its own
+//! reference to each chunk) or hands back the legacy handle to open with the `unsafe`
+//! `open_raw`. PyTorch's own path for expandable segments makes the importer copy each descriptor
+//! out of the exporter with `pidfd_getfd`, which containers' default seccomp and Yama settings
+//! refuse and another pid namespace cannot name; this one needs neither. Stream-ordered pool
+//! memory is refused by name (share its pool); so is a range that leaves its allocation or
+//! crosses an unmapped gap.
+//!
+//! ```python
+//! # exporter (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or not)
+//! n = peer.send_tensor(ctx, weights)        # 0: a legacy handle; else descriptors, one per chunk
+//! # importer (another process, container or pid namespace)
+//! t = torch.from_dlpack(owner.recv_tensor(ctx))   # same dtype and shape, no copy, read-write
+//! ```
+//!
+//! The allocator knows nothing of the importer: keep the tensor alive, and its memory unused for
+//! anything else, until the importer says it is done (the module docs of `cuda_ipc::foreign` say
+//! what happens otherwise, per kind). Tested on an H200 with PyTorch 2.11 (`tests/foreign.rs`, and
+//! the Python package's `test_foreign_gpu.py`): a `cuMemAlloc` and a virtual-memory allocation exported
+//! by address at an offset, every word checked in another process; caching-allocator tensors and
+//! expandable-segment tensors (bf16 spanning ≥ 4 chunks from inside one, f32, i64) bit for bit,
+//! writes seen by the exporter; an importer in its own pid namespace and /proc (`unshare --pid --fork --mount-proc`, as a
+//! container has),
+//! where PyTorch's own path fails; a SIGKILLed exporter whose chunks stay mapped and intact in
+//! the importer; forged messages refused with every descriptor closed (unit tests).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;

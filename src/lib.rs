@@ -42,6 +42,14 @@
 //! peers' handles), [`device`], [`probe`], [`error`] (the reasons an [`Error`] carries) and
 //! [`driver`] (raw driver calls).
 //!
+//! # Guides
+//!
+//! Each module's page carries its guide: [`fd`] (the three handle kinds, memory shared as file
+//! descriptors), [`arena`] (many buffers through one import, pools, sharing read-only),
+//! [`channel`] (the GPU channel and broadcast), [`raw`] and [`foreign`] (PyTorch, CuPy and C++
+//! peers), [`bootstrap`] and [`nccl`] (across machines), [`shm`] and [`barrier`] (the host
+//! side), [`error`] (freeing, and what errors say), [`probe`] (what a machine allows).
+//!
 //! # Lifetime model
 //!
 //! - A [`ShmRegion`](crate::shm::ShmRegion) created by this process **owns its name** and unlinks it on drop; an

@@ -16,6 +16,48 @@
 //!
 //! Tested by `tests/region.rs` (an unpublished header with a live and a killed creator; an
 //! empty file; 400 opens racing creates).
+//!
+//! # Example: a buffer's handle through a region
+//!
+//! A complete two-process program: it exports a buffer, re-executes itself as the importer, which
+//! checks the contents, and frees the memory once the importer is done:
+//!
+//! ```rust,no_run
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
+//! use cuda_ipc::shm::{ShmCell, ShmOptions};
+//!
+//! #[derive(ShmSafe)]
+//! #[repr(C)]
+//! struct Shared {
+//!     handle: ShmCell<IpcMemHandle<f32>>,
+//!     checked: AtomicU32,
+//! }
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let ctx = GpuContext::new(0)?;
+//!     if let Some(name) = std::env::args().nth(1) {
+//!         // The importer: open the region, then the buffer through its typed handle.
+//!         let shared = ShmOptions::new(&name).open::<Shared>()?;
+//!         let buf = ImportedBuffer::open(&ctx, &shared.handle.load())?;
+//!         let mut host = vec![0.0f32; buf.len()];
+//!         buf.copy_to_host(&mut host)?;
+//!         assert!(host.iter().all(|&x| x == 1.5));
+//!         shared.checked.store(1, Ordering::Release);
+//!         return Ok(()); // the mapping and the lease end here
+//!     }
+//!     // The exporter: a buffer, its handle in shared memory, and the importer process.
+//!     let buf = IpcBuffer::<f32>::new(&ctx, 1 << 20)?;
+//!     buf.copy_from_host(&vec![1.5; 1 << 20])?;
+//!     let shared = ShmOptions::new("my-app").random_suffix(true).create::<Shared>()?;
+//!     shared.handle.store(buf.handle()?);
+//!     let status = std::process::Command::new(std::env::current_exe()?)
+//!         .arg(shared.name())
+//!         .status()?;
+//!     assert!(status.success() && shared.checked.load(Ordering::Acquire) == 1);
+//!     Ok(()) // `buf` is freed; `shared` is unlinked
+//! }
+//! ```
 
 mod header;
 
