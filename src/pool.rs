@@ -7,7 +7,9 @@
 //! on devices with pools), which legacy IPC handles refuse.
 //!
 //! The CUDA guide's rules for pool IPC, and how the types keep them, are documented on
-//! [`IpcPool`]; the shared block-table protocol is the arena's (`src/ledger/table.rs`).
+//! [`IpcPool`]; the shared block-table protocol is the arena's (`src/ledger/table.rs`). The
+//! guide to arenas and pools, and to sharing them read-only, is on the [`arena`](crate::arena)
+//! page.
 
 pub use crate::read_only::{ReadOnlyPool, ReadOnlyPoolView};
 use std::marker::PhantomData;

@@ -27,7 +27,8 @@ use crate::vmm::Access;
 /// [`GpuSlice::as_read_only`] gives one for any buffer, so that code which only reads takes
 /// `&ReadOnlySlice<T>` and accepts all of them.
 ///
-/// `ReadOnlySlice<T>` is `Send` and `Sync`.
+/// `ReadOnlySlice<T>` is `Send` and `Sync`. The guide to sharing read-only is on the
+/// [`arena`](crate::arena#sharing-read-only) page.
 ///
 /// # What the GPU enforces
 ///
