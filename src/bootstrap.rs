@@ -186,7 +186,7 @@ impl Secret {
     /// # Ok::<(), cuda_ipc::Error>(())
     /// ```
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self> {
-        let bytes = bytes.into();
+        let mut bytes = bytes.into();
         ArgumentDefect::check_range(
             "Secret::new",
             "secret bytes (16 to 4,096)",
@@ -195,7 +195,7 @@ impl Secret {
             4096,
         )?;
         let block = key_block(&bytes);
-        zero(bytes);
+        zero(&mut bytes);
         Ok(Self(block))
     }
 
@@ -205,8 +205,8 @@ impl Secret {
 }
 
 /// Overwrite `bytes` before they are freed (volatile: the compiler may not drop the stores).
-fn zero(mut bytes: Vec<u8>) {
-    for b in &mut bytes {
+fn zero(bytes: &mut [u8]) {
+    for b in bytes {
         // SAFETY: `b` is a valid, aligned, exclusive reference into `bytes`; a volatile write
         // keeps the compiler from removing the zeroing of memory about to be freed.
         unsafe { std::ptr::write_volatile(b, 0) };
@@ -215,10 +215,7 @@ fn zero(mut bytes: Vec<u8>) {
 
 impl Drop for Secret {
     fn drop(&mut self) {
-        for b in &mut self.0 {
-            // SAFETY: as in `zero`: a valid, aligned, exclusive reference into our own block.
-            unsafe { std::ptr::write_volatile(b, 0) };
-        }
+        zero(&mut self.0);
     }
 }
 
@@ -405,10 +402,7 @@ pub struct Bootstrapped {
 
 impl Drop for Bootstrapped {
     fn drop(&mut self) {
-        for b in &mut self.key {
-            // SAFETY: as in `zero`: a valid, aligned, exclusive reference into our own block.
-            unsafe { std::ptr::write_volatile(b, 0) };
-        }
+        zero(&mut self.key);
     }
 }
 

@@ -101,16 +101,11 @@ impl ProcessIdentity {
                 pidfs_ino: PIDFS_INO.load(Ordering::Relaxed),
             };
         }
-        let start_time = os::proc_stat(pid).map_or(0, |s| s.start_time);
-        let pidfs_ino = os::pidfs_ino(pid).unwrap_or(0);
-        START_TIME.store(start_time, Ordering::Relaxed);
-        PIDFS_INO.store(pidfs_ino, Ordering::Relaxed);
+        let me = Self::of_pid(pid);
+        START_TIME.store(me.start_time, Ordering::Relaxed);
+        PIDFS_INO.store(me.pidfs_ino, Ordering::Relaxed);
         CACHED_PID.store(pid, Ordering::Release);
-        Self {
-            pid,
-            start_time,
-            pidfs_ino,
-        }
+        me
     }
 
     /// The process that `pid` names now: its start time and pidfs inode read at once, so that
