@@ -156,7 +156,8 @@
 //! This protects against bugs in cooperating readers, not against a hostile one: whoever holds
 //! the descriptor can import the memory read-write itself (SECURITY.md).
 
-pub use crate::read_only::{ReadOnlyArena, ReadOnlyArenaView};
+mod read_only;
+pub use read_only::{ReadOnlyArena, ReadOnlyArenaView};
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -328,7 +329,7 @@ impl IpcArena {
         Ok(Self {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
-                generation: crate::buffer::GENERATION.fetch_add(1, StdOrdering::Relaxed),
+                generation: crate::memory::GENERATION.fetch_add(1, StdOrdering::Relaxed),
                 uuid,
                 ledger,
                 read_only: AtomicBool::new(false),
@@ -367,7 +368,7 @@ impl IpcArena {
         let call = "IpcArena::alloc";
         let align = std::mem::align_of::<T>() as u64;
         ArgumentDefect::check_range(call, "element alignment", align, 1, ARENA_ALIGN)?;
-        let bytes = crate::buffer::allocation_bytes::<T>(call, len)? as u64;
+        let bytes = crate::memory::allocation_bytes::<T>(call, len)? as u64;
         let owner = &self.owner;
         let placed = owner.ledger.alloc(bytes).map_err(|full| Error::ArenaFull {
             requested: bytes,
@@ -1308,4 +1309,10 @@ mod tests {
         }
         assert!(ArenaHandle::<u32>::from_bytes(&h.as_bytes()[1..]).is_err());
     }
+}
+
+impl crate::handle::sealed::Sealed for IpcArena {}
+impl crate::handle::HandleKind for IpcArena {
+    const NAME: &'static str = "IpcArenaHandle";
+    const CODE: u16 = KIND_ARENA;
 }

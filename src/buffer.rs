@@ -32,10 +32,9 @@
 //! import unmaps it, then leaves the block.
 
 mod export;
-pub(crate) mod import;
+mod import;
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use bytemuck::Pod;
@@ -45,15 +44,12 @@ pub(crate) use import::Import;
 
 use crate::context::GpuContext;
 use crate::device;
-use crate::error::{ArgumentDefect, CloseError, Error, ObjectState, Result, TypeConflict};
+use crate::error::{CloseError, Error, ObjectState, Result, TypeConflict};
 use crate::handle::{Handle, HandleKind, HandleType, IpcMemHandle};
 use crate::pool::{IpcPoolHandle, PoolHandle};
 use crate::process::ProcessIdentity;
 use crate::raw::{RawExport, RawImport};
 use crate::slice::GpuSlice;
-
-/// Export generations of this process, one per exported buffer or event.
-pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// Device memory this process allocated, holding `len` values of `T`, that other processes can
 /// map through a typed [`IpcMemHandle<T>`]: they open it as an [`ImportedBuffer<T>`].
@@ -781,7 +777,7 @@ impl<T: Pod> ImportedBuffer<T> {
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
         // SAFETY: the caller's duties, forwarded unchanged.
-        unsafe { crate::raw::open_raw(ctx, import) }
+        unsafe { Self::open_raw_with(ctx, import) }
     }
 
     /// Let the device of `ctx`, another context of this process, read and write this buffer
@@ -863,20 +859,6 @@ pub(crate) fn pooled() -> Error {
         handle: HandleType::Pool,
         conflict: TypeConflict::Pooled,
     }
-}
-
-/// The bytes of an allocation of `len` `T`s, for `call` (which allocates): more than 0 and at
-/// most `isize::MAX`, else [`ArgumentDefect::AllocationSize`].
-pub(crate) fn allocation_bytes<T>(call: &'static str, len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>())
-        .filter(|&b| b > 0 && b <= isize::MAX as usize)
-        .ok_or(Error::InvalidArgument {
-            call,
-            defect: ArgumentDefect::AllocationSize {
-                len: len as u64,
-                elem_size: std::mem::size_of::<T>() as u64,
-            },
-        })
 }
 
 impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
@@ -981,5 +963,17 @@ impl<T: Pod> Side<T> {
     /// [`close_in_place`](Self::close_in_place), then drop.
     pub(crate) fn close(mut self, timeout: Duration) -> Result<()> {
         self.close_in_place(timeout)
+    }
+}
+
+impl<T: Pod> crate::handle::sealed::Sealed for IpcBuffer<T> {}
+impl<T: Pod> HandleKind for IpcBuffer<T> {
+    const NAME: &'static str = "IpcMemHandle";
+    const CODE: u16 = crate::handle::KIND_MEM;
+    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
+        crate::handle::check_element::<T>(size, align, tag)
+    }
+    fn element_type() -> Option<&'static str> {
+        Some(std::any::type_name::<T>())
     }
 }

@@ -275,7 +275,7 @@ impl ChannelEnvelope {
             .name
             .get(..self.name_len as usize)
             .and_then(|n| std::str::from_utf8(n).ok())
-            .filter(|n| n.starts_with(NAME_PREFIX))
+            .filter(|n| n.starts_with(crate::shm::CHANNELS))
             .ok_or_else(|| {
                 Error::corrupt_handle(HandleDefect::Names {
                     detail: "the channel's region name is not one this crate makes".into(),
@@ -291,23 +291,6 @@ impl ChannelEnvelope {
 #[doc(hidden)]
 pub fn fuzz_reseal_channel(bytes: &mut [u8]) {
     envelope::reseal_bytes::<ChannelEnvelope>(bytes);
-}
-
-/// Region names of channels start with this.
-const NAME_PREFIX: &str = "cuda-ipc-chan";
-
-/// Once per process, before its first channel: remove the regions of channels whose producers
-/// died without removing them — one killed before its consumer attached (the consumer unlinks
-/// the name when it attaches), or a broadcast producer, whose consumers leave the name for
-/// later ones. A region whose creator lives, or of another uid, is never touched
-/// ([`reclaim_stale`](crate::shm::reclaim_stale)); consumers still attached to a dead
-/// producer's region keep their mappings (only the name goes, and no new consumer could
-/// attach to a dead producer).
-fn reclaim_stale_regions() {
-    static SWEEP: std::sync::Once = std::sync::Once::new();
-    SWEEP.call_once(|| {
-        crate::shm::reclaim_stale_prefixed(NAME_PREFIX);
-    });
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -649,8 +632,11 @@ impl<T: Pod> IpcSender<T> {
             .collect::<Result<Vec<_>>>()?;
         let me = ProcessIdentity::current();
         let mut held = 0;
-        reclaim_stale_regions();
-        let ring = ShmOptions::new(NAME_PREFIX)
+        // Before the first channel: the regions of producers that died without removing them
+        // (killed before a consumer attached, or a broadcast producer, whose consumers leave
+        // the name for later ones). Consumers still attached keep their mappings.
+        crate::shm::reclaim_stale_once(crate::shm::CHANNELS);
+        let ring = ShmOptions::new(crate::shm::CHANNELS)
             .random_suffix(true)
             .create_with(|s: &RingState| {
                 use crate::sync::Ordering::Relaxed;
@@ -1606,8 +1592,8 @@ pub mod __testing {
             };
             let me = ProcessIdentity::current();
             let mut held = 0;
-            reclaim_stale_regions();
-            let region = ShmOptions::new(NAME_PREFIX)
+            crate::shm::reclaim_stale_once(crate::shm::CHANNELS);
+            let region = ShmOptions::new(crate::shm::CHANNELS)
                 .random_suffix(true)
                 .create_with(|s: &RingState| {
                     s.slots

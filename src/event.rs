@@ -22,11 +22,11 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::buffer::GENERATION;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT, check_exporter_alive};
+use crate::memory::GENERATION;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
@@ -325,4 +325,10 @@ impl std::fmt::Debug for ImportedEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("ImportedEvent").field(&self.event).finish()
     }
+}
+
+impl crate::handle::sealed::Sealed for IpcEvent {}
+impl crate::handle::HandleKind for IpcEvent {
+    const NAME: &'static str = "IpcEventHandle";
+    const CODE: u16 = crate::handle::KIND_EVENT;
 }

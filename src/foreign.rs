@@ -147,14 +147,11 @@
 //! the importer; forged messages refused with every descriptor closed (unit tests).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::buffer::ImportedBuffer;
-use crate::buffer::import::{Described, Mapping};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
@@ -173,9 +170,6 @@ const HEAD_MAGIC: [u8; 8] = *b"cuipcfm1";
 const MORE_MAGIC: [u8; 8] = *b"cuipcfmc";
 const KIND_LEGACY: u32 = 1;
 const KIND_CHUNKS: u32 = 2;
-/// The cache kind of foreign mappings' keys: never looked up ([`Mapping`]'s drop forgets its
-/// key, which finds nothing).
-const KIND_FOREIGN: u16 = u16::MAX - 1;
 
 /// The fixed part of a head message, before its chunk sizes (or raw export) and metadata.
 #[repr(C)]
@@ -558,24 +552,14 @@ impl FdSocket {
         let len = elements::<T>(head.offset, head.bytes)?;
         let holder = crate::handle::check_reachable(ctx, &head.device_uuid)?;
         let memory = VmmMemory::import_chunks(ctx, chunks, holder, Access::ReadWrite)?;
-        let mapping = Arc::new(Mapping {
-            ctx: ctx.clone(),
-            ptr: memory.ptr(),
-            mapped: memory.size(),
-            described: Described::Raw,
-            key: (
-                [0; 64],
-                ctx.as_raw() as usize,
-                KIND_FOREIGN,
-                Access::ReadWrite,
-            ),
-            exporter,
-            exporter_seen_alive: AtomicU64::new(0),
-            vmm: Some(memory),
-            hold: None,
-        });
         Ok(ForeignReceived {
-            memory: ForeignMemory::Mapped(ImportedBuffer::view_at(mapping, head.offset, len)),
+            memory: ForeignMemory::Mapped(ImportedBuffer::from_foreign(
+                ctx,
+                memory,
+                head.offset,
+                len,
+                exporter,
+            )),
             meta,
         })
     }

@@ -418,7 +418,8 @@ pub type IpcEventHandle = Handle<crate::IpcEvent>;
 /// [`ImportedSignal::open`](crate::ImportedSignal::open).
 pub type IpcSignalHandle = Handle<crate::IpcSignal>;
 
-mod sealed {
+/// The seal of [`HandleKind`]: each kind implements both beside its own type.
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
@@ -445,45 +446,6 @@ pub trait HandleKind: sealed::Sealed {
     fn element_type() -> Option<&'static str> {
         None
     }
-}
-
-impl<T: Pod> sealed::Sealed for crate::IpcBuffer<T> {}
-impl<T: Pod> HandleKind for crate::IpcBuffer<T> {
-    const NAME: &'static str = "IpcMemHandle";
-    const CODE: u16 = KIND_MEM;
-    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
-        check_element::<T>(size, align, tag)
-    }
-    fn element_type() -> Option<&'static str> {
-        Some(std::any::type_name::<T>())
-    }
-}
-
-impl sealed::Sealed for crate::IpcEvent {}
-impl HandleKind for crate::IpcEvent {
-    const NAME: &'static str = "IpcEventHandle";
-    const CODE: u16 = KIND_EVENT;
-}
-
-impl sealed::Sealed for crate::IpcSignal {}
-impl HandleKind for crate::IpcSignal {
-    const NAME: &'static str = "IpcSignalHandle";
-    const CODE: u16 = KIND_SIGNAL;
-    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
-        check_element::<u64>(size, align, tag)
-    }
-}
-
-impl sealed::Sealed for crate::arena::IpcArena {}
-impl HandleKind for crate::arena::IpcArena {
-    const NAME: &'static str = "IpcArenaHandle";
-    const CODE: u16 = KIND_ARENA;
-}
-
-impl sealed::Sealed for crate::pool::IpcPool {}
-impl HandleKind for crate::pool::IpcPool {
-    const NAME: &'static str = "IpcPoolHandle";
-    const CODE: u16 = KIND_POOL;
 }
 
 impl<K: HandleKind> Clone for Handle<K> {

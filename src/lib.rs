@@ -190,6 +190,7 @@ pub mod foreign;
 mod handle;
 mod interop;
 mod ledger;
+mod memory;
 pub mod nccl;
 mod os;
 mod owned_slot;

@@ -11,7 +11,8 @@
 //! guide to arenas and pools, and to sharing them read-only, is on the [`arena`](crate::arena)
 //! page.
 
-pub use crate::read_only::{ReadOnlyPool, ReadOnlyPoolView};
+mod read_only;
+pub use read_only::{ReadOnlyPool, ReadOnlyPoolView};
 use std::marker::PhantomData;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -250,7 +251,7 @@ impl IpcPool {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
                 pool,
-                generation: crate::buffer::GENERATION.fetch_add(1, StdOrdering::Relaxed),
+                generation: crate::memory::GENERATION.fetch_add(1, StdOrdering::Relaxed),
                 uuid,
                 ledger,
                 retired: Mutex::new(Vec::new()),
@@ -299,7 +300,7 @@ impl IpcPool {
         len: usize,
         stream: &(impl AsStream + ?Sized),
     ) -> Result<PoolBuffer<T>> {
-        let bytes = crate::buffer::allocation_bytes::<T>("IpcPool::alloc", len)?;
+        let bytes = crate::memory::allocation_bytes::<T>("IpcPool::alloc", len)?;
         let alloc = alloc_from(&self.owner, bytes, stream.as_cu_stream())?;
         Ok(PoolBuffer {
             slice: GpuSlice::new(self.owner.ctx.clone(), alloc.ptr, len),
@@ -1316,7 +1317,7 @@ fn import_pointer(
     // SAFETY: our imported pool, live while `import` is; the driver validates the export
     // data against it (forged data is an error code).
     let ptr = unsafe { driver::pool::import_pointer(import.pool, h.export) }?;
-    match crate::buffer::import::mapped_bytes(ptr) {
+    match crate::memory::mapped_bytes(ptr) {
         Ok(size) if size as u64 >= bytes => Ok((ptr, size as u64)),
         other => {
             // SAFETY: imported above, never handed out; freed once.
@@ -1442,4 +1443,10 @@ pub mod __testing {
     pub fn look_for_room() -> LookingForRoom {
         LookingForRoom(SHARED.lock().iter().map(|(_, o)| o.clone()).collect())
     }
+}
+
+impl crate::handle::sealed::Sealed for IpcPool {}
+impl crate::handle::HandleKind for IpcPool {
+    const NAME: &'static str = "IpcPoolHandle";
+    const CODE: u16 = KIND_POOL;
 }

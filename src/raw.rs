@@ -74,20 +74,10 @@
 //! 428 µs p50 for `torch.multiprocessing`'s own CUDA-tensor hand-off measured in the same run
 //! (`cargo bench --bench torch_interop`, BENCHMARKS.md).
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-
 use bytemuck::{Pod, Zeroable};
 
-use crate::buffer::ImportedBuffer;
-use crate::buffer::import::{
-    CACHE, Described, KIND_RAW, Key, Mapping, check_memory_device, mapped_bytes,
-};
-use crate::context::GpuContext;
-use crate::driver;
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
 use crate::process::ProcessIdentity;
-use crate::vmm::Access;
 
 /// The 64 bytes of a legacy CUDA IPC memory handle (`cudaIpcMemHandle_t`, `CUipcMemHandle`).
 ///
@@ -310,6 +300,55 @@ impl RawImport {
             exporter_pid: Some(export.exporter_pid).filter(|&p| p != 0),
         })
     }
+
+    /// The bytes `offset..end` of the allocation that `len` `T`s at `offset` cover, checked as
+    /// far as a raw handle allows before the driver is asked: at least one element, `offset`
+    /// aligned for `T`, no overflow, and not a handle this process exported.
+    pub(crate) fn byte_range<T>(&self, call: &'static str) -> Result<std::ops::Range<u64>> {
+        let invalid = |defect| Error::InvalidArgument { call, defect };
+        let size = std::mem::size_of::<T>() as u64;
+        let bytes = (self.len as u64)
+            .checked_mul(size)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                invalid(ArgumentDefect::AllocationSize {
+                    len: self.len as u64,
+                    elem_size: size,
+                })
+            })?;
+        let align = std::mem::align_of::<T>() as u64;
+        if !self.offset.is_multiple_of(align) {
+            return Err(invalid(ArgumentDefect::Misaligned {
+                offset: self.offset,
+                align,
+            }));
+        }
+        let end = self.offset.checked_add(bytes).ok_or_else(|| {
+            invalid(ArgumentDefect::RangeOverflow {
+                offset: self.offset,
+                bytes,
+            })
+        })?;
+        if is_own(&self.handle) {
+            return Err(Error::SameProcess {
+                pid: std::process::id(),
+            });
+        }
+        Ok(self.offset..end)
+    }
+
+    /// The exporter the caller named, if alive now — by pid alone (a pidfd, kept open for
+    /// later checks): a raw handle names no start time to tell a reused pid from the exporter.
+    pub(crate) fn live_exporter(&self) -> Result<Option<ProcessIdentity>> {
+        let Some(pid) = self.exporter_pid else {
+            return Ok(None);
+        };
+        let id = ProcessIdentity::from_parts(pid, 0);
+        if !crate::process::is_alive_cached(&id) {
+            return Err(Error::exporter_gone(pid));
+        }
+        Ok(Some(id))
+    }
 }
 
 /// Raw handles this process exported (through [`IpcBuffer::raw_export`] or its typed handles),
@@ -353,116 +392,6 @@ pub(crate) fn is_own(handle: &RawMemHandle) -> bool {
         .lock()
         .as_ref()
         .is_some_and(|own| own.set.contains(&handle.0))
-}
-
-/// The work of [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw): the checks a raw
-/// handle allows (see the module docs), then one mapping per handle and context, shared through
-/// the buffers' import cache.
-///
-/// # Safety
-///
-/// As [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw).
-pub(crate) unsafe fn open_raw<T: Pod>(
-    ctx: &GpuContext,
-    import: &RawImport,
-) -> Result<ImportedBuffer<T>> {
-    let call = "ImportedBuffer::open_raw";
-    let invalid = |defect| Error::InvalidArgument { call, defect };
-    let size = std::mem::size_of::<T>() as u64;
-    let bytes = (import.len as u64)
-        .checked_mul(size)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| {
-            invalid(ArgumentDefect::AllocationSize {
-                len: import.len as u64,
-                elem_size: size,
-            })
-        })?;
-    let align = std::mem::align_of::<T>() as u64;
-    if !import.offset.is_multiple_of(align) {
-        return Err(invalid(ArgumentDefect::Misaligned {
-            offset: import.offset,
-            align,
-        }));
-    }
-    let end = import.offset.checked_add(bytes).ok_or_else(|| {
-        invalid(ArgumentDefect::RangeOverflow {
-            offset: import.offset,
-            bytes,
-        })
-    })?;
-    if is_own(&import.handle) {
-        return Err(Error::SameProcess {
-            pid: std::process::id(),
-        });
-    }
-    let in_range = |mapped: usize| {
-        if end <= mapped as u64 {
-            Ok(())
-        } else {
-            Err(Error::corrupt_handle(HandleDefect::Memory {
-                detail: format!(
-                    "bytes {}..{end} reach past the allocation the handle maps, {mapped} \
-                     bytes (cuPointerGetAttributes)",
-                    import.offset
-                ),
-            }))
-        }
-    };
-    let key: Key = (
-        import.handle.0,
-        ctx.as_raw() as usize,
-        KIND_RAW,
-        Access::ReadWrite,
-    );
-    let reuse = |mapping: &Arc<Mapping>| {
-        mapping.check_reuse(Described::Raw)?;
-        in_range(mapping.mapped)?;
-        Ok(true)
-    };
-    let mapping = CACHE.get_or_create(&key, reuse, || {
-        // A named exporter: alive now? By pid alone (a pidfd, kept open for later checks):
-        // a raw handle names no start time to tell a reused pid from the exporter.
-        let exporter = match import.exporter_pid {
-            None => None,
-            Some(pid) => {
-                let id = ProcessIdentity::from_parts(pid, 0);
-                if !crate::process::is_alive_cached(&id) {
-                    return Err(Error::exporter_gone(pid));
-                }
-                Some(id)
-            }
-        };
-        let _g = ctx.enter()?;
-        let ptr = driver::ipc::open_mem_handle(import.handle.0)
-            .map_err(|e| crate::buffer::import::judged_again(e, exporter.as_ref()))?;
-        let checked = mapped_bytes(ptr).and_then(|mapped| {
-            in_range(mapped)?;
-            check_memory_device(ctx, ptr)?;
-            Ok(mapped)
-        });
-        let mapped = match checked {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: opened just above in this context, closed once, never handed out.
-                let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
-                return Err(e);
-            }
-        };
-        let mapping = Arc::new(Mapping {
-            ctx: ctx.clone(),
-            ptr,
-            mapped,
-            described: Described::Raw,
-            key,
-            exporter,
-            exporter_seen_alive: AtomicU64::new(0),
-            vmm: None,
-            hold: None,
-        });
-        Ok(mapping)
-    })?;
-    Ok(ImportedBuffer::view_at(mapping, import.offset, import.len))
 }
 
 #[cfg(test)]

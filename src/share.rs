@@ -30,14 +30,16 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
+use crate::arena::ReadOnlyArena;
 use crate::arena::{ImportedArena, IpcArena, IpcArenaHandle};
 use crate::buffer::{ImportedBuffer, IpcBuffer};
 use crate::context::GpuContext;
 use crate::error::{Error, Result, TypeConflict};
 use crate::fd::{FdMessage, FdSocket};
 use crate::handle::{HandleType, IpcMemHandle};
+use crate::pool::ReadOnlyPool;
 use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolHandle};
-use crate::read_only::{ReadOnlyArena, ReadOnlyBuffer, ReadOnlyPool};
+use crate::read_only::ReadOnlyBuffer;
 
 impl FdSocket {
     /// Send an exported [`IpcBuffer`] to the peer as one message: its handle, and for a

@@ -61,7 +61,6 @@
 
 mod header;
 
-pub use crate::ledger::lease::reclaim_stale_lease_tables;
 pub use crate::shared::{ShmCell, ShmSafe};
 use std::fs::File;
 use std::marker::PhantomData;
@@ -699,9 +698,38 @@ pub fn reclaim_stale(name: &str) -> Result<bool> {
     reclaim(validate_name(name)?)
 }
 
-/// [`reclaim_stale`] for every `/dev/shm` entry whose name starts with `prefix` (the crate's
-/// lease and block tables); returns how many were removed.
-pub(crate) fn reclaim_stale_prefixed(prefix: &str) -> usize {
+/// The names of the regions the crate makes start with these, one prefix per kind: lease tables
+/// (the export registries'), block tables (arenas', pools', the registries'), channels.
+pub(crate) const LEASE_TABLES: &str = "cuda-ipc-lease.";
+/// See [`LEASE_TABLES`].
+pub(crate) const BLOCK_TABLES: &str = "cuda-ipc-arena.";
+/// See [`LEASE_TABLES`].
+pub(crate) const CHANNELS: &str = "cuda-ipc-chan";
+
+/// Remove lease tables and block tables (`cuda-ipc-lease.*`, `cuda-ipc-arena.*`: export
+/// registries, arenas, pools) left in `/dev/shm` by exporters that died (a `SIGKILL`ed
+/// exporter cannot unlink its own, and unless an importer of it outlives it, nobody else
+/// would). Only tables of our uid with mode `0600` whose creator is dead are touched; returns
+/// how many were removed. Every process does this once, at its first export; call it to clean
+/// up sooner.
+///
+/// # Examples
+///
+/// ```
+/// let removed = cuda_ipc::shm::reclaim_stale_lease_tables();
+/// println!("removed {removed} stale lease tables");
+/// ```
+#[allow(
+    clippy::must_use_candidate,
+    reason = "it removes stale tables; the count is information"
+)]
+pub fn reclaim_stale_lease_tables() -> usize {
+    reclaim_stale_prefixed(LEASE_TABLES) + reclaim_stale_prefixed(BLOCK_TABLES)
+}
+
+/// [`reclaim_stale`] for every `/dev/shm` entry whose name starts with `prefix` (one of the
+/// kinds above); returns how many were removed.
+fn reclaim_stale_prefixed(prefix: &str) -> usize {
     let Ok(dir) = std::fs::read_dir(os::SHM_DIR) else {
         return 0;
     };
@@ -712,6 +740,19 @@ pub(crate) fn reclaim_stale_prefixed(prefix: &str) -> usize {
             })
         })
         .count()
+}
+
+/// [`reclaim_stale_prefixed`] once per process and prefix: what every process does before it
+/// makes its first region of a kind (a `SIGKILL`ed creator cannot unlink its own, and unless
+/// a peer of it outlives it, nobody else would). Only regions of this uid whose creator is
+/// dead are touched.
+pub(crate) fn reclaim_stale_once(prefix: &'static str) {
+    static SWEPT: parking_lot::Mutex<Vec<&'static str>> = parking_lot::const_mutex(Vec::new());
+    let mut swept = SWEPT.lock();
+    if !swept.contains(&prefix) {
+        swept.push(prefix);
+        reclaim_stale_prefixed(prefix);
+    }
 }
 
 /// Remove `name` from `/dev/shm` unconditionally (as `shm_unlink`), for cleaning up after a

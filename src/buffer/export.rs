@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use super::{IpcBuffer, allocation_bytes};
+use super::IpcBuffer;
 use crate::context::GpuContext;
 use crate::driver;
 use crate::error::{Capability, Error, ObjectState, Result};
 use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
 use crate::ledger::deferred;
 use crate::ledger::registry::{self, Record};
+use crate::memory::allocation_bytes;
 use crate::poll::Backoff;
 use crate::pool::PoolAlloc;
 use crate::raw::RawMemHandle;

@@ -11,14 +11,15 @@ use bytemuck::Pod;
 
 use super::ImportedBuffer;
 use crate::context::GpuContext;
-use crate::device;
 use crate::driver::{self, sys};
-use crate::error::{Error, HandleDefect, Result, StateDefect, TypeConflict};
+use crate::error::{Error, HandleDefect, Result, TypeConflict};
 use crate::handle::{Handle, HandleKind, HandleType, IpcMemHandle, check_element};
 use crate::ledger::cache::{Dying, ImportCache};
 use crate::ledger::registry::{self, Hold};
+use crate::memory::{check_memory_device, check_wanted, map_legacy};
 use crate::pool::{IpcPoolHandle, PoolHandle, PoolHold};
 use crate::process::ProcessIdentity;
+use crate::raw::RawImport;
 use crate::slice::GpuSlice;
 use crate::vmm::{Access, VmmMemory};
 
@@ -37,14 +38,14 @@ pub(crate) enum Import {
 /// kind of handle that opened it ([`KIND_RAW`] for raw handles).
 /// A read-only import ([`ReadOnlyBuffer`](crate::ReadOnlyBuffer)) is a mapping of its own
 /// (the last field), never shared with a read-write one.
-pub(crate) type Key = ([u8; 64], usize, u16, Access);
+type Key = ([u8; 64], usize, u16, Access);
 
 /// The cache kind of raw handles (not an envelope kind: they have no envelope).
-pub(crate) const KIND_RAW: u16 = u16::MAX;
+const KIND_RAW: u16 = u16::MAX;
 
 /// What the first open of a mapping described, which every later open must match.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Described {
+enum Described {
     /// From an envelope: element size, alignment, type tag and length.
     Envelope(u32, u32, u64, u64),
     /// From a raw handle: nothing beyond the bytes mapped (views may take any range of them).
@@ -54,30 +55,31 @@ pub(crate) enum Described {
 /// Live imports of this process, so that opening a buffer again shares one mapping and the
 /// driver's close runs once. A mapping being closed is waited for, never opened again beside
 /// its close (the driver has one mapping of an export per context: the close would unmap both).
-pub(crate) static CACHE: ImportCache<Key, Mapping> = ImportCache::new(Dying::WaitForIt);
+static CACHE: ImportCache<Key, Mapping> = ImportCache::new(Dying::WaitForIt);
 
 /// One `cuIpcOpenMemHandle` mapping, shared by every [`ImportedBuffer`] view of it in this process.
 pub(crate) struct Mapping {
-    pub(crate) ctx: GpuContext,
-    pub(crate) ptr: sys::CUdeviceptr,
+    ctx: GpuContext,
+    ptr: sys::CUdeviceptr,
     /// Bytes mapped from `ptr` on, as the driver reports the allocation
     /// (`cuPointerGetAttributes`): no view may reach past them, whatever an envelope says.
-    pub(crate) mapped: usize,
+    mapped: usize,
     /// What the envelope that created the mapping described: element size, alignment, type
     /// tag and length. Every later open of the same export must describe the same.
-    pub(crate) described: Described,
-    pub(crate) key: Key,
+    described: Described,
+    /// Its entry in the import cache; `None` for a foreign mapping, which is never shared.
+    key: Option<Key>,
     /// The exporting process (for a raw handle: only if the caller named it).
-    pub(crate) exporter: Option<ProcessIdentity>,
+    pub(super) exporter: Option<ProcessIdentity>,
     /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
     /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
-    pub(crate) exporter_seen_alive: AtomicU64,
+    exporter_seen_alive: AtomicU64,
     /// For a POSIX-fd import: the imported allocation and its mapping (taken and torn down in
     /// `drop`); `None` for legacy handles, closed with `cuIpcCloseMemHandle`.
-    pub(crate) vmm: Option<VmmMemory>,
+    pub(super) vmm: Option<VmmMemory>,
     // Dropped after `drop` has unmapped: the exporter may free once the hold is gone. Raw
     // handles have none (a foreign exporter keeps no ledger).
-    pub(crate) hold: Option<Hold>,
+    hold: Option<Hold>,
 }
 
 impl Drop for Mapping {
@@ -90,7 +92,9 @@ impl Drop for Mapping {
             let _ = unsafe { driver::ipc::close_mem_handle(self.ptr) };
         }
         // Closed: the export may be opened again (a lookup meanwhile waited for this).
-        CACHE.forget(&self.key);
+        if let Some(key) = &self.key {
+            CACHE.forget(key);
+        }
     }
 }
 
@@ -165,8 +169,9 @@ impl<T: Pod> ImportedBuffer<T> {
                 }
                 None => {
                     let wanted = len.saturating_mul(std::mem::size_of::<T>());
-                    let (ptr, mapped) = open_legacy(ctx, env.cuda, wanted)
-                        .map_err(|e| judged_again(e, Some(&exporter)))?;
+                    let (ptr, mapped) =
+                        map_legacy(ctx, env.cuda, |_, mapped| check_wanted(wanted, mapped))
+                            .map_err(|e| judged_again(e, Some(&exporter)))?;
                     (ptr, mapped, None)
                 }
             };
@@ -175,7 +180,7 @@ impl<T: Pod> ImportedBuffer<T> {
                 ptr,
                 mapped,
                 described,
-                key,
+                key: Some(key),
                 exporter: Some(exporter),
                 exporter_seen_alive: AtomicU64::new(0),
                 vmm,
@@ -203,8 +208,67 @@ impl<T: Pod> ImportedBuffer<T> {
         })
     }
 
+    /// The work of [`ImportedBuffer::open_raw`]: the checks a raw handle allows (the raw
+    /// module's docs), then one mapping per handle and context, shared through the import
+    /// cache.
+    ///
+    /// # Safety
+    ///
+    /// As [`ImportedBuffer::open_raw`].
+    pub(crate) unsafe fn open_raw_with(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
+        let range = import.byte_range::<T>("ImportedBuffer::open_raw")?;
+        let in_range = |mapped: usize| {
+            if range.end <= mapped as u64 {
+                Ok(())
+            } else {
+                Err(Error::corrupt_handle(HandleDefect::Memory {
+                    detail: format!(
+                        "bytes {}..{} reach past the allocation the handle maps, {mapped} \
+                         bytes (cuPointerGetAttributes)",
+                        range.start, range.end
+                    ),
+                }))
+            }
+        };
+        let key: Key = (
+            import.handle.0,
+            ctx.as_raw() as usize,
+            KIND_RAW,
+            Access::ReadWrite,
+        );
+        let reuse = |mapping: &Arc<Mapping>| {
+            mapping.check_reuse(Described::Raw)?;
+            in_range(mapping.mapped)?;
+            Ok(true)
+        };
+        let mapping = CACHE.get_or_create(&key, reuse, || {
+            let exporter = import.live_exporter()?;
+            let (ptr, mapped) = map_legacy(ctx, import.handle.0, |ptr, mapped| {
+                in_range(mapped)?;
+                check_memory_device(ctx, ptr)
+            })
+            .map_err(|e| judged_again(e, exporter.as_ref()))?;
+            Ok(Arc::new(Mapping::raw(ctx, ptr, mapped, Ok(key), exporter)))
+        })?;
+        Ok(Self::view_at(mapping, import.offset, import.len))
+    }
+
+    /// A view of `len` elements at byte `offset` of foreign virtual memory this process
+    /// imported (the caller checked the range): a mapping of its own, outside the cache.
+    pub(crate) fn from_foreign(
+        ctx: &GpuContext,
+        memory: VmmMemory,
+        offset: u64,
+        len: usize,
+        exporter: Option<ProcessIdentity>,
+    ) -> Self {
+        let (ptr, mapped) = (memory.ptr(), memory.size());
+        let mapping = Mapping::raw(ctx, ptr, mapped, Err(memory), exporter);
+        Self::view_at(Arc::new(mapping), offset, len)
+    }
+
     /// A view of `len` elements at byte `offset` of the mapping (the caller checked the range).
-    pub(crate) fn view_at(mapping: Arc<Mapping>, offset: u64, len: usize) -> Self {
+    fn view_at(mapping: Arc<Mapping>, offset: u64, len: usize) -> Self {
         Self {
             slice: GpuSlice::new(mapping.ctx.clone(), mapping.ptr + offset, len),
             import: Import::Mapping(mapping),
@@ -222,10 +286,36 @@ impl<T: Pod> ImportedBuffer<T> {
 }
 
 impl Mapping {
+    /// A raw handle's mapping (cached under `key`) or a foreign export's (`vmm`, never
+    /// cached): described by its bytes alone, no ledger hold, the exporter only if known.
+    fn raw(
+        ctx: &GpuContext,
+        ptr: sys::CUdeviceptr,
+        mapped: usize,
+        cached: Result<Key, VmmMemory>,
+        exporter: Option<ProcessIdentity>,
+    ) -> Self {
+        let (key, vmm) = match cached {
+            Ok(key) => (Some(key), None),
+            Err(vmm) => (None, Some(vmm)),
+        };
+        Self {
+            ctx: ctx.clone(),
+            ptr,
+            mapped,
+            described: Described::Raw,
+            key,
+            exporter,
+            exporter_seen_alive: AtomicU64::new(0),
+            vmm,
+            hold: None,
+        }
+    }
+
     /// The checks a cache hit must pass: the export is not closing (its exporter is waiting
     /// for importers to go: no new views), the exporter is alive, and the envelope describes
     /// what the first open of this export described (and so fits the mapping).
-    pub(crate) fn check_reuse(&self, described: Described) -> Result<()> {
+    fn check_reuse(&self, described: Described) -> Result<()> {
         if let Some(hold) = &self.hold
             && !hold.is_live()
         {
@@ -286,7 +376,7 @@ fn liveness_clock() -> u64 {
 /// it was judged alive took its memory with it, and that death — [`Error::PeerGone`], the
 /// exporter — is what the caller is told, not the driver's code for the memory it no longer
 /// finds. Any other failure is returned as it is.
-pub(crate) fn judged_again(e: Error, exporter: Option<&ProcessIdentity>) -> Error {
+fn judged_again(e: Error, exporter: Option<&ProcessIdentity>) -> Error {
     match exporter {
         Some(id)
             if !matches!(e, Error::PeerGone { .. }) && !crate::process::is_alive_cached(id) =>
@@ -295,66 +385,6 @@ pub(crate) fn judged_again(e: Error, exporter: Option<&ProcessIdentity>) -> Erro
         }
         _ => e,
     }
-}
-
-/// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold the envelope's
-/// `wanted` bytes — the peer's word — to what the driver mapped; returns the address and the
-/// bytes mapped from it. On an error nothing stays mapped.
-fn open_legacy(ctx: &GpuContext, handle: [u8; 64], wanted: usize) -> Result<(u64, usize)> {
-    let _g = ctx.enter()?;
-    let ptr = driver::ipc::open_mem_handle(handle)?;
-    let mapped = mapped_bytes(ptr).and_then(|mapped| {
-        if wanted <= mapped {
-            Ok(mapped)
-        } else {
-            Err(Error::corrupt_handle(HandleDefect::Memory {
-                detail: format!(
-                    "the handle describes {wanted} bytes, but the memory it maps is {mapped} \
-                     bytes (cuPointerGetAttributes)"
-                ),
-            }))
-        }
-    });
-    if mapped.is_err() {
-        // SAFETY: opened just above in this context, closed once, never handed out.
-        let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
-    }
-    Ok((ptr, mapped?))
-}
-
-/// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuPointerGetAttributes`), in the
-/// current context.
-pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
-    let (base, size) = driver::mem::address_range(ptr)?;
-    let offset = usize::try_from(ptr.wrapping_sub(base)).unwrap_or(usize::MAX);
-    if ptr < base || offset > size {
-        return Err(Error::Corrupt {
-            what: "IPC mapping",
-            defect: StateDefect::DriverAnswer {
-                call: "cuPointerGetAttributes",
-                value: i64::try_from(base).unwrap_or(i64::MAX),
-            },
-        });
-    }
-    Ok(size - offset)
-}
-
-/// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
-/// visible and, if it is not the context's own device, reachable by peer access.
-/// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
-/// `ctx` can reach as a peer. `ctx` is current.
-pub(crate) fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
-    let ordinal = driver::mem::device_ordinal_of(ptr)?;
-    let Ok(ordinal) = u32::try_from(ordinal) else {
-        return Err(Error::Corrupt {
-            what: "IPC mapping",
-            defect: StateDefect::DriverAnswer {
-                call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
-                value: ordinal.into(),
-            },
-        });
-    };
-    device::check_peer(ctx.ordinal(), ordinal)
 }
 
 #[cfg(test)]

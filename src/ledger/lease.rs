@@ -93,7 +93,7 @@ unsafe impl ShmSafe for LeaseTable {
 }
 
 fn region_name(token: &[u8; 16]) -> String {
-    token_name(PREFIX, token)
+    token_name(crate::shm::LEASE_TABLES, token)
 }
 
 /// The `/dev/shm` name of a table of export `token`: `prefix` and the token in hex (lease
@@ -349,39 +349,10 @@ pub(crate) struct ExportLeases {
     region: ShmRegion<LeaseTable>,
 }
 
-/// Remove lease tables and block tables (`cuda-ipc-lease.*`, `cuda-ipc-arena.*`: export
-/// registries, arenas, pools) left in `/dev/shm` by exporters that died (a `SIGKILL`ed
-/// exporter cannot unlink its own, and unless an importer of it outlives it, nobody else
-/// would). Only tables of our uid with mode `0600` whose creator is dead are touched; returns
-/// how many were removed. Every process does this once, at its first export; call it to clean
-/// up sooner.
-///
-/// # Examples
-///
-/// ```
-/// let removed = cuda_ipc::shm::reclaim_stale_lease_tables();
-/// println!("removed {removed} stale lease tables");
-/// ```
-#[allow(
-    clippy::must_use_candidate,
-    reason = "it removes stale tables; the count is information"
-)]
-pub fn reclaim_stale_lease_tables() -> usize {
-    crate::shm::reclaim_stale_prefixed(PREFIX) + crate::ledger::table::reclaim_stale_tables()
-}
-
-fn reap_stale_tables() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        reclaim_stale_lease_tables();
-    });
-}
-
-const PREFIX: &str = "cuda-ipc-lease.";
-
 impl ExportLeases {
     pub(crate) fn create(token: &[u8; 16]) -> Result<Self> {
-        reap_stale_tables();
+        crate::shm::reclaim_stale_once(crate::shm::LEASE_TABLES);
+        crate::shm::reclaim_stale_once(crate::shm::BLOCK_TABLES);
         let me = ProcessIdentity::current();
         let words = token_words(token);
         let region = ShmOptions::new(region_name(token)).create_with(|t: &LeaseTable| {

@@ -66,7 +66,6 @@ use crate::shm::{ShmOptions, ShmRegion};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Block tables in `/dev/shm` are `cuda-ipc-arena.<token>`, for arenas and pools alike.
-const PREFIX: &str = "cuda-ipc-arena.";
 
 /// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::arena::IpcArena::MAX_BUFFERS),
 /// [`IpcPool::MAX_BUFFERS`](crate::pool::IpcPool::MAX_BUFFERS)).
@@ -244,22 +243,13 @@ unsafe impl ShmSafe for BlockTable {
     }
 }
 
-/// Remove block tables whose owners died (see
-/// [`reclaim_stale_lease_tables`](crate::shm::reclaim_stale_lease_tables)).
-pub(crate) fn reclaim_stale_tables() -> usize {
-    crate::shm::reclaim_stale_prefixed(PREFIX)
-}
-
 impl BlockTable {
     /// Create the block table of export `token` (an arena of `capacity` bytes, or a pool with
     /// 0), after removing, once per process, tables whose owners died.
     pub(crate) fn create(token: &[u8; 16], capacity: u64) -> Result<ShmRegion<Self>> {
-        static SWEEP: std::sync::Once = std::sync::Once::new();
-        SWEEP.call_once(|| {
-            crate::shm::reclaim_stale_prefixed(PREFIX);
-        });
+        crate::shm::reclaim_stale_once(crate::shm::BLOCK_TABLES);
         let words = token_words(token);
-        ShmOptions::new(token_name(PREFIX, token)).create_with(|t: &Self| {
+        ShmOptions::new(token_name(crate::shm::BLOCK_TABLES, token)).create_with(|t: &Self| {
             t.token[0].store(words[0], Ordering::Relaxed);
             t.token[1].store(words[1], Ordering::Relaxed);
             t.capacity.store(capacity, Ordering::Relaxed);
@@ -275,7 +265,7 @@ impl BlockTable {
         capacity: u64,
         generation: u64,
     ) -> Result<ShmRegion<Self>> {
-        let table = match ShmOptions::new(token_name(PREFIX, token))
+        let table = match ShmOptions::new(token_name(crate::shm::BLOCK_TABLES, token))
             .open_timeout(Duration::from_millis(200))
             .open::<Self>()
         {
