@@ -218,10 +218,10 @@ pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use handle::{Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
 pub use ledger::deferred::{DeferredFrees, collect_deferred};
 pub use process::ProcessIdentity;
-pub use read_only::{ReadOnlyBuffer, ReadOnlySlice};
+pub use read_only::ReadOnlyBuffer;
 pub use shared::ShmSafe;
 pub use signal::{GpuSignal, ImportedSignal, IpcSignal};
-pub use slice::GpuSlice;
+pub use slice::{GpuSlice, ReadOnlySlice};
 pub use stream::{AsStream, RawStream};
 
 /// The `bytemuck` this crate's element bounds (`T: Pod`) are written against, re-exported so

@@ -701,7 +701,7 @@ pub fn reclaim_stale(name: &str) -> Result<bool> {
 /// The names of the regions the crate makes start with these, one prefix per kind: lease tables
 /// (the export registries'), block tables (arenas', pools', the registries'), channels.
 pub(crate) const LEASE_TABLES: &str = "cuda-ipc-lease.";
-/// See [`LEASE_TABLES`].
+/// See [`LEASE_TABLES`]: `cuda-ipc-arena.<token>`, for arenas and pools alike.
 pub(crate) const BLOCK_TABLES: &str = "cuda-ipc-arena.";
 /// See [`LEASE_TABLES`].
 pub(crate) const CHANNELS: &str = "cuda-ipc-chan";

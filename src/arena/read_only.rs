@@ -9,7 +9,7 @@ use super::{ArenaHandle, ArenaView, ImportedArena, IpcArenaHandle};
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::process::ProcessIdentity;
-use crate::read_only::ReadOnlySlice;
+use crate::slice::ReadOnlySlice;
 use crate::vmm::Access;
 
 /// An [`IpcArena`](crate::arena::IpcArena) imported so that this process can only read it: the whole
@@ -112,7 +112,7 @@ impl std::fmt::Debug for ReadOnlyArena {
 
 /// A buffer of a [`ReadOnlyArena`]: an [`ArenaView`] that dereferences to a
 /// [`ReadOnlySlice`]. Work enqueued on it must complete before it is dropped (see
-/// [asynchronous work](GpuSlice#asynchronous-work)).
+/// [asynchronous work](crate::GpuSlice#asynchronous-work)).
 pub struct ReadOnlyArenaView<T: Pod> {
     view: ArenaView<T>,
 }

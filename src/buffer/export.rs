@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use super::IpcBuffer;
 use crate::context::GpuContext;
 use crate::driver;
-use crate::error::{Capability, Error, ObjectState, Result};
+use crate::error::{Capability, Error, ObjectState, Result, TypeConflict};
 use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
 use crate::ledger::deferred;
 use crate::ledger::registry::{self, Record};
@@ -19,6 +18,117 @@ use crate::pool::PoolAlloc;
 use crate::raw::RawMemHandle;
 use crate::slice::GpuSlice;
 use crate::vmm::VmmMemory;
+
+/// Device memory this process allocated, holding `len` values of `T`, that other processes can
+/// map through a typed [`IpcMemHandle<T>`](crate::IpcMemHandle): they open it as an [`ImportedBuffer<T>`](crate::ImportedBuffer).
+///
+/// - [`new`](Self::new) allocates with `cuMemAlloc` (never stream-ordered pool memory, which
+///   legacy IPC rejects) in a [`GpuContext`]; [`handle`](Self::handle) exports it.
+/// - [`ImportedBuffer::open`](crate::ImportedBuffer::open) maps it in another process, after validating the handle and
+///   taking a lease (see there).
+/// - Dropping an exported buffer never waits: new opens of its handle are refused from then
+///   on, and the memory is freed as soon as no importer maps it — at once, or later (see
+///   [below](#dropping-an-exported-buffer)). [`close`](Self::close) waits for importers, up
+///   to a timeout, and reports what is left.
+///
+/// Use it from any CUDA crate: [`as_raw_ptr`](GpuSlice::as_raw_ptr) for kernel arguments (or
+/// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the
+/// `cudarc` feature), host copies (synchronous, or asynchronous on any [`AsStream`](crate::AsStream)), memset.
+///
+/// `IpcBuffer<T>` is `Send` and `Sync` (so is `ImportedBuffer<T>`). Device memory is not Rust memory: methods take `&self`,
+/// and concurrent writes from several processes are a GPU data race for the caller to order
+/// (with [`IpcEvent`](crate::IpcEvent)s and barriers), not undefined behaviour in this process.
+///
+/// # Asynchronous work
+///
+/// The synchronous methods ([`copy_from_host`](GpuSlice::copy_from_host),
+/// [`copy_to_host`](GpuSlice::copy_to_host), [`memset_bytes`](GpuSlice::memset_bytes)) are done with
+/// the memory when they return. The `*_async` methods, like kernels launched on
+/// [`as_raw_ptr`](GpuSlice::as_raw_ptr), only *enqueue* work that touches the memory later; the
+/// buffer does not track that work, and dropping the last view of an import unmaps the memory
+/// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for
+/// it. That is why they are `unsafe`: the caller keeps the buffer alive until the work has
+/// completed (synchronise the stream, or an event recorded after the work, before dropping).
+/// The same holds for [`IpcSignal::signal`](crate::GpuSignal::signal) and
+/// [`IpcSignal::wait`](crate::GpuSignal::wait).
+///
+/// Safe code cannot enqueue work on a buffer and then drop it (this does not compile):
+///
+/// ```compile_fail,E0133
+/// use cuda_ipc::{AsStream, IpcBuffer};
+///
+/// fn copy_then_drop(dst: IpcBuffer<u32>, src: &IpcBuffer<u32>, stream: &(impl AsStream + ?Sized)) {
+///     dst.copy_from_device_async(src, stream).ok(); // error: call to unsafe function
+///     drop(dst); // would unmap or free `dst` while the copy may still be queued
+/// }
+/// ```
+///
+/// # Dropping an exported buffer
+///
+/// Drop marks the export *closing* (every later open of its handle is refused with
+/// [`Error::StaleHandle`]) and frees the memory if no live importer maps it. If one does, the
+/// free is deferred: the memory stays allocated, on a per-process list, until a scan finds that
+/// its last importer has unmapped it or died; scans run when this process allocates or exports
+/// again and when [`collect_deferred`](crate::collect_deferred) is called. Nothing is freed
+/// under an importer, and nothing is kept after its importers are gone (beyond the next scan).
+/// POSIX-fd buffers need none of this: the driver keeps their memory while any process maps it.
+/// A [`HandleType::Pool`] buffer's allocation waits in its pool's quarantine instead, freed at
+/// the pool's next allocation or by the same scans (the pool itself goes when it has no buffer
+/// and nothing in quarantine).
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcBuffer, IpcMemHandle};
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// // Exporter:
+/// let ctx = GpuContext::new(0)?;
+/// let buf = IpcBuffer::<f32>::zeroed(&ctx, 1 << 20)?;
+/// let handle: IpcMemHandle<f32> = buf.handle()?; // put it in a ShmCell for the peer
+///
+/// // Importer, in another process:
+/// let peer = ImportedBuffer::open(&ctx, &handle)?;
+/// let mut host = vec![0f32; peer.len()];
+/// peer.copy_to_host(&mut host)?;
+/// # Ok(()) }
+/// ```
+pub struct IpcBuffer<T: Pod> {
+    pub(super) slice: GpuSlice<T>,
+    pub(super) export: Export,
+    /// Set by [`read_only_for_importers`](IpcBuffer::read_only_for_importers): every handle
+    /// says so, and importers must open it read-only.
+    pub(super) read_only: bool,
+}
+
+impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
+    type Target = GpuSlice<T>;
+
+    /// The buffer's memory: length, address, copies and memsets.
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.slice.len)
+            .field("device", &self.slice.ctx.ordinal())
+            .field("handle_type", &self.handle_type())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error of a request for one handle (or one descriptor, or a raw handle) of a
+/// [`HandleType::Pool`] buffer.
+pub(crate) fn pooled() -> Error {
+    Error::HandleTypeMismatch {
+        handle: HandleType::Pool,
+        conflict: TypeConflict::Pooled,
+    }
+}
 
 /// What an exported buffer's memory is, with the bookkeeping of its exports.
 pub(crate) enum Export {
@@ -183,7 +293,7 @@ impl<T: Pod> IpcBuffer<T> {
     pub(crate) fn export_handle<K: HandleKind>(&self) -> Result<Handle<K>> {
         deferred::collect_if_pending();
         let (published, cuda, handle_type) = match &self.export {
-            Export::Pooled(_) => return Err(super::pooled()),
+            Export::Pooled(_) => return Err(pooled()),
             Export::Vmm { published, memory } => {
                 let mut cuda = [0u8; 64];
                 let size = memory.as_ref().map_or(0, VmmMemory::size);

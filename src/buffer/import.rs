@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use bytemuck::Pod;
 
-use super::ImportedBuffer;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
@@ -22,6 +21,78 @@ use crate::process::ProcessIdentity;
 use crate::raw::RawImport;
 use crate::slice::GpuSlice;
 use crate::vmm::{Access, VmmMemory};
+
+/// Another process's [`IpcBuffer`](crate::IpcBuffer) (or memory a foreign peer exported), mapped into this
+/// process: [`open`](Self::open) (legacy handles), [`open_fd`](Self::open_fd) (POSIX-fd
+/// buffers, with the descriptor their exporter sent), [`open_raw`](Self::open_raw) (PyTorch,
+/// CuPy, C/C++ peers). It reads and writes the memory as the exporter's buffer does (both
+/// dereference to [`GpuSlice<T>`]), and cannot be exported again (CUDA cannot re-export a
+/// mapping).
+///
+/// Opening checks the envelope before the driver sees it (type, length, checksum, exporter
+/// alive and not this process, device reachable, buffer not freed) and takes a lease, which
+/// keeps the exporter from freeing the memory while it is mapped here; legacy handles map with
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. Opening the same export again in the same context
+/// returns another view of the same mapping without a driver call; the driver's close runs
+/// once, when the last view drops, and then the lease is released.
+///
+/// `ImportedBuffer<T>` is `Send` and `Sync`; what holds for asynchronous work on an
+/// [`IpcBuffer`](crate::IpcBuffer) holds here (see [asynchronous work](crate::IpcBuffer#asynchronous-work)): dropping
+/// the last view unmaps the memory without waiting for queued GPU work on it.
+///
+/// # Examples
+///
+/// ```no_run
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcMemHandle};
+/// use cuda_ipc::shm::ShmCell;
+///
+/// # fn main() -> cuda_ipc::Result<()> {
+/// # let cell: &ShmCell<IpcMemHandle<f32>> = unimplemented!();
+/// let ctx = GpuContext::new(0)?;
+/// let handle: IpcMemHandle<f32> = cell.load(); // published by the exporter
+/// let peer = ImportedBuffer::open(&ctx, &handle)?;
+/// let mut host = vec![0f32; peer.len()];
+/// peer.copy_to_host(&mut host)?;
+/// println!("{} values from process {:?}", host.len(), peer.exporter().map(|e| e.pid()));
+/// # Ok(()) }
+/// ```
+///
+/// An import has no way to export the memory again (this does not compile):
+///
+/// ```compile_fail,E0599
+/// use cuda_ipc::{GpuContext, ImportedBuffer, IpcMemHandle};
+///
+/// fn reexport(ctx: &GpuContext, handle: &IpcMemHandle<f32>) -> cuda_ipc::Result<()> {
+///     let peer = ImportedBuffer::open(ctx, handle)?;
+///     let again: IpcMemHandle<f32> = peer.handle()?; // error: no method named `handle`
+///     Ok(())
+/// }
+/// ```
+pub struct ImportedBuffer<T: Pod> {
+    pub(super) slice: GpuSlice<T>,
+    pub(super) import: Import,
+}
+
+impl<T: Pod> std::ops::Deref for ImportedBuffer<T> {
+    type Target = GpuSlice<T>;
+
+    /// The mapped memory: length, address, copies and memsets.
+    fn deref(&self) -> &GpuSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.slice.len)
+            .field("device", &self.slice.ctx.ordinal())
+            .field("handle_type", &self.handle_type())
+            .field("exporter", &self.exporter().map(|e| e.pid()))
+            .finish_non_exhaustive()
+    }
+}
 
 /// What an imported buffer maps.
 pub(crate) enum Import {

@@ -9,7 +9,7 @@ use super::{ImportedPool, IpcPoolHandle, PoolHandle, PoolView};
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::process::ProcessIdentity;
-use crate::read_only::ReadOnlySlice;
+use crate::slice::ReadOnlySlice;
 
 /// An [`IpcPool`](crate::pool::IpcPool) imported for reading: an [`ImportedPool`] whose buffers
 /// open as [`ReadOnlyPoolView`]s, which have no method that writes. **The GPU does not enforce
