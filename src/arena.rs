@@ -169,22 +169,17 @@ use crate::context::GpuContext;
 use crate::envelope;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
+use crate::ledger::Holdings;
 use crate::ledger::Ledger;
-#[cfg(any(test, fuzzing, feature = "__testing"))]
-use crate::ledger::book::Book;
-use crate::ledger::book::Placed;
-use crate::ledger::cache::{Dying, ImportCache};
-use crate::ledger::holdings::Holdings;
-use crate::ledger::lease::Lease;
-use crate::ledger::table::BlockTable;
+use crate::ledger::Placed;
+use crate::ledger::{Dying, ImportCache};
 use crate::os;
 use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
-use crate::sync::Ordering;
 use crate::vmm::{Access, VmmMemory};
 
-use crate::ledger::book::ALIGN as ARENA_ALIGN;
-use crate::ledger::table::MAX_ARENA_BUFFERS;
+use crate::ledger::ALIGN as ARENA_ALIGN;
+use crate::ledger::MAX_ARENA_BUFFERS;
 
 /// The owner's shared state: the region, its lease table (one slot per importing process),
 /// the block table, and the books.
@@ -202,13 +197,12 @@ struct Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        if !self.ledger.table.is_home() {
+        if !self.ledger.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         // Every buffer is gone (each holds the owner), so every block is retired. Refuse new
         // imports; the memory is released below, and the driver keeps it while importers map it.
-        self.ledger.table.closing.store(1, Ordering::Release);
-        self.ledger.leases.begin_close();
+        self.ledger.begin_close();
     }
 }
 
@@ -414,7 +408,7 @@ impl IpcArena {
             type_tag: type_tag_of::<u8>(),
             len: owner.memory.size() as u64,
             device_uuid: owner.uuid,
-            token: owner.ledger.token,
+            token: owner.ledger.token(),
             handle_type: HandleType::PosixFd.code(),
             ..Envelope::exported(KIND_ARENA, owner.generation, owner.ctx.ordinal(), cuda)
         }
@@ -502,7 +496,7 @@ impl IpcArena {
     /// The pids of live processes that imported the arena.
     #[must_use]
     pub fn importers(&self) -> Vec<u32> {
-        self.owner.ledger.leases.holders()
+        self.owner.ledger.holders()
     }
 
     /// The context the arena lives in.
@@ -580,7 +574,7 @@ impl<T: Pod> ArenaBuffer<T> {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
-            token: self.owner.ledger.token,
+            token: self.owner.ledger.token(),
             index: self.placed.index,
             generation: self.placed.generation,
             offset: self.placed.offset,
@@ -598,17 +592,13 @@ impl<T: Pod> ArenaBuffer<T> {
     /// Whether another process (or an import in this one) holds a view of this buffer now.
     #[must_use]
     pub fn is_viewed(&self) -> bool {
-        self.owner
-            .ledger
-            .table
-            .block(self.placed.index)
-            .is_some_and(|b| b.holders() != 0)
+        self.owner.ledger.is_viewed(&self.placed)
     }
 }
 
 impl<T: Pod> Drop for ArenaBuffer<T> {
     fn drop(&mut self) {
-        if !self.owner.ledger.table.is_home() {
+        if !self.owner.ledger.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         self.owner.ledger.free(self.placed);
@@ -776,12 +766,12 @@ struct Import {
     base: u64,
     capacity: u64,
     exporter: ProcessIdentity,
-    /// The arena's block table, our bit in it, and per block we view the range its first
-    /// open checked, (offset, published bytes).
-    holdings: Holdings<(u64, u64)>,
-    // Held for the mapping (`base`), unmapped before the lease goes (field order is drop order).
+    // Held for the mapping (`base`), unmapped before the holdings and their lease go (field
+    // order is drop order).
     memory: VmmMemory,
-    _lease: Lease,
+    /// The arena's block table, our lease and bit in it, and per block we view the range its
+    /// first open checked, (offset, published bytes).
+    holdings: Holdings<(u64, u64)>,
 }
 
 impl Drop for Import {
@@ -834,9 +824,7 @@ impl ImportedArena {
         let reuse = |import: &Arc<Import>| Ok(!import.closing());
         let import = IMPORTS.get_or_create(&key, reuse, || {
             let memory_device = handle.admit_live(ctx, &exporter, true)?;
-            let table = BlockTable::open(&env.token, env.vmm_bytes(), env.generation)?;
-            let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
-            let holdings = Holdings::new(Arc::new(table), 1u64 << lease.slot());
+            let holdings = Holdings::open_with_table(&env.token, env.vmm_bytes(), env.generation)?;
             let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
             let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
             let import = Arc::new(Import {
@@ -847,7 +835,6 @@ impl ImportedArena {
                 exporter,
                 holdings,
                 memory,
-                _lease: lease,
             });
             Ok(import)
         })?;
@@ -995,7 +982,7 @@ impl ImportedArena {
 
 impl Import {
     fn closing(&self) -> bool {
-        self.holdings.table.closing.load(Ordering::Acquire) != 0
+        self.holdings.is_closing()
     }
 }
 
@@ -1039,7 +1026,7 @@ impl<T: Pod> ArenaView<T> {
 
 impl<T: Pod> Drop for ArenaView<T> {
     fn drop(&mut self) {
-        if !self.import.holdings.table.is_home() {
+        if !self.import.holdings.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         // The whole arena stays mapped: nothing to unmap for one buffer.
@@ -1058,63 +1045,13 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 }
 
 /// The arena's protocol without a GPU, for the multi-process stress test
-/// (`tests/arena_stress.rs`): the owner's books, block table and lease table, and an importer's
-/// lease and block entries, with no memory behind them. Not part of the API.
+/// (`tests/arena_stress.rs`: the ledger's, `ledger/testing.rs`), and the handles' reseals for
+/// forgery tests. Not part of the API.
 #[doc(hidden)]
-#[allow(missing_debug_implementations)] // test hooks, not API
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
-    use super::*;
-    use crate::ledger::table::Enter;
-    use crate::shm::ShmRegion;
-
-    /// An arena owner without memory: the `Ledger` (`ledger/mod.rs`) that the export registry
-    /// uses, so the stress test drives that code.
-    pub struct Owner {
-        ledger: Ledger,
-    }
-
-    /// One allocation: (block index, generation, byte offset, bytes).
-    pub type Placement = (u32, u64, u64, u64);
-
-    impl Owner {
-        /// Create the tables of arena `token`, `capacity` bytes, up to `max_buffers` buffers.
-        ///
-        /// # Errors
-        ///
-        /// As the tables' creation.
-        pub fn create(token: &[u8; 16], capacity: u64, max_buffers: usize) -> Result<Self> {
-            Ok(Self {
-                ledger: Ledger::create(token, capacity, max_buffers)?,
-            })
-        }
-
-        /// Allocate `bytes`, reclaiming (and reaping the dead) when short, as `IpcArena::alloc`.
-        pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
-            let placed = self.ledger.alloc(bytes).ok()?;
-            Some((placed.index, placed.generation, placed.offset, placed.bytes))
-        }
-
-        /// Free an allocation, as dropping an `ArenaBuffer`.
-        pub fn free(&mut self, (index, generation, offset, bytes): Placement) {
-            self.ledger.free(Placed {
-                index,
-                generation,
-                offset,
-                bytes,
-            });
-        }
-
-        /// `IpcArena::collect`: the bytes still quarantined.
-        pub fn collect(&mut self) -> u64 {
-            self.ledger.collect()
-        }
-
-        /// Bytes free now.
-        pub fn free_bytes(&self) -> u64 {
-            self.ledger.free_bytes()
-        }
-    }
+    use super::ARENA_HANDLE_SIZE;
+    pub use crate::ledger::testing::*;
 
     /// Recompute the checksum of an [`ArenaHandle`]'s bytes (80), as a forger would: for tests
     /// that a handle with a valid checksum but a forged range or length is still refused.
@@ -1131,134 +1068,6 @@ pub mod __testing {
         if bytes.len() == size {
             let sum = crate::handle::checksum(&bytes[..size - 8]);
             bytes[size - 8..].copy_from_slice(&sum.to_le_bytes());
-        }
-    }
-
-    /// The owner's books and a block table in this process's memory (no shared memory, no
-    /// leases), for the fuzz target: honest operations and hostile writes in any order.
-    pub struct Books {
-        book: Book,
-        blocks: Vec<crate::ledger::table::Block>,
-    }
-
-    impl Books {
-        /// Books for `capacity` bytes and up to `max_buffers` buffers.
-        #[must_use]
-        pub fn new(capacity: u64, max_buffers: usize) -> Self {
-            let book = Book::new(capacity, max_buffers);
-            let blocks = (0..max_buffers.clamp(1, MAX_ARENA_BUFFERS))
-                .map(|_| crate::ledger::table::Block::new())
-                .collect();
-            Self { book, blocks }
-        }
-
-        /// Allocate `bytes`, reclaiming released ranges when short (as `IpcArena::alloc`).
-        pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
-            let placed = match self.book.alloc(&self.blocks, bytes) {
-                Ok(p) => p,
-                Err(_) => {
-                    self.book.reclaim(&self.blocks, 0);
-                    self.book.alloc(&self.blocks, bytes).ok()?
-                }
-            };
-            Some((placed.index, placed.generation, placed.offset, placed.bytes))
-        }
-
-        /// Free an allocation (as dropping an `ArenaBuffer`).
-        pub fn free(&mut self, (index, generation, offset, bytes): Placement) {
-            let placed = Placed {
-                index,
-                generation,
-                offset,
-                bytes,
-            };
-            self.book.free(&self.blocks, placed);
-        }
-
-        /// Give back released ranges, clearing the bits of the importers in `dead` first.
-        pub fn reclaim(&mut self, dead: u64) {
-            self.book.reclaim(&self.blocks, dead);
-        }
-
-        /// An importer with bit `bit` enters block `index` of `generation`.
-        #[must_use]
-        pub fn enter(&self, bit: u64, index: u32, generation: u64) -> bool {
-            self.blocks
-                .get(index as usize)
-                .is_some_and(|b| b.enter(bit, generation) == Enter::Held)
-        }
-
-        /// The importer with bit `bit` leaves block `index`.
-        pub fn leave(&self, bit: u64, index: u32) {
-            if let Some(b) = self.blocks.get(index as usize) {
-                b.leave(bit);
-            }
-        }
-
-        /// Overwrite word `word` of the block table (4 words per block) with `value`.
-        pub fn scribble(&self, word: usize, value: u64) {
-            let n = self.blocks.len();
-            self.blocks[(word / 4) % n].scribble(word, value);
-        }
-
-        /// Bytes free now.
-        #[must_use]
-        pub fn free_bytes(&self) -> u64 {
-            self.book.free_bytes()
-        }
-
-        /// Bytes of freed buffers still viewed.
-        #[must_use]
-        pub fn quarantined_bytes(&self) -> u64 {
-            self.book.quarantined_bytes()
-        }
-    }
-
-    /// An importer: a lease (its bit) and per-block entries, without views' reference counts.
-    pub struct Importer {
-        table: ShmRegion<BlockTable>,
-        lease: Lease,
-    }
-
-    impl Importer {
-        /// Import arena `token` of `capacity` bytes (take a lease, open the block table).
-        ///
-        /// # Errors
-        ///
-        /// As `ImportedArena::open_fd` for the tables.
-        pub fn open(token: &[u8; 16], capacity: u64) -> Result<Self> {
-            let table = BlockTable::open(token, capacity, 0)?;
-            let lease = Lease::acquire_clearing(token, 0, &table)?;
-            Ok(Self { table, lease })
-        }
-
-        /// The importer's bit index (its lease slot).
-        #[must_use]
-        pub fn slot(&self) -> usize {
-            self.lease.slot()
-        }
-
-        /// Enter block `index` of generation `generation`, calling `pause` between setting the
-        /// bit and reading the state; on success the published (offset, bytes).
-        pub fn enter_pausing(
-            &self,
-            index: u32,
-            generation: u64,
-            pause: impl FnOnce(),
-        ) -> Option<(u64, u64)> {
-            let block = self.table.block(index)?;
-            let bit = 1u64 << self.lease.slot();
-            match block.enter_pausing(bit, generation, pause) {
-                Enter::Held => Some(block.range()),
-                Enter::Stale => None,
-            }
-        }
-
-        /// Leave block `index` (the last view is gone).
-        pub fn leave(&self, index: u32) {
-            if let Some(block) = self.table.block(index) {
-                block.leave(1u64 << self.lease.slot());
-            }
         }
     }
 }

@@ -57,11 +57,11 @@ impl<T: Pod> IpcBuffer<T> {
     /// The most processes that can import from one exporting process at a time, across all its
     /// exported buffers and signals (a further process's open is [`Error::TooManyImporters`]);
     /// an arena or a pool has the same bound for its own importers.
-    pub const MAX_IMPORTERS: usize = crate::ledger::lease::MAX_IMPORTERS;
+    pub const MAX_IMPORTERS: usize = crate::ledger::MAX_IMPORTERS;
 
     /// The most buffers and signals one process can have exported at a time (live, or dropped
     /// while importers still map them); a further first export is [`Error::TooManyBuffers`].
-    pub const MAX_EXPORTS: usize = crate::ledger::registry::MAX_EXPORTS;
+    pub const MAX_EXPORTS: usize = crate::ledger::MAX_EXPORTS;
 
     /// Allocate `len` elements with `cuMemAlloc` in `ctx`, contents unspecified (any bytes are
     /// a valid `T`: it is `Pod`). Nothing is created in `/dev/shm`: the first export of any

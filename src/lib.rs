@@ -216,7 +216,7 @@ pub use context::GpuContext;
 pub use error::{CloseError, Error, Result};
 pub use event::{GpuEvent, ImportedEvent, IpcEvent};
 pub use handle::{Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
-pub use ledger::deferred::{DeferredFrees, collect_deferred};
+pub use ledger::{DeferredFrees, collect_deferred};
 pub use process::ProcessIdentity;
 pub use read_only::ReadOnlyBuffer;
 pub use shared::ShmSafe;
@@ -260,8 +260,8 @@ pub mod __private {
     pub use crate::channel::fuzz_reseal_channel as reseal_channel;
     pub use crate::foreign::__testing as foreign;
     pub use crate::handle::reseal;
-    pub use crate::ledger::lease::__testing as lease;
-    pub use crate::ledger::registry::__testing as registry;
+    pub use crate::ledger::lease_testing as lease;
+    pub use crate::ledger::registry_testing as registry;
     pub use crate::pool::__testing as pool;
     /// The liveness cache, for the tests of the liveness rule.
     pub mod process {

@@ -1,7 +1,7 @@
 //! Owned slots in shared memory: a slot's state and its owner's identity in **one** atomic
 //! word, so that nobody can ever see a slot taken without also seeing who took it.
 //!
-//! Lease slots ([`crate::ledger::lease`]) and barrier participant slots ([`crate::barrier`]) are
+//! Lease slots (`ledger/lease.rs`) and barrier participant slots ([`crate::barrier`]) are
 //! claimed by one process and judged by others ("is its owner still alive?"). When the state
 //! and the owner were separate words, a claimer preempted (or `SIGKILL`ed) between its
 //! compare-exchange and its pid store left a slot that said "taken" but named nobody, or named

@@ -27,19 +27,17 @@ use crate::driver::{self, sys};
 use crate::envelope;
 use crate::error::{Capability, Error, HandleDefect, Result};
 use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
-use crate::ledger::book::Placed;
-use crate::ledger::cache::{Dying, ImportCache};
-use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
-use crate::ledger::holdings::Holdings;
-use crate::ledger::lease::Lease;
-use crate::ledger::table::{Block, BlockTable, MAX_ARENA_BUFFERS};
+use crate::ledger::Holdings;
+use crate::ledger::Placed;
+use crate::ledger::{Block, MAX_ARENA_BUFFERS};
+use crate::ledger::{DeferredFrees, Pending, register_pending};
+use crate::ledger::{Dying, ImportCache};
 use crate::ledger::{Ledger, Reap};
 use crate::os;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
 use crate::stream::AsStream;
-use crate::sync::Ordering;
 
 const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
 
@@ -144,13 +142,12 @@ impl Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        if !self.ledger.table.is_home() {
+        if !self.ledger.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         // What live importers still hold stays allocated (leaked, not freed under them).
         self.reclaim(Reap::Always);
-        self.ledger.table.closing.store(1, Ordering::Release);
-        self.ledger.leases.begin_close();
+        self.ledger.begin_close();
         if let Ok(_g) = self.ctx.enter() {
             // SAFETY: created in this context, destroyed once; the driver defers the release
             // while allocations (the leaked ones) are outstanding.
@@ -319,7 +316,7 @@ impl IpcPool {
     pub fn export_fd(&self) -> Result<(IpcPoolHandle, OwnedFd)> {
         let owner = &self.owner;
         let env = pool_envelope(
-            owner.ledger.token,
+            owner.ledger.token(),
             owner.uuid,
             owner.generation,
             owner.ctx.ordinal(),
@@ -382,7 +379,7 @@ impl IpcPool {
     /// The pids of live processes that imported the pool.
     #[must_use]
     pub fn importers(&self) -> Vec<u32> {
-        self.owner.ledger.leases.holders()
+        self.owner.ledger.holders()
     }
 
     /// The context the pool lives in.
@@ -514,9 +511,8 @@ fn unlink_shared_at_exit() {
 extern "C" fn unlink_shared() {
     // `try_lock`: an exit from inside an allocation must not deadlock (the names then stay).
     if let Some(shared) = SHARED.try_lock() {
-        for (_, owner) in shared.iter().filter(|(_, o)| o.ledger.table.is_home()) {
-            let _ = owner.ledger.table.unlink_shared();
-            owner.ledger.leases.unlink_name();
+        for (_, owner) in shared.iter().filter(|(_, o)| o.ledger.is_home()) {
+            owner.ledger.unlink_names();
         }
     }
 }
@@ -789,7 +785,7 @@ impl PoolAlloc {
         // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
         let export = unsafe { driver::pool::export_pointer(self.ptr) }?;
         Ok(PoolHandle::sealed(
-            self.owner.ledger.token,
+            self.owner.ledger.token(),
             self.placed.index,
             self.placed.generation,
             len as u64,
@@ -816,16 +812,12 @@ impl PoolAlloc {
 
     /// Whether a process (another, or an import in this one) holds the allocation now.
     pub(crate) fn is_viewed(&self) -> bool {
-        self.block().holders() != 0
+        self.owner.ledger.is_viewed(&self.placed)
     }
 
     /// The pids of the live processes that hold the allocation now.
     pub(crate) fn importers(&self) -> Vec<u32> {
         self.owner.ledger.holders_of(self.placed.index)
-    }
-
-    fn block(&self) -> &crate::ledger::table::Block {
-        &self.owner.ledger.table.blocks[self.placed.index as usize]
     }
 
     /// Retire the allocation (new opens of its handles are stale from here on) without freeing
@@ -836,7 +828,7 @@ impl PoolAlloc {
     ///
     /// [`Error::LeasesOutstanding`] naming the importers still holding it.
     pub(crate) fn wait_unheld(&self, timeout: Duration) -> Result<()> {
-        self.block().retire(self.placed.generation);
+        self.owner.ledger.retire(&self.placed);
         let mut wait = Backoff::new(
             timeout,
             Duration::from_micros(100),
@@ -893,7 +885,7 @@ impl PoolAlloc {
 
 impl Drop for PoolAlloc {
     fn drop(&mut self) {
-        if !self.owner.ledger.table.is_home() {
+        if !self.owner.ledger.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         let _ = self.free(None);
@@ -1033,11 +1025,10 @@ struct Import {
     holder: u32,
     pool: sys::CUmemoryPool,
     exporter: ProcessIdentity,
-    /// The pool's block table, our bit in it, and per allocation we view its imported pointer
-    /// and the size the driver reports for it.
+    /// The pool's block table, our lease and bit in it, and per allocation we view its
+    /// imported pointer and the size the driver reports for it. Dropped after the pool is
+    /// destroyed (see Drop).
     holdings: Holdings<(sys::CUdeviceptr, u64)>,
-    // Dropped after the pool is destroyed (see Drop).
-    _lease: Lease,
 }
 
 // SAFETY: the pool handle is an opaque driver handle used with `ctx` pushed; the rest is
@@ -1080,8 +1071,7 @@ impl Import {
         holder: u32,
     ) -> Result<Self> {
         let env = &handle.env;
-        let table = BlockTable::open(&env.token, 0, env.generation)?;
-        let lease = Lease::acquire_clearing(&env.token, env.generation, &table)?;
+        let holdings = Holdings::open_with_table(&env.token, 0, env.generation)?;
         let _g = ctx.enter()?;
         let pool = driver::pool::import_fd(fd.as_fd())?;
         drop(fd);
@@ -1092,8 +1082,7 @@ impl Import {
             holder,
             pool,
             exporter,
-            holdings: Holdings::new(Arc::new(table), 1u64 << lease.slot()),
-            _lease: lease,
+            holdings,
         })
     }
 
@@ -1159,7 +1148,7 @@ impl ImportedPool {
         // exporter again (its buffers then open as `open` opens them: by the shared table and
         // the driver's word).
         let reuse = |import: &Arc<Import>| {
-            if import.holdings.table.closing.load(Ordering::Acquire) != 0 {
+            if import.holdings.is_closing() {
                 return Err(Error::StaleHandle { generation });
             }
             Ok(true)
@@ -1402,7 +1391,7 @@ impl PoolHold {
 
 impl Drop for PoolHold {
     fn drop(&mut self) {
-        if !self.import.holdings.table.is_home() {
+        if !self.import.holdings.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         let ctx = &self.import.ctx;

@@ -10,8 +10,7 @@ use crate::context::GpuContext;
 use crate::driver;
 use crate::error::{Capability, Error, ObjectState, Result, TypeConflict};
 use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
-use crate::ledger::deferred;
-use crate::ledger::registry::{self, Record};
+use crate::ledger::{self, Record};
 use crate::memory::allocation_bytes;
 use crate::poll::Backoff;
 use crate::pool::PoolAlloc;
@@ -199,7 +198,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// The work of [`IpcBuffer::new_with`].
     pub(crate) fn allocate(ctx: &GpuContext, len: usize, handle_type: HandleType) -> Result<Self> {
         let bytes = allocation_bytes::<T>("IpcBuffer::new", len)?;
-        deferred::collect_if_pending();
+        crate::ledger::collect_if_pending();
         let posix_fd = match handle_type {
             HandleType::Pool => {
                 let alloc = crate::pool::alloc_shared(ctx, bytes)?;
@@ -291,7 +290,7 @@ impl<T: Pod> IpcBuffer<T> {
     /// The handle of kind `K` (whose elements are `T`s: a buffer's, a signal's counter, a
     /// channel's slots) that exports this buffer.
     pub(crate) fn export_handle<K: HandleKind>(&self) -> Result<Handle<K>> {
-        deferred::collect_if_pending();
+        crate::ledger::collect_if_pending();
         let (published, cuda, handle_type) = match &self.export {
             Export::Pooled(_) => return Err(pooled()),
             Export::Vmm { published, memory } => {
@@ -393,7 +392,7 @@ impl<T: Pod> IpcBuffer<T> {
             Duration::from_millis(20),
         );
         loop {
-            registry::collect();
+            ledger::collect_exports();
             if !record.is_held() {
                 return Ok(());
             }
@@ -426,7 +425,7 @@ impl<T: Pod> IpcBuffer<T> {
             } => {
                 *released = true;
                 let record = published.record.lock().take();
-                deferred::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, record)
+                ledger::free_or_defer(&self.slice.ctx, self.slice.ptr, bytes, record)
             }
         }
     }

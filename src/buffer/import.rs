@@ -13,8 +13,8 @@ use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
 use crate::handle::{Handle, HandleKind, HandleType, IpcMemHandle, check_element};
-use crate::ledger::cache::{Dying, ImportCache};
-use crate::ledger::registry::{self, Hold};
+use crate::ledger::{self, Hold};
+use crate::ledger::{Dying, ImportCache};
 use crate::memory::{check_memory_device, check_wanted, map_legacy};
 use crate::pool::{IpcPoolHandle, PoolHandle, PoolHold};
 use crate::process::ProcessIdentity;
@@ -230,7 +230,7 @@ impl<T: Pod> ImportedBuffer<T> {
         let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
         let mapping = CACHE.get_or_create(&key, reuse, || {
             let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
-            let hold = registry::enter(&env.token, env.generation, exporter)?;
+            let hold = ledger::enter(&env.token, env.generation, exporter)?;
             // On an error below the hold drops after the memory was unmapped again.
             let (ptr, mapped, vmm) = match fd {
                 Some(fd) => {

@@ -37,7 +37,7 @@ use super::inflight::InFlight;
 use super::ring::{Geometry, LIVENESS_CHECK, Ring, RingState};
 use crate::buffer::Side;
 use crate::error::{Error, Result};
-use crate::ledger::deferred::{DeferredFrees, Pending, register_pending};
+use crate::ledger::{DeferredFrees, Pending, register_pending};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 

@@ -17,6 +17,10 @@
 //!   beside a new one — [`Dying::Coexist`], where each import maps memory of its own (arenas,
 //!   ledgers). An import's `Drop` calls [`ImportCache::forget`] after its teardown.
 //! - Nothing is dropped under the entries' lock (an import's `Drop` takes it).
+//!
+//! Beside the imports, one [`TableCache`] per kind of shared table (lease tables, block
+//! tables) keeps the tables of exports this process imported from after their last import
+//! ends, so that importing again skips the table's `open`, `fstat` and `mmap`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -24,6 +28,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use crate::error::Result;
+use crate::shared::ShmSafe;
+use crate::shm::ShmRegion;
 
 /// What a lookup does with an import whose last holder is dropping it (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -280,5 +286,65 @@ mod tests {
         dropper.join().unwrap();
         assert_eq!(live.load(Ordering::SeqCst), 1);
         drop(second);
+    }
+}
+
+/// Shared tables this process mapped, by export token, kept after their last user is gone so
+/// that opening the same export again skips the table's `open`, `fstat` and `mmap` (tens of
+/// µs, a cold open's worth of overhead). Tokens are random and never reused, so a cached table
+/// is always the right one; one whose owner has begun closing it is dropped when next looked
+/// at. Bounded: past [`MAX_CACHED_TABLES`], the oldest go first. (A table's mapping is all
+/// its drop undoes: importers never own the name.)
+pub(crate) struct TableCache<T: ShmSafe> {
+    tables: Mutex<Vec<([u8; 16], Arc<ShmRegion<T>>)>>,
+    /// Whether a table's owner has begun closing it.
+    closing: fn(&T) -> bool,
+}
+
+/// How many tables each [`TableCache`] keeps.
+const MAX_CACHED_TABLES: usize = 64;
+
+impl<T: ShmSafe> TableCache<T> {
+    /// An empty cache; `closing` says whether a table's owner has begun closing it.
+    pub(crate) const fn new(closing: fn(&T) -> bool) -> Self {
+        Self {
+            tables: parking_lot::const_mutex(Vec::new()),
+            closing,
+        }
+    }
+
+    /// The table of `token`: the cached one, unless its owner is closing it, else one `open`ed
+    /// now (outside the lock) and cached.
+    ///
+    /// # Errors
+    ///
+    /// What `open` returns.
+    pub(crate) fn get_or_open(
+        &self,
+        token: &[u8; 16],
+        open: impl FnOnce() -> Result<ShmRegion<T>>,
+    ) -> Result<Arc<ShmRegion<T>>> {
+        {
+            let mut tables = self.tables.lock();
+            tables.retain(|(_, t)| !(self.closing)(t));
+            if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
+                return Ok(t.clone());
+            }
+        }
+        let table = Arc::new(open()?);
+        let mut tables = self.tables.lock();
+        if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
+            return Ok(t.clone()); // another thread opened it meanwhile: keep one mapping
+        }
+        if tables.len() >= MAX_CACHED_TABLES {
+            tables.remove(0);
+        }
+        tables.push((*token, table.clone()));
+        Ok(table)
+    }
+
+    /// Stop caching the table of `token`.
+    pub(crate) fn forget(&self, token: &[u8; 16]) {
+        self.tables.lock().retain(|(t, _)| t != token);
     }
 }

@@ -2,8 +2,10 @@
 //! exporter's block table, this process's bit in it (its lease slot), and, per block it holds,
 //! the generation it entered, how many views hold it, and what the kind of export keeps for it
 //! (an arena's published range, a pool's imported pointer, nothing for a buffer or signal of
-//! the export registry). Used once by each: `registry.rs` (buffers and signals), `arena.rs`,
-//! `pool.rs`. The lease itself stays with the kind, whose drop order decides when it goes.
+//! the export registry) — and the lease slot that bit is, taken in the same step
+//! ([`Holdings::open`]) and released last. Used once by each: `registry.rs` (buffers and
+//! signals), `arena.rs`, `pool.rs`; a kind that maps memory drops its holdings after
+//! unmapping.
 //!
 //! Kill points (the exporter's side is `table.rs`'s protocol): this process can die holding
 //! blocks at any point; its bits stay set until the exporter (or a later importer taking its
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{Error, HandleDefect, Result};
+use crate::ledger::lease::Lease;
 use crate::ledger::table::{Block, BlockMap, BlockTable, Enter};
 use crate::shm::ShmRegion;
 
@@ -34,15 +37,80 @@ pub(crate) struct Holdings<E> {
     /// This process's bit in every block's holder mask: `1 << lease slot`.
     pub(crate) bit: u64,
     held: Mutex<BlockMap<Held<E>>>,
+    /// Our slot in the exporter's lease table, whose number is `bit`'s; released after the
+    /// holds (field order is drop order). `None` once released, and in unit tests.
+    lease: Option<Lease>,
 }
 
 impl<E> Holdings<E> {
-    pub(crate) fn new(table: Arc<ShmRegion<BlockTable>>, bit: u64) -> Self {
+    /// What every importer of an export does, once per export: a slot in the exporter's lease
+    /// table (with every slot taken, one whose holder is proven dead, its bits in `table`
+    /// cleared first), and that slot's bit in `table`, the export's block table.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleHandle`] when the export is gone or closing; [`Error::TooManyImporters`];
+    /// shared-memory errors opening the lease table.
+    pub(crate) fn open(
+        token: &[u8; 16],
+        generation: u64,
+        table: Arc<ShmRegion<BlockTable>>,
+    ) -> Result<Self> {
+        let lease = Lease::acquire_clearing(token, generation, &table)?;
+        let mut holdings = Self::new(table, 1u64 << lease.slot());
+        holdings.lease = Some(lease);
+        Ok(holdings)
+    }
+
+    /// [`open`](Self::open) with the export's block table opened here (an arena's of
+    /// `capacity` bytes, a pool's with 0).
+    ///
+    /// # Errors
+    ///
+    /// As [`BlockTable::open`], then as [`open`](Self::open).
+    pub(crate) fn open_with_table(
+        token: &[u8; 16],
+        capacity: u64,
+        generation: u64,
+    ) -> Result<Self> {
+        let table = BlockTable::open(token, capacity, generation)?;
+        Self::open(token, generation, Arc::new(table))
+    }
+
+    /// Holdings with bit `bit` and no lease (the lease's own tests, and [`open`](Self::open)).
+    fn new(table: Arc<ShmRegion<BlockTable>>, bit: u64) -> Self {
         Self {
             table,
             bit,
             held: Mutex::new(BlockMap::default()),
+            lease: None,
         }
+    }
+
+    /// Whether the exporter has begun closing the export (no new opens).
+    pub(crate) fn is_closing(&self) -> bool {
+        self.table.closing.load(crate::sync::Ordering::Acquire) != 0
+    }
+
+    /// Whether this process opened these holdings (false in a child forked without `exec`).
+    pub(crate) fn is_home(&self) -> bool {
+        self.table.is_home()
+    }
+
+    /// The lease slot our bit is, until [`release_lease`](Self::release_lease).
+    pub(crate) fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// Release our lease slot now (once every hold is gone).
+    pub(crate) fn release_lease(&mut self) {
+        drop(self.lease.take());
+    }
+
+    /// Keep our lease slot for ever: in a child forked without `exec`, the slot is the
+    /// parent's.
+    pub(crate) fn leave_lease_to_parent(&mut self) {
+        std::mem::forget(self.lease.take());
     }
 
     /// The block `index` of the table, or a corrupt handle (the index is a peer's word).

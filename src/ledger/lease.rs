@@ -60,9 +60,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
 use crate::error::{Error, Result};
+use crate::ledger::cache::TableCache;
 use crate::owned_slot::{OwnedSlot, OwnerState};
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 use crate::poll::Backoff;
@@ -448,43 +447,16 @@ impl ExportLeases {
 
 /// An importer's lease; frees its slot on drop.
 pub(crate) struct Lease {
+    token: [u8; 16],
     table: Arc<ShmRegion<LeaseTable>>,
     slot: usize,
     /// Our slot word, released by compare-exchange against it.
     held: u64,
 }
 
-/// Lease tables this process has mapped, by token, kept after their leases are released so that
-/// opening the same export again skips the `open` + `fstat` + `mmap` of its table (about 15 µs).
-/// Tokens are random and never reused, so a cached table is always the right one; once its
-/// exporter closes it, the *closing* flag says so and the entry is dropped. Bounded: the oldest
-/// entries go first.
-static TABLES: Mutex<Vec<CachedTable>> = Mutex::new(Vec::new());
-type CachedTable = ([u8; 16], Arc<ShmRegion<LeaseTable>>);
-const MAX_CACHED_TABLES: usize = 64;
-
-fn cached_table(token: &[u8; 16]) -> Option<Arc<ShmRegion<LeaseTable>>> {
-    let mut tables = TABLES.lock();
-    let i = tables.iter().position(|(t, _)| t == token)?;
-    if tables[i].1.is_closing() {
-        tables.remove(i);
-        return None;
-    }
-    Some(tables[i].1.clone())
-}
-
-fn cache_table(token: &[u8; 16], table: &Arc<ShmRegion<LeaseTable>>) {
-    let mut tables = TABLES.lock();
-    tables.retain(|(_, t)| !t.is_closing());
-    if tables.len() >= MAX_CACHED_TABLES {
-        tables.remove(0);
-    }
-    tables.push((*token, table.clone()));
-}
-
-fn forget_table(token: &[u8; 16]) {
-    TABLES.lock().retain(|(t, _)| t != token);
-}
+/// Lease tables this process has mapped (see [`TableCache`]); one whose exporter closed it
+/// says so with its *closing* flag.
+static TABLES: TableCache<LeaseTable> = TableCache::new(LeaseTable::is_closing);
 
 impl Lease {
     #[cfg(any(test, fuzzing, feature = "__testing"))]
@@ -529,39 +501,37 @@ impl Lease {
         pause: impl FnMut(),
     ) -> Result<Self> {
         let stale = || Error::StaleHandle { generation };
-        let table = match cached_table(token) {
-            Some(t) => t,
-            None => {
-                let region = match ShmOptions::new(region_name(token))
-                    .open_timeout(Duration::from_millis(200))
-                    .open::<LeaseTable>()
-                {
-                    Ok(r) => r,
-                    Err(Error::NotFound { .. }) | Err(Error::NotReady { .. }) => {
-                        return Err(stale());
-                    }
-                    Err(e) => return Err(e),
-                };
-                let words = token_words(token);
-                if region.token[0].load(Ordering::Relaxed) != words[0]
-                    || region.token[1].load(Ordering::Relaxed) != words[1]
-                {
-                    return Err(stale());
-                }
-                let table = Arc::new(region);
-                cache_table(token, &table);
-                table
+        let table = TABLES.get_or_open(token, || {
+            let region = match ShmOptions::new(region_name(token))
+                .open_timeout(Duration::from_millis(200))
+                .open::<LeaseTable>()
+            {
+                Ok(r) => r,
+                Err(Error::NotFound { .. } | Error::NotReady { .. }) => return Err(stale()),
+                Err(e) => return Err(e),
+            };
+            let words = token_words(token);
+            if region.token[0].load(Ordering::Relaxed) != words[0]
+                || region.token[1].load(Ordering::Relaxed) != words[1]
+            {
+                return Err(stale());
             }
-        };
+            Ok(region)
+        })?;
         let me = ProcessIdentity::current();
         let alive = |id: &ProcessIdentity| crate::process::is_alive_cached(id);
         match table
             .slots()
             .claim_or_take_over(&me, &alive, take_over, pause)
         {
-            Claim::Granted(slot, held) => Ok(Self { table, slot, held }),
+            Claim::Granted(slot, held) => Ok(Self {
+                token: *token,
+                table,
+                slot,
+                held,
+            }),
             Claim::Closing => {
-                forget_table(token);
+                TABLES.forget(token);
                 Err(stale())
             }
             Claim::Full => Err(Error::TooManyImporters { max: MAX_IMPORTERS }),
@@ -597,7 +567,7 @@ impl Drop for Lease {
                 .iter()
                 .all(|s| s.load().state == OwnerState::Free)
         {
-            TABLES.lock().retain(|(_, t)| !Arc::ptr_eq(t, &self.table));
+            TABLES.forget(&self.token);
             let _ = self.table.unlink_shared();
         }
     }

@@ -61,14 +61,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{Error, HandleDefect, Result};
-use crate::ledger::Ledger;
 use crate::ledger::book::Placed;
-use crate::ledger::cache::{Dying, ImportCache};
+use crate::ledger::cache::{Dying, ImportCache, TableCache};
 use crate::ledger::holdings::Holdings;
-use crate::ledger::lease::Lease;
+use crate::ledger::owner::Ledger;
 use crate::ledger::table::{BlockTable, MAX_ARENA_BUFFERS};
 use crate::process::ProcessIdentity;
-use crate::shm::ShmRegion;
 
 /// The most exports a process has live, or dropped while importers still map them, at a time.
 pub(crate) const MAX_EXPORTS: usize = MAX_ARENA_BUFFERS;
@@ -109,19 +107,16 @@ extern "C" fn unlink_ledger() {
     // `try_lock`: an exit from inside an export must not deadlock (the names then stay).
     if let Some(slot) = LEDGER.try_lock()
         && let Some(ledger) = &*slot
-        && ledger.table.is_home()
+        && ledger.is_home()
     {
-        let _ = ledger.table.unlink_shared();
-        ledger.leases.unlink_name();
+        ledger.unlink_names();
     }
 }
 
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 /// The `/dev/shm` names of this process's export registry (none before its first export).
 pub(crate) fn names() -> Vec<String> {
-    LEDGER.lock().as_ref().map_or_else(Vec::new, |l| {
-        vec![l.table.name().to_string(), l.leases.name().to_string()]
-    })
+    LEDGER.lock().as_ref().map_or_else(Vec::new, |l| l.names())
 }
 
 /// Give back the blocks of retired exports whose importers are gone, reaping importers
@@ -161,7 +156,7 @@ impl Record {
 
     /// The token a handle carries: the ledger's, with the block index in its last 4 bytes.
     pub(crate) fn token(&self) -> [u8; 16] {
-        let mut token = self.ledger.token;
+        let mut token = self.ledger.token();
         token[12..].copy_from_slice(&self.placed.index.to_le_bytes());
         token
     }
@@ -209,7 +204,7 @@ impl Record {
 
 impl Drop for Record {
     fn drop(&mut self) {
-        if !self.ledger.table.is_home() {
+        if !self.ledger.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
         // A record dropped without a retire (a buffer's drop always retires first) is retired
@@ -225,8 +220,6 @@ struct ImportedLedger {
     /// The exporter's block table, our bit in it, and the blocks we hold.
     holdings: Holdings<()>,
     exporter: ProcessIdentity,
-    // Last: released after the bits are all cleared (every hold is gone).
-    lease: Option<Lease>,
 }
 
 /// The exporters' ledgers this process maps, by token (shared by every import from one
@@ -234,28 +227,10 @@ struct ImportedLedger {
 /// import from the exporter takes a lease of its own beside it.
 static IMPORTED: ImportCache<[u8; 16], ImportedLedger> = ImportCache::new(Dying::Coexist);
 
-/// Block tables of exporters this process imported from, kept after the last import from one
-/// ends, so that importing from it again skips the open, `fstat` and `mmap` of its table
-/// (tens of µs, a cold open's worth of overhead). Tokens are random and never reused; an
-/// entry goes when its exporter is found dead (with the last import from it) or, past
-/// [`MAX_CACHED_TABLES`], oldest first.
-static TABLES: Mutex<Vec<(Token, Arc<ShmRegion<BlockTable>>)>> =
-    parking_lot::const_mutex(Vec::new());
-type Token = [u8; 16];
-const MAX_CACHED_TABLES: usize = 64;
-
-fn cached_table(token: &[u8; 16], generation: u64) -> Result<Arc<ShmRegion<BlockTable>>> {
-    let mut tables = TABLES.lock();
-    if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
-        return Ok(t.clone());
-    }
-    let table = Arc::new(BlockTable::open(token, 0, generation)?);
-    if tables.len() >= MAX_CACHED_TABLES {
-        tables.remove(0);
-    }
-    tables.push((*token, table.clone()));
-    Ok(table)
-}
+/// Block tables of exporters this process imported from (see [`TableCache`]): an entry goes
+/// when its exporter is found dead (with the last import from it) or, past the bound, oldest
+/// first.
+static TABLES: TableCache<BlockTable> = TableCache::new(|_| false);
 
 /// An import's hold on its export's block: while it lives, the exporter does not free the
 /// memory. Drop it after unmapping.
@@ -321,10 +296,11 @@ fn imported(
         token,
         |_| Ok(true),
         || {
-            let table = cached_table(token, generation)?;
+            let table = TABLES.get_or_open(token, || BlockTable::open(token, 0, generation))?;
             // With every slot taken, take over a dead importer's, clearing its bits first: no call of
             // an idle exporter is needed to reap.
-            let lease = Lease::acquire_clearing(token, generation, &table)?;
+            let holdings = Holdings::open(token, generation, table)?;
+            let table = &holdings.table;
             // The ledger must be the exporter's own: a handle naming one process and another's
             // ledger would hold the wrong process's memory.
             if !table.creator().is_same_process(&exporter) {
@@ -338,9 +314,8 @@ fn imported(
             }
             let ledger = Arc::new(ImportedLedger {
                 token: *token,
-                holdings: Holdings::new(table, 1u64 << lease.slot()),
+                holdings,
                 exporter,
-                lease: Some(lease),
             });
             Ok(ledger)
         },
@@ -363,7 +338,7 @@ impl ImportedLedger {
 impl Drop for ImportedLedger {
     fn drop(&mut self) {
         if !self.holdings.table.is_home() {
-            std::mem::forget(self.lease.take());
+            self.holdings.leave_lease_to_parent();
             IMPORTED.forget(&self.token);
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
@@ -372,15 +347,15 @@ impl Drop for ImportedLedger {
         // table's here). Tokens are random and never reused, and opens of a dead exporter's
         // handles are refused before the tables are looked at.
         let exporter_dead = !crate::process::is_alive_cached(&self.exporter);
-        let others = self.lease.as_ref().is_some_and(|l| {
+        let others = self.holdings.lease().is_some_and(|l| {
             !l.table()
                 .holders_in(!self.holdings.bit, &|_: &ProcessIdentity| true)
                 .is_empty()
         });
-        drop(self.lease.take());
+        self.holdings.release_lease();
         if exporter_dead && !others {
             let _ = self.holdings.table.unlink_shared();
-            TABLES.lock().retain(|(t, _)| *t != self.token);
+            TABLES.forget(&self.token);
         }
         IMPORTED.forget(&self.token);
     }
@@ -406,7 +381,7 @@ impl Hold {
     pub(crate) fn dead_importer(&self) -> Option<u32> {
         let holdings = &self.ledger.holdings;
         let mask = holdings.table.block(self.index).map_or(0, |b| b.holders()) & !holdings.bit;
-        self.ledger.lease.as_ref()?.table().dead_holder_in(mask)
+        self.ledger.holdings.lease()?.table().dead_holder_in(mask)
     }
 }
 
