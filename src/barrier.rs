@@ -553,34 +553,14 @@ impl<'a> ProcessBarrier<'a> {
     ) -> std::result::Result<BarrierWaitResult, WaitError> {
         let st = self.state;
         let word = &st.state.0;
-        let prev = word.fetch_add(1, Ordering::AcqRel);
-        if poisoned(prev) {
-            return Err(WaitError::Failed(st.poison_error()));
-        }
-        let generation = generation_of(prev);
-        let arrived = count_of(prev) + 1;
+        let (generation, arrived) = self.arrive()?;
         let parties = u64::from(self.parties);
-        if arrived > parties {
-            let e = Error::Corrupt {
-                what: "barrier state",
-                defect: StateDefect::OutOfRange {
-                    field: "arrivals",
-                    value: arrived,
-                    min: 1,
-                    max: parties,
-                },
-            };
-            let _ = st.poison_with(KIND_EXPLICIT, self.slot, self.pid);
-            return Err(WaitError::Failed(e));
-        }
         if arrived == parties
             && let Some(done) = self.try_complete(generation)
         {
             return Ok(done);
         }
 
-        let futex = &st.wake.0.futex;
-        let sleepers = &st.wake.0.sleepers;
         let mut polls: u32 = 0;
         let spin_start = Instant::now();
         loop {
@@ -626,21 +606,55 @@ impl<'a> ProcessBarrier<'a> {
                 yield_now();
                 continue;
             }
-            // Sleep: announce, re-check (Dekker with the completer's SeqCst store/load), park.
-            sleepers.fetch_add(1, Ordering::SeqCst);
-            if !passed(futex.load(Ordering::SeqCst), generation)
-                && !poisoned(word.load(Ordering::SeqCst))
-            {
-                futex_wait(futex, generation, LIVENESS_TICK);
-            }
-            sleepers.fetch_sub(1, Ordering::SeqCst);
-            if passed(futex.load(Ordering::Acquire), generation) {
+            if self.sleep(generation) {
                 return Ok(self.completed(generation));
             }
             if check_peers && let Some(end) = self.end_if_peer_gone(generation) {
                 return end;
             }
         }
+    }
+
+    /// Count this party in: the generation it waits in and how many have arrived with it
+    /// (an arrival past the party count means a corrupt word: poisoned).
+    fn arrive(&self) -> std::result::Result<(u32, u64), WaitError> {
+        let st = self.state;
+        let prev = st.state.0.fetch_add(1, Ordering::AcqRel);
+        if poisoned(prev) {
+            return Err(WaitError::Failed(st.poison_error()));
+        }
+        let arrived = count_of(prev) + 1;
+        let parties = u64::from(self.parties);
+        if arrived > parties {
+            let e = Error::Corrupt {
+                what: "barrier state",
+                defect: StateDefect::OutOfRange {
+                    field: "arrivals",
+                    value: arrived,
+                    min: 1,
+                    max: parties,
+                },
+            };
+            let _ = st.poison_with(KIND_EXPLICIT, self.slot, self.pid);
+            return Err(WaitError::Failed(e));
+        }
+        Ok((generation_of(prev), arrived))
+    }
+
+    /// Sleep on the futex for at most a liveness tick unless `generation` has passed or the
+    /// barrier is poisoned: announce, re-check (Dekker with the completer's SeqCst store and
+    /// load), park. Returns whether `generation` has passed.
+    fn sleep(&self, generation: u32) -> bool {
+        let st = self.state;
+        let (futex, sleepers) = (&st.wake.0.futex, &st.wake.0.sleepers);
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        if !passed(futex.load(Ordering::SeqCst), generation)
+            && !poisoned(st.state.0.load(Ordering::SeqCst))
+        {
+            futex_wait(futex, generation, LIVENESS_TICK);
+        }
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+        passed(futex.load(Ordering::Acquire), generation)
     }
 
     /// Swap `(generation, parties)` for `(generation + 1, 0)`; on success publish and wake.

@@ -165,7 +165,7 @@ use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::envelope;
 use crate::error::{ArgumentDefect, CloseError, Error, HandleDefect, Result, StateDefect};
-use crate::handle::{IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
+use crate::handle::{Envelope, IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::ShmOptions;
 #[cfg(any(test, fuzzing, feature = "__testing"))]
@@ -282,6 +282,136 @@ impl ChannelEnvelope {
                 })
             })?;
         Ok((geometry, self.stride, name.to_owned()))
+    }
+}
+
+impl ChannelEnvelope {
+    /// The sealed envelope of a channel of `T`s: its geometry, its producer `me` and the name of
+    /// its region.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a region name longer than a handle holds.
+    fn describe<T>(
+        geometry: Geometry,
+        stride: u64,
+        me: &ProcessIdentity,
+        region: &str,
+    ) -> Result<Self> {
+        let name = region.as_bytes();
+        if name.len() > NAME_BYTES {
+            return Err(Error::InvalidName {
+                name: region.into(),
+                defect: crate::error::NameDefect::TooLong {
+                    len: name.len(),
+                    max: NAME_BYTES,
+                },
+            });
+        }
+        let mut name_bytes = [0u8; NAME_BYTES];
+        name_bytes[..name.len()].copy_from_slice(name);
+        Ok(Self {
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            slots: geometry.slots as u32,
+            consumers: geometry.consumers as u32,
+            capacity: geometry.capacity,
+            stride,
+            producer_pid: me.pid(),
+            name_len: name.len() as u32,
+            producer_start: me.start_time(),
+            boot_id: crate::os::boot_id(),
+            name: name_bytes,
+            ..Zeroable::zeroed()
+        }
+        .seal())
+    }
+}
+
+/// A channel region that does not hold what its handle describes: `field` differs.
+fn ring_mismatch(field: &'static str) -> Error {
+    Error::Corrupt {
+        what: "IPC channel region",
+        defect: StateDefect::Mismatch { field },
+    }
+}
+
+impl RingState {
+    /// Create a channel's region (its name random) for `geometry`, `stride` and `T`, naming
+    /// the channel's memory and counters by their envelopes (the data, the send counter, one
+    /// release counter per consumer), with `me` holding its producer record; returns the
+    /// region and that record's word.
+    fn create<T>(
+        geometry: Geometry,
+        stride: u64,
+        me: &ProcessIdentity,
+        envs: (Envelope, Envelope, &[Envelope]),
+    ) -> Result<(ShmRegion<Self>, u64)> {
+        let (data_env, sent_env, released_envs) = envs;
+        let mut held = 0;
+        // Before the first channel: the regions of producers that died without removing them
+        // (killed before a consumer attached, or a broadcast producer, whose consumers leave
+        // the name for later ones). Consumers still attached keep their mappings.
+        crate::shm::reclaim_stale_once(crate::shm::CHANNELS);
+        let ring = ShmOptions::new(crate::shm::CHANNELS)
+            .random_suffix(true)
+            .create_with(|s: &Self| {
+                use crate::sync::Ordering::Relaxed;
+                s.slots.store(geometry.slots, Relaxed);
+                s.consumers.store(geometry.consumers, Relaxed);
+                s.capacity.store(geometry.capacity, Relaxed);
+                s.stride.store(stride, Relaxed);
+                s.elem_size.store(std::mem::size_of::<T>() as u64, Relaxed);
+                s.elem_align
+                    .store(std::mem::align_of::<T>() as u64, Relaxed);
+                s.type_tag.store(type_tag_of::<T>(), Relaxed);
+                s.data.store(data_env);
+                s.sent_signal.store(sent_env);
+                for (entry, env) in s.consumer.iter().zip(released_envs) {
+                    entry.released_signal.store(*env);
+                }
+                held = s.producer.claim_pausing(me, || {}).ok_or(Error::Corrupt {
+                    what: "IPC channel region (just created)",
+                    defect: StateDefect::Missing {
+                        what: "a free producer owner record",
+                    },
+                })?;
+                Ok(())
+            })?;
+        Ok((ring, held))
+    }
+
+    /// Refuse a region whose layout is not the one the handle describes: `geometry`, `stride`
+    /// and the element's (size, alignment, type tag).
+    fn check_layout(&self, geometry: Geometry, stride: u64, elem: (u32, u32, u64)) -> Result<()> {
+        use crate::sync::Ordering::Relaxed;
+        let (size, align, tag) = elem;
+        let fields = [
+            (self.slots.load(Relaxed), geometry.slots, "slot count"),
+            (
+                self.consumers.load(Relaxed),
+                geometry.consumers,
+                "consumer count",
+            ),
+            (self.capacity.load(Relaxed), geometry.capacity, "capacity"),
+            (self.stride.load(Relaxed), stride, "stride"),
+            (
+                self.elem_size.load(Relaxed),
+                u64::from(size),
+                "element size",
+            ),
+            (
+                self.elem_align.load(Relaxed),
+                u64::from(align),
+                "element alignment",
+            ),
+            (self.type_tag.load(Relaxed), tag, "type tag"),
+        ];
+        match fields.iter().find(|(a, b, _)| a != b) {
+            Some((_, _, what)) => Err(ring_mismatch(what)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -631,64 +761,9 @@ impl<T: Pod> IpcSender<T> {
             .map(|r| r.handle().map(|h| h.env))
             .collect::<Result<Vec<_>>>()?;
         let me = ProcessIdentity::current();
-        let mut held = 0;
-        // Before the first channel: the regions of producers that died without removing them
-        // (killed before a consumer attached, or a broadcast producer, whose consumers leave
-        // the name for later ones). Consumers still attached keep their mappings.
-        crate::shm::reclaim_stale_once(crate::shm::CHANNELS);
-        let ring = ShmOptions::new(crate::shm::CHANNELS)
-            .random_suffix(true)
-            .create_with(|s: &RingState| {
-                use crate::sync::Ordering::Relaxed;
-                s.slots.store(geometry.slots, Relaxed);
-                s.consumers.store(geometry.consumers, Relaxed);
-                s.capacity.store(geometry.capacity, Relaxed);
-                s.stride.store(stride, Relaxed);
-                s.elem_size.store(size, Relaxed);
-                s.elem_align
-                    .store(std::mem::align_of::<T>() as u64, Relaxed);
-                s.type_tag.store(type_tag_of::<T>(), Relaxed);
-                s.data.store(data_env);
-                s.sent_signal.store(sent_env);
-                for (entry, env) in s.consumer.iter().zip(&released_envs) {
-                    entry.released_signal.store(*env);
-                }
-                held = s.producer.claim_pausing(&me, || {}).ok_or(Error::Corrupt {
-                    what: "IPC channel region (just created)",
-                    defect: StateDefect::Missing {
-                        what: "a free producer owner record",
-                    },
-                })?;
-                Ok(())
-            })?;
-        let name = ring.name().as_bytes();
-        if name.len() > NAME_BYTES {
-            return Err(Error::InvalidName {
-                name: ring.name().into(),
-                defect: crate::error::NameDefect::TooLong {
-                    len: name.len(),
-                    max: NAME_BYTES,
-                },
-            });
-        }
-        let mut name_bytes = [0u8; NAME_BYTES];
-        name_bytes[..name.len()].copy_from_slice(name);
-        let env = ChannelEnvelope {
-            elem_size: size as u32,
-            elem_align: std::mem::align_of::<T>() as u32,
-            type_tag: type_tag_of::<T>(),
-            slots: slots as u32,
-            consumers: consumers as u32,
-            capacity: geometry.capacity,
-            stride,
-            producer_pid: me.pid(),
-            name_len: name.len() as u32,
-            producer_start: me.start_time(),
-            boot_id: crate::os::boot_id(),
-            name: name_bytes,
-            ..Zeroable::zeroed()
-        }
-        .seal();
+        let (ring, held) =
+            RingState::create::<T>(geometry, stride, &me, (data_env, sent_env, &released_envs))?;
+        let env = ChannelEnvelope::describe::<T>(geometry, stride, &me, ring.name())?;
         Ok(Self {
             end: Endpoint::new(
                 Role::Producer,
@@ -1066,47 +1141,19 @@ impl<T: Pod> IpcReceiver<T> {
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
         let producer = envelope::admit_exporter(handle.producer(), &env.boot_id, false)?;
+        crate::handle::check_exporter_alive(&producer, false)?;
         let me = ProcessIdentity::current();
-        if !producer.is_alive() {
-            return Err(Error::exporter_gone(producer.pid()));
-        }
         let ring = ShmOptions::new(name).open::<RingState>()?;
         let s = ring.get();
-        let mismatch = |field: &'static str| Error::Corrupt {
-            what: "IPC channel region",
-            defect: StateDefect::Mismatch { field },
-        };
         if !ring.creator().is_same_process(&producer) {
-            return Err(mismatch("creator"));
+            return Err(ring_mismatch("creator"));
         }
-        {
-            use crate::sync::Ordering::Relaxed;
-            let fields = [
-                (s.slots.load(Relaxed), geometry.slots, "slot count"),
-                (
-                    s.consumers.load(Relaxed),
-                    geometry.consumers,
-                    "consumer count",
-                ),
-                (s.capacity.load(Relaxed), geometry.capacity, "capacity"),
-                (s.stride.load(Relaxed), stride, "stride"),
-                (s.elem_size.load(Relaxed), u64::from(size), "element size"),
-                (
-                    s.elem_align.load(Relaxed),
-                    u64::from(align),
-                    "element alignment",
-                ),
-                (s.type_tag.load(Relaxed), tag, "type tag"),
-            ];
-            if let Some((_, _, what)) = fields.iter().find(|(a, b, _)| a != b) {
-                return Err(mismatch(what));
-            }
-        }
+        s.check_layout(geometry, stride, (size, align, tag))?;
         let by_producer = |pid: u32, what: &'static str| {
             if pid == producer.pid() {
                 Ok(())
             } else {
-                Err(mismatch(what))
+                Err(ring_mismatch(what))
             }
         };
         let data_env = s.data.load();

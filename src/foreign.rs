@@ -258,10 +258,6 @@ impl ForeignExport {
     #[doc(alias = "expandable_segments")]
     pub fn new(ctx: &GpuContext, ptr: u64, bytes: usize) -> Result<Self> {
         let call = "ForeignExport::new";
-        let refuse = |detail: String| Error::InvalidArgument {
-            call,
-            defect: ArgumentDefect::NotShareable { ptr, detail },
-        };
         if bytes == 0 {
             return Err(Error::InvalidArgument {
                 call,
@@ -281,40 +277,28 @@ impl ForeignExport {
                 },
             })?;
         let _g = ctx.enter()?;
-        let ordinal = driver::mem::device_ordinal_of(ptr)
-            .map_err(|e| refuse(format!("the driver knows no device memory there ({e})")))?;
+        let ordinal = driver::mem::device_ordinal_of(ptr).map_err(|e| {
+            not_shareable(
+                ptr,
+                format!("the driver knows no device memory there ({e})"),
+            )
+        })?;
         if u32::try_from(ordinal).ok() != Some(ctx.ordinal()) {
-            return Err(refuse(format!(
-                "it is on device {ordinal}, not the context's device {} (export it with that \
-                 device's context)",
-                ctx.ordinal()
-            )));
+            return Err(not_shareable(
+                ptr,
+                format!(
+                    "it is on device {ordinal}, not the context's device {} (export it with \
+                     that device's context)",
+                    ctx.ordinal()
+                ),
+            ));
         }
-        let device_uuid = ctx.uuid();
         if driver::mem::attribute(ptr, sys::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)? != 0 {
-            let (base, size) = driver::mem::address_range(ptr)?;
-            if end > base.saturating_add(size as u64) {
-                return Err(refuse(format!(
-                    "{bytes} bytes from there leave its allocation ({size} bytes at {base:#x})"
-                )));
-            }
-            // SAFETY: `base` is the start of a live legacy-capable allocation of the current
-            // context (asked just above); the call writes 64 bytes.
-            let handle = RawMemHandle(unsafe { driver::ipc::get_mem_handle(base) }?);
-            crate::raw::remember_own(handle);
-            return Ok(Self {
-                shape: Shape::Legacy(RawExport {
-                    handle,
-                    offset: ptr - base,
-                    bytes: bytes as u64,
-                    device_uuid,
-                    device_ordinal: ctx.ordinal(),
-                    exporter_pid: std::process::id(),
-                }),
-            });
+            return Self::legacy(ctx, ptr..end);
         }
         if driver::mem::attribute(ptr, sys::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)? != 0 {
-            return Err(refuse(
+            return Err(not_shareable(
+                ptr,
                 "it is stream-ordered pool memory (cuMemAllocFromPoolAsync): share its pool \
                  (cuda_ipc::pool), whose descriptor maps every allocation of the pool, not one"
                     .into(),
@@ -322,12 +306,54 @@ impl ForeignExport {
         }
         let types = driver::mem::attribute(ptr, sys::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES)?;
         if types & u64::from(sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 {
-            return Err(refuse(format!(
-                "it has no legacy IPC handle and its allocation allows no POSIX file descriptor \
-                 (handle types {types:#x}): virtual memory must be created with \
-                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested"
-            )));
+            return Err(not_shareable(
+                ptr,
+                format!(
+                    "it has no legacy IPC handle and its allocation allows no POSIX file \
+                     descriptor (handle types {types:#x}): virtual memory must be created with \
+                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested"
+                ),
+            ));
         }
+        Self::virtual_memory(ctx, ptr..end)
+    }
+
+    /// [`new`](Self::new) for `range` of a legacy-capable allocation: its handle and the data's
+    /// offset in it. `ctx` is current.
+    fn legacy(ctx: &GpuContext, range: std::ops::Range<u64>) -> Result<Self> {
+        let (ptr, end) = (range.start, range.end);
+        let (base, size) = driver::mem::address_range(ptr)?;
+        if end > base.saturating_add(size as u64) {
+            return Err(not_shareable(
+                ptr,
+                format!(
+                    "{} bytes from there leave its allocation ({size} bytes at {base:#x})",
+                    end - ptr
+                ),
+            ));
+        }
+        // SAFETY: `base` is the start of a live legacy-capable allocation of the current
+        // context (asked just above); the call writes 64 bytes.
+        let handle = RawMemHandle(unsafe { driver::ipc::get_mem_handle(base) }?);
+        crate::raw::remember_own(handle);
+        Ok(Self {
+            shape: Shape::Legacy(RawExport {
+                handle,
+                offset: ptr - base,
+                bytes: end - ptr,
+                device_uuid: ctx.uuid(),
+                device_ordinal: ctx.ordinal(),
+                exporter_pid: std::process::id(),
+            }),
+        })
+    }
+
+    /// [`new`](Self::new) for `range` of POSIX-fd virtual memory: one descriptor per mapping
+    /// the range touches, side by side with no gap. `ctx` is current.
+    fn virtual_memory(ctx: &GpuContext, range: std::ops::Range<u64>) -> Result<Self> {
+        let (ptr, end) = (range.start, range.end);
+        let bytes = end - ptr;
+        let refuse = |detail: String| not_shareable(ptr, detail);
         let mapping_of = |at: u64| -> Result<(u64, u64)> {
             let base = driver::mem::attribute(at, sys::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR)?;
             let size = driver::mem::attribute(at, sys::CU_POINTER_ATTRIBUTE_MAPPING_SIZE)?;
@@ -365,8 +391,8 @@ impl ForeignExport {
             shape: Shape::Chunks {
                 chunks,
                 offset: ptr - first_base,
-                bytes: bytes as u64,
-                device_uuid,
+                bytes,
+                device_uuid: ctx.uuid(),
             },
         })
     }
@@ -397,6 +423,14 @@ impl ForeignExport {
             Shape::Legacy(raw) => Some(raw),
             Shape::Chunks { .. } => None,
         }
+    }
+}
+
+/// The error of [`ForeignExport::new`] for memory at `ptr` that cannot be shared, and why.
+fn not_shareable(ptr: u64, detail: String) -> Error {
+    Error::InvalidArgument {
+        call: "ForeignExport::new",
+        defect: ArgumentDefect::NotShareable { ptr, detail },
     }
 }
 

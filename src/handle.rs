@@ -228,7 +228,6 @@ impl Envelope {
     /// reserved bytes, and a plausible element layout.
     pub(crate) fn validate(&self, kind: u16) -> Result<()> {
         let bad = |defect| Err(Error::corrupt_handle(defect));
-        let layout = |detail: String| bad(HandleDefect::Layout { detail });
         let handle_type = |detail: String| bad(HandleDefect::HandleType { detail });
         envelope::check_identity(self)?;
         // Before the checksum: a handle of another kind says so.
@@ -248,6 +247,16 @@ impl Envelope {
                     .into(),
             );
         }
+        self.check_handle_type(kind)?;
+        self.check_layout(kind)
+    }
+
+    /// [`validate`](Self::validate)'s checks of the handle type against the kind (and of a
+    /// file-descriptor handle's size).
+    fn check_handle_type(&self, kind: u16) -> Result<()> {
+        let bad = |defect| Err(Error::corrupt_handle(defect));
+        let layout = |detail: String| bad(HandleDefect::Layout { detail });
+        let handle_type = |detail: String| bad(HandleDefect::HandleType { detail });
         match (kind, HandleType::from_code(self.handle_type)) {
             (_, None) => return handle_type(format!("unknown handle type {}", self.handle_type)),
             (KIND_POOL, Some(HandleType::PosixFd))
@@ -278,6 +287,13 @@ impl Envelope {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// [`validate`](Self::validate)'s checks of the element layout and length against the
+    /// kind.
+    fn check_layout(&self, kind: u16) -> Result<()> {
+        let layout = |detail: String| Err(Error::corrupt_handle(HandleDefect::Layout { detail }));
         if kind == KIND_SIGNAL
             && (self.len, self.elem_size, self.elem_align, self.type_tag)
                 != (1, 8, 8, type_tag_of::<u64>())

@@ -322,52 +322,9 @@ fn device_checks(p: &mut Probe, ordinal: u32) {
             info.uuid_string()
         )),
     );
-    p.push(
-        &subject,
-        "unified_addressing",
-        if info.unified_addressing {
-            Finding::Yes("yes".into())
-        } else {
-            Finding::No(
-                "the device does not share one address space with the host".into(),
-                "every IPC handle type: CUDA IPC needs unified addressing",
-                "use a 64-bit Linux host and a device of compute capability 2.0 or later",
-            )
-        },
-    );
-    p.push(
-        &subject,
-        "compute_mode",
-        match info.compute_mode {
-            ComputeMode::Default => {
-                Finding::Yes("default (several processes may use the device)".into())
-            }
-            ComputeMode::Prohibited => Finding::No(
-                "prohibited: no process may create a context".into(),
-                "everything on this device",
-                "ask the administrator to set the default compute mode (nvidia-smi -c DEFAULT)",
-            ),
-            ComputeMode::ExclusiveProcess => Finding::No(
-                "exclusive-process: one process at a time".into(),
-                "two processes on this device (an exporter and an importer on one GPU)",
-                "put each process on its own GPU, use MPS, or ask for the default compute mode",
-            ),
-            ComputeMode::Other(m) => Finding::Unknown(format!("compute mode {m}")),
-        },
-    );
-    p.push(
-        &subject,
-        "stream_mem_ops_64",
-        if info.stream_mem_ops {
-            Finding::Yes("64-bit cuStreamWaitValue64 / cuStreamWriteValue64".into())
-        } else {
-            Finding::No(
-                "64-bit stream memory operations unavailable".into(),
-                "IpcSignal's GPU-side waits and writes, and IpcSender / IpcReceiver",
-                "use IpcEvent for ordering (host-learned, slower on one GPU); a newer driver",
-            )
-        },
-    );
+    for (check, finding) in capability_findings(&info) {
+        p.push(&subject, check, finding);
+    }
     let ctx = match GpuContext::new(ordinal) {
         Ok(ctx) => ctx,
         Err(e) => {
@@ -393,6 +350,56 @@ fn device_checks(p: &mut Probe, ordinal: u32) {
     if let Err(e) = tried {
         p.push(&subject, "context", Finding::Unknown(failed(&e)));
     }
+}
+
+/// What a device's attributes say of the capabilities IPC needs: unified addressing, a compute
+/// mode that lets two processes in, 64-bit stream memory operations.
+fn capability_findings(info: &device::DeviceInfo) -> [(&'static str, Finding); 3] {
+    [
+        (
+            "unified_addressing",
+            if info.unified_addressing {
+                Finding::Yes("yes".into())
+            } else {
+                Finding::No(
+                    "the device does not share one address space with the host".into(),
+                    "every IPC handle type: CUDA IPC needs unified addressing",
+                    "use a 64-bit Linux host and a device of compute capability 2.0 or later",
+                )
+            },
+        ),
+        (
+            "compute_mode",
+            match info.compute_mode {
+                ComputeMode::Default => {
+                    Finding::Yes("default (several processes may use the device)".into())
+                }
+                ComputeMode::Prohibited => Finding::No(
+                    "prohibited: no process may create a context".into(),
+                    "everything on this device",
+                    "ask the administrator to set the default compute mode (nvidia-smi -c DEFAULT)",
+                ),
+                ComputeMode::ExclusiveProcess => Finding::No(
+                    "exclusive-process: one process at a time".into(),
+                    "two processes on this device (an exporter and an importer on one GPU)",
+                    "put each process on its own GPU, use MPS, or ask for the default compute mode",
+                ),
+                ComputeMode::Other(m) => Finding::Unknown(format!("compute mode {m}")),
+            },
+        ),
+        (
+            "stream_mem_ops_64",
+            if info.stream_mem_ops {
+                Finding::Yes("64-bit cuStreamWaitValue64 / cuStreamWriteValue64".into())
+            } else {
+                Finding::No(
+                    "64-bit stream memory operations unavailable".into(),
+                    "IpcSignal's GPU-side waits and writes, and IpcSender / IpcReceiver",
+                    "use IpcEvent for ordering (host-learned, slower on one GPU); a newer driver",
+                )
+            },
+        ),
+    ]
 }
 
 fn attr(dev: sys::CUdevice, attribute: i32) -> Result<i32> {
@@ -542,43 +549,45 @@ fn try_fabric(dev: sys::CUdevice) -> Finding {
     }
 }
 
-fn host_checks(p: &mut Probe, host: &os::HostFacts) {
+/// How much room `/dev/shm` has (every region of the crate lives there).
+fn shm_finding(host: &os::HostFacts) -> Finding {
     const MIB: u64 = 1 << 20;
-    p.push(
-        "host",
-        "dev_shm",
-        match host.shm_space {
-            Some((total, avail)) if avail >= MIB => Finding::Yes(format!(
-                "{:.1} MiB, {:.1} MiB free",
-                total as f64 / MIB as f64,
-                avail as f64 / MIB as f64
-            )),
-            Some((total, avail)) => Finding::No(
-                format!("{total} bytes, {avail} free"),
-                "shared regions, barriers, lease tables and channels (all live in /dev/shm)",
-                "free space in /dev/shm, or give the container more (docker --shm-size)",
-            ),
-            None => Finding::No(
-                "statvfs(/dev/shm) failed".into(),
-                "shared regions, barriers, lease tables and channels (all live in /dev/shm)",
-                "mount a tmpfs at /dev/shm",
-            ),
-        },
-    );
-    p.push(
-        "host",
-        "ptrace_scope",
-        match host.ptrace_scope {
-            Some(0) => Finding::Info("0: a process may ptrace any process of its uid".into()),
-            Some(1) => {
-                Finding::Info("1: only descendants (or those that allow it) may be ptraced".into())
-            }
-            Some(2) => Finding::Info("2: only with CAP_SYS_PTRACE".into()),
-            Some(3) => Finding::Info("3: no ptrace at all".into()),
-            Some(v) => Finding::Info(format!("{v}")),
-            None => Finding::Info("no Yama (the kernel's own ptrace rules apply)".into()),
-        },
-    );
+    match host.shm_space {
+        Some((total, avail)) if avail >= MIB => Finding::Yes(format!(
+            "{:.1} MiB, {:.1} MiB free",
+            total as f64 / MIB as f64,
+            avail as f64 / MIB as f64
+        )),
+        Some((total, avail)) => Finding::No(
+            format!("{total} bytes, {avail} free"),
+            "shared regions, barriers, lease tables and channels (all live in /dev/shm)",
+            "free space in /dev/shm, or give the container more (docker --shm-size)",
+        ),
+        None => Finding::No(
+            "statvfs(/dev/shm) failed".into(),
+            "shared regions, barriers, lease tables and channels (all live in /dev/shm)",
+            "mount a tmpfs at /dev/shm",
+        ),
+    }
+}
+
+/// What Yama's `ptrace_scope` allows (the opt-in `pidfd_getfd` path needs ptrace permission).
+fn ptrace_finding(host: &os::HostFacts) -> Finding {
+    match host.ptrace_scope {
+        Some(0) => Finding::Info("0: a process may ptrace any process of its uid".into()),
+        Some(1) => {
+            Finding::Info("1: only descendants (or those that allow it) may be ptraced".into())
+        }
+        Some(2) => Finding::Info("2: only with CAP_SYS_PTRACE".into()),
+        Some(3) => Finding::Info("3: no ptrace at all".into()),
+        Some(v) => Finding::Info(format!("{v}")),
+        None => Finding::Info("no Yama (the kernel's own ptrace rules apply)".into()),
+    }
+}
+
+fn host_checks(p: &mut Probe, host: &os::HostFacts) {
+    p.push("host", "dev_shm", shm_finding(host));
+    p.push("host", "ptrace_scope", ptrace_finding(host));
     let own = take_own_fd();
     let parent = take_parent_fd();
     let detail = format!("from this process: {own}; from its parent: {parent}");

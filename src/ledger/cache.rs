@@ -296,10 +296,13 @@ mod tests {
 /// at. Bounded: past [`MAX_CACHED_TABLES`], the oldest go first. (A table's mapping is all
 /// its drop undoes: importers never own the name.)
 pub(crate) struct TableCache<T: ShmSafe> {
-    tables: Mutex<Vec<([u8; 16], Arc<ShmRegion<T>>)>>,
+    tables: Mutex<Vec<CachedTable<T>>>,
     /// Whether a table's owner has begun closing it.
     closing: fn(&T) -> bool,
 }
+
+/// A cached table and the token that names it.
+type CachedTable<T> = ([u8; 16], Arc<ShmRegion<T>>);
 
 /// How many tables each [`TableCache`] keeps.
 const MAX_CACHED_TABLES: usize = 64;
