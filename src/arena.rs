@@ -158,7 +158,6 @@
 
 mod read_only;
 pub use read_only::{ReadOnlyArena, ReadOnlyArenaView};
-use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
@@ -168,7 +167,9 @@ use bytemuck::{Pod, Zeroable};
 use crate::context::GpuContext;
 use crate::envelope;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
-use crate::handle::{Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of};
+use crate::handle::{
+    BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of,
+};
 use crate::ledger::Holdings;
 use crate::ledger::Ledger;
 use crate::ledger::Placed;
@@ -290,15 +291,7 @@ impl IpcArena {
     /// As [`new`](Self::new); [`Error::InvalidArgument`] for `max_buffers` out of range.
     pub fn with_max_buffers(ctx: &GpuContext, bytes: usize, max_buffers: usize) -> Result<Self> {
         let call = "IpcArena::new";
-        if bytes == 0 {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::AllocationSize {
-                    len: 0,
-                    elem_size: 1,
-                },
-            });
-        }
+        crate::memory::allocation_bytes::<u8>(call, bytes)?;
         ArgumentDefect::check_range(
             call,
             "max_buffers",
@@ -570,7 +563,7 @@ impl<T: Pod> ArenaBuffer<T> {
     /// bytes of plain data ([`ArenaHandle::as_bytes`]), no descriptor.
     #[must_use]
     pub fn handle(&self) -> ArenaHandle<T> {
-        ArenaHandle::new(RawArenaHandle {
+        ArenaHandle::from_raw(envelope::seal(RawArenaHandle {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,
             type_tag: type_tag_of::<T>(),
@@ -580,7 +573,7 @@ impl<T: Pod> ArenaBuffer<T> {
             offset: self.placed.offset,
             len: self.slice.len as u64,
             ..Zeroable::zeroed()
-        })
+        }))
     }
 
     /// Byte offset of the buffer in its arena.
@@ -616,10 +609,13 @@ impl<T: Pod> std::fmt::Debug for ArenaBuffer<T> {
     }
 }
 
-/// The bytes of an [`ArenaHandle`].
+/// The bytes of an [`ArenaHandle`] (its fields are this crate's; the type is named only by
+/// [`BufferKind`](crate::handle::BufferKind)).
+#[doc(hidden)]
+#[allow(missing_debug_implementations)] // its BufferHandle prints what may be printed
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
-struct RawArenaHandle {
+pub struct RawArenaHandle {
     magic: u32,
     version: u16,
     reserved0: u16,
@@ -651,90 +647,25 @@ envelope::sealed_format!(
 
 /// A buffer of an [`IpcArena`], as another process names it: arena id, block index, generation,
 /// byte offset, length and the element type's size, alignment and tag, checksummed; 80 bytes of
-/// plain data ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). It maps
-/// nothing by itself: only a process that imported the arena (which took its descriptor) can
-/// open it, with [`ImportedArena::open`].
-pub struct ArenaHandle<T> {
-    raw: RawArenaHandle,
-    _elem: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for ArenaHandle<T> {
-    fn clone(&self) -> Self {
-        Self {
-            raw: self.raw,
-            _elem: PhantomData,
-        }
-    }
-}
-
-impl<T> PartialEq for ArenaHandle<T> {
-    fn eq(&self, other: &Self) -> bool {
-        self.raw == other.raw
-    }
-}
+/// plain data ([`as_bytes`](BufferHandle::as_bytes) / [`from_bytes`](BufferHandle::from_bytes)).
+/// It maps nothing by itself: only a process that imported the arena (which took its
+/// descriptor) can open it, with [`ImportedArena::open`].
+pub type ArenaHandle<T> = BufferHandle<IpcArena, T>;
 
 /// Size of an [`ArenaHandle`] in bytes.
 pub(crate) const ARENA_HANDLE_SIZE: usize = std::mem::size_of::<RawArenaHandle>();
 
-impl<T> ArenaHandle<T> {
-    /// Size of a handle in bytes.
-    pub const SIZE: usize = ARENA_HANDLE_SIZE;
-
-    fn new(raw: RawArenaHandle) -> Self {
-        Self {
-            raw: envelope::seal(raw),
-            _elem: PhantomData,
-        }
+impl crate::handle::BufferKind for IpcArena {
+    type Raw = RawArenaHandle;
+    const NAME: &'static str = "ArenaHandle";
+    fn open(bytes: &[u8]) -> Result<RawArenaHandle> {
+        envelope::open(bytes)
     }
-
-    /// The handle's bytes, to send to a peer.
-    #[must_use]
-    pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::bytes_of(&self.raw)
+    fn len_and_generation(raw: &RawArenaHandle) -> (u64, u64) {
+        (raw.len, raw.generation)
     }
-
-    /// A handle from bytes another process sent; its structure (size, magic, version,
-    /// checksum, reserved bytes) is checked here, the rest when it is opened.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        Ok(Self {
-            raw: envelope::open(bytes)?,
-            _elem: PhantomData,
-        })
-    }
-
-    /// Number of elements.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.raw.len as usize
-    }
-
-    /// Whether the buffer holds no elements (never, for handles the crate made).
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.raw.len == 0
-    }
-
-    /// The buffer's generation: each allocation of a block index has its own.
-    #[must_use]
-    pub fn generation(&self) -> u64 {
-        self.raw.generation
-    }
-}
-
-impl<T> std::fmt::Debug for ArenaHandle<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ArenaHandle")
-            .field("type", &std::any::type_name::<T>())
-            .field("len", &self.raw.len)
-            .field("block", &self.raw.index)
-            .field("generation", &self.raw.generation)
-            .field("offset", &self.raw.offset)
-            .finish()
+    fn describe(raw: &RawArenaHandle, d: &mut std::fmt::DebugStruct<'_, '_>) {
+        d.field("block", &raw.index).field("offset", &raw.offset);
     }
 }
 
@@ -1104,7 +1035,7 @@ mod tests {
             len: 100,
             ..Zeroable::zeroed()
         };
-        let h = ArenaHandle::<u32>::new(raw);
+        let h = ArenaHandle::<u32>::from_raw(envelope::seal(raw));
         let back = ArenaHandle::<u32>::from_bytes(h.as_bytes()).unwrap();
         assert!(back == h);
         assert_eq!((back.len(), back.generation()), (100, 5));

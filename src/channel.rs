@@ -167,9 +167,7 @@ use crate::envelope;
 use crate::error::{ArgumentDefect, CloseError, Error, HandleDefect, Result, StateDefect};
 use crate::handle::{Envelope, IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
 use crate::process::ProcessIdentity;
-use crate::shm::ShmOptions;
-#[cfg(any(test, fuzzing, feature = "__testing"))]
-use crate::shm::ShmRegion;
+use crate::shm::{ShmOptions, ShmRegion};
 use crate::signal::GpuSignal;
 use crate::stream::AsStream;
 

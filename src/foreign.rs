@@ -258,15 +258,7 @@ impl ForeignExport {
     #[doc(alias = "expandable_segments")]
     pub fn new(ctx: &GpuContext, ptr: u64, bytes: usize) -> Result<Self> {
         let call = "ForeignExport::new";
-        if bytes == 0 {
-            return Err(Error::InvalidArgument {
-                call,
-                defect: ArgumentDefect::AllocationSize {
-                    len: 0,
-                    elem_size: 1,
-                },
-            });
-        }
+        crate::memory::allocation_bytes::<u8>(call, bytes)?;
         let end = ptr
             .checked_add(bytes as u64)
             .ok_or(Error::InvalidArgument {

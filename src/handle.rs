@@ -464,6 +464,110 @@ pub trait HandleKind: sealed::Sealed {
     }
 }
 
+/// A buffer of an [`IpcArena`](crate::arena::IpcArena) or an [`IpcPool`](crate::pool::IpcPool),
+/// as another process names it: plain data ([`as_bytes`](Self::as_bytes) /
+/// [`from_bytes`](Self::from_bytes)) with the buffer's block, generation, length and element
+/// type, checksummed. It maps nothing by itself: only a process that imported the arena or
+/// pool (which took its descriptor) can open it. Its two kinds are
+/// [`ArenaHandle<T>`](crate::arena::ArenaHandle) and [`PoolHandle<T>`](crate::pool::PoolHandle).
+pub struct BufferHandle<K: BufferKind, T> {
+    pub(crate) raw: K::Raw,
+    _elem: PhantomData<fn() -> T>,
+}
+
+/// What a [`BufferHandle`] can name a buffer of: [`IpcArena`](crate::arena::IpcArena) and
+/// [`IpcPool`](crate::pool::IpcPool). Sealed: the formats are this crate's.
+pub trait BufferKind: sealed::Sealed {
+    /// The sealed bytes of a handle of this kind.
+    #[doc(hidden)]
+    type Raw: Pod + PartialEq;
+    /// The handle's name, as `Debug` prints it.
+    #[doc(hidden)]
+    const NAME: &'static str;
+    /// Read a handle's bytes, checking its structure (size, magic, version, checksum,
+    /// reserved bytes).
+    #[doc(hidden)]
+    fn open(bytes: &[u8]) -> Result<Self::Raw>;
+    /// The buffer's length in elements and its generation.
+    #[doc(hidden)]
+    fn len_and_generation(raw: &Self::Raw) -> (u64, u64);
+    /// The fields `Debug` shows beyond the type, length and generation (never bytes that map
+    /// memory).
+    #[doc(hidden)]
+    fn describe(raw: &Self::Raw, d: &mut std::fmt::DebugStruct<'_, '_>);
+}
+
+impl<K: BufferKind, T> BufferHandle<K, T> {
+    /// Size of a handle in bytes.
+    pub const SIZE: usize = std::mem::size_of::<K::Raw>();
+
+    /// A handle of sealed bytes `raw`.
+    pub(crate) fn from_raw(raw: K::Raw) -> Self {
+        Self {
+            raw,
+            _elem: PhantomData,
+        }
+    }
+
+    /// The handle's bytes, to send to a peer.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(&self.raw)
+    }
+
+    /// A handle from bytes another process sent; its structure (size, magic, version,
+    /// checksum, reserved bytes) is checked here, the rest when it is opened.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptHandle`] saying what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        K::open(bytes).map(Self::from_raw)
+    }
+
+    /// Number of elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        usize::try_from(K::len_and_generation(&self.raw).0).unwrap_or(usize::MAX)
+    }
+
+    /// Whether the buffer holds no elements (never, for handles the crate made).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        K::len_and_generation(&self.raw).0 == 0
+    }
+
+    /// The buffer's generation: each allocation of a block has its own.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        K::len_and_generation(&self.raw).1
+    }
+}
+
+impl<K: BufferKind, T> Clone for BufferHandle<K, T> {
+    fn clone(&self) -> Self {
+        Self::from_raw(self.raw)
+    }
+}
+
+impl<K: BufferKind, T> PartialEq for BufferHandle<K, T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl<K: BufferKind, T> std::fmt::Debug for BufferHandle<K, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (len, generation) = K::len_and_generation(&self.raw);
+        let mut d = f.debug_struct(K::NAME);
+        d.field("type", &std::any::type_name::<T>())
+            .field("len", &len)
+            .field("generation", &generation);
+        K::describe(&self.raw, &mut d);
+        d.finish_non_exhaustive()
+    }
+}
+
 impl<K: HandleKind> Clone for Handle<K> {
     fn clone(&self) -> Self {
         *self

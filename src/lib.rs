@@ -215,7 +215,10 @@ pub use buffer::{ImportedBuffer, IpcBuffer};
 pub use context::GpuContext;
 pub use error::{CloseError, Error, Result};
 pub use event::{GpuEvent, ImportedEvent, IpcEvent};
-pub use handle::{Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle, IpcSignalHandle};
+pub use handle::{
+    BufferHandle, BufferKind, Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle,
+    IpcSignalHandle,
+};
 pub use ledger::{DeferredFrees, collect_deferred};
 pub use process::ProcessIdentity;
 pub use read_only::ReadOnlyBuffer;

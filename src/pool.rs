@@ -13,7 +13,6 @@
 
 mod read_only;
 pub use read_only::{ReadOnlyPool, ReadOnlyPoolView};
-use std::marker::PhantomData;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
@@ -26,7 +25,9 @@ use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::envelope;
 use crate::error::{Capability, Error, HandleDefect, Result};
-use crate::handle::{Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of};
+use crate::handle::{
+    BufferHandle, Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of,
+};
 use crate::ledger::Holdings;
 use crate::ledger::Placed;
 use crate::ledger::{Block, MAX_ARENA_BUFFERS};
@@ -694,9 +695,13 @@ impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
     }
 }
 
+/// The bytes of a [`PoolHandle`] (its fields are this crate's; the type is named only by
+/// [`BufferKind`](crate::handle::BufferKind)).
+#[doc(hidden)]
+#[allow(missing_debug_implementations)] // its BufferHandle prints what may be printed
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
-struct RawPoolHandle {
+pub struct RawPoolHandle {
     magic: u32,
     version: u16,
     reserved0: u16,
@@ -906,23 +911,27 @@ impl<T: Pod> std::fmt::Debug for PoolBuffer<T> {
 }
 
 /// An allocation of an [`IpcPool`], as another process names it (136 bytes of plain data:
-/// [`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). Only a process that
-/// imported the pool (which took its descriptor) can open it, with [`ImportedPool::open`].
-pub struct PoolHandle<T> {
-    raw: RawPoolHandle,
-    _elem: PhantomData<fn() -> T>,
-}
+/// [`as_bytes`](BufferHandle::as_bytes) / [`from_bytes`](BufferHandle::from_bytes)). Only a
+/// process that imported the pool (which took its descriptor) can open it, with
+/// [`ImportedPool::open`].
+pub type PoolHandle<T> = BufferHandle<IpcPool, T>;
 
-impl<T> Clone for PoolHandle<T> {
-    fn clone(&self) -> Self {
-        Self {
-            raw: self.raw,
-            _elem: PhantomData,
-        }
+impl crate::handle::BufferKind for IpcPool {
+    type Raw = RawPoolHandle;
+    const NAME: &'static str = "PoolHandle";
+    fn open(bytes: &[u8]) -> Result<RawPoolHandle> {
+        envelope::open(bytes)
+    }
+    fn len_and_generation(raw: &RawPoolHandle) -> (u64, u64) {
+        (raw.len, raw.generation)
+    }
+    fn describe(raw: &RawPoolHandle, d: &mut std::fmt::DebugStruct<'_, '_>) {
+        // The export data is left out: with the pool's descriptor it maps the memory.
+        d.field("block", &raw.index);
     }
 }
 
-impl<T: Pod> PoolHandle<T> {
+impl<T: Pod> BufferHandle<IpcPool, T> {
     /// The checksummed handle of `len` `T`s in block `index`, generation `generation`, of pool
     /// `token`, with the driver's export data `export`.
     fn sealed(token: [u8; 16], index: u32, generation: u64, len: u64, export: [u8; 64]) -> Self {
@@ -937,64 +946,7 @@ impl<T: Pod> PoolHandle<T> {
             export,
             ..Zeroable::zeroed()
         });
-        Self {
-            raw,
-            _elem: PhantomData,
-        }
-    }
-}
-
-impl<T> PoolHandle<T> {
-    /// Size of a handle in bytes.
-    pub const SIZE: usize = POOL_HANDLE_SIZE;
-
-    /// The handle's bytes.
-    #[must_use]
-    pub fn as_bytes(&self) -> &[u8] {
-        bytemuck::bytes_of(&self.raw)
-    }
-
-    /// A handle from bytes another process sent; its structure is checked here, the rest when
-    /// it is opened.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CorruptHandle`] saying what is wrong.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        Ok(Self {
-            raw: envelope::open(bytes)?,
-            _elem: PhantomData,
-        })
-    }
-
-    /// Number of elements.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.raw.len as usize
-    }
-
-    /// Whether the buffer holds no elements (never, for handles the crate made).
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.raw.len == 0
-    }
-
-    /// The buffer's generation.
-    #[must_use]
-    pub fn generation(&self) -> u64 {
-        self.raw.generation
-    }
-}
-
-impl<T> std::fmt::Debug for PoolHandle<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The export data is left out: with the pool's descriptor it maps the memory.
-        f.debug_struct("PoolHandle")
-            .field("type", &std::any::type_name::<T>())
-            .field("len", &self.raw.len)
-            .field("block", &self.raw.index)
-            .field("generation", &self.raw.generation)
-            .finish_non_exhaustive()
+        Self::from_raw(raw)
     }
 }
 

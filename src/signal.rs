@@ -451,6 +451,46 @@ fn reached(counter: u64, value: u64) -> bool {
 }
 
 impl GpuSignal {
+    /// Enqueue on `stream` a write of `value` to the counter word at `counter`, after a wait
+    /// until it is ≥ `after` if given (both as one `cuStreamBatchMemOp`): how a channel's end
+    /// moves its counter forward from a stream other than the previous write's. Every stream
+    /// memory operation of the crate, write or wait, is enqueued in this file.
+    ///
+    /// # Safety
+    ///
+    /// `counter` is an 8-byte aligned device word of the current context that the caller may
+    /// write, mapped until the operations have run; `stream` is live.
+    pub(crate) unsafe fn write_word_after(
+        stream: sys::CUstream,
+        counter: u64,
+        value: u64,
+        after: Option<u64>,
+    ) -> Result<()> {
+        let write = sys::CUstreamMemOpValue64 {
+            operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
+            address: counter,
+            value,
+            flags: sys::CU_STREAM_WRITE_VALUE_DEFAULT,
+            alias: 0,
+            pad: 0,
+        };
+        let Some(last) = after else {
+            // SAFETY: one write on the caller's word and stream (the caller's duty).
+            return unsafe { driver::stream::write_value64(stream, counter, value, write.flags) };
+        };
+        let mut ops = [
+            sys::CUstreamMemOpValue64 {
+                operation: sys::CU_STREAM_MEM_OP_WAIT_VALUE_64,
+                value: last,
+                flags: sys::CU_STREAM_WAIT_VALUE_GEQ,
+                ..write
+            },
+            write,
+        ];
+        // SAFETY: a wait and a write on the caller's word and stream (the caller's duty).
+        unsafe { driver::stream::batch_mem_op(stream, &mut ops) }
+    }
+
     /// The largest value a signal can carry, 2^63 − 1: CUDA's "greater or equal" compares the
     /// difference as a signed 64-bit number, which is plain `≥` only below 2^63.
     pub const MAX_VALUE: u64 = i64::MAX as u64;

@@ -47,3 +47,16 @@ pub(crate) fn spin_hint() {
 pub(crate) fn yield_now() {
     loom::thread::yield_now();
 }
+
+/// Run `f` under the model checker for every interleaving of its threads. Waiters poll in
+/// loops (each poll is a few atomic operations), so paths are long: more branches than loom's
+/// default are allowed, and preemptions are bounded (the usual loom practice).
+#[cfg(all(test, loom))]
+pub(crate) fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(f);
+}

@@ -12,7 +12,7 @@ use super::drain::{Drain, Look};
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::Side;
-use crate::driver::{self, sys};
+use crate::driver::sys;
 use crate::error::{Error, ObjectState, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
@@ -203,38 +203,18 @@ impl<T: Pod> Endpoint<T> {
         };
         let guard = self.data.context().enter()?;
         let id = crate::driver::stream::id(stream);
-        let write = sys::CUstreamMemOpValue64 {
-            operation: sys::CU_STREAM_MEM_OP_WRITE_VALUE_64,
-            address: counter,
-            value,
-            flags: sys::CU_STREAM_WRITE_VALUE_DEFAULT,
-            alias: 0,
-            pad: 0,
+        // After the previous write if that was on another stream (or one we cannot name):
+        // the counter must never go backwards.
+        let after = match self.last_signal {
+            Some((last_id, last)) if id.is_none() || id != last_id => Some(last),
+            _ => None,
         };
-        match self.last_signal {
-            Some((last_id, last)) if id.is_none() || id != last_id => {
-                let mut ops = [
-                    sys::CUstreamMemOpValue64 {
-                        operation: sys::CU_STREAM_MEM_OP_WAIT_VALUE_64,
-                        value: last,
-                        flags: sys::CU_STREAM_WAIT_VALUE_GEQ,
-                        ..write
-                    },
-                    write,
-                ];
-                // SAFETY: two operations on an 8-byte aligned word of a signal this end holds
-                // mapped; `stream` is live (borrowed by the caller's slot or item); the event
-                // this function records below (after the publish) lets teardown wait for both
-                // before the counter is unmapped or freed (a failed record marks the end
-                // untracked: teardown then leaks the counter).
-                unsafe { driver::stream::batch_mem_op(stream, &mut ops) }?;
-            }
-            _ => {
-                // SAFETY: as above, one write; on the stream of the previous write (or the
-                // first write), which orders it after that one.
-                unsafe { driver::stream::write_value64(stream, counter, value, write.flags) }?;
-            }
-        }
+        // SAFETY: an 8-byte aligned word of a signal this end holds mapped; `stream` is live
+        // (borrowed by the caller's slot or item); the event this function records below
+        // (after the publish) lets teardown wait for the operations before the counter is
+        // unmapped or freed (a failed record marks the end untracked: teardown then leaks the
+        // counter).
+        unsafe { GpuSignal::write_word_after(stream, counter, value, after) }?;
         self.last_signal = Some((id, value));
         drop(guard); // `record` enters the context itself
         let published = publish(&self.ring());

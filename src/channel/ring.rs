@@ -1489,14 +1489,7 @@ mod loom_tests {
     use crate::barrier::loom_support;
     use loom::sync::Arc;
 
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut builder = loom::model::Builder::new();
-        builder.max_branches = 100_000;
-        if builder.preemption_bound.is_none() {
-            builder.preemption_bound = Some(2);
-        }
-        builder.check(f);
-    }
+    use crate::sync::model;
 
     const GEOMETRY: Geometry = Geometry {
         slots: 1,

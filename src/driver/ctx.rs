@@ -3,18 +3,16 @@
 
 use std::ptr;
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::Result;
 
 /// Retain `dev`'s primary context (`cuDevicePrimaryCtxRetain`), creating it on the first retain
 /// in this process. Give it back with [`primary_release`].
 pub(crate) fn primary_retain(dev: sys::CUdevice) -> Result<sys::CUcontext> {
-    let mut ctx = ptr::null_mut();
     // SAFETY: writes one CUcontext; an invalid device is an error code.
-    check("cuDevicePrimaryCtxRetain", unsafe {
-        sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
-    })?;
-    Ok(ctx)
+    answer("cuDevicePrimaryCtxRetain", ptr::null_mut(), |ctx| unsafe {
+        sys::cuDevicePrimaryCtxRetain(ctx, dev)
+    })
 }
 
 /// Give back one retain of `dev`'s primary context (`cuDevicePrimaryCtxRelease`); the last
@@ -77,10 +75,10 @@ pub(crate) unsafe fn pop() -> Result<()> {
 /// The device of the current context (`cuCtxGetDevice`).
 #[cfg(any(feature = "cust", feature = "cudarc"))]
 pub(crate) fn current_device() -> Result<sys::CUdevice> {
-    let mut dev = 0;
     // SAFETY: writes one CUdevice; without a current context, an error code.
-    check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
-    Ok(dev)
+    answer("cuCtxGetDevice", 0, |dev| unsafe {
+        sys::cuCtxGetDevice(dev)
+    })
 }
 
 /// Block until every stream of the current context has finished the work queued on it so

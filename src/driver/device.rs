@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_int};
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::{ArgumentDefect, Error, Result};
 
 /// The device with `ordinal` (`cuDeviceGet`).
@@ -16,10 +16,10 @@ pub(crate) fn get(ordinal: u32) -> Result<sys::CUdevice> {
             max: c_int::MAX as u64,
         },
     })?;
-    let mut dev = 0;
     // SAFETY: writes one CUdevice; an invalid ordinal is an error code.
-    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ord) })?;
-    Ok(dev)
+    answer("cuDeviceGet", 0, |dev| unsafe {
+        sys::cuDeviceGet(dev, ord)
+    })
 }
 
 /// The number of devices this process sees (`cuDeviceGetCount`).
@@ -32,12 +32,10 @@ pub(crate) fn count() -> Result<u32> {
 
 /// A device attribute (`cuDeviceGetAttribute`).
 pub(crate) fn attribute(dev: sys::CUdevice, attr: c_int) -> Result<i32> {
-    let mut v = 0;
     // SAFETY: writes one int; an invalid device or attribute is an error code.
-    check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(&mut v, attr, dev)
-    })?;
-    Ok(v)
+    answer("cuDeviceGetAttribute", 0, |v| unsafe {
+        sys::cuDeviceGetAttribute(v, attr, dev)
+    })
 }
 
 /// The device's UUID (`cuDeviceGetUuid`).

@@ -3,17 +3,15 @@
 use std::ffi::c_uint;
 use std::ptr;
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::Result;
 
 /// A new event in the current context with `flags` (`cuEventCreate`).
 pub(crate) fn create(flags: c_uint) -> Result<sys::CUevent> {
-    let mut event = ptr::null_mut();
     // SAFETY: writes one event handle; without a current context, an error code.
-    check("cuEventCreate", unsafe {
-        sys::cuEventCreate(&mut event, flags)
-    })?;
-    Ok(event)
+    answer("cuEventCreate", ptr::null_mut(), |event| unsafe {
+        sys::cuEventCreate(event, flags)
+    })
 }
 
 /// Destroy an event (`cuEventDestroy`), in its context (current). Destroying an event a

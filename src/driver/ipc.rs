@@ -2,7 +2,7 @@
 
 use std::ptr;
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::Result;
 
 /// The legacy IPC handle of a `cuMemAlloc` allocation (`cuIpcGetMemHandle`).
@@ -13,28 +13,27 @@ use crate::error::Result;
 /// allocations are refused by the driver with an error code, but the pointer must still be
 /// one the caller owns).
 pub(crate) unsafe fn get_mem_handle(ptr: sys::CUdeviceptr) -> Result<[u8; 64]> {
-    let mut handle = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: writes 64 bytes; the pointer is the caller's duty.
-    check("cuIpcGetMemHandle", unsafe {
-        sys::cuIpcGetMemHandle(&mut handle, ptr)
-    })?;
-    Ok(handle.reserved)
+    answer(
+        "cuIpcGetMemHandle",
+        sys::CUipcHandle { reserved: [0; 64] },
+        |handle| unsafe { sys::cuIpcGetMemHandle(handle, ptr) },
+    )
+    .map(|handle| handle.reserved)
 }
 
 /// Map another process's memory by its legacy handle in the current context
 /// (`cuIpcOpenMemHandle`, with lazy peer access). Close it with [`close_mem_handle`].
 pub(crate) fn open_mem_handle(handle: [u8; 64]) -> Result<sys::CUdeviceptr> {
-    let mut ptr = 0;
     // SAFETY: writes one device pointer; the handle bytes are passed by value and the driver
     // validates them (a forged handle is an error code, not UB).
-    check("cuIpcOpenMemHandle", unsafe {
+    answer("cuIpcOpenMemHandle", 0, |ptr| unsafe {
         sys::cuIpcOpenMemHandle_v2(
-            &mut ptr,
+            ptr,
             sys::CUipcHandle { reserved: handle },
             sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
         )
-    })?;
-    Ok(ptr)
+    })
 }
 
 /// Unmap memory opened with [`open_mem_handle`] (`cuIpcCloseMemHandle`), in its context
@@ -57,21 +56,20 @@ pub(crate) unsafe fn close_mem_handle(ptr: sys::CUdeviceptr) -> Result<()> {
 ///
 /// `event` is a live event of the current context, created with `CU_EVENT_INTERPROCESS`.
 pub(crate) unsafe fn get_event_handle(event: sys::CUevent) -> Result<[u8; 64]> {
-    let mut handle = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: writes 64 bytes; the event is the caller's duty.
-    check("cuIpcGetEventHandle", unsafe {
-        sys::cuIpcGetEventHandle(&mut handle, event)
-    })?;
-    Ok(handle.reserved)
+    answer(
+        "cuIpcGetEventHandle",
+        sys::CUipcHandle { reserved: [0; 64] },
+        |handle| unsafe { sys::cuIpcGetEventHandle(handle, event) },
+    )
+    .map(|handle| handle.reserved)
 }
 
 /// Open another process's event by its IPC handle in the current context
 /// (`cuIpcOpenEventHandle`). Destroy it with [`super::event::destroy`].
 pub(crate) fn open_event_handle(handle: [u8; 64]) -> Result<sys::CUevent> {
-    let mut event = ptr::null_mut();
     // SAFETY: writes one event handle; the driver validates the handle bytes.
-    check("cuIpcOpenEventHandle", unsafe {
-        sys::cuIpcOpenEventHandle(&mut event, sys::CUipcHandle { reserved: handle })
-    })?;
-    Ok(event)
+    answer("cuIpcOpenEventHandle", ptr::null_mut(), |event| unsafe {
+        sys::cuIpcOpenEventHandle(event, sys::CUipcHandle { reserved: handle })
+    })
 }

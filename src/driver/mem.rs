@@ -3,15 +3,15 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::{Error, Result, StateDefect};
 
 /// Allocate `bytes` of device memory in the current context (`cuMemAlloc`).
 pub(crate) fn alloc(bytes: usize) -> Result<sys::CUdeviceptr> {
-    let mut ptr = 0;
     // SAFETY: writes one device pointer; a zero size or no current context is an error code.
-    check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
-    Ok(ptr)
+    answer("cuMemAlloc", 0, |ptr| unsafe {
+        sys::cuMemAlloc_v2(ptr, bytes)
+    })
 }
 
 /// Free memory from [`alloc`] or from a pool (`cuMemFree`), in its context (current).
@@ -208,12 +208,10 @@ pub(crate) unsafe fn set_bytes_async(
 
 /// Allocate `bytes` of page-locked host memory in the current context (`cuMemAllocHost`).
 pub(crate) fn alloc_host(bytes: usize) -> Result<*mut c_void> {
-    let mut p = std::ptr::null_mut();
     // SAFETY: writes one host pointer.
-    check("cuMemAllocHost", unsafe {
-        sys::cuMemAllocHost_v2(&mut p, bytes)
-    })?;
-    Ok(p)
+    answer("cuMemAllocHost", std::ptr::null_mut(), |p| unsafe {
+        sys::cuMemAllocHost_v2(p, bytes)
+    })
 }
 
 /// Free memory from [`alloc_host`] (`cuMemFreeHost`).

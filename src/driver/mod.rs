@@ -92,6 +92,18 @@ pub fn error_name(code: i32) -> String {
     format!("CUDA_ERROR_{code}")
 }
 
+/// Call `f` with a place holding `init` for the driver to write its answer in, and return
+/// the answer if `f`'s code is success (`call` names the call in the error).
+pub(crate) fn answer<T>(
+    call: &'static str,
+    init: T,
+    f: impl FnOnce(&mut T) -> sys::CUresult,
+) -> Result<T> {
+    let mut out = init;
+    check(call, f(&mut out))?;
+    Ok(out)
+}
+
 /// `Ok` for `CUDA_SUCCESS`, else [`Error::Cuda`] naming `call`.
 ///
 /// # Errors
@@ -191,12 +203,10 @@ pub fn init() -> Result<()> {
 /// [`Error::Cuda`] naming `cuDriverGetVersion`.
 #[doc(alias = "cuDriverGetVersion")]
 pub fn driver_version() -> Result<i32> {
-    let mut v = 0;
     // SAFETY: writes one int.
-    check("cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut v)
-    })?;
-    Ok(v)
+    answer("cuDriverGetVersion", 0, |v| unsafe {
+        sys::cuDriverGetVersion(v)
+    })
 }
 
 /// Free and total memory of the current context's device (`cuMemGetInfo`); prefer

@@ -5,17 +5,15 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr;
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::Result;
 
 /// A new pool as `props` describes (`cuMemPoolCreate`). Destroy it with [`destroy`].
 pub(crate) fn create(props: &sys::CUmemPoolProps) -> Result<sys::CUmemoryPool> {
-    let mut pool = ptr::null_mut();
     // SAFETY: reads `props`, writes one pool handle.
-    check("cuMemPoolCreate", unsafe {
-        sys::cuMemPoolCreate(&mut pool, props)
-    })?;
-    Ok(pool)
+    answer("cuMemPoolCreate", ptr::null_mut(), |pool| unsafe {
+        sys::cuMemPoolCreate(pool, props)
+    })
 }
 
 /// Destroy a pool (`cuMemPoolDestroy`); the driver defers the release while allocations from
@@ -53,19 +51,21 @@ pub(crate) unsafe fn export_fd(pool: sys::CUmemoryPool) -> Result<OwnedFd> {
 /// Import a pool shared as a POSIX file descriptor (`cuMemPoolImportFromShareableHandle`);
 /// the caller may close `fd` after. Destroy it with [`destroy`].
 pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<sys::CUmemoryPool> {
-    let mut pool = ptr::null_mut();
     // SAFETY: for a POSIX fd the shareable handle is the descriptor's number, passed as a
     // pointer-sized value and never dereferenced; `fd` is open for the call. A descriptor
     // that is not a pool is an error code.
-    check("cuMemPoolImportFromShareableHandle", unsafe {
-        sys::cuMemPoolImportFromShareableHandle(
-            &mut pool,
-            fd.as_raw_fd() as usize as *mut c_void,
-            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            0,
-        )
-    })?;
-    Ok(pool)
+    answer(
+        "cuMemPoolImportFromShareableHandle",
+        ptr::null_mut(),
+        |pool| unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                pool,
+                fd.as_raw_fd() as usize as *mut c_void,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        },
+    )
 }
 
 /// Grant `desc`'s access to a pool's memory (`cuMemPoolSetAccess`).
@@ -111,12 +111,10 @@ pub(crate) unsafe fn alloc_async(
     pool: sys::CUmemoryPool,
     stream: sys::CUstream,
 ) -> Result<sys::CUdeviceptr> {
-    let mut ptr = 0;
     // SAFETY: writes one device pointer; pool and stream are the caller's duty.
-    check("cuMemAllocFromPoolAsync", unsafe {
-        sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream)
-    })?;
-    Ok(ptr)
+    answer("cuMemAllocFromPoolAsync", 0, |ptr| unsafe {
+        sys::cuMemAllocFromPoolAsync(ptr, bytes, pool, stream)
+    })
 }
 
 /// Enqueue freeing a pool allocation on `stream` (`cuMemFreeAsync`).
@@ -139,12 +137,13 @@ pub(crate) unsafe fn free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) ->
 /// `ptr` is a live allocation of ours from a pool created with a shareable handle type, its
 /// allocation complete.
 pub(crate) unsafe fn export_pointer(ptr: sys::CUdeviceptr) -> Result<[u8; 64]> {
-    let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
     // SAFETY: writes 64 bytes; the allocation is the caller's duty.
-    check("cuMemPoolExportPointer", unsafe {
-        sys::cuMemPoolExportPointer(&mut data, ptr)
-    })?;
-    Ok(data.reserved)
+    answer(
+        "cuMemPoolExportPointer",
+        sys::CUmemPoolPtrExportData { reserved: [0; 64] },
+        |data| unsafe { sys::cuMemPoolExportPointer(data, ptr) },
+    )
+    .map(|data| data.reserved)
 }
 
 /// Open an allocation of an imported pool by its export data (`cuMemPoolImportPointer`).

@@ -4,18 +4,16 @@
 use std::ffi::c_uint;
 use std::ptr;
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::Result;
 
 /// A new stream in the current context that does not synchronise with the legacy default
 /// stream (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`). Destroy it with [`destroy`].
 pub(crate) fn create_non_blocking() -> Result<sys::CUstream> {
-    let mut stream = ptr::null_mut();
     // SAFETY: writes one stream handle; fails cleanly without a current context.
-    check("cuStreamCreate", unsafe {
-        sys::cuStreamCreate(&mut stream, sys::CU_STREAM_NON_BLOCKING)
-    })?;
-    Ok(stream)
+    answer("cuStreamCreate", ptr::null_mut(), |stream| unsafe {
+        sys::cuStreamCreate(stream, sys::CU_STREAM_NON_BLOCKING)
+    })
 }
 
 /// Destroy a stream from [`create_non_blocking`] (`cuStreamDestroy`); work queued on it

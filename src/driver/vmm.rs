@@ -4,17 +4,15 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-use super::{check, sys};
+use super::{answer, check, sys};
 use crate::error::Result;
 
 /// The allocation granularity for `prop` (`cuMemGetAllocationGranularity`, minimum).
 pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
-    let mut g = 0;
     // SAFETY: reads `prop`, writes one size.
-    check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(&mut g, prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-    })?;
-    Ok(g)
+    answer("cuMemGetAllocationGranularity", 0, |g| unsafe {
+        sys::cuMemGetAllocationGranularity(g, prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+    })
 }
 
 /// A physical allocation of `size` bytes as `prop` describes (`cuMemCreate`). Give it back
@@ -23,12 +21,10 @@ pub(crate) fn create(
     size: usize,
     prop: &sys::CUmemAllocationProp,
 ) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle = 0;
     // SAFETY: reads `prop`, writes one allocation handle; a bad size is an error code.
-    check("cuMemCreate", unsafe {
-        sys::cuMemCreate(&mut handle, size, prop, 0)
-    })?;
-    Ok(handle)
+    answer("cuMemCreate", 0, |handle| unsafe {
+        sys::cuMemCreate(handle, size, prop, 0)
+    })
 }
 
 /// Give back an allocation handle (`cuMemRelease`); the memory goes once nothing maps or
@@ -45,12 +41,10 @@ pub(crate) unsafe fn release(handle: sys::CUmemGenericAllocationHandle) -> Resul
 /// Reserve `size` bytes of device address space aligned to `alignment`
 /// (`cuMemAddressReserve`). Give it back with [`address_free`].
 pub(crate) fn address_reserve(size: usize, alignment: usize) -> Result<sys::CUdeviceptr> {
-    let mut ptr = 0;
     // SAFETY: writes one address; any size and alignment are accepted or refused by code.
-    check("cuMemAddressReserve", unsafe {
-        sys::cuMemAddressReserve(&mut ptr, size, alignment, 0, 0)
-    })?;
-    Ok(ptr)
+    answer("cuMemAddressReserve", 0, |ptr| unsafe {
+        sys::cuMemAddressReserve(ptr, size, alignment, 0, 0)
+    })
 }
 
 /// Give back an address range (`cuMemAddressFree`).
@@ -152,30 +146,26 @@ pub(crate) unsafe fn export_shareable(
 /// The driver takes its own reference: the caller may close `fd` after. Give the handle back
 /// with [`release`].
 pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle = 0;
     // SAFETY: writes one allocation handle; for a POSIX fd the shareable handle is the
     // descriptor's number, passed as a pointer-sized value and never dereferenced; `fd` is
     // open for the whole call. A descriptor that is not a CUDA allocation is an error code.
-    check("cuMemImportFromShareableHandle", unsafe {
+    answer("cuMemImportFromShareableHandle", 0, |handle| unsafe {
         sys::cuMemImportFromShareableHandle(
-            &mut handle,
+            handle,
             fd.as_raw_fd() as usize as *mut c_void,
             sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         )
-    })?;
-    Ok(handle)
+    })
 }
 
 /// The allocation handle of the memory mapped at `ptr`, any address of a `cuMemMap` mapping
 /// (`cuMemRetainAllocationHandle`): a new reference, given back with [`release`].
 pub(crate) fn retain(ptr: sys::CUdeviceptr) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle = 0;
     // SAFETY: writes one allocation handle; the address is passed as a value and never
     // dereferenced by us (an address that is not mapped virtual memory is an error code).
-    check("cuMemRetainAllocationHandle", unsafe {
-        sys::cuMemRetainAllocationHandle(&mut handle, ptr as usize as *mut c_void)
-    })?;
-    Ok(handle)
+    answer("cuMemRetainAllocationHandle", 0, |handle| unsafe {
+        sys::cuMemRetainAllocationHandle(handle, ptr as usize as *mut c_void)
+    })
 }
 
 /// What an allocation handle is (`cuMemGetAllocationPropertiesFromHandle`).

@@ -54,7 +54,7 @@
 
 mod sys;
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -250,6 +250,13 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
+/// Which way a point-to-point transfer goes.
+#[derive(Clone, Copy)]
+enum Transfer {
+    Send,
+    Recv,
+}
+
 impl Communicator {
     /// Join communicator `id` as `rank` of `ranks` on `ctx`'s device
     /// (`ncclCommInitRankConfig`, non-blocking, polled until it completes), within `timeout`.
@@ -392,17 +399,8 @@ impl Communicator {
         peer: u32,
         stream: &impl AsStream,
     ) -> Result<()> {
-        // SAFETY: the buffer is the caller's duty (forwarded); the communicator is live.
-        self.point_to_point("Communicator::send", "ncclSend", peer, |peer, comm| {
-            Ok(call!(ncclSend(
-                ptr as usize as *const std::ffi::c_void,
-                bytes,
-                sys::NCCL_UINT8,
-                peer,
-                comm,
-                stream.as_cu_stream()
-            )))
-        })
+        // SAFETY: the buffer is the caller's duty (forwarded).
+        unsafe { self.point_to_point(Transfer::Send, ptr, bytes, peer, stream) }
     }
 
     /// Enqueue a receive of `bytes` bytes into device address `ptr` from rank `peer` on
@@ -424,17 +422,8 @@ impl Communicator {
         peer: u32,
         stream: &impl AsStream,
     ) -> Result<()> {
-        // SAFETY: the buffer is the caller's duty (forwarded); the communicator is live.
-        self.point_to_point("Communicator::recv", "ncclRecv", peer, |peer, comm| {
-            Ok(call!(ncclRecv(
-                ptr as usize as *mut std::ffi::c_void,
-                bytes,
-                sys::NCCL_UINT8,
-                peer,
-                comm,
-                stream.as_cu_stream()
-            )))
-        })
+        // SAFETY: the buffer is the caller's duty (forwarded).
+        unsafe { self.point_to_point(Transfer::Recv, ptr, bytes, peer, stream) }
     }
 
     /// Run `f` between `ncclGroupStart` and `ncclGroupEnd`: its sends and receives are
@@ -592,16 +581,49 @@ impl Communicator {
     /// What [`send`](Self::send) and [`recv`](Self::recv) share: the peer checked, the
     /// context current, `enqueue(peer, comm)` called (the one NCCL call), its result settled as
     /// [`enqueued`](Self::enqueued) does.
-    fn point_to_point(
+    /// [`send`](Self::send) or [`recv`](Self::recv), as `way` says.
+    ///
+    /// # Safety
+    ///
+    /// As theirs.
+    unsafe fn point_to_point(
         &self,
-        call_name: &'static str,
-        nccl_call: &'static str,
+        way: Transfer,
+        ptr: u64,
+        bytes: usize,
         peer: u32,
-        enqueue: impl FnOnce(c_int, sys::NcclComm) -> Result<sys::NcclResult>,
+        stream: &impl AsStream,
     ) -> Result<()> {
+        let (call_name, nccl_call) = match way {
+            Transfer::Send => ("Communicator::send", "ncclSend"),
+            Transfer::Recv => ("Communicator::recv", "ncclRecv"),
+        };
         self.check_peer(call_name, peer)?;
         let _g = self.ctx.enter()?;
-        let rc = enqueue(peer as c_int, self.comm)?;
+        let (buf, peer, stream) = (
+            ptr as usize as *mut c_void,
+            peer as c_int,
+            stream.as_cu_stream(),
+        );
+        // The buffer is the caller's duty (forwarded); the communicator is live.
+        let rc = match way {
+            Transfer::Send => call!(ncclSend(
+                buf.cast_const(),
+                bytes,
+                sys::NCCL_UINT8,
+                peer,
+                self.comm,
+                stream
+            )),
+            Transfer::Recv => call!(ncclRecv(
+                buf,
+                bytes,
+                sys::NCCL_UINT8,
+                peer,
+                self.comm,
+                stream
+            )),
+        };
         self.enqueued(nccl_call, rc)
     }
 
