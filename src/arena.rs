@@ -754,7 +754,8 @@ impl ImportedArena {
         let key: ImportKey = (env.token, ctx.as_raw() as usize, access);
         let reuse = |import: &Arc<Import>| Ok(!import.closing());
         let import = IMPORTS.get_or_create(&key, reuse, || {
-            let memory_device = handle.admit_live(ctx, &exporter, true)?;
+            crate::process::check_exporter_alive(&exporter, true)?;
+            let memory_device = crate::device::check_reachable(ctx, &env.device_uuid)?;
             let holdings = Holdings::open_with_table(&env.token, env.vmm_bytes(), env.generation)?;
             let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
             let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;

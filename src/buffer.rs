@@ -12,20 +12,26 @@
 //!
 //! # The way a call goes
 //!
-//! Exporting (`IpcBuffer::handle`): `buffer/export.rs` asks the driver for the export
-//! (`driver/ipc.rs`, `cuIpcGetMemHandle`; a POSIX-fd buffer's memory is `vmm.rs`'s), publishes
-//! the export's block in this process's registry (`ledger/registry.rs`, which writes
-//! `ledger/table.rs`'s block table) and seals the envelope (`handle.rs`, sealed by
-//! `envelope.rs`).
+//! Each call below walks down through these files and never comes back to one it has left
+//! (the ledger counts as one stop: `ledger/mod.rs` is its only door, and its own docs walk the
+//! files behind it; errors, a context's `enter` and `process.rs` — identities and the one
+//! liveness rule — are leaves every layer may ask).
 //!
-//! Opening (`ImportedBuffer::open`): `buffer/import.rs` has the handle admitted (`handle.rs`:
-//! its kind's checks after `envelope.rs`'s, then the exporter, `process.rs`), looks the export
-//! up in the import cache (`ledger/cache.rs`) and, on a miss, enters the export's block
-//! (`ledger/registry.rs`: the exporter's lease table once per exporter, `ledger/lease.rs`, then
-//! the block through this process's holdings, `ledger/holdings.rs` on `ledger/table.rs`), and
-//! only then maps it (`driver/ipc.rs` or `vmm.rs`). Each file
-//! is left once; nothing calls back into this one. A raw handle (PyTorch, CuPy, C++) is opened
-//! by `raw.rs`, through the same cache.
+//! Exporting a legacy buffer (`IpcBuffer::handle`), 6 files: `buffer.rs` (the public call) →
+//! `buffer/export.rs` (what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees
+//! collected, the export's block published in this process's registry) → `driver/ipc.rs`
+//! (`cuIpcGetMemHandle`) → `raw.rs` (the handle remembered as this process's own) →
+//! `handle.rs` (the envelope, sealed by `envelope.rs`).
+//!
+//! Opening it (`ImportedBuffer::open`), 9 files: `buffer.rs` → `buffer/import.rs` →
+//! `handle.rs` (admission: `envelope.rs`'s checks and the kind's, the exporter named and of
+//! this boot) → the ledger (`ledger/mod.rs`): its import cache shares a live mapping (checked
+//! again) or, under its creation lock, makes one: the exporter alive (`process.rs`), its
+//! device reachable (`device.rs`), the export's block entered (the exporter's lease table once
+//! per exporter, then the block through this process's holdings), and only then the memory
+//! mapped (`memory.rs`: `cuIpcOpenMemHandle` in `driver/ipc.rs`, its size from
+//! `driver/mem.rs` held to the envelope's). A raw handle (PyTorch, CuPy, C++) opens through
+//! the same cache and `memory.rs` (`ImportedBuffer::open_raw`, with `raw.rs`'s checks).
 //!
 //! Dropping an exported buffer retires its block (`ledger/registry.rs`) and frees the memory at
 //! once or hands it to the deferred frees (`ledger/deferred.rs`); dropping the last view of an

@@ -1139,7 +1139,7 @@ impl<T: Pod> IpcReceiver<T> {
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
         let producer = envelope::admit_exporter(handle.producer(), &env.boot_id, false)?;
-        crate::handle::check_exporter_alive(&producer, false)?;
+        crate::process::check_exporter_alive(&producer, false)?;
         let me = ProcessIdentity::current();
         let ring = ShmOptions::new(name).open::<RingState>()?;
         let s = ring.get();

@@ -354,6 +354,19 @@ impl PeerGroup {
     }
 }
 
+/// Refuse memory on a device this process cannot see, or cannot reach from `ctx`'s device
+/// (no peer access); the memory's device ordinal otherwise.
+pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
+    match ordinal_of_uuid(uuid)? {
+        None => Err(Error::DeviceNotReachable {
+            uuid: uuid_string(uuid),
+            from: ctx.ordinal(),
+            peer: None,
+        }),
+        Some(o) => check_peer(ctx.ordinal(), o).map(|()| o),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT, check_exporter_alive};
+use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
 use crate::memory::GENERATION;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
+use crate::process::check_exporter_alive;
 use crate::stream::AsStream;
 
 /// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |

@@ -576,7 +576,7 @@ impl FdSocket {
             Arrived::Chunks(chunks) => chunks,
         };
         let len = elements::<T>(head.offset, head.bytes)?;
-        let holder = crate::handle::check_reachable(ctx, &head.device_uuid)?;
+        let holder = crate::device::check_reachable(ctx, &head.device_uuid)?;
         let memory = VmmMemory::import_chunks(ctx, chunks, holder, Access::ReadWrite)?;
         Ok(ForeignReceived {
             memory: ForeignMemory::Mapped(ImportedBuffer::from_foreign(

@@ -12,7 +12,6 @@ use std::marker::PhantomData;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::context::GpuContext;
 use crate::device;
 use crate::envelope;
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
@@ -670,7 +669,8 @@ impl<K: HandleKind> Handle<K> {
     /// only with its descriptor, a legacy one never comes with one —; and that the exporter
     /// ran since this boot and, for a handle without a descriptor, is not this process (CUDA
     /// refuses to open a legacy handle or an event where it was exported). Returns the
-    /// exporter. [`admit_live`](Self::admit_live) then asks the system.
+    /// exporter. The open then asks the system (`process::check_exporter_alive`,
+    /// `device::check_reachable`) on a cache miss, before the lease.
     pub(crate) fn admit(&self, with_fd: bool) -> Result<ProcessIdentity> {
         self.check_structure()?;
         let env = &self.env;
@@ -704,20 +704,6 @@ impl<K: HandleKind> Handle<K> {
         }
     }
 
-    /// The checks of an open that ask the system, after [`admit`](Self::admit) with the same
-    /// `with_fd` and before the lease: the exporter is alive (see [`check_exporter_alive`]),
-    /// and the memory's device is visible here and reachable from `ctx` (its own device, or a
-    /// peer with access). Returns the memory's device ordinal.
-    pub(crate) fn admit_live(
-        &self,
-        ctx: &GpuContext,
-        exporter: &ProcessIdentity,
-        with_fd: bool,
-    ) -> Result<u32> {
-        check_exporter_alive(exporter, with_fd)?;
-        check_reachable(ctx, &self.env.device_uuid)
-    }
-
     /// The exporting process.
     #[must_use]
     pub fn exporter(&self) -> ProcessIdentity {
@@ -737,33 +723,6 @@ impl<K: HandleKind> Handle<K> {
     #[must_use]
     pub fn generation(&self) -> u64 {
         self.env.generation
-    }
-}
-
-/// Refuse an exporter that is not alive (or was replaced by another process with its pid),
-/// unless it is this process — possible only for a handle that came with its descriptor
-/// (`with_fd`, as passed to [`Handle::admit`]).
-pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) -> Result<()> {
-    // Only a handle that came with its descriptor may name this process (`admit` refused it
-    // otherwise): only then is the question (a `getpid` and a lock) worth asking.
-    if (with_fd && exporter.is_same_process(&ProcessIdentity::current()))
-        || crate::process::is_alive_cached(exporter)
-    {
-        return Ok(());
-    }
-    Err(Error::exporter_gone(exporter.pid()))
-}
-
-/// Refuse memory on a device this process cannot see, or cannot reach from `ctx`'s device
-/// (no peer access); the memory's device ordinal otherwise.
-pub(crate) fn check_reachable(ctx: &GpuContext, uuid: &[u8; 16]) -> Result<u32> {
-    match device::ordinal_of_uuid(uuid)? {
-        None => Err(Error::DeviceNotReachable {
-            uuid: device::uuid_string(uuid),
-            from: ctx.ordinal(),
-            peer: None,
-        }),
-        Some(o) => device::check_peer(ctx.ordinal(), o).map(|()| o),
     }
 }
 

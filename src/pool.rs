@@ -1106,7 +1106,8 @@ impl ImportedPool {
             Ok(true)
         };
         let import = IMPORTS.get_or_create(&token, reuse, || {
-            let holder = handle.admit_live(ctx, &exporter, true)?;
+            crate::process::check_exporter_alive(&exporter, true)?;
+            let holder = crate::device::check_reachable(ctx, &handle.env.device_uuid)?;
             Ok(Arc::new(Import::new(ctx, handle, fd, exporter, holder)?))
         })?;
         import.grant(ctx)?;

@@ -29,6 +29,7 @@
 //! A live process taken for alive costs only time: a wait runs to its timeout, a free waits for
 //! the next close or collect.
 
+use crate::error::{Error, Result};
 use crate::os;
 
 /// A process named by pid and start time, as recorded in shared memory by the barrier and the
@@ -299,6 +300,20 @@ pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
     }
     pinned.insert(key, fd);
     true
+}
+
+/// Refuse an exporter that is not alive (or was replaced by another process with its pid),
+/// unless it is this process — possible only for a handle that came with its descriptor
+/// (`with_fd`, as passed to [`Handle::admit`](crate::Handle)).
+pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) -> Result<()> {
+    // Only a handle that came with its descriptor may name this process (`admit` refused it
+    // otherwise): only then is the question (a `getpid` and a lock) worth asking.
+    if (with_fd && exporter.is_same_process(&ProcessIdentity::current()))
+        || is_alive_cached(exporter)
+    {
+        return Ok(());
+    }
+    Err(Error::exporter_gone(exporter.pid()))
 }
 
 /// A child process (`sleep 10`) and its identity (pid and start time), for tests that watch a

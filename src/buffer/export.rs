@@ -290,21 +290,23 @@ impl<T: Pod> IpcBuffer<T> {
     /// The handle of kind `K` (whose elements are `T`s: a buffer's, a signal's counter, a
     /// channel's slots) that exports this buffer.
     pub(crate) fn export_handle<K: HandleKind>(&self) -> Result<Handle<K>> {
-        crate::ledger::collect_if_pending();
-        let (published, cuda, handle_type) = match &self.export {
+        let published = match &self.export {
             Export::Pooled(_) => return Err(pooled()),
-            Export::Vmm { published, memory } => {
+            Export::Vmm { published, .. } | Export::Legacy { published, .. } => published,
+        };
+        // The ledger first (deferred frees collected, the block published before any handle
+        // exists: every importer finds it), then the driver.
+        crate::ledger::collect_if_pending();
+        let (token, generation) = published.token()?;
+        let (cuda, handle_type) = match &self.export {
+            Export::Vmm { memory, .. } => {
                 let mut cuda = [0u8; 64];
                 let size = memory.as_ref().map_or(0, VmmMemory::size);
                 cuda[..8].copy_from_slice(&(size as u64).to_le_bytes());
-                (published, cuda, HandleType::PosixFd)
+                (cuda, HandleType::PosixFd)
             }
-            Export::Legacy { published, .. } => {
-                (published, self.legacy_ipc_handle()?.0, HandleType::Legacy)
-            }
+            _ => (self.legacy_ipc_handle()?.0, HandleType::Legacy),
         };
-        // The block is published before any handle exists: every importer finds it.
-        let (token, generation) = published.token()?;
         let env = Envelope {
             elem_size: std::mem::size_of::<T>() as u32,
             elem_align: std::mem::align_of::<T>() as u32,

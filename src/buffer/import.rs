@@ -229,7 +229,8 @@ impl<T: Pod> ImportedBuffer<T> {
         // describes the mapping as the first one did.
         let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
         let mapping = CACHE.get_or_create(&key, reuse, || {
-            let memory_device = handle.admit_live(ctx, &exporter, fd.is_some())?;
+            crate::process::check_exporter_alive(&exporter, fd.is_some())?;
+            let memory_device = crate::device::check_reachable(ctx, &env.device_uuid)?;
             let hold = ledger::enter(&env.token, env.generation, exporter)?;
             // On an error below the hold drops after the memory was unmapped again.
             let (ptr, mapped, vmm) = match fd {

@@ -13,13 +13,12 @@ use crate::error::Result;
 /// allocations are refused by the driver with an error code, but the pointer must still be
 /// one the caller owns).
 pub(crate) unsafe fn get_mem_handle(ptr: sys::CUdeviceptr) -> Result<[u8; 64]> {
+    let h = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: writes 64 bytes; the pointer is the caller's duty.
-    answer(
-        "cuIpcGetMemHandle",
-        sys::CUipcHandle { reserved: [0; 64] },
-        |handle| unsafe { sys::cuIpcGetMemHandle(handle, ptr) },
-    )
-    .map(|handle| handle.reserved)
+    answer("cuIpcGetMemHandle", h, |h| unsafe {
+        sys::cuIpcGetMemHandle(h, ptr)
+    })
+    .map(|h| h.reserved)
 }
 
 /// Map another process's memory by its legacy handle in the current context
@@ -56,13 +55,12 @@ pub(crate) unsafe fn close_mem_handle(ptr: sys::CUdeviceptr) -> Result<()> {
 ///
 /// `event` is a live event of the current context, created with `CU_EVENT_INTERPROCESS`.
 pub(crate) unsafe fn get_event_handle(event: sys::CUevent) -> Result<[u8; 64]> {
+    let h = sys::CUipcHandle { reserved: [0; 64] };
     // SAFETY: writes 64 bytes; the event is the caller's duty.
-    answer(
-        "cuIpcGetEventHandle",
-        sys::CUipcHandle { reserved: [0; 64] },
-        |handle| unsafe { sys::cuIpcGetEventHandle(handle, event) },
-    )
-    .map(|handle| handle.reserved)
+    answer("cuIpcGetEventHandle", h, |h| unsafe {
+        sys::cuIpcGetEventHandle(h, event)
+    })
+    .map(|h| h.reserved)
 }
 
 /// Open another process's event by its IPC handle in the current context

@@ -137,13 +137,12 @@ pub(crate) unsafe fn free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) ->
 /// `ptr` is a live allocation of ours from a pool created with a shareable handle type, its
 /// allocation complete.
 pub(crate) unsafe fn export_pointer(ptr: sys::CUdeviceptr) -> Result<[u8; 64]> {
+    let h = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
     // SAFETY: writes 64 bytes; the allocation is the caller's duty.
-    answer(
-        "cuMemPoolExportPointer",
-        sys::CUmemPoolPtrExportData { reserved: [0; 64] },
-        |data| unsafe { sys::cuMemPoolExportPointer(data, ptr) },
-    )
-    .map(|data| data.reserved)
+    answer("cuMemPoolExportPointer", h, |h| unsafe {
+        sys::cuMemPoolExportPointer(h, ptr)
+    })
+    .map(|h| h.reserved)
 }
 
 /// Open an allocation of an imported pool by its export data (`cuMemPoolImportPointer`).
