@@ -8,13 +8,16 @@
 //! | [`IpcChannelHandle`](crate::channel::IpcChannelHandle) | 152 | `CICH` | `ChannelEnvelope::validate` (`channel.rs`): geometry, region name |
 //! | [`ArenaHandle`](crate::arena::ArenaHandle) | 80 | `CIPA` | on open (`arena.rs`): this arena, bounds, generation |
 //! | [`PoolHandle`](crate::pool::PoolHandle) | 136 | `CIPP` | on open (`pool.rs`): this pool, generation |
+//! | a foreign export's head and continuations ([`foreign`](crate::foreign)) | any | `cuipcfm2`, `cuipcfc2` (8 bytes) | `foreign.rs`: kind, counts, sizes, then every descriptor |
 //!
 //! [`seal`] stamps a format's magic and version and the checksum; [`open`] reads bytes of
 //! exactly the format's size and checks, in this order and each as its own
 //! [`HandleDefect`]: the magic ([`check_identity`], with the version), then the checksum and
 //! the reserved fields ([`check_integrity`]). A kind that checks more in between (the kind of a
 //! `Handle<K>`, so that a handle of another kind says so rather than failing a later check)
-//! calls the two steps itself. Raw handles for foreign peers (`raw.rs`) are the other side's
+//! calls the two steps itself. Messages of variable length (a foreign export's) are sealed
+//! with [`seal_message`] — the magic first, a checksum of every byte in the last eight — and
+//! read with [`open_message`]. Raw handles for foreign peers (`raw.rs`) are the other side's
 //! formats, not sealed ones.
 //!
 //! The checksum is an integrity check against corruption and bugs, not a MAC: a handle is a
@@ -196,6 +199,67 @@ pub(crate) fn admit_exporter(
         return Err(Error::SameProcess { pid: me.pid() });
     }
     Ok(exporter)
+}
+
+/// Seal a peer message of variable length: `parts` (the first beginning with the format's
+/// 8-byte magic, which names its version), then a checksum of every byte before it in the
+/// last eight.
+pub(crate) fn seal_message(parts: &[&[u8]]) -> Vec<u8> {
+    let mut message = parts.concat();
+    let sum = checksum(&message);
+    message.extend_from_slice(&sum.to_le_bytes());
+    message
+}
+
+/// The bytes of a message sealed with [`seal_message`] (the magic included, the checksum
+/// not), once its magic is `magic` and its checksum holds; `what` names it in errors.
+///
+/// # Errors
+///
+/// [`Error::CorruptHandle`]: [`HandleDefect::Size`] for a message too short to hold a magic
+/// and a checksum, [`HandleDefect::Magic`], [`HandleDefect::Checksum`].
+pub(crate) fn open_message<'a>(
+    magic: [u8; 8],
+    what: &'static str,
+    message: &'a [u8],
+) -> Result<&'a [u8]> {
+    let Some(at) = message.len().checked_sub(8).filter(|&at| at >= 8) else {
+        return Err(Error::corrupt_handle(HandleDefect::Size {
+            what,
+            expected: 16,
+            found: message.len(),
+        }));
+    };
+    let (body, sum) = message.split_at(at);
+    if body[..8] != magic {
+        let mut found = [0u8; 8];
+        found.copy_from_slice(&body[..8]);
+        return Err(Error::corrupt_handle(HandleDefect::Magic {
+            what,
+            found: u64::from_le_bytes(found),
+        }));
+    }
+    let mut stored = [0u8; 8];
+    stored.copy_from_slice(sum);
+    let stored = u64::from_le_bytes(stored);
+    let computed = checksum(body);
+    if stored != computed {
+        return Err(Error::corrupt_handle(HandleDefect::Checksum {
+            stored,
+            computed,
+        }));
+    }
+    Ok(body)
+}
+
+/// Restamp a sealed message's checksum in place (fuzzing and test hooks: a mutated message
+/// then reaches the checks behind the checksum); shorter than a checksum, left alone.
+#[cfg(any(test, fuzzing, feature = "__testing"))]
+pub(crate) fn reseal_message(message: &mut [u8]) {
+    if let Some(at) = message.len().checked_sub(8) {
+        let sum = checksum(&message[..at]);
+        message[at..].copy_from_slice(&sum.to_le_bytes());
+    }
 }
 
 /// Restamp the checksum of `bytes` in place when they are an `R`'s length (fuzzing and test

@@ -44,15 +44,18 @@
 //!
 //! # The messages
 //!
-//! One export is one or more messages on an [`FdSocket`], all built and checked here:
+//! One export is one or more messages on an [`FdSocket`], laid out and parsed here:
 //!
-//! - the **head**: magic `cuipcfm1`, the kind (legacy or chunks), the number of chunks in all,
+//! - the **head**: magic `cuipcfm2`, the kind (legacy or chunks), the number of chunks in all,
 //!   the data's offset in the first chunk and its byte count, the memory's device UUID, the
 //!   caller's metadata length, and the chunks this message carries; then either the 104-byte
 //!   [`RawExport`] (legacy: no descriptors) or one size per descriptor that came with it; then
 //!   the caller's metadata (at most [`MAX_META`] bytes: a tensor's shape and dtype, a name);
 //! - for a range of more than [`FdSocket::MAX_FDS`] chunks, **continuations**: magic
-//!   `cuipcfmc`, the index of their first chunk, and one size per descriptor.
+//!   `cuipcfc2`, the index of their first chunk, and one size per descriptor.
+//!
+//! Each message ends in a checksum of its bytes, sealed and checked by `envelope.rs` (the one
+//! module that seals what a peer sends), before any field is read.
 //!
 //! The receiver treats every field as a peer's: the magic, kind and counts are checked, the
 //! descriptors of each message must match its sizes one for one, the chunks must arrive in
@@ -154,6 +157,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::buffer::ImportedBuffer;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
+use crate::envelope;
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result};
 use crate::fd::FdSocket;
 use crate::poll::Deadline;
@@ -166,8 +170,8 @@ pub const MAX_META: usize = 4096;
 /// The most chunks one export may have: 1 Mi chunks, 20 TiB of PyTorch's 20 MiB chunks.
 pub const MAX_CHUNKS: usize = 1 << 20;
 
-const HEAD_MAGIC: [u8; 8] = *b"cuipcfm1";
-const MORE_MAGIC: [u8; 8] = *b"cuipcfmc";
+const HEAD_MAGIC: [u8; 8] = *b"cuipcfm2";
+const MORE_MAGIC: [u8; 8] = *b"cuipcfc2";
 const KIND_LEGACY: u32 = 1;
 const KIND_CHUNKS: u32 = 2;
 
@@ -532,7 +536,7 @@ impl FdSocket {
                         first: sent as u32,
                         here: batch.len() as u32,
                     };
-                    let payload = [bytemuck::bytes_of(&more), &sizes_of(batch)].concat();
+                    let payload = encode_more(more, &sizes_of(batch));
                     self.send(&payload, &fds_of(batch), deadline.remaining())?;
                     sent += batch.len();
                 }
@@ -659,7 +663,11 @@ fn fds_of(batch: &[(OwnedFd, u64)]) -> Vec<BorrowedFd<'_>> {
 }
 
 fn encode_head(head: Head, body: &[u8], meta: &[u8]) -> Vec<u8> {
-    [bytemuck::bytes_of(&head), body, meta].concat()
+    envelope::seal_message(&[bytemuck::bytes_of(&head), body, meta])
+}
+
+fn encode_more(more: More, sizes: &[u8]) -> Vec<u8> {
+    envelope::seal_message(&[bytemuck::bytes_of(&more), sizes])
 }
 
 fn corrupt(defect: HandleDefect) -> Error {
@@ -678,23 +686,18 @@ fn layout(what: &str) -> Error {
 
 /// The head's fields, its body (the raw export, or the chunk sizes) and the metadata, every
 /// count checked against the bytes that came.
-fn decode_head(payload: &[u8]) -> Result<(Head, &[u8], Vec<u8>)> {
+fn decode_head(message: &[u8]) -> Result<(Head, &[u8], Vec<u8>)> {
     let what = "a foreign export";
+    let payload = envelope::open_message(HEAD_MAGIC, what, message)?;
     let fixed = std::mem::size_of::<Head>();
     let Some(fixed_bytes) = payload.get(..fixed) else {
         return Err(corrupt(HandleDefect::Size {
             what,
-            expected: fixed,
-            found: payload.len(),
+            expected: fixed + 8,
+            found: message.len(),
         }));
     };
     let head: Head = bytemuck::pod_read_unaligned(fixed_bytes);
-    if head.magic != HEAD_MAGIC {
-        return Err(corrupt(HandleDefect::Magic {
-            what,
-            found: u64::from_le_bytes(head.magic),
-        }));
-    }
     let body_len = match head.kind {
         KIND_LEGACY if head.chunks == 0 && head.here == 0 => std::mem::size_of::<RawExport>(),
         KIND_CHUNKS
@@ -721,8 +724,8 @@ fn decode_head(payload: &[u8]) -> Result<(Head, &[u8], Vec<u8>)> {
     if meta_len > MAX_META || payload.len() != fixed + body_len + meta_len {
         return Err(corrupt(HandleDefect::Size {
             what,
-            expected: fixed + body_len + meta_len.min(MAX_META),
-            found: payload.len(),
+            expected: fixed + body_len + meta_len.min(MAX_META) + 8,
+            found: message.len(),
         }));
     }
     let body = &payload[fixed..fixed + body_len];
@@ -753,23 +756,18 @@ fn decode_sizes(body: &[u8]) -> Result<Vec<u64>> {
 }
 
 /// A continuation's sizes, which must start at chunk `have` and stay within `total`.
-fn decode_more(payload: &[u8], have: usize, total: usize) -> Result<Vec<u64>> {
+fn decode_more(message: &[u8], have: usize, total: usize) -> Result<Vec<u64>> {
     let what = "a foreign export's continuation";
+    let payload = envelope::open_message(MORE_MAGIC, what, message)?;
     let fixed = std::mem::size_of::<More>();
     let Some(fixed_bytes) = payload.get(..fixed) else {
         return Err(corrupt(HandleDefect::Size {
             what,
-            expected: fixed,
-            found: payload.len(),
+            expected: fixed + 8,
+            found: message.len(),
         }));
     };
     let more: More = bytemuck::pod_read_unaligned(fixed_bytes);
-    if more.magic != MORE_MAGIC {
-        return Err(corrupt(HandleDefect::Magic {
-            what,
-            found: u64::from_le_bytes(more.magic),
-        }));
-    }
     let here = more.here as usize;
     if more.first as usize != have
         || here == 0
@@ -829,7 +827,18 @@ pub mod __testing {
     /// parsers accept must be consistent with the bytes (the fuzz target's invariant); an
     /// error is fine, a panic is not.
     pub fn parse(data: &[u8], more: &[&[u8]]) {
-        let Ok((head, body, meta)) = decode_head(data) else {
+        // Resealed, so that mutated bytes reach the checks behind the checksum.
+        let mut data = data.to_vec();
+        crate::envelope::reseal_message(&mut data);
+        let more: Vec<Vec<u8>> = more
+            .iter()
+            .map(|m| {
+                let mut m = m.to_vec();
+                crate::envelope::reseal_message(&mut m);
+                m
+            })
+            .collect();
+        let Ok((head, body, meta)) = decode_head(&data) else {
             return;
         };
         assert!(meta.len() <= super::MAX_META);
@@ -839,7 +848,7 @@ pub mod __testing {
             assert!(head.here as usize <= FdSocket::MAX_FDS && head.here <= head.chunks);
         }
         let mut have = head.here as usize;
-        for m in more {
+        for m in &more {
             match decode_more(m, have, head.chunks as usize) {
                 Ok(sizes) => {
                     assert!(!sizes.is_empty() && sizes.len() <= FdSocket::MAX_FDS);
@@ -934,8 +943,17 @@ mod tests {
                 defect: HandleDefect::Kind { .. }
             })
         ));
+        // One byte changed on the way is the checksum's to catch.
+        let mut p = encode_head(head(KIND_CHUNKS, 3, 3, 0), &sizes(3), b"");
+        p[20] ^= 1;
+        assert!(matches!(
+            decode_head(&p),
+            Err(Error::CorruptHandle {
+                defect: HandleDefect::Checksum { .. }
+            })
+        ));
         let mut bad = head(KIND_CHUNKS, 3, 3, 0);
-        bad.magic = *b"cuipcfm2";
+        bad.magic = *b"cuipcfm1"; // the format before the checksum
         assert!(matches!(
             decode_head(&encode_head(bad, &sizes(3), b"")),
             Err(Error::CorruptHandle {
@@ -959,7 +977,7 @@ mod tests {
                 first,
                 here,
             };
-            [bytemuck::bytes_of(&m), &sizes(n)].concat()
+            encode_more(m, &sizes(n))
         };
         assert_eq!(
             decode_more(&more(16, 4, 4), 16, 20).expect("valid").len(),
@@ -1039,7 +1057,7 @@ mod tests {
             peer.send(&forged(2, &[2 << 20, 2 << 20]), &[w], t)
                 .expect("send");
             // Not a head at all.
-            peer.send(b"cuipcfm1, short", &[w, w], t).expect("send");
+            peer.send(b"cuipcfm2, short", &[w, w], t).expect("send");
             // A valid first part, then a continuation that starts at the wrong chunk.
             peer.send(&forged(3, &[2 << 20]), &[w], t).expect("send");
             let more = More {
@@ -1047,8 +1065,8 @@ mod tests {
                 first: 5,
                 here: 2,
             };
-            let payload = [bytemuck::bytes_of(&more), &[0; 16]].concat();
-            peer.send(&payload, &[w, w], t).expect("send");
+            peer.send(&encode_more(more, &[0; 16]), &[w, w], t)
+                .expect("send");
             // Chunks that do not hold the data: 4096 bytes at offset 0 in one chunk of 1 byte.
             peer.send(&forged(1, &[1]), &[w], t).expect("send");
             // Twenty chunks announced, sixteen sent, then the sender goes away.
