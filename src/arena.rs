@@ -652,8 +652,6 @@ envelope::sealed_format!(
 /// descriptor) can open it, with [`ImportedArena::open`].
 pub type ArenaHandle<T> = BufferHandle<IpcArena, T>;
 
-/// Size of an [`ArenaHandle`] in bytes.
-pub(crate) const ARENA_HANDLE_SIZE: usize = std::mem::size_of::<RawArenaHandle>();
 
 impl crate::handle::BufferKind for IpcArena {
     type Raw = RawArenaHandle;
@@ -982,18 +980,18 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 #[doc(hidden)]
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
-    use super::ARENA_HANDLE_SIZE;
+    use super::ArenaHandle;
     pub use crate::ledger::testing::*;
 
     /// Recompute the checksum of an [`ArenaHandle`]'s bytes (80), as a forger would: for tests
     /// that a handle with a valid checksum but a forged range or length is still refused.
     pub fn reseal_arena_handle(bytes: &mut [u8]) {
-        reseal(bytes, ARENA_HANDLE_SIZE);
+        reseal(bytes, ArenaHandle::<u8>::SIZE);
     }
 
     /// Recompute the checksum of a [`PoolHandle`](crate::pool::PoolHandle)'s bytes (136).
     pub fn reseal_pool_handle(bytes: &mut [u8]) {
-        reseal(bytes, crate::pool::POOL_HANDLE_SIZE);
+        reseal(bytes, crate::pool::PoolHandle::<u8>::SIZE);
     }
 
     fn reseal(bytes: &mut [u8], size: usize) {
@@ -1040,7 +1038,7 @@ mod tests {
         let back = ArenaHandle::<u32>::from_bytes(h.as_bytes()).unwrap();
         assert!(back == h);
         assert_eq!((back.len(), back.generation()), (100, 5));
-        for i in 0..ARENA_HANDLE_SIZE {
+        for i in 0..ArenaHandle::<u8>::SIZE {
             let mut bytes = h.as_bytes().to_vec();
             bytes[i] ^= 0x40;
             assert!(

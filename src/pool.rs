@@ -719,9 +719,6 @@ pub struct RawPoolHandle {
 
 const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
 
-/// Size of a [`PoolHandle`] in bytes.
-pub(crate) const POOL_HANDLE_SIZE: usize = std::mem::size_of::<RawPoolHandle>();
-
 // "CIPP" little-endian, layout version 1.
 envelope::sealed_format!(
     RawPoolHandle,

@@ -14,28 +14,24 @@ pub(crate) fn create(flags: c_uint) -> Result<sys::CUevent> {
     })
 }
 
-/// Destroy an event (`cuEventDestroy`), in its context (current). Destroying an event a
-/// stream has yet to reach is allowed: the driver releases it when reached.
-///
-/// # Safety
-///
-/// `event` is a live event of the current context, destroyed once and not used after.
-pub(crate) unsafe fn destroy(event: sys::CUevent) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) })
+forward! {
+    /// Destroy an event (`cuEventDestroy`), in its context (current). Destroying an event a
+    /// stream has yet to reach is allowed: the driver releases it when reached.
+    ///
+    /// # Safety
+    ///
+    /// `event` is a live event of the current context, destroyed once and not used after.
+    fn destroy(event: sys::CUevent) => cuEventDestroy_v2 as "cuEventDestroy";
 }
 
-/// Record `event` on `stream` (`cuEventRecord`).
-///
-/// # Safety
-///
-/// `event` is a live event and `stream` a live stream (or a default-stream handle), both of
-/// the current context.
-pub(crate) unsafe fn record(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuEventRecord", unsafe {
-        sys::cuEventRecord(event, stream)
-    })
+forward! {
+    /// Record `event` on `stream` (`cuEventRecord`).
+    ///
+    /// # Safety
+    ///
+    /// `event` is a live event and `stream` a live stream (or a default-stream handle), both of
+    /// the current context.
+    fn record(event: sys::CUevent, stream: sys::CUstream) => cuEventRecord as "cuEventRecord";
 }
 
 /// Whether the work before `event`'s last record has completed (`cuEventQuery`).
@@ -52,14 +48,11 @@ pub(crate) unsafe fn query(event: sys::CUevent) -> Result<bool> {
     }
 }
 
-/// Block until the work before `event`'s last record has completed (`cuEventSynchronize`).
-///
-/// # Safety
-///
-/// `event` is a live event.
-pub(crate) unsafe fn synchronize(event: sys::CUevent) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuEventSynchronize", unsafe {
-        sys::cuEventSynchronize(event)
-    })
+forward! {
+    /// Block until the work before `event`'s last record has completed (`cuEventSynchronize`).
+    ///
+    /// # Safety
+    ///
+    /// `event` is a live event.
+    fn synchronize(event: sys::CUevent) => cuEventSynchronize as "cuEventSynchronize";
 }

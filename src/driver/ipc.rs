@@ -2,7 +2,7 @@
 
 use std::ptr;
 
-use super::{answer, check, sys};
+use super::{answer, sys};
 use crate::error::Result;
 
 /// The legacy IPC handle of a `cuMemAlloc` allocation (`cuIpcGetMemHandle`).
@@ -35,18 +35,15 @@ pub(crate) fn open_mem_handle(handle: [u8; 64]) -> Result<sys::CUdeviceptr> {
     })
 }
 
-/// Unmap memory opened with [`open_mem_handle`] (`cuIpcCloseMemHandle`), in its context
-/// (current).
-///
-/// # Safety
-///
-/// `ptr` came from [`open_mem_handle`] in the current context and is closed once, with no
-/// view of it left and no queued work that uses it.
-pub(crate) unsafe fn close_mem_handle(ptr: sys::CUdeviceptr) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuIpcCloseMemHandle", unsafe {
-        sys::cuIpcCloseMemHandle(ptr)
-    })
+forward! {
+    /// Unmap memory opened with [`open_mem_handle`] (`cuIpcCloseMemHandle`), in its context
+    /// (current).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from [`open_mem_handle`] in the current context and is closed once, with no
+    /// view of it left and no queued work that uses it.
+    fn close_mem_handle(ptr: sys::CUdeviceptr) => cuIpcCloseMemHandle as "cuIpcCloseMemHandle";
 }
 
 /// The IPC handle of an interprocess event (`cuIpcGetEventHandle`).

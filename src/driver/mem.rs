@@ -14,15 +14,14 @@ pub(crate) fn alloc(bytes: usize) -> Result<sys::CUdeviceptr> {
     })
 }
 
-/// Free memory from [`alloc`] or from a pool (`cuMemFree`), in its context (current).
-///
-/// # Safety
-///
-/// `ptr` is an allocation of the current context that the caller owns and frees once, with
-/// no view of it left and no queued work that uses it.
-pub(crate) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) })
+forward! {
+    /// Free memory from [`alloc`] or from a pool (`cuMemFree`), in its context (current).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is an allocation of the current context that the caller owns and frees once, with
+    /// no view of it left and no queued work that uses it.
+    fn free(ptr: sys::CUdeviceptr) => cuMemFree_v2 as "cuMemFree";
 }
 
 /// The allocation `ptr` lies in: its base and size (`cuPointerGetAttributes` with
@@ -85,125 +84,76 @@ pub(crate) fn attribute(ptr: sys::CUdeviceptr, attribute: c_int) -> Result<u64> 
     Ok(value)
 }
 
-/// Copy `bytes` from host `src` to device `dst` (`cuMemcpyHtoD`).
-///
-/// # Safety
-///
-/// `src` is readable for `bytes` bytes; `dst..dst + bytes` is device memory the caller may
-/// write.
-pub(crate) unsafe fn copy_htod(
-    dst: sys::CUdeviceptr,
-    src: *const c_void,
-    bytes: usize,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemcpyHtoD", unsafe {
-        sys::cuMemcpyHtoD_v2(dst, src, bytes)
-    })
+forward! {
+    /// Copy `bytes` from host `src` to device `dst` (`cuMemcpyHtoD`).
+    ///
+    /// # Safety
+    ///
+    /// `src` is readable for `bytes` bytes; `dst..dst + bytes` is device memory the caller may
+    /// write.
+    fn copy_htod(dst: sys::CUdeviceptr, src: *const c_void, bytes: usize) => cuMemcpyHtoD_v2 as "cuMemcpyHtoD";
 }
 
-/// Copy `bytes` from device `src` to host `dst` (`cuMemcpyDtoH`).
-///
-/// # Safety
-///
-/// `dst` is writable for `bytes` bytes, and any bytes are valid there; `src..src + bytes` is
-/// device memory.
-pub(crate) unsafe fn copy_dtoh(
-    dst: *mut c_void,
-    src: sys::CUdeviceptr,
-    bytes: usize,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemcpyDtoH", unsafe {
-        sys::cuMemcpyDtoH_v2(dst, src, bytes)
-    })
+forward! {
+    /// Copy `bytes` from device `src` to host `dst` (`cuMemcpyDtoH`).
+    ///
+    /// # Safety
+    ///
+    /// `dst` is writable for `bytes` bytes, and any bytes are valid there; `src..src + bytes` is
+    /// device memory.
+    fn copy_dtoh(dst: *mut c_void, src: sys::CUdeviceptr, bytes: usize) => cuMemcpyDtoH_v2 as "cuMemcpyDtoH";
 }
 
-/// Enqueue a copy of `bytes` from host `src` to device `dst` on `stream`
-/// (`cuMemcpyHtoDAsync`).
-///
-/// # Safety
-///
-/// As [`copy_htod`], for as long as the copy runs; `stream` is a live stream of the current
-/// context (or a default-stream handle).
-pub(crate) unsafe fn copy_htod_async(
-    dst: sys::CUdeviceptr,
-    src: *const c_void,
-    bytes: usize,
-    stream: sys::CUstream,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemcpyHtoDAsync", unsafe {
-        sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)
-    })
+forward! {
+    /// Enqueue a copy of `bytes` from host `src` to device `dst` on `stream`
+    /// (`cuMemcpyHtoDAsync`).
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_htod`], for as long as the copy runs; `stream` is a live stream of the current
+    /// context (or a default-stream handle).
+    fn copy_htod_async(dst: sys::CUdeviceptr, src: *const c_void, bytes: usize, stream: sys::CUstream) => cuMemcpyHtoDAsync_v2 as "cuMemcpyHtoDAsync";
 }
 
-/// Enqueue a copy of `bytes` from device `src` to host `dst` on `stream`
-/// (`cuMemcpyDtoHAsync`).
-///
-/// # Safety
-///
-/// As [`copy_dtoh`], for as long as the copy runs (and nothing else touches `dst`);
-/// `stream` is a live stream of the current context (or a default-stream handle).
-pub(crate) unsafe fn copy_dtoh_async(
-    dst: *mut c_void,
-    src: sys::CUdeviceptr,
-    bytes: usize,
-    stream: sys::CUstream,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemcpyDtoHAsync", unsafe {
-        sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream)
-    })
+forward! {
+    /// Enqueue a copy of `bytes` from device `src` to host `dst` on `stream`
+    /// (`cuMemcpyDtoHAsync`).
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_dtoh`], for as long as the copy runs (and nothing else touches `dst`);
+    /// `stream` is a live stream of the current context (or a default-stream handle).
+    fn copy_dtoh_async(dst: *mut c_void, src: sys::CUdeviceptr, bytes: usize, stream: sys::CUstream) => cuMemcpyDtoHAsync_v2 as "cuMemcpyDtoHAsync";
 }
 
-/// Enqueue a device-to-device copy of `bytes` on `stream` (`cuMemcpyDtoDAsync`).
-///
-/// # Safety
-///
-/// Both ranges are device memory, `dst` the caller's to write, for as long as the copy
-/// runs; `stream` is a live stream of the current context (or a default-stream handle).
-pub(crate) unsafe fn copy_dtod_async(
-    dst: sys::CUdeviceptr,
-    src: sys::CUdeviceptr,
-    bytes: usize,
-    stream: sys::CUstream,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
-    })
+forward! {
+    /// Enqueue a device-to-device copy of `bytes` on `stream` (`cuMemcpyDtoDAsync`).
+    ///
+    /// # Safety
+    ///
+    /// Both ranges are device memory, `dst` the caller's to write, for as long as the copy
+    /// runs; `stream` is a live stream of the current context (or a default-stream handle).
+    fn copy_dtod_async(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: sys::CUstream) => cuMemcpyDtoDAsync_v2 as "cuMemcpyDtoDAsync";
 }
 
-/// Set `bytes` bytes at `dst` to `value` (`cuMemsetD8`, on the legacy default stream: it may
-/// return before the device is done).
-///
-/// # Safety
-///
-/// `dst..dst + bytes` is device memory the caller may write.
-pub(crate) unsafe fn set_bytes(dst: sys::CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemsetD8", unsafe {
-        sys::cuMemsetD8_v2(dst, value, bytes)
-    })
+forward! {
+    /// Set `bytes` bytes at `dst` to `value` (`cuMemsetD8`, on the legacy default stream: it may
+    /// return before the device is done).
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + bytes` is device memory the caller may write.
+    fn set_bytes(dst: sys::CUdeviceptr, value: u8, bytes: usize) => cuMemsetD8_v2 as "cuMemsetD8";
 }
 
-/// Enqueue setting `bytes` bytes at `dst` to `value` on `stream` (`cuMemsetD8Async`).
-///
-/// # Safety
-///
-/// As [`set_bytes`], for as long as the memset runs; `stream` is a live stream of the
-/// current context (or a default-stream handle).
-pub(crate) unsafe fn set_bytes_async(
-    dst: sys::CUdeviceptr,
-    value: u8,
-    bytes: usize,
-    stream: sys::CUstream,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemsetD8Async", unsafe {
-        sys::cuMemsetD8Async(dst, value, bytes, stream)
-    })
+forward! {
+    /// Enqueue setting `bytes` bytes at `dst` to `value` on `stream` (`cuMemsetD8Async`).
+    ///
+    /// # Safety
+    ///
+    /// As [`set_bytes`], for as long as the memset runs; `stream` is a live stream of the
+    /// current context (or a default-stream handle).
+    fn set_bytes_async(dst: sys::CUdeviceptr, value: u8, bytes: usize, stream: sys::CUstream) => cuMemsetD8Async as "cuMemsetD8Async";
 }
 
 /// Allocate `bytes` of page-locked host memory in the current context (`cuMemAllocHost`).
@@ -214,12 +164,11 @@ pub(crate) fn alloc_host(bytes: usize) -> Result<*mut c_void> {
     })
 }
 
-/// Free memory from [`alloc_host`] (`cuMemFreeHost`).
-///
-/// # Safety
-///
-/// `p` came from [`alloc_host`], is freed once, and no copy into or out of it is queued.
-pub(crate) unsafe fn free_host(p: *mut c_void) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(p) })
+forward! {
+    /// Free memory from [`alloc_host`] (`cuMemFreeHost`).
+    ///
+    /// # Safety
+    ///
+    /// `p` came from [`alloc_host`], is freed once, and no copy into or out of it is queued.
+    fn free_host(p: *mut c_void) => cuMemFreeHost as "cuMemFreeHost";
 }

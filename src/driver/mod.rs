@@ -7,6 +7,25 @@
 //! Users never need this module, but it is public so that they can reach the raw functions with
 //! the same integer-return discipline.
 
+/// An `unsafe fn` that only forwards one driver call, whose contract is the caller's (each
+/// states it under `# Safety`): the arguments in the call's order, its code checked and named.
+///
+/// ```text
+/// forward! {
+///     /// Destroy a stream (`cuStreamDestroy`). # Safety: a live stream, destroyed once.
+///     fn destroy(stream: sys::CUstream) => cuStreamDestroy_v2 as "cuStreamDestroy";
+/// }
+/// ```
+macro_rules! forward {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $sym:ident as $call:literal;) => {
+        $(#[$doc])*
+        pub(crate) unsafe fn $name($($arg: $ty),*) -> $crate::error::Result<()> {
+            // SAFETY: the caller's duty (the function's `# Safety`), forwarded unchanged.
+            super::check($call, unsafe { super::sys::$sym($($arg),*) })
+        }
+    };
+}
+
 pub(crate) mod ctx;
 pub(crate) mod device;
 pub(crate) mod event;

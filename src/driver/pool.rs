@@ -16,15 +16,14 @@ pub(crate) fn create(props: &sys::CUmemPoolProps) -> Result<sys::CUmemoryPool> {
     })
 }
 
-/// Destroy a pool (`cuMemPoolDestroy`); the driver defers the release while allocations from
-/// it are outstanding.
-///
-/// # Safety
-///
-/// `pool` is a live pool (created or imported by the caller), destroyed once, not used after.
-pub(crate) unsafe fn destroy(pool: sys::CUmemoryPool) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemPoolDestroy", unsafe { sys::cuMemPoolDestroy(pool) })
+forward! {
+    /// Destroy a pool (`cuMemPoolDestroy`); the driver defers the release while allocations from
+    /// it are outstanding.
+    ///
+    /// # Safety
+    ///
+    /// `pool` is a live pool (created or imported by the caller), destroyed once, not used after.
+    fn destroy(pool: sys::CUmemoryPool) => cuMemPoolDestroy as "cuMemPoolDestroy";
 }
 
 /// Share a pool as a POSIX file descriptor (`cuMemPoolExportToShareableHandle`), owned by the
@@ -117,16 +116,13 @@ pub(crate) unsafe fn alloc_async(
     })
 }
 
-/// Enqueue freeing a pool allocation on `stream` (`cuMemFreeAsync`).
-///
-/// # Safety
-///
-/// As [`super::mem::free`] for `ptr`, ordered after the work on `stream`; `stream` is live.
-pub(crate) unsafe fn free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemFreeAsync", unsafe {
-        sys::cuMemFreeAsync(ptr, stream)
-    })
+forward! {
+    /// Enqueue freeing a pool allocation on `stream` (`cuMemFreeAsync`).
+    ///
+    /// # Safety
+    ///
+    /// As [`super::mem::free`] for `ptr`, ordered after the work on `stream`; `stream` is live.
+    fn free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) => cuMemFreeAsync as "cuMemFreeAsync";
 }
 
 /// The data that names one allocation of an exportable pool to its importers

@@ -16,30 +16,24 @@ pub(crate) fn create_non_blocking() -> Result<sys::CUstream> {
     })
 }
 
-/// Destroy a stream from [`create_non_blocking`] (`cuStreamDestroy`); work queued on it
-/// still runs.
-///
-/// # Safety
-///
-/// `stream` is a live stream of the current context, destroyed once and not used after.
-pub(crate) unsafe fn destroy(stream: sys::CUstream) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuStreamDestroy", unsafe {
-        sys::cuStreamDestroy_v2(stream)
-    })
+forward! {
+    /// Destroy a stream from [`create_non_blocking`] (`cuStreamDestroy`); work queued on it
+    /// still runs.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of the current context, destroyed once and not used after.
+    fn destroy(stream: sys::CUstream) => cuStreamDestroy_v2 as "cuStreamDestroy";
 }
 
-/// Block until the work queued on `stream` has completed (`cuStreamSynchronize`; a null
-/// stream is the current context's legacy default stream).
-///
-/// # Safety
-///
-/// `stream` is a live stream of the current context, or null with a context current.
-pub(crate) unsafe fn synchronize(stream: sys::CUstream) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuStreamSynchronize", unsafe {
-        sys::cuStreamSynchronize(stream)
-    })
+forward! {
+    /// Block until the work queued on `stream` has completed (`cuStreamSynchronize`; a null
+    /// stream is the current context's legacy default stream).
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of the current context, or null with a context current.
+    fn synchronize(stream: sys::CUstream) => cuStreamSynchronize as "cuStreamSynchronize";
 }
 
 /// Make `stream` wait for `event`'s last record (`cuStreamWaitEvent`).
@@ -55,40 +49,24 @@ pub(crate) unsafe fn wait_event(stream: sys::CUstream, event: sys::CUevent) -> R
     })
 }
 
-/// Enqueue "write `value` to the 8-byte word at `addr`" on `stream` (`cuStreamWriteValue64`).
-///
-/// # Safety
-///
-/// `addr` is an 8-byte aligned device word the caller may write, mapped until the write has
-/// run; `stream` is live (of the current context, or a default-stream handle).
-pub(crate) unsafe fn write_value64(
-    stream: sys::CUstream,
-    addr: sys::CUdeviceptr,
-    value: u64,
-    flags: c_uint,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuStreamWriteValue64", unsafe {
-        sys::cuStreamWriteValue64_v2(stream, addr, value, flags)
-    })
+forward! {
+    /// Enqueue "write `value` to the 8-byte word at `addr`" on `stream` (`cuStreamWriteValue64`).
+    ///
+    /// # Safety
+    ///
+    /// `addr` is an 8-byte aligned device word the caller may write, mapped until the write has
+    /// run; `stream` is live (of the current context, or a default-stream handle).
+    fn write_value64(stream: sys::CUstream, addr: sys::CUdeviceptr, value: u64, flags: c_uint) => cuStreamWriteValue64_v2 as "cuStreamWriteValue64";
 }
 
-/// Enqueue "wait until the 8-byte word at `addr` satisfies `flags` against `value`" on
-/// `stream` (`cuStreamWaitValue64`).
-///
-/// # Safety
-///
-/// As [`write_value64`], the word read rather than written.
-pub(crate) unsafe fn wait_value64(
-    stream: sys::CUstream,
-    addr: sys::CUdeviceptr,
-    value: u64,
-    flags: c_uint,
-) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuStreamWaitValue64", unsafe {
-        sys::cuStreamWaitValue64_v2(stream, addr, value, flags)
-    })
+forward! {
+    /// Enqueue "wait until the 8-byte word at `addr` satisfies `flags` against `value`" on
+    /// `stream` (`cuStreamWaitValue64`).
+    ///
+    /// # Safety
+    ///
+    /// As [`write_value64`], the word read rather than written.
+    fn wait_value64(stream: sys::CUstream, addr: sys::CUdeviceptr, value: u64, flags: c_uint) => cuStreamWaitValue64_v2 as "cuStreamWaitValue64";
 }
 
 /// Enqueue `ops` on `stream` as one batch (`cuStreamBatchMemOp`).

@@ -27,15 +27,14 @@ pub(crate) fn create(
     })
 }
 
-/// Give back an allocation handle (`cuMemRelease`); the memory goes once nothing maps or
-/// holds it.
-///
-/// # Safety
-///
-/// `handle` came from [`create`] or [`import_fd`] and is released once, not used after.
-pub(crate) unsafe fn release(handle: sys::CUmemGenericAllocationHandle) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
+forward! {
+    /// Give back an allocation handle (`cuMemRelease`); the memory goes once nothing maps or
+    /// holds it.
+    ///
+    /// # Safety
+    ///
+    /// `handle` came from [`create`] or [`import_fd`] and is released once, not used after.
+    fn release(handle: sys::CUmemGenericAllocationHandle) => cuMemRelease as "cuMemRelease";
 }
 
 /// Reserve `size` bytes of device address space aligned to `alignment`
@@ -47,17 +46,14 @@ pub(crate) fn address_reserve(size: usize, alignment: usize) -> Result<sys::CUde
     })
 }
 
-/// Give back an address range (`cuMemAddressFree`).
-///
-/// # Safety
-///
-/// `ptr..ptr + size` came from [`address_reserve`], holds no mapping any more, and is freed
-/// once.
-pub(crate) unsafe fn address_free(ptr: sys::CUdeviceptr, size: usize) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemAddressFree", unsafe {
-        sys::cuMemAddressFree(ptr, size)
-    })
+forward! {
+    /// Give back an address range (`cuMemAddressFree`).
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + size` came from [`address_reserve`], holds no mapping any more, and is freed
+    /// once.
+    fn address_free(ptr: sys::CUdeviceptr, size: usize) => cuMemAddressFree as "cuMemAddressFree";
 }
 
 /// Map `handle`'s first `size` bytes at `ptr` (`cuMemMap`).
@@ -77,15 +73,14 @@ pub(crate) unsafe fn map(
     })
 }
 
-/// Unmap `ptr..ptr + size` (`cuMemUnmap`).
-///
-/// # Safety
-///
-/// The range was mapped by [`map`], is unmapped once, and no view of it is left and no
-/// queued work uses it.
-pub(crate) unsafe fn unmap(ptr: sys::CUdeviceptr, size: usize) -> Result<()> {
-    // SAFETY: the caller's duty.
-    check("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr, size) })
+forward! {
+    /// Unmap `ptr..ptr + size` (`cuMemUnmap`).
+    ///
+    /// # Safety
+    ///
+    /// The range was mapped by [`map`], is unmapped once, and no view of it is left and no
+    /// queued work uses it.
+    fn unmap(ptr: sys::CUdeviceptr, size: usize) => cuMemUnmap as "cuMemUnmap";
 }
 
 /// Grant `desc`'s access to the mapped range `ptr..ptr + size` (`cuMemSetAccess`).
