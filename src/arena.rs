@@ -652,7 +652,6 @@ envelope::sealed_format!(
 /// descriptor) can open it, with [`ImportedArena::open`].
 pub type ArenaHandle<T> = BufferHandle<IpcArena, T>;
 
-
 impl crate::handle::BufferKind for IpcArena {
     type Raw = RawArenaHandle;
     const NAME: &'static str = "ArenaHandle";

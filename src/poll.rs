@@ -53,6 +53,16 @@ impl Backoff {
         Self::since(Instant::now(), timeout, first, max)
     }
 
+    /// A wait of at most `timeout` from now for importers to let go of an export (their
+    /// views to drop, or their deaths to be proven): 100 µs, doubling up to 20 ms.
+    pub(crate) fn for_importers(timeout: Duration) -> Self {
+        Self::new(
+            timeout,
+            Duration::from_micros(100),
+            Duration::from_millis(20),
+        )
+    }
+
     /// As [`new`](Self::new), for a wait whose time started at `start` (a deadline shared by
     /// several steps).
     pub(crate) fn since(start: Instant, timeout: Duration, first: Duration, max: Duration) -> Self {

@@ -831,11 +831,7 @@ impl PoolAlloc {
     /// [`Error::LeasesOutstanding`] naming the importers still holding it.
     pub(crate) fn wait_unheld(&self, timeout: Duration) -> Result<()> {
         self.owner.ledger.retire(&self.placed);
-        let mut wait = Backoff::new(
-            timeout,
-            Duration::from_micros(100),
-            Duration::from_millis(20),
-        );
+        let mut wait = Backoff::for_importers(timeout);
         loop {
             if !self.is_viewed() {
                 return Ok(());

@@ -388,11 +388,7 @@ impl<T: Pod> IpcBuffer<T> {
         if !record.retire() {
             return Ok(());
         }
-        let mut wait = Backoff::new(
-            timeout,
-            Duration::from_micros(100),
-            Duration::from_millis(20),
-        );
+        let mut wait = Backoff::for_importers(timeout);
         loop {
             ledger::collect_exports();
             if !record.is_held() {

@@ -428,11 +428,7 @@ impl ExportLeases {
     /// [`close_and_scan`](Self::close_and_scan) until no holder is left or `timeout` has
     /// passed; the holders left and the time waited.
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
-        let mut wait = Backoff::new(
-            timeout,
-            Duration::from_micros(100),
-            Duration::from_millis(20),
-        );
+        let mut wait = Backoff::for_importers(timeout);
         loop {
             let holders = self.close_and_scan();
             if holders.is_empty() {
