@@ -550,13 +550,7 @@ pub struct ArenaBuffer<T: Pod> {
     placed: Placed,
 }
 
-impl<T: Pod> std::ops::Deref for ArenaBuffer<T> {
-    type Target = GpuSlice<T>;
-
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
+crate::slice::deref_to!(ArenaBuffer<T> => slice: GpuSlice<T>);
 
 impl<T: Pod> ArenaBuffer<T> {
     /// The handle a process that imported the arena opens with [`ImportedArena::open`]: 80
@@ -936,13 +930,7 @@ pub struct ArenaView<T: Pod> {
     index: u32,
 }
 
-impl<T: Pod> std::ops::Deref for ArenaView<T> {
-    type Target = GpuSlice<T>;
-
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
+crate::slice::deref_to!(ArenaView<T> => slice: GpuSlice<T>);
 
 impl<T: Pod> ArenaView<T> {
     /// Whether the owner still has the buffer (false once it was freed: the view stays valid,

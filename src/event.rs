@@ -66,14 +66,7 @@ pub struct IpcEvent {
     event: GpuEvent,
 }
 
-impl std::ops::Deref for IpcEvent {
-    type Target = GpuEvent;
-
-    /// The event's operations.
-    fn deref(&self) -> &GpuEvent {
-        &self.event
-    }
-}
+crate::slice::deref_to!(IpcEvent => event: GpuEvent);
 
 /// Another process's [`IpcEvent`], opened in this process (`cuIpcOpenEventHandle`): record it,
 /// make streams wait on it and synchronise with it as the exporter does (it dereferences to
@@ -112,14 +105,7 @@ pub struct ImportedEvent {
     exporter: ProcessIdentity,
 }
 
-impl std::ops::Deref for ImportedEvent {
-    type Target = GpuEvent;
-
-    /// The event's operations.
-    fn deref(&self) -> &GpuEvent {
-        &self.event
-    }
-}
+crate::slice::deref_to!(ImportedEvent => event: GpuEvent);
 
 /// The operations of an interprocess event, exported ([`IpcEvent`]) or opened
 /// ([`ImportedEvent`]): both dereference to it.

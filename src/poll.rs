@@ -63,6 +63,26 @@ impl Backoff {
         )
     }
 
+    /// Pause until `unheld()` says no importer holds an export any more; past the time,
+    /// [`Error::LeasesOutstanding`](crate::Error::LeasesOutstanding) naming `holders()` and the time waited.
+    pub(crate) fn until_unheld(
+        mut self,
+        mut unheld: impl FnMut() -> bool,
+        holders: impl FnOnce() -> Vec<u32>,
+    ) -> crate::error::Result<()> {
+        loop {
+            if unheld() {
+                return Ok(());
+            }
+            if let Err(waited) = self.pause() {
+                return Err(crate::error::Error::LeasesOutstanding {
+                    pids: holders(),
+                    waited,
+                });
+            }
+        }
+    }
+
     /// As [`new`](Self::new), for a wait whose time started at `start` (a deadline shared by
     /// several steps).
     pub(crate) fn since(start: Instant, timeout: Duration, first: Duration, max: Duration) -> Self {

@@ -687,13 +687,7 @@ unsafe impl Send for PoolAlloc {}
 // shared table.
 unsafe impl Sync for PoolAlloc {}
 
-impl<T: Pod> std::ops::Deref for PoolBuffer<T> {
-    type Target = GpuSlice<T>;
-
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
+crate::slice::deref_to!(PoolBuffer<T> => slice: GpuSlice<T>);
 
 /// The bytes of a [`PoolHandle`] (its fields are this crate's; the type is named only by
 /// [`BufferKind`](crate::handle::BufferKind)).
@@ -831,22 +825,14 @@ impl PoolAlloc {
     /// [`Error::LeasesOutstanding`] naming the importers still holding it.
     pub(crate) fn wait_unheld(&self, timeout: Duration) -> Result<()> {
         self.owner.ledger.retire(&self.placed);
-        let mut wait = Backoff::for_importers(timeout);
-        loop {
+        let unheld = || {
             if !self.is_viewed() {
-                return Ok(());
+                return true;
             }
             self.owner.reclaim(Reap::Always);
-            if !self.is_viewed() {
-                return Ok(());
-            }
-            if let Err(waited) = wait.pause() {
-                return Err(Error::LeasesOutstanding {
-                    pids: self.importers(),
-                    waited,
-                });
-            }
-        }
+            !self.is_viewed()
+        };
+        Backoff::for_importers(timeout).until_unheld(unheld, || self.importers())
     }
 
     /// Free the allocation — ordered on `stream`, or now — if no importer holds it; otherwise
@@ -1297,13 +1283,7 @@ pub(crate) struct PoolHold {
     index: u32,
 }
 
-impl<T: Pod> std::ops::Deref for PoolView<T> {
-    type Target = GpuSlice<T>;
-
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
+crate::slice::deref_to!(PoolView<T> => slice: GpuSlice<T>);
 
 impl<T: Pod> PoolView<T> {
     /// Whether the owner still has the buffer (false once it was freed; the view stays valid).

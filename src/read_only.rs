@@ -3,7 +3,7 @@
 //! in one reader must not corrupt everyone's data.
 //!
 //! [`ReadOnlyBuffer`] is here; the arena's and the pool's are beside them. What is guaranteed
-//! where is documented once, on [`ReadOnlySlice`] (public docs: this module is private),
+//! where is documented once, on [`ReadOnlySlice`](crate::ReadOnlySlice) (public docs: this module is private),
 //! under "What the GPU enforces".
 
 use std::os::fd::OwnedFd;
@@ -15,14 +15,13 @@ use crate::context::GpuContext;
 use crate::error::Result;
 use crate::handle::IpcMemHandle;
 use crate::process::ProcessIdentity;
-use crate::slice::ReadOnlySlice;
 
 /// A buffer another process exported, mapped so that this process can only read it (see
-/// [`ReadOnlySlice`](ReadOnlySlice#what-the-gpu-enforces)): a [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffer mapped
+/// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)): a [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffer mapped
 /// `PROT_READ` (the GPU refuses writes), or a [`HandleType::Pool`](crate::HandleType::Pool)
 /// buffer received with [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only)
 /// (the type alone: pools cannot be mapped read-only). It dereferences to its
-/// [`ReadOnlySlice`]; otherwise it is an [`ImportedBuffer`] (a lease
+/// [`ReadOnlySlice`](crate::ReadOnlySlice); otherwise it is an [`ImportedBuffer`] (a lease
 /// on the export, the mapping kept alive after the exporter drops its buffer).
 ///
 /// # Examples
@@ -47,13 +46,7 @@ pub struct ReadOnlyBuffer<T: Pod> {
     enforced: bool,
 }
 
-impl<T: Pod> std::ops::Deref for ReadOnlyBuffer<T> {
-    type Target = ReadOnlySlice<T>;
-
-    fn deref(&self) -> &ReadOnlySlice<T> {
-        ReadOnlySlice::of(&self.inner)
-    }
-}
+crate::slice::deref_to!(ReadOnlyBuffer<T> => read_only inner);
 
 impl<T: Pod> ReadOnlyBuffer<T> {
     /// Map a [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffer read-only from its
@@ -82,7 +75,7 @@ impl<T: Pod> ReadOnlyBuffer<T> {
     }
 
     /// Whether the GPU refuses writes through this mapping (true for POSIX-fd buffers), or
-    /// only the type does (pool buffers: see the [`ReadOnlySlice`](ReadOnlySlice#what-the-gpu-enforces)).
+    /// only the type does (pool buffers: see the [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)).
     #[must_use]
     pub fn is_enforced_by_gpu(&self) -> bool {
         self.enforced

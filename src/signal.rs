@@ -146,14 +146,7 @@ pub struct IpcSignal {
     signal: GpuSignal,
 }
 
-impl std::ops::Deref for IpcSignal {
-    type Target = GpuSignal;
-
-    /// The signal's operations.
-    fn deref(&self) -> &GpuSignal {
-        &self.signal
-    }
-}
+crate::slice::deref_to!(IpcSignal => signal: GpuSignal);
 
 impl IpcSignal {
     /// Create a signal in `ctx`, its counter at 0, ready to export.
@@ -242,14 +235,7 @@ pub struct ImportedSignal {
     exporter: ProcessIdentity,
 }
 
-impl std::ops::Deref for ImportedSignal {
-    type Target = GpuSignal;
-
-    /// The signal's operations.
-    fn deref(&self) -> &GpuSignal {
-        &self.signal
-    }
-}
+crate::slice::deref_to!(ImportedSignal => signal: GpuSignal);
 
 impl ImportedSignal {
     /// Open a signal exported by another process, in `ctx` (its counter is mapped with

@@ -499,3 +499,34 @@ impl<T: Pod> std::fmt::Debug for ReadOnlySlice<T> {
             .finish()
     }
 }
+
+/// `Deref` of a type to the field that holds the operations every role of it shares — its
+/// memory ([`GpuSlice`]), event or signal — or, with `read_only`, to that memory's
+/// [`ReadOnlySlice`]: written once here for every exported, imported and read-only type.
+macro_rules! deref_to {
+    ($ty:ident<T> => $field:ident: GpuSlice<T>) => {
+        impl<T: bytemuck::Pod> std::ops::Deref for $ty<T> {
+            type Target = $crate::slice::GpuSlice<T>;
+            fn deref(&self) -> &$crate::slice::GpuSlice<T> {
+                &self.$field
+            }
+        }
+    };
+    ($ty:ident<T> => read_only $field:ident) => {
+        impl<T: bytemuck::Pod> std::ops::Deref for $ty<T> {
+            type Target = $crate::slice::ReadOnlySlice<T>;
+            fn deref(&self) -> &$crate::slice::ReadOnlySlice<T> {
+                $crate::slice::ReadOnlySlice::of(&self.$field)
+            }
+        }
+    };
+    ($ty:ident => $field:ident: $target:ty) => {
+        impl std::ops::Deref for $ty {
+            type Target = $target;
+            fn deref(&self) -> &$target {
+                &self.$field
+            }
+        }
+    };
+}
+pub(crate) use deref_to;

@@ -9,7 +9,6 @@ use super::{ArenaHandle, ArenaView, ImportedArena, IpcArenaHandle};
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::process::ProcessIdentity;
-use crate::slice::ReadOnlySlice;
 use crate::vmm::Access;
 
 /// An [`IpcArena`](crate::arena::IpcArena) imported so that this process can only read it: the whole
@@ -111,19 +110,13 @@ impl std::fmt::Debug for ReadOnlyArena {
 }
 
 /// A buffer of a [`ReadOnlyArena`]: an [`ArenaView`] that dereferences to a
-/// [`ReadOnlySlice`]. Work enqueued on it must complete before it is dropped (see
+/// [`ReadOnlySlice`](crate::ReadOnlySlice). Work enqueued on it must complete before it is dropped (see
 /// [asynchronous work](crate::GpuSlice#asynchronous-work)).
 pub struct ReadOnlyArenaView<T: Pod> {
     view: ArenaView<T>,
 }
 
-impl<T: Pod> std::ops::Deref for ReadOnlyArenaView<T> {
-    type Target = ReadOnlySlice<T>;
-
-    fn deref(&self) -> &ReadOnlySlice<T> {
-        ReadOnlySlice::of(&self.view)
-    }
-}
+crate::slice::deref_to!(ReadOnlyArenaView<T> => read_only view);
 
 impl<T: Pod> ReadOnlyArenaView<T> {
     /// Whether the owner still has the buffer (as [`ArenaView::is_live`]).

@@ -100,14 +100,7 @@ pub struct IpcBuffer<T: Pod> {
     pub(super) read_only: bool,
 }
 
-impl<T: Pod> std::ops::Deref for IpcBuffer<T> {
-    type Target = GpuSlice<T>;
-
-    /// The buffer's memory: length, address, copies and memsets.
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
+crate::slice::deref_to!(IpcBuffer<T> => slice: GpuSlice<T>);
 
 impl<T: Pod> std::fmt::Debug for IpcBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -388,19 +381,11 @@ impl<T: Pod> IpcBuffer<T> {
         if !record.retire() {
             return Ok(());
         }
-        let mut wait = Backoff::for_importers(timeout);
-        loop {
+        let unheld = || {
             ledger::collect_exports();
-            if !record.is_held() {
-                return Ok(());
-            }
-            if let Err(waited) = wait.pause() {
-                return Err(Error::LeasesOutstanding {
-                    pids: record.importers(),
-                    waited,
-                });
-            }
-        }
+            !record.is_held()
+        };
+        Backoff::for_importers(timeout).until_unheld(unheld, || record.importers())
     }
 
     /// Give the memory back without waiting: freed now, or deferred while importers map it.

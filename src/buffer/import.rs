@@ -73,14 +73,7 @@ pub struct ImportedBuffer<T: Pod> {
     pub(super) import: Import,
 }
 
-impl<T: Pod> std::ops::Deref for ImportedBuffer<T> {
-    type Target = GpuSlice<T>;
-
-    /// The mapped memory: length, address, copies and memsets.
-    fn deref(&self) -> &GpuSlice<T> {
-        &self.slice
-    }
-}
+crate::slice::deref_to!(ImportedBuffer<T> => slice: GpuSlice<T>);
 
 impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

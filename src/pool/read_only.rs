@@ -9,12 +9,11 @@ use super::{ImportedPool, IpcPoolHandle, PoolHandle, PoolView};
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::process::ProcessIdentity;
-use crate::slice::ReadOnlySlice;
 
 /// An [`IpcPool`](crate::pool::IpcPool) imported for reading: an [`ImportedPool`] whose buffers
 /// open as [`ReadOnlyPoolView`]s, which have no method that writes. **The GPU does not enforce
 /// it**: `cuMemPoolSetAccess` refuses `CU_MEM_ACCESS_FLAGS_PROT_READ` (see
-/// [`ReadOnlySlice`](ReadOnlySlice#what-the-gpu-enforces)), so the pool's memory is mapped read-write underneath and a kernel
+/// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)), so the pool's memory is mapped read-write underneath and a kernel
 /// handed its address can still write it. Use an arena where the GPU must refuse writes.
 ///
 /// # Examples
@@ -85,19 +84,13 @@ impl std::fmt::Debug for ReadOnlyPool {
     }
 }
 
-/// A buffer of a [`ReadOnlyPool`]: a [`PoolView`] that dereferences to a [`ReadOnlySlice`]
+/// A buffer of a [`ReadOnlyPool`]: a [`PoolView`] that dereferences to a [`ReadOnlySlice`](crate::ReadOnlySlice)
 /// (the type alone is read-only; see [`ReadOnlyPool`]).
 pub struct ReadOnlyPoolView<T: Pod> {
     view: PoolView<T>,
 }
 
-impl<T: Pod> std::ops::Deref for ReadOnlyPoolView<T> {
-    type Target = ReadOnlySlice<T>;
-
-    fn deref(&self) -> &ReadOnlySlice<T> {
-        ReadOnlySlice::of(&self.view)
-    }
-}
+crate::slice::deref_to!(ReadOnlyPoolView<T> => read_only view);
 
 impl<T: Pod> ReadOnlyPoolView<T> {
     /// Whether the owner still has the buffer (as [`PoolView::is_live`]).
