@@ -88,8 +88,7 @@ impl GpuContext {
     /// `cuDevicePrimaryCtxRetain` or `cuCtxSetCurrent` otherwise.
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(ordinal: u32) -> Result<Self> {
-        driver::init()?;
-        let device = driver::device::get(ordinal)?;
+        let device = driver::device::get_initialized(ordinal)?;
         let uuid = driver::device::uuid(device)?;
         let raw = driver::ctx::primary_retain(device)?;
         let ctx = Self {

@@ -104,8 +104,7 @@ pub fn device_count() -> Result<u32> {
 #[doc(alias = "cuDeviceGetName")]
 #[doc(alias = "cuDeviceGetPCIBusId")]
 pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
-    driver::init()?;
-    let dev = driver::device::get(ordinal)?;
+    let dev = driver::device::get_initialized(ordinal)?;
     let name = driver::device::name(dev)?;
     let pci_bus_id = driver::device::pci_bus_id(dev)?;
     let compute_mode = match driver::device::attribute(dev, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)?

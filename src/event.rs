@@ -66,7 +66,7 @@ pub struct IpcEvent {
     event: GpuEvent,
 }
 
-crate::slice::deref_to!(IpcEvent => event: GpuEvent);
+crate::slice::deref_to!(IpcEvent => event: GpuEvent, with Debug);
 
 /// Another process's [`IpcEvent`], opened in this process (`cuIpcOpenEventHandle`): record it,
 /// make streams wait on it and synchronise with it as the exporter does (it dereferences to
@@ -105,7 +105,7 @@ pub struct ImportedEvent {
     exporter: ProcessIdentity,
 }
 
-crate::slice::deref_to!(ImportedEvent => event: GpuEvent);
+crate::slice::deref_to!(ImportedEvent => event: GpuEvent, with Debug);
 
 /// The operations of an interprocess event, exported ([`IpcEvent`]) or opened
 /// ([`ImportedEvent`]): both dereference to it.
@@ -299,18 +299,6 @@ impl std::fmt::Debug for GpuEvent {
             .field("device", &self.ctx.ordinal())
             .field("exporter", &self.exporter.map(|e| e.pid()))
             .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for IpcEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("IpcEvent").field(&self.event).finish()
-    }
-}
-
-impl std::fmt::Debug for ImportedEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("ImportedEvent").field(&self.event).finish()
     }
 }
 

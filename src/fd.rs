@@ -384,6 +384,19 @@ pub struct FdMessage {
 }
 
 impl FdSocket {
+    /// [`wait_ready`] on this socket.
+    fn wait_ready(
+        &self,
+        flags: PollFlags,
+        deadline: Deadline,
+        what: &'static str,
+        timeout: Duration,
+    ) -> Result<()> {
+        wait_ready(self.fd.as_fd(), flags, &self.name, deadline, what, timeout)
+    }
+}
+
+impl FdSocket {
     /// The largest payload one message carries.
     pub const MAX_PAYLOAD: usize = MAX_PAYLOAD;
     /// The most descriptors one message carries.
@@ -481,14 +494,9 @@ impl FdSocket {
         loop {
             match sys::send(self.fd.as_fd(), &framed, fds) {
                 Ok(()) => return Ok(()),
-                Err(Errno::AGAIN) => wait_ready(
-                    self.fd.as_fd(),
-                    PollFlags::OUT,
-                    &self.name,
-                    deadline,
-                    "fd socket send",
-                    timeout,
-                )?,
+                Err(Errno::AGAIN) => {
+                    self.wait_ready(PollFlags::OUT, deadline, "fd socket send", timeout)?
+                }
                 Err(Errno::INTR) => {}
                 Err(Errno::PIPE | Errno::CONNRESET) => {
                     return Err(Error::PeerClosed { pid: self.peer.pid });
@@ -551,14 +559,9 @@ impl FdSocket {
                         fds: r.fds,
                     });
                 }
-                Err(Errno::AGAIN) => wait_ready(
-                    self.fd.as_fd(),
-                    PollFlags::IN,
-                    &self.name,
-                    deadline,
-                    "fd socket receive",
-                    timeout,
-                )?,
+                Err(Errno::AGAIN) => {
+                    self.wait_ready(PollFlags::IN, deadline, "fd socket receive", timeout)?
+                }
                 Err(Errno::INTR) => {}
                 Err(Errno::CONNRESET) => return Err(Error::PeerClosed { pid: self.peer.pid }),
                 Err(e) => return Err(os_error("recvmsg", &self.name, e)),

@@ -676,26 +676,14 @@ impl<K: HandleKind> Handle<K> {
         let env = &self.env;
         K::check_element(env.elem_size, env.elem_align, env.type_tag)?;
         let handle = self.env.handle_type();
-        match (handle, with_fd) {
-            (HandleType::PosixFd, false) => {
-                return Err(Error::HandleTypeMismatch {
-                    handle,
-                    conflict: TypeConflict::Descriptors {
-                        expected: 1,
-                        found: 0,
-                    },
-                });
-            }
-            (HandleType::Legacy, true) => {
-                return Err(Error::HandleTypeMismatch {
-                    handle,
-                    conflict: TypeConflict::Descriptors {
-                        expected: 0,
-                        found: 1,
-                    },
-                });
-            }
-            _ => {}
+        // A POSIX-fd export maps only with its descriptor; a legacy one never has one.
+        let expected = usize::from(handle == HandleType::PosixFd);
+        let found = usize::from(with_fd);
+        if matches!(handle, HandleType::PosixFd | HandleType::Legacy) && expected != found {
+            return Err(Error::HandleTypeMismatch {
+                handle,
+                conflict: TypeConflict::Descriptors { expected, found },
+            });
         }
         if with_fd {
             self.env.exporter_this_boot()
@@ -987,15 +975,10 @@ mod tests {
     }
 
     fn signal_sample() -> Envelope {
-        Envelope {
-            kind: KIND_SIGNAL,
-            elem_size: 8,
-            elem_align: 8,
-            type_tag: type_tag_of::<u64>(),
-            len: 1,
-            ..sample()
-        }
-        .seal()
+        let mut env = sample();
+        (env.kind, env.len) = (KIND_SIGNAL, 1);
+        (env.elem_size, env.elem_align, env.type_tag) = (8, 8, type_tag_of::<u64>());
+        env.seal()
     }
 
     /// A valid sealed envelope of each kind, as its exporter would make it.

@@ -63,6 +63,17 @@ impl Backoff {
         )
     }
 
+    /// A wait, within `timeout` from `start`, for a region's creator to finish making it (its
+    /// size, then its header): 20 µs, doubling up to 10 ms.
+    pub(crate) fn for_creator(start: Instant, timeout: Duration) -> Self {
+        Self::since(
+            start,
+            timeout,
+            Duration::from_micros(20),
+            Duration::from_millis(10),
+        )
+    }
+
     /// Pause until `unheld()` says no importer holds an export any more; past the time,
     /// [`Error::LeasesOutstanding`](crate::Error::LeasesOutstanding) naming `holders()` and the time waited.
     pub(crate) fn until_unheld(
@@ -130,13 +141,13 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
     fn returns_at_the_deadline_not_a_pause_later() {
-        let mut b = Backoff::new(
-            Duration::from_millis(30),
-            Duration::from_millis(1),
-            Duration::from_secs(10),
-        );
+        let mut b = Backoff::new(ms(30), ms(1), ms(10_000));
         let start = Instant::now();
         let mut pauses = 0;
         let waited = loop {
@@ -158,11 +169,7 @@ mod tests {
 
     #[test]
     fn a_zero_timeout_never_pauses() {
-        let mut b = Backoff::new(
-            Duration::ZERO,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
+        let mut b = Backoff::new(Duration::ZERO, ms(1000), ms(1000));
         assert!(b.pause().is_err());
     }
 

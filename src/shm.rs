@@ -420,12 +420,7 @@ fn wait_sized(
     start: Instant,
     timeout: Duration,
 ) -> Result<FileInfo> {
-    let mut wait = Backoff::since(
-        start,
-        timeout,
-        Duration::from_micros(20),
-        Duration::from_millis(10),
-    );
+    let mut wait = Backoff::for_creator(start, timeout);
     while info.size == 0 {
         if let Err(waited) = wait.pause() {
             return Err(Error::NotReady {
@@ -446,12 +441,7 @@ fn wait_published(
     start: Instant,
     timeout: Duration,
 ) -> Result<HeaderFields> {
-    let mut wait = Backoff::since(
-        start,
-        timeout,
-        Duration::from_micros(50),
-        Duration::from_millis(10),
-    );
+    let mut wait = Backoff::for_creator(start, timeout);
     loop {
         if header.is_published() {
             return Ok(header.snapshot());

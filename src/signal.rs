@@ -146,7 +146,7 @@ pub struct IpcSignal {
     signal: GpuSignal,
 }
 
-crate::slice::deref_to!(IpcSignal => signal: GpuSignal);
+crate::slice::deref_to!(IpcSignal => signal: GpuSignal, with Debug);
 
 impl IpcSignal {
     /// Create a signal in `ctx`, its counter at 0, ready to export.
@@ -235,7 +235,7 @@ pub struct ImportedSignal {
     exporter: ProcessIdentity,
 }
 
-crate::slice::deref_to!(ImportedSignal => signal: GpuSignal);
+crate::slice::deref_to!(ImportedSignal => signal: GpuSignal, with Debug);
 
 impl ImportedSignal {
     /// Open a signal exported by another process, in `ctx` (its counter is mapped with
@@ -264,18 +264,6 @@ impl ImportedSignal {
     /// The exporting process.
     pub fn exporter(&self) -> ProcessIdentity {
         self.exporter
-    }
-}
-
-impl std::fmt::Debug for IpcSignal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("IpcSignal").field(&self.signal).finish()
-    }
-}
-
-impl std::fmt::Debug for ImportedSignal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("ImportedSignal").field(&self.signal).finish()
     }
 }
 

@@ -502,7 +502,8 @@ impl<T: Pod> std::fmt::Debug for ReadOnlySlice<T> {
 
 /// `Deref` of a type to the field that holds the operations every role of it shares — its
 /// memory ([`GpuSlice`]), event or signal — or, with `read_only`, to that memory's
-/// [`ReadOnlySlice`]: written once here for every exported, imported and read-only type.
+/// [`ReadOnlySlice`]: written once here for every exported, imported and read-only type
+/// (`with Debug`: and a `Debug` that shows that field).
 macro_rules! deref_to {
     ($ty:ident<T> => $field:ident: GpuSlice<T>) => {
         impl<T: bytemuck::Pod> std::ops::Deref for $ty<T> {
@@ -517,6 +518,14 @@ macro_rules! deref_to {
             type Target = $crate::slice::ReadOnlySlice<T>;
             fn deref(&self) -> &$crate::slice::ReadOnlySlice<T> {
                 $crate::slice::ReadOnlySlice::of(&self.$field)
+            }
+        }
+    };
+    ($ty:ident => $field:ident: $target:ty, with Debug) => {
+        $crate::slice::deref_to!($ty => $field: $target);
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_tuple(stringify!($ty)).field(&self.$field).finish()
             }
         }
     };

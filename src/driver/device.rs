@@ -5,6 +5,12 @@ use std::ffi::{c_char, c_int};
 use super::{answer, check, sys};
 use crate::error::{ArgumentDefect, Error, Result};
 
+/// The device with `ordinal`, the driver initialised first (`cuInit`, once per process).
+pub(crate) fn get_initialized(ordinal: u32) -> Result<sys::CUdevice> {
+    super::init()?;
+    get(ordinal)
+}
+
 /// The device with `ordinal` (`cuDeviceGet`).
 pub(crate) fn get(ordinal: u32) -> Result<sys::CUdevice> {
     let ord = c_int::try_from(ordinal).map_err(|_| Error::InvalidArgument {
