@@ -12,7 +12,7 @@ use crate::buffer::{ImportedBuffer, IpcBuffer};
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::Result;
-use crate::read_only::ReadOnlySlice;
+use crate::slice::ReadOnlySlice;
 use crate::slice::GpuSlice;
 use crate::stream::AsStream;
 
