@@ -12,8 +12,8 @@ use crate::buffer::{ImportedBuffer, IpcBuffer};
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::Result;
-use crate::slice::ReadOnlySlice;
 use crate::slice::GpuSlice;
+use crate::slice::ReadOnlySlice;
 use crate::stream::AsStream;
 
 impl GpuContext {
