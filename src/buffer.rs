@@ -17,13 +17,13 @@
 //! files behind it; errors, a context's `enter` and `process.rs` — identities and the one
 //! liveness rule — are leaves every layer may ask).
 //!
-//! Exporting a legacy buffer (`IpcBuffer::handle`), 6 files: `buffer.rs` (the public call) →
+//! Exporting a legacy buffer (`IpcBuffer::handle`), 7 files: `buffer.rs` (the public call) →
 //! `buffer/export.rs` (what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees
 //! collected, the export's block published in this process's registry) → `driver/ipc.rs`
 //! (`cuIpcGetMemHandle`) → `raw.rs` (the handle remembered as this process's own) →
 //! `handle.rs` (the envelope, sealed by `envelope.rs`).
 //!
-//! Opening it (`ImportedBuffer::open`), 9 files: `buffer.rs` → `buffer/import.rs` →
+//! Opening it (`ImportedBuffer::open`), 10 files: `buffer.rs` → `buffer/import.rs` →
 //! `handle.rs` (admission: `envelope.rs`'s checks and the kind's, the exporter named and of
 //! this boot) → the ledger (`ledger/mod.rs`): its import cache shares a live mapping (checked
 //! again) or, under its creation lock, makes one: the exporter alive (`process.rs`), its
