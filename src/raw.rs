@@ -344,9 +344,7 @@ impl RawImport {
             return Ok(None);
         };
         let id = ProcessIdentity::from_parts(pid, 0);
-        if !crate::process::is_alive_cached(&id) {
-            return Err(Error::exporter_gone(pid));
-        }
+        crate::process::check_exporter_alive(&id, false)?;
         Ok(Some(id))
     }
 }

@@ -313,7 +313,13 @@ impl<T: Pod> ImportedBuffer<T> {
                 check_memory_device(ctx, ptr)
             })
             .map_err(|e| judged_again(e, exporter.as_ref()))?;
-            Ok(Arc::new(Mapping::raw(ctx, ptr, mapped, Ok(key), exporter)))
+            Ok(Arc::new(Mapping::raw(
+                ctx,
+                (ptr, mapped),
+                Some(key),
+                None,
+                exporter,
+            )))
         })?;
         Ok(Self::view_at(mapping, import.offset, import.len))
     }
@@ -328,7 +334,7 @@ impl<T: Pod> ImportedBuffer<T> {
         exporter: Option<ProcessIdentity>,
     ) -> Self {
         let (ptr, mapped) = (memory.ptr(), memory.size());
-        let mapping = Mapping::raw(ctx, ptr, mapped, Err(memory), exporter);
+        let mapping = Mapping::raw(ctx, (ptr, mapped), None, Some(memory), exporter);
         Self::view_at(Arc::new(mapping), offset, len)
     }
 
@@ -351,19 +357,16 @@ impl<T: Pod> ImportedBuffer<T> {
 }
 
 impl Mapping {
-    /// A raw handle's mapping (cached under `key`) or a foreign export's (`vmm`, never
-    /// cached): described by its bytes alone, no ledger hold, the exporter only if known.
+    /// A raw handle's mapping (cached under `key`, no `vmm`) or a foreign export's (its `vmm`,
+    /// no key: never cached): described by its bytes alone, no ledger hold, the exporter only
+    /// if known.
     fn raw(
         ctx: &GpuContext,
-        ptr: sys::CUdeviceptr,
-        mapped: usize,
-        cached: Result<Key, VmmMemory>,
+        (ptr, mapped): (sys::CUdeviceptr, usize),
+        key: Option<Key>,
+        vmm: Option<VmmMemory>,
         exporter: Option<ProcessIdentity>,
     ) -> Self {
-        let (key, vmm) = match cached {
-            Ok(key) => (Some(key), None),
-            Err(vmm) => (None, Some(vmm)),
-        };
         Self {
             ctx: ctx.clone(),
             ptr,

@@ -317,7 +317,8 @@ impl<T: ShmSafe> TableCache<T> {
     }
 
     /// The table of `token`: the cached one, unless its owner is closing it, else one `open`ed
-    /// now (outside the lock) and cached.
+    /// now (outside the lock) and cached (tables whose owners are closing them dropped then, so
+    /// a hit looks at its own entry only).
     ///
     /// # Errors
     ///
@@ -329,9 +330,11 @@ impl<T: ShmSafe> TableCache<T> {
     ) -> Result<Arc<ShmRegion<T>>> {
         {
             let mut tables = self.tables.lock();
-            tables.retain(|(_, t)| !(self.closing)(t));
-            if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
-                return Ok(t.clone());
+            if let Some(i) = tables.iter().position(|(t, _)| t == token) {
+                if !(self.closing)(&tables[i].1) {
+                    return Ok(tables[i].1.clone());
+                }
+                tables.remove(i);
             }
         }
         let table = Arc::new(open()?);
@@ -339,6 +342,7 @@ impl<T: ShmSafe> TableCache<T> {
         if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
             return Ok(t.clone()); // another thread opened it meanwhile: keep one mapping
         }
+        tables.retain(|(_, t)| !(self.closing)(t));
         if tables.len() >= MAX_CACHED_TABLES {
             tables.remove(0);
         }
