@@ -168,7 +168,7 @@ use crate::context::GpuContext;
 use crate::envelope;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{
-    BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of,
+    Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of,
 };
 use crate::ledger::Holdings;
 use crate::ledger::Ledger;
@@ -740,13 +740,14 @@ impl ImportedArena {
         fd: OwnedFd,
         access: Access,
     ) -> Result<Self> {
-        let exporter = handle.admit(true)?;
+        let Admitted {
+            exporter,
+            memory_device,
+        } = handle.admit(ctx, true)?;
         let env = &handle.env;
         let key: ImportKey = (env.token, ctx.as_raw() as usize, access);
         let reuse = |import: &Arc<Import>| Ok(!import.closing());
         let import = IMPORTS.get_or_create(&key, reuse, || {
-            crate::process::check_exporter_alive(&exporter, true)?;
-            let memory_device = crate::device::check_reachable(ctx, &env.device_uuid)?;
             let holdings = Holdings::open_with_table(&env.token, env.vmm_bytes(), env.generation)?;
             let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
             let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;

@@ -14,23 +14,23 @@
 //!
 //! Each call below walks down through these files and never comes back to one it has left
 //! (the ledger counts as one stop: `ledger/mod.rs` is its only door, and its own docs walk the
-//! files behind it; errors, a context's `enter` and `process.rs` — identities and the one
-//! liveness rule — are leaves every layer may ask).
+//! files behind it; errors and a context's `enter` are leaves every layer may ask). Together
+//! the two calls pass through 11 files.
 //!
 //! Exporting a legacy buffer (`IpcBuffer::handle`), 7 files: `buffer.rs` (the public call) →
 //! `buffer/export.rs` (what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees
-//! collected, the export's block published in this process's registry) → `driver/ipc.rs`
-//! (`cuIpcGetMemHandle`) → `raw.rs` (the handle remembered as this process's own) →
+//! collected, the export's block published in this process's registry) → `memory.rs` (the
+//! handle, `cuIpcGetMemHandle` in `driver/ipc.rs`, remembered as this process's own) →
 //! `handle.rs` (the envelope, sealed by `envelope.rs`).
 //!
 //! Opening it (`ImportedBuffer::open`), 10 files: `buffer.rs` → `buffer/import.rs` →
-//! `handle.rs` (admission: `envelope.rs`'s checks and the kind's, the exporter named and of
-//! this boot) → the ledger (`ledger/mod.rs`): its import cache shares a live mapping (checked
-//! again) or, under its creation lock, makes one: the exporter alive (`process.rs`), its
-//! device reachable (`device.rs`), the export's block entered (the exporter's lease table once
-//! per exporter, then the block through this process's holdings), and only then the memory
-//! mapped (`memory.rs`: `cuIpcOpenMemHandle` in `driver/ipc.rs`, its size from
-//! `driver/mem.rs` held to the envelope's). A raw handle (PyTorch, CuPy, C++) opens through
+//! `handle.rs` (the admission, one step before the cache: `envelope.rs`'s checks and the
+//! kind's, the exporter of this boot and alive (`process.rs`), the memory's device reachable
+//! (`device.rs`)) → the ledger (`ledger/mod.rs`): its import cache shares a live mapping (not
+//! closing, described alike) or, under its creation lock, enters the export's block (the
+//! exporter's lease table once per exporter, then the block through this process's holdings)
+//! → `memory.rs`, which maps (`cuIpcOpenMemHandle` in `driver/ipc.rs`) and holds the size
+//! `driver/mem.rs` reports to the envelope's. A raw handle (PyTorch, CuPy, C++) opens through
 //! the same cache and `memory.rs` (`ImportedBuffer::open_raw`, with `raw.rs`'s checks).
 //!
 //! Dropping an exported buffer retires its block (`ledger/registry.rs`) and frees the memory at

@@ -512,6 +512,35 @@ impl<T> IpcChannelHandle<T> {
     }
 }
 
+/// What a consumer's admission found: the channel's shape, its region's name, its producer.
+struct Admitted {
+    geometry: Geometry,
+    stride: u64,
+    name: String,
+    producer: ProcessIdentity,
+}
+
+impl<T: Pod> IpcChannelHandle<T> {
+    /// The admission a consumer's open passes in one step, before it opens the region or maps
+    /// anything: the envelope's structure and checksum, the element type, the producer of this
+    /// boot and not this process, and alive (as [`Handle`](crate::Handle)'s admission judges an
+    /// exporter). The slots and counters the region names then open as buffers and signals do,
+    /// each through its own admission.
+    fn admit(&self) -> Result<Admitted> {
+        let env = &self.env;
+        let (geometry, stride, name) = env.validate()?;
+        check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
+        let producer = envelope::admit_exporter(self.producer(), &env.boot_id, false)?;
+        crate::process::check_exporter_alive(&producer, false)?;
+        Ok(Admitted {
+            geometry,
+            stride,
+            name,
+            producer,
+        })
+    }
+}
+
 impl<T> std::fmt::Debug for IpcChannelHandle<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcChannelHandle")
@@ -1134,12 +1163,14 @@ impl<T: Pod> IpcReceiver<T> {
     /// of [`ImportedBuffer::open`](crate::ImportedBuffer::open) and [`ImportedSignal::open`](crate::ImportedSignal::open).
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
+        let Admitted {
+            geometry,
+            stride,
+            name,
+            producer,
+        } = handle.admit()?;
         let env = &handle.env;
-        let (geometry, stride, name) = env.validate()?;
-        check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let (size, align, tag) = (env.elem_size, env.elem_align, env.type_tag);
-        let producer = envelope::admit_exporter(handle.producer(), &env.boot_id, false)?;
-        crate::process::check_exporter_alive(&producer, false)?;
         let me = ProcessIdentity::current();
         let ring = ShmOptions::new(name).open::<RingState>()?;
         let s = ring.get();

@@ -29,7 +29,6 @@ use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
 use crate::memory::GENERATION;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
-use crate::process::check_exporter_alive;
 use crate::stream::AsStream;
 
 /// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |
@@ -174,8 +173,7 @@ impl ImportedEvent {
     /// before the driver sees the handle), then [`Error::Cuda`] naming `cuIpcOpenEventHandle`.
     #[doc(alias = "cuIpcOpenEventHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
-        let exporter = handle.admit(false)?;
-        check_exporter_alive(&exporter, false)?;
+        let exporter = handle.admit(ctx, false)?.exporter;
         let env = &handle.env;
         let _g = ctx.enter()?;
         let raw = driver::ipc::open_event_handle(env.cuda)?;
@@ -306,4 +304,5 @@ impl crate::handle::sealed::Sealed for IpcEvent {}
 impl crate::handle::HandleKind for IpcEvent {
     const NAME: &'static str = "IpcEventHandle";
     const CODE: u16 = crate::handle::KIND_EVENT;
+    const HOLDS_MEMORY: bool = false;
 }

@@ -329,9 +329,8 @@ impl ForeignExport {
             ));
         }
         // SAFETY: `base` is the start of a live legacy-capable allocation of the current
-        // context (asked just above); the call writes 64 bytes.
-        let handle = RawMemHandle(unsafe { driver::ipc::get_mem_handle(base) }?);
-        crate::raw::remember_own(handle);
+        // context (asked just above).
+        let handle = RawMemHandle(unsafe { crate::memory::legacy_handle(base) }?);
         Ok(Self {
             shape: Shape::Legacy(RawExport {
                 handle,

@@ -12,6 +12,7 @@ use std::marker::PhantomData;
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::context::GpuContext;
 use crate::device;
 use crate::envelope;
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
@@ -438,6 +439,14 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
+/// What [`Handle::admit`] found: the exporter, alive and not this process (unless the handle
+/// came with its descriptor), and the ordinal of the device holding its memory (for an
+/// event, the context's own).
+pub(crate) struct Admitted {
+    pub(crate) exporter: ProcessIdentity,
+    pub(crate) memory_device: u32,
+}
+
 /// What a [`Handle`] can name: [`IpcBuffer<T>`](crate::IpcBuffer),
 /// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
 /// [`IpcArena`](crate::arena::IpcArena) and [`IpcPool`](crate::pool::IpcPool). Sealed: the envelope's
@@ -448,6 +457,10 @@ pub trait HandleKind: sealed::Sealed {
     /// The envelope's kind code.
     #[doc(hidden)]
     const CODE: u16;
+    /// Whether the kind's handle names memory, whose device an open must reach (an event
+    /// opens in a context of any device).
+    #[doc(hidden)]
+    const HOLDS_MEMORY: bool = true;
     /// Refuse an element layout that is not this kind's (memory and signals; others have none
     /// to check).
     #[doc(hidden)]
@@ -663,15 +676,36 @@ impl<K: HandleKind> Handle<K> {
         self.env.validate(K::CODE)
     }
 
-    /// Every check an open makes before it looks at its cache, takes a lease or maps anything,
-    /// short of asking the system: the structure and element type; that the handle type and
-    /// the descriptor agree (`with_fd`: one came with the handle) — a POSIX-fd export maps
-    /// only with its descriptor, a legacy one never comes with one —; and that the exporter
-    /// ran since this boot and, for a handle without a descriptor, is not this process (CUDA
-    /// refuses to open a legacy handle or an event where it was exported). Returns the
-    /// exporter. The open then asks the system (`process::check_exporter_alive`,
-    /// `device::check_reachable`) on a cache miss, before the lease.
-    pub(crate) fn admit(&self, with_fd: bool) -> Result<ProcessIdentity> {
+    /// The admission every open passes, in one step, before it looks at its import cache,
+    /// takes a lease or lets the driver see a byte: the envelope ([`check_envelope`]); the
+    /// exporter alive (`process::check_exporter_alive`, an answer at most 100 µs old); and,
+    /// for a kind that holds memory, the memory's device visible and reachable from `ctx`
+    /// (`device::check_reachable`). A cache hit is then held only to what its own entry
+    /// knows (the export not closing, described as the first open described it); a miss
+    /// takes its lease and maps.
+    ///
+    /// [`check_envelope`]: Self::check_envelope
+    pub(crate) fn admit(&self, ctx: &GpuContext, with_fd: bool) -> Result<Admitted> {
+        let exporter = self.check_envelope(with_fd)?;
+        crate::process::check_exporter_alive(&exporter, with_fd)?;
+        let memory_device = if K::HOLDS_MEMORY {
+            device::check_reachable(ctx, &self.env.device_uuid)?
+        } else {
+            ctx.ordinal()
+        };
+        Ok(Admitted {
+            exporter,
+            memory_device,
+        })
+    }
+
+    /// What an open checks that asks nothing of the system: the structure and element type;
+    /// that the handle type and the descriptor agree (`with_fd`: one came with the handle) — a
+    /// POSIX-fd export maps only with its descriptor, a legacy one never comes with one —; and
+    /// that the exporter ran since this boot and, for a handle without a descriptor, is not
+    /// this process (CUDA refuses to open a legacy handle or an event where it was exported).
+    /// Returns the exporter.
+    pub(crate) fn check_envelope(&self, with_fd: bool) -> Result<ProcessIdentity> {
         self.check_structure()?;
         let env = &self.env;
         K::check_element(env.elem_size, env.elem_align, env.type_tag)?;
@@ -1022,7 +1056,7 @@ mod tests {
         // The element type is checked on open (admission), not by `from_bytes`.
         assert_eq!(accepted::<crate::IpcBuffer<u32>>(), [KIND_MEM]);
         let as_u32 = Handle::<crate::IpcBuffer<u32>>::from_envelope(sample());
-        let err = as_u32.admit(false).unwrap_err();
+        let err = as_u32.check_envelope(false).unwrap_err();
         assert!(matches!(err, Error::TypeMismatch { .. }), "{err}");
     }
 

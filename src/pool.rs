@@ -26,7 +26,7 @@ use crate::driver::{self, sys};
 use crate::envelope;
 use crate::error::{Capability, Error, HandleDefect, Result};
 use crate::handle::{
-    BufferHandle, Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of,
+    Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of,
 };
 use crate::ledger::Holdings;
 use crate::ledger::Placed;
@@ -1071,7 +1071,10 @@ impl ImportedPool {
         handle: &IpcPoolHandle,
         fd: OwnedFd,
     ) -> Result<Self> {
-        let exporter = handle.admit(true)?;
+        let Admitted {
+            exporter,
+            memory_device,
+        } = handle.admit(ctx, true)?;
         let token = handle.env.token;
         let generation = handle.env.generation;
         // The owner dropped the pool: its handles are stale (the import lives on for the
@@ -1085,9 +1088,13 @@ impl ImportedPool {
             Ok(true)
         };
         let import = IMPORTS.get_or_create(&token, reuse, || {
-            crate::process::check_exporter_alive(&exporter, true)?;
-            let holder = crate::device::check_reachable(ctx, &handle.env.device_uuid)?;
-            Ok(Arc::new(Import::new(ctx, handle, fd, exporter, holder)?))
+            Ok(Arc::new(Import::new(
+                ctx,
+                handle,
+                fd,
+                exporter,
+                memory_device,
+            )?))
         })?;
         import.grant(ctx)?;
         Ok(Self {

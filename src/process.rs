@@ -263,16 +263,32 @@ fn only_the_leader_left(pid: u32) -> bool {
 /// The cache holds one pidfd per pinned process, at most 256; each new pin first lets go of
 /// the pins of processes that exited (judged afresh if asked about again), so the descriptors
 /// it holds are those of processes alive at the last pin, not of every process it ever saw.
+#[must_use]
 pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
+    is_alive_pinned(id, 0)
+}
+
+/// How long [`check_exporter_alive`] trusts a pinned process's last "alive" answer (100 µs):
+/// a tight loop of opens of one exporter's handles pays a clock read, not a `poll`, per open.
+const ALIVE_REUSE_NS: u64 = 100_000;
+
+/// [`is_alive_cached`], trusting a pin's "alive" answer younger than `trust_ns` without asking
+/// the kernel again.
+fn is_alive_pinned(id: &ProcessIdentity, trust_ns: u64) -> bool {
     if id.pid == 0 {
         return false;
     }
     let key = (id.pid, id.start_time, id.pidfs_ino);
+    let now = monotonic_ns();
     let mut pinned = PINNED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(fd) = pinned.get(&key) {
+    if let Some((fd, seen)) = pinned.get_mut(&key) {
+        if now.saturating_sub(*seen) < trust_ns {
+            return true;
+        }
         if !os::pidfd_exited(fd) {
+            *seen = now;
             return true;
         }
         pinned.remove(&key);
@@ -294,22 +310,33 @@ pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
         // The pinned-to-be process exited after `is_alive` looked: judge again, pin nothing.
         return id.is_alive();
     }
-    pinned.retain(|_, fd| !os::pidfd_exited(fd));
+    pinned.retain(|_, (fd, _)| !os::pidfd_exited(fd));
     if pinned.len() >= MAX_PINNED {
         pinned.clear();
     }
-    pinned.insert(key, fd);
+    pinned.insert(key, (fd, now));
     true
+}
+
+/// Monotonic nanoseconds since this process first asked.
+fn monotonic_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Refuse an exporter that is not alive (or was replaced by another process with its pid),
 /// unless it is this process — possible only for a handle that came with its descriptor
-/// (`with_fd`, as passed to [`Handle::admit`](crate::Handle)).
+/// (`with_fd`, as passed to [`Handle::admit`](crate::Handle)). An "alive" answer up to
+/// [`ALIVE_REUSE_NS`] old is trusted: a death is reported by the first open that starts that
+/// long after it. A view handed out inside that window is in the position of one opened just
+/// before the death, which no check can prevent (the exporter may die right after any check):
+/// the check turns a known death into a clear error, it does not keep the memory alive.
 pub(crate) fn check_exporter_alive(exporter: &ProcessIdentity, with_fd: bool) -> Result<()> {
     // Only a handle that came with its descriptor may name this process (`admit` refused it
     // otherwise): only then is the question (a `getpid` and a lock) worth asking.
     if (with_fd && exporter.is_same_process(&ProcessIdentity::current()))
-        || is_alive_cached(exporter)
+        || is_alive_pinned(exporter, ALIVE_REUSE_NS)
     {
         return Ok(());
     }
@@ -333,7 +360,7 @@ pub(crate) fn sleeping_child() -> (std::process::Child, ProcessIdentity) {
 type PinKey = (u32, u64, u64);
 
 /// [`is_alive_cached`]'s pins.
-static PINNED: std::sync::Mutex<std::collections::BTreeMap<PinKey, rustix::fd::OwnedFd>> =
+static PINNED: std::sync::Mutex<std::collections::BTreeMap<PinKey, (rustix::fd::OwnedFd, u64)>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// The most processes [`is_alive_cached`] pins at once.
@@ -409,6 +436,21 @@ mod tests {
         let impostor = ProcessIdentity::from_parts(me.pid(), me.start_time() + 1);
         assert!(me.is_alive());
         assert!(!impostor.is_alive());
+    }
+
+    #[test]
+    fn an_exporters_alive_answer_is_trusted_for_a_moment_only() {
+        let (mut child, id) = sleeping_child();
+        assert!(check_exporter_alive(&id, false).is_ok()); // pinned, confirmed now
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(is_alive_pinned(&id, u64::MAX), "within the window: trusted");
+        assert!(!is_alive_cached(&id), "asked afresh: dead");
+        std::thread::sleep(std::time::Duration::from_nanos(ALIVE_REUSE_NS));
+        assert!(matches!(
+            check_exporter_alive(&id, false),
+            Err(Error::PeerGone { .. })
+        ));
     }
 
     #[test]

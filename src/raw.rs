@@ -329,7 +329,7 @@ impl RawImport {
                 bytes,
             })
         })?;
-        if is_own(&self.handle) {
+        if crate::memory::is_own_legacy(&self.handle.0) {
             return Err(Error::SameProcess {
                 pid: std::process::id(),
             });
@@ -349,76 +349,9 @@ impl RawImport {
     }
 }
 
-/// Raw handles this process exported (through [`IpcBuffer::raw_export`] or its typed handles),
-/// so that opening one of them here is refused before the driver is asked. Bounded: the oldest
-/// go first.
-///
-/// [`IpcBuffer::raw_export`]: crate::IpcBuffer::raw_export
-static OWN_EXPORTS: parking_lot::Mutex<Option<OwnExports>> = parking_lot::const_mutex(None);
-const MAX_OWN_EXPORTS: usize = 16_384;
-
-/// The handles this process exported, the oldest forgotten first past [`MAX_OWN_EXPORTS`]
-/// (their opens are then refused by the driver instead). A hash set, so that an export costs
-/// the same with 10,000 buffers exported as with one (a B-tree of 64-byte keys cost 0.3–0.7 µs
-/// more per export at 10,000).
-struct OwnExports {
-    set: std::collections::HashSet<[u8; 64]>,
-    order: std::collections::VecDeque<[u8; 64]>,
-}
-
-/// Record a handle this process exported.
-pub(crate) fn remember_own(handle: RawMemHandle) {
-    let mut own = OWN_EXPORTS.lock();
-    let own = own.get_or_insert_with(|| OwnExports {
-        set: std::collections::HashSet::new(),
-        order: std::collections::VecDeque::new(),
-    });
-    if !own.set.insert(handle.0) {
-        return;
-    }
-    own.order.push_back(handle.0);
-    if own.order.len() > MAX_OWN_EXPORTS
-        && let Some(oldest) = own.order.pop_front()
-    {
-        own.set.remove(&oldest);
-    }
-}
-
-/// Whether this process exported `handle`.
-pub(crate) fn is_own(handle: &RawMemHandle) -> bool {
-    OWN_EXPORTS
-        .lock()
-        .as_ref()
-        .is_some_and(|own| own.set.contains(&handle.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn own_exports_are_remembered_and_the_oldest_forgotten_past_the_bound() {
-        let h = |i: u32| {
-            let mut b = [0x0f; 64];
-            b[..4].copy_from_slice(&i.to_le_bytes());
-            b[60..].copy_from_slice(&std::process::id().to_le_bytes());
-            RawMemHandle(b)
-        };
-        remember_own(h(u32::MAX));
-        assert!(is_own(&h(u32::MAX)));
-        remember_own(h(u32::MAX)); // again: still one entry
-        for i in 0..MAX_OWN_EXPORTS as u32 {
-            remember_own(h(i));
-        }
-        assert!(
-            !is_own(&h(u32::MAX)),
-            "the oldest is forgotten past the bound"
-        );
-        assert!(
-            is_own(&h(MAX_OWN_EXPORTS as u32 - 1)),
-            "the newest is remembered"
-        );
-    }
 
     #[test]
     fn torch_handles_are_parsed_and_expandable_segments_refused() {

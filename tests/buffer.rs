@@ -438,6 +438,17 @@ fn exporter_killed_while_mapped() {
         pattern(buf.len(), 7),
         "importer must still read after the exporter died"
     );
+    // A re-open here would be a cache hit: the admission, before the cache, refuses it.
+    match ImportedBuffer::open(&ctx, &h) {
+        Err(Error::PeerGone {
+            pid: gone,
+            role: PeerRole::Exporter,
+        }) => assert_eq!(gone, pid),
+        other => panic!(
+            "a re-open of a dead exporter's export: {:?}",
+            other.map(|b| b.len())
+        ),
+    }
     // A new open elsewhere fails clearly, before the driver is asked.
     let out =
         spawn("expect_exporter_gone", &[shared.name()]).expect_success(Duration::from_secs(50));

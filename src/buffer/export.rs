@@ -320,11 +320,9 @@ impl<T: Pod> IpcBuffer<T> {
             let _g = self.slice.ctx.enter()?;
             // SAFETY: a pointer this buffer allocated with cuMemAlloc in this context, live
             // while `self` is (the callers match `Export::Legacy` first).
-            unsafe { driver::ipc::get_mem_handle(self.slice.ptr) }?
+            unsafe { crate::memory::legacy_handle(self.slice.ptr) }?
         };
-        let handle = RawMemHandle(raw);
-        crate::raw::remember_own(handle);
-        Ok(handle)
+        Ok(RawMemHandle(raw))
     }
 
     /// A process other than this one that holds this export (has it mapped) but has died

@@ -4,15 +4,13 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use bytemuck::Pod;
 
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
-use crate::handle::{Handle, HandleKind, HandleType, IpcMemHandle, check_element};
+use crate::handle::{Admitted, Handle, HandleKind, HandleType, IpcMemHandle, check_element};
 use crate::ledger::{self, Hold};
 use crate::ledger::{Dying, ImportCache};
 use crate::memory::{check_memory_device, check_wanted, map_legacy};
@@ -135,9 +133,6 @@ pub(crate) struct Mapping {
     key: Option<Key>,
     /// The exporting process (for a raw handle: only if the caller named it).
     pub(super) exporter: Option<ProcessIdentity>,
-    /// When (ns since [`liveness_clock`]) a cache hit last found the exporter alive: hits
-    /// within [`LIVENESS_REUSE_NS`] of it skip the `pidfd` poll (0: never checked by a hit).
-    exporter_seen_alive: AtomicU64,
     /// For a POSIX-fd import: the imported allocation and its mapping (taken and torn down in
     /// `drop`); `None` for legacy handles, closed with `cuIpcCloseMemHandle`.
     pub(super) vmm: Option<VmmMemory>,
@@ -200,7 +195,10 @@ impl<T: Pod> ImportedBuffer<T> {
         }
         // `admit` checks the element type `K` names, which is `T` for every caller (a buffer's
         // `T`, a signal's `u64`): what makes the view sound.
-        let exporter = handle.admit(fd.is_some())?;
+        let Admitted {
+            exporter,
+            memory_device,
+        } = handle.admit(ctx, fd.is_some())?;
         let env = &handle.env;
         debug_assert!(check_element::<T>(env.elem_size, env.elem_align, env.type_tag).is_ok());
         let kind = K::CODE;
@@ -217,13 +215,10 @@ impl<T: Pod> ImportedBuffer<T> {
         token[16..24].copy_from_slice(&env.generation.to_le_bytes());
         let key: Key = (token, ctx.as_raw() as usize, kind, access);
 
-        // A hit is held to everything a first open checks that can have changed or been
-        // forged since: the export is not closing, its exporter lives, and the envelope
-        // describes the mapping as the first one did.
+        // Admitted: a hit is held to what only its entry knows — the export is not closing,
+        // and the envelope describes the mapping as the first one did.
         let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
         let mapping = CACHE.get_or_create(&key, reuse, || {
-            crate::process::check_exporter_alive(&exporter, fd.is_some())?;
-            let memory_device = crate::device::check_reachable(ctx, &env.device_uuid)?;
             let hold = ledger::enter(&env.token, env.generation, exporter)?;
             // On an error below the hold drops after the memory was unmapped again.
             let (ptr, mapped, vmm) = match fd {
@@ -247,7 +242,6 @@ impl<T: Pod> ImportedBuffer<T> {
                 described,
                 key: Some(key),
                 exporter: Some(exporter),
-                exporter_seen_alive: AtomicU64::new(0),
                 vmm,
                 hold: Some(hold),
             });
@@ -374,14 +368,13 @@ impl Mapping {
             described: Described::Raw,
             key,
             exporter,
-            exporter_seen_alive: AtomicU64::new(0),
             vmm,
             hold: None,
         }
     }
 
-    /// The checks a cache hit must pass: the export is not closing (its exporter is waiting
-    /// for importers to go: no new views), the exporter is alive, and the envelope describes
+    /// The checks a cache hit must pass after its admission: the export is not closing (its
+    /// exporter is waiting for importers to go: no new views), and the envelope describes
     /// what the first open of this export described (and so fits the mapping).
     fn check_reuse(&self, described: Described) -> Result<()> {
         if let Some(hold) = &self.hold
@@ -390,22 +383,6 @@ impl Mapping {
             return Err(Error::StaleHandle {
                 generation: hold.generation(),
             });
-        }
-        // The exporter's liveness, polled at most once per LIVENESS_REUSE_NS per mapping: a
-        // tight loop of re-opens pays a clock read, not a syscall, per hit. A death is then
-        // reported by the first hit that starts LIVENESS_REUSE_NS after it. A view handed out
-        // inside that window is in the position of one opened just before the death, which
-        // no check can prevent (the exporter may die right after any check): this check
-        // turns a known death into a clear error, it does not keep the memory alive.
-        let now = liveness_clock();
-        let seen = self.exporter_seen_alive.load(Ordering::Relaxed);
-        if let Some(exporter) = &self.exporter
-            && now.saturating_sub(seen) >= LIVENESS_REUSE_NS
-        {
-            if !crate::process::is_alive_cached(exporter) {
-                return Err(Error::exporter_gone(exporter.pid()));
-            }
-            self.exporter_seen_alive.store(now, Ordering::Relaxed);
         }
         if described != self.described {
             let (
@@ -428,16 +405,6 @@ impl Mapping {
         }
         Ok(())
     }
-}
-
-/// How long a cache hit trusts the last "exporter alive" answer for its mapping (100 µs).
-const LIVENESS_REUSE_NS: u64 = 100_000;
-
-/// Monotonic nanoseconds since this process first asked (for [`Mapping::exporter_seen_alive`]).
-fn liveness_clock() -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A failed open of an exporter's memory, with the exporter judged again: one that died after
