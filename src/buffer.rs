@@ -704,7 +704,7 @@ impl<T: Pod> ImportedBuffer<T> {
     pub fn exporter(&self) -> Option<ProcessIdentity> {
         match &self.import {
             Import::Mapping(m) => m.exporter,
-            Import::PoolHold(hold) => Some(hold.exporter()),
+            Import::PoolHold(hold) => hold.exporter(),
         }
     }
 }

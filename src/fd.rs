@@ -7,7 +7,10 @@
 //! a Unix socket. `pidfd_getfd` would need ptrace permission over the peer, which the default
 //! container seccomp and Yama settings refuse; a socket needs none.
 //!
-//! - Sockets are `SOCK_SEQPACKET` (each send is one message, with its descriptors), in the
+//! - Sockets are `SOCK_SEQPACKET` (each send is one record, with its descriptors: a version
+//!   byte, 1, then the payload — what a program that does not use this crate writes and
+//!   strips, as the [pool module's cuda.core example](crate::pool#with-cudacore-and-other-programs)
+//!   does), in the
 //!   abstract namespace ([`SocketName::Abstract`], no file, gone with the listener) or at a
 //!   path ([`SocketName::Path`], mode `0600` right after the bind, unlinked on drop — by the
 //!   process that bound it, and only while the file there is still the one it bound).

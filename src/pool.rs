@@ -10,8 +10,130 @@
 //! [`IpcPool`]; the shared block-table protocol is the arena's (`src/ledger/table.rs`). The
 //! guide to arenas and pools, and to sharing them read-only, is on the [`arena`](crate::arena)
 //! page.
+//!
+//! # With cuda.core and other programs
+//!
+//! NVIDIA's `cuda.core` shares memory through the same driver objects: an IPC-enabled
+//! `DeviceMemoryResource` is a pool exported as a POSIX file descriptor, and each `Buffer`
+//! travels as an `IPCBufferDescriptor` (the `cuMemPoolExportPointer` data and the size).
+//! [`ForeignPool`] imports such a pool (or one a C/C++ program exported with
+//! `cuMemPoolExportToShareableHandle`) and opens its buffers from their
+//! [`PoolBufferDescriptor`]s; the other way, an [`IpcPool`]'s descriptor
+//! ([`IpcPool::export_fd`]) and a [`PoolBuffer::descriptor`] are what cuda.core's
+//! `DeviceMemoryResource.from_allocation_handle` and `Buffer.from_ipc_descriptor` take.
+//!
+//! ### Who frees first
+//!
+//! The CUDA guide's rule for pool IPC is that every importer frees an allocation before its
+//! exporter does. Between two processes of this crate the pool's block table keeps it (see [`IpcPool`]); a foreign peer keeps no such table, so here the rule is the
+//! caller's:
+//!
+//! - **Importing** ([`ForeignPool::open`], `unsafe`): the exporter must keep each allocation
+//!   until every view of it here is dropped. Dropping the last view frees the import
+//!   (`cuMemFree`, complete when it returns); tell the exporter after that.
+//! - **Exporting** ([`PoolBuffer::descriptor`](PoolBuffer::descriptor)): keep the
+//!   [`PoolBuffer`](PoolBuffer) until the peer says it closed its `Buffer`.
+//!
+//! What each side sees when the other is `SIGKILL`ed: the driver keeps an imported pool and
+//! its imported allocations mapped in the survivor until the survivor frees them, so views stay
+//! readable; a [`ForeignPool`] whose exporter was named refuses new opens with
+//! [`Error::PeerGone`], and [`PoolView::is_live`](PoolView::is_live) turns false. When
+//! the survivor drops its views and the pool, the dead process's memory goes back to the
+//! device. A killed importer's imports die with it; the exporter frees as usual.
+//!
+//! What is refused, before any view exists: a descriptor that is not a pool exported as a file
+//! descriptor ([`Error::Cuda`] naming `cuMemPoolImportFromShareableHandle`); export data that
+//! is not an allocation of this pool (a forged or stale descriptor: [`Error::Cuda`] naming
+//! `cuMemPoolImportPointer`); a size of zero, one that is not a whole number of `T`s, or one
+//! past the allocation's own range ([`Error::CorruptHandle`]); memory on a device `ctx` cannot
+//! reach ([`Error::DeviceNotReachable`]).
+//!
+//! ### Examples
+//!
+//! A cuda.core process shares a buffer; this one reads it. The exporter (Python):
+//!
+//! ```python
+//! import os, socket
+//! from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
+//!
+//! dev = Device(0); dev.set_current(); stream = dev.create_stream()
+//! mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 26))
+//! buf = mr.allocate(4096, stream=stream)
+//! buf.fill(7, stream=stream); stream.sync()
+//! _, (export_data, size) = buf.ipc_descriptor.__reduce__()
+//! # FdSocket's wire: one SOCK_SEQPACKET record per message, a frame byte (1), the payload
+//! sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+//! sock.connect("\0pool-from-cuda-core")
+//! payload = b"\x01" + export_data + size.to_bytes(8, "little")
+//! socket.send_fds(sock, [payload], [int(mr.allocation_handle)])
+//! sock.recv(2)  # the importer is done: now buf may be closed
+//! ```
+//!
+//! The importer (Rust):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use cuda_ipc::GpuContext;
+//! use cuda_ipc::fd::{FdListener, PeerPolicy, SocketName};
+//! use cuda_ipc::pool::{ForeignPool, PoolBufferDescriptor};
+//!
+//! # fn main() -> cuda_ipc::Result<()> {
+//! let ctx = GpuContext::new(0)?;
+//! let name = SocketName::Abstract("pool-from-cuda-core".into());
+//! let listener = FdListener::bind(name, PeerPolicy::SameUid)?;
+//! let peer = listener.accept(Duration::from_secs(30))?;
+//! let mut message = peer.recv(Duration::from_secs(30))?;
+//! let fd = message.fds.pop().expect("the pool's descriptor");
+//! let pool = ForeignPool::open_fd(&ctx, fd, Some(peer.peer().pid))?;
+//! let descriptor = PoolBufferDescriptor::from_bytes(&message.payload)?;
+//! // SAFETY: the exporter keeps the buffer until we answer.
+//! let view = unsafe { pool.open::<u8>(&descriptor)? };
+//! let mut host = vec![0u8; view.len()];
+//! view.copy_to_host(&mut host)?;
+//! assert!(host.iter().all(|&b| b == 7));
+//! drop(view);
+//! peer.send(b"k", &[], Duration::from_secs(5))?;
+//! # Ok(()) }
+//! ```
+//!
+//! The other way, this crate's pool and a buffer go to a cuda.core process, which maps them
+//! with its own calls:
+//!
+//! ```no_run
+//! use std::os::fd::AsFd;
+//! use std::time::Duration;
+//! use cuda_ipc::{GpuContext, RawStream};
+//! use cuda_ipc::fd::{FdSocket, PeerPolicy, SocketName};
+//! use cuda_ipc::pool::IpcPool;
+//!
+//! # fn main() -> cuda_ipc::Result<()> {
+//! let ctx = GpuContext::new(0)?;
+//! let pool = IpcPool::new(&ctx)?;
+//! let buf = pool.alloc::<u32>(1024, &RawStream::LEGACY)?;
+//! buf.memset_bytes(7)?;
+//! let (_, fd) = pool.export_fd()?;
+//! let name = SocketName::Abstract("pool-to-cuda-core".into());
+//! let peer = FdSocket::connect(&name, &PeerPolicy::SameUid, Duration::from_secs(30))?;
+//! peer.send(&buf.descriptor()?.to_bytes(), &[fd.as_fd()], Duration::from_secs(30))?;
+//! peer.recv(Duration::from_secs(30))?; // the peer closed its Buffer: `buf` may go now
+//! # Ok(()) }
+//! ```
+//!
+//! ```python
+//! # The cuda.core process: a SOCK_SEQPACKET listener; accept, then
+//! msg, fds, _, _ = socket.recv_fds(conn, 73, 1)  # a frame byte (1), then the descriptor
+//! mr = DeviceMemoryResource.from_allocation_handle(dev, fds[0]); os.close(fds[0])
+//! desc = IPCBufferDescriptor._init(msg[1:65], int.from_bytes(msg[65:], "little"))
+//! buf = Buffer.from_ipc_descriptor(mr, desc, stream=stream)
+//! # ... use buf ...; then buf.close(stream); stream.sync(); conn.send(b"\x01k")
+//! ```
+//!
+//! The Python package does both with cuda.core's own objects (`cuda_ipc.ForeignPool`,
+//! `cuda_ipc.Pool`; see its guide).
 
+mod foreign;
 mod read_only;
+pub use foreign::{ForeignPool, PoolBufferDescriptor};
 pub use read_only::{ReadOnlyPool, ReadOnlyPoolView};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -746,6 +868,44 @@ impl<T: Pod> PoolBuffer<T> {
         self.alloc.is_viewed()
     }
 
+    /// The buffer as a program that does not use this crate opens it — NVIDIA's cuda.core
+    /// (`Buffer.from_ipc_descriptor`, given the pool from [`IpcPool::export_fd`]'s
+    /// descriptor), or C/C++ (`cuMemPoolImportPointer`): the allocation's
+    /// `cuMemPoolExportPointer` data and its size in bytes. Waits first until the allocation
+    /// has completed on its stream, as [`handle`](Self::handle) does.
+    ///
+    /// A foreign importer takes no place in the pool's table, so nothing stops this buffer's
+    /// drop from freeing the allocation under it: keep the buffer until the peer says it has
+    /// freed its import (the CUDA guide's rule: importers free first). The pool's
+    /// [`read_only_for_importers`](IpcPool::read_only_for_importers) binds this crate's
+    /// importers only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] naming `cuEventSynchronize` or `cuMemPoolExportPointer`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, RawStream};
+    /// use cuda_ipc::pool::IpcPool;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let pool = IpcPool::new(&ctx)?;
+    /// let buf = pool.alloc::<f32>(1 << 20, &RawStream::LEGACY)?;
+    /// let (_handle, fd) = pool.export_fd()?; // cuda.core: DeviceMemoryResource.from_allocation_handle
+    /// let descriptor = buf.descriptor()?; // cuda.core: IPCBufferDescriptor(export_data, bytes)
+    /// assert_eq!(descriptor.bytes, 4 << 20);
+    /// # drop(fd);
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemPoolExportPointer")]
+    pub fn descriptor(&self) -> Result<PoolBufferDescriptor> {
+        let bytes = (self.slice.len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        self.alloc.descriptor(bytes)
+    }
+
     /// Free the buffer ordered on `stream` (`cuMemFreeAsync`: after the work enqueued on
     /// `stream` before it), if no importer holds it; otherwise retire it as a drop does (handles
     /// stale at once, the allocation freed once importers let go).
@@ -767,6 +927,26 @@ impl PoolAlloc {
 
     /// The handle of this allocation as `len` elements of `T` (see [`PoolBuffer::handle`]).
     pub(crate) fn handle<T: Pod>(&self, len: usize) -> Result<PoolHandle<T>> {
+        let export = self.export_data()?;
+        Ok(PoolHandle::sealed(
+            self.owner.ledger.token(),
+            self.placed.index,
+            self.placed.generation,
+            len as u64,
+            export,
+        ))
+    }
+
+    /// See [`PoolBuffer::descriptor`]: the allocation's export data, as `bytes` bytes.
+    pub(crate) fn descriptor(&self, bytes: u64) -> Result<PoolBufferDescriptor> {
+        Ok(PoolBufferDescriptor {
+            export_data: self.export_data()?,
+            bytes,
+        })
+    }
+
+    /// The allocation's `cuMemPoolExportPointer` data, once the allocation has completed.
+    fn export_data(&self) -> Result<[u8; 64]> {
         if self.freed {
             // Its event is destroyed and its block retired (an owner checks first; this keeps
             // the destroyed event from ever reaching the driver).
@@ -779,14 +959,7 @@ impl PoolAlloc {
         // SAFETY: our live event.
         unsafe { driver::event::synchronize(self.ready) }?;
         // SAFETY: our live allocation from an exportable pool, complete (synchronised above).
-        let export = unsafe { driver::pool::export_pointer(self.ptr) }?;
-        Ok(PoolHandle::sealed(
-            self.owner.ledger.token(),
-            self.placed.index,
-            self.placed.generation,
-            len as u64,
-            export,
-        ))
+        unsafe { driver::pool::export_pointer(self.ptr) }
     }
 
     /// Whether [`free`](Self::free) ran (whatever it returned).
@@ -1045,14 +1218,13 @@ impl ImportedPool {
     /// (`cuMemPoolImportFromShareableHandle`), taking an importer slot in its lease table, and
     /// give `ctx`'s device access to its memory if the driver says it has none
     /// (`cuMemPoolGetAccess`, `cuMemPoolSetAccess`). `fd` is consumed. A pool this process has
-    /// imported already, in any context, is shared: the call then checks the handle's
-    /// structure (not the exporter's liveness again: the pool's buffers open as
-    /// [`open`](Self::open) opens them), closes `fd` unused and gives `ctx`'s device access.
+    /// imported already, in any context, is shared: the call then checks the handle (and the
+    /// exporter alive, as every open does), closes `fd` unused and gives `ctx`'s device access.
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process
-    /// not imported yet, before the descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
+    /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process,
+    /// before the descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
     /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
     /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool),
     /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`; [`Error::HandleTypeMismatch`]
@@ -1078,9 +1250,7 @@ impl ImportedPool {
         let token = handle.env.token;
         let generation = handle.env.generation;
         // The owner dropped the pool: its handles are stale (the import lives on for the
-        // views still held). Known and open: shared without asking the system about the
-        // exporter again (its buffers then open as `open` opens them: by the shared table and
-        // the driver's word).
+        // views still held). Known and open: shared.
         let reuse = |import: &Arc<Import>| {
             if import.holdings.is_closing() {
                 return Err(Error::StaleHandle { generation });
@@ -1173,10 +1343,10 @@ impl ImportedPool {
         )?;
         Ok(PoolView {
             slice: GpuSlice::new(self.ctx.clone(), ptr, len),
-            hold: PoolHold {
+            hold: PoolHold::Ledger(LedgerHold {
                 import: import.clone(),
                 index: h.index,
-            },
+            }),
         })
     }
 
@@ -1285,7 +1455,15 @@ pub struct PoolView<T: Pod> {
 /// One view's hold on an imported allocation, whatever its element type: the import of a
 /// [`PoolView`], and of an [`ImportedBuffer`](crate::ImportedBuffer) of [`HandleType::Pool`].
 /// Dropping the last hold of a buffer in this process frees the import.
-pub(crate) struct PoolHold {
+pub(crate) enum PoolHold {
+    /// An allocation of an [`IpcPool`]: its block in the pool's table.
+    Ledger(LedgerHold),
+    /// An allocation of a [`ForeignPool`]: no table, the caller's word.
+    Foreign(foreign::ForeignHold),
+}
+
+/// A hold on an [`IpcPool`]'s allocation: our bit in its block.
+pub(crate) struct LedgerHold {
     import: Arc<Import>,
     index: u32,
 }
@@ -1294,6 +1472,8 @@ crate::slice::deref_to!(PoolView<T> => slice: GpuSlice<T>);
 
 impl<T: Pod> PoolView<T> {
     /// Whether the owner still has the buffer (false once it was freed; the view stays valid).
+    /// For a [`ForeignPool`]'s buffer, which no table tracks: whether its exporter lives, if it
+    /// was named (else true).
     #[must_use]
     pub fn is_live(&self) -> bool {
         self.hold.is_live()
@@ -1308,21 +1488,30 @@ impl<T: Pod> PoolView<T> {
 impl PoolHold {
     /// See [`PoolView::is_live`].
     pub(crate) fn is_live(&self) -> bool {
-        self.import.holdings.is_live(self.index)
+        match self {
+            Self::Ledger(h) => h.import.holdings.is_live(h.index),
+            Self::Foreign(h) => h.is_live(),
+        }
     }
 
-    /// The process that owns the pool.
-    pub(crate) fn exporter(&self) -> ProcessIdentity {
-        self.import.exporter
+    /// The process that owns the pool, if known.
+    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
+        match self {
+            Self::Ledger(h) => Some(h.import.exporter),
+            Self::Foreign(h) => h.exporter(),
+        }
     }
 
     /// See [`ImportedPool::grant_access`].
     pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
-        self.import.grant(ctx)
+        match self {
+            Self::Ledger(h) => h.import.grant(ctx),
+            Self::Foreign(h) => h.grant(ctx),
+        }
     }
 }
 
-impl Drop for PoolHold {
+impl Drop for LedgerHold {
     fn drop(&mut self) {
         if !self.import.holdings.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
@@ -1345,7 +1534,13 @@ impl<T: Pod> std::fmt::Debug for PoolView<T> {
         f.debug_struct("PoolView")
             .field("type", &std::any::type_name::<T>())
             .field("len", &self.slice.len)
-            .field("block", &self.hold.index)
+            .field(
+                "block",
+                &match &self.hold {
+                    PoolHold::Ledger(h) => Some(h.index),
+                    PoolHold::Foreign(_) => None,
+                },
+            )
             .finish_non_exhaustive()
     }
 }

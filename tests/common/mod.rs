@@ -166,6 +166,22 @@ fn spawn_as(wrapper: &[&str], role: &str, args: &[&str], env: &[(&str, &str)]) -
     }
 }
 
+/// Start another program (`python3`, say) as a test child: its output piped as a role's is,
+/// killed and reaped on drop.
+pub fn spawn_program(program: &str, args: &[&str]) -> Child {
+    let inner = Command::new(program)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+    Child {
+        inner,
+        role: program.to_owned(),
+        reaped: false,
+    }
+}
+
 /// Start this `harness = false` binary again as a helper running `role` (its `main` reads
 /// [`helper_role`]), its output going to ours; killed and reaped on drop.
 pub fn spawn_helper(role: &str, args: &[&str]) -> Child {
