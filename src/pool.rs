@@ -25,21 +25,20 @@
 //! ### Who frees first
 //!
 //! The CUDA guide's rule for pool IPC is that every importer frees an allocation before its
-//! exporter does. Between two processes of this crate the pool's block table keeps it (see [`IpcPool`]); a foreign peer keeps no such table, so here the rule is the
-//! caller's:
+//! exporter does. Between two processes of this crate the pool's block table keeps it (see
+//! [`IpcPool`]); a foreign peer keeps no such table, so here the rule is the caller's:
 //!
 //! - **Importing** ([`ForeignPool::open`], `unsafe`): the exporter must keep each allocation
 //!   until every view of it here is dropped. Dropping the last view frees the import
 //!   (`cuMemFree`, complete when it returns); tell the exporter after that.
-//! - **Exporting** ([`PoolBuffer::descriptor`](PoolBuffer::descriptor)): keep the
-//!   [`PoolBuffer`](PoolBuffer) until the peer says it closed its `Buffer`.
+//! - **Exporting** ([`PoolBuffer::descriptor`]): keep the [`PoolBuffer`] until the peer says
+//!   it closed its `Buffer`.
 //!
 //! What each side sees when the other is `SIGKILL`ed: the driver keeps an imported pool and
 //! its imported allocations mapped in the survivor until the survivor frees them, so views stay
 //! readable; a [`ForeignPool`] whose exporter was named refuses new opens with
-//! [`Error::PeerGone`], and [`PoolView::is_live`](PoolView::is_live) turns false. When
-//! the survivor drops its views and the pool, the dead process's memory goes back to the
-//! device. A killed importer's imports die with it; the exporter frees as usual.
+//! [`Error::PeerGone`], and [`PoolView::is_live`] turns false. When the survivor drops its
+//! views and the pool, the dead process's memory goes back to the device. A killed importer's imports die with it; the exporter frees as usual.
 //!
 //! What is refused, before any view exists: a descriptor that is not a pool exported as a file
 //! descriptor ([`Error::Cuda`] naming `cuMemPoolImportFromShareableHandle`); export data that
