@@ -38,7 +38,8 @@
 //! its imported allocations mapped in the survivor until the survivor frees them, so views stay
 //! readable; a [`ForeignPool`] whose exporter was named refuses new opens with
 //! [`Error::PeerGone`], and [`PoolView::is_live`] turns false. When the survivor drops its
-//! views and the pool, the dead process's memory goes back to the device. A killed importer's imports die with it; the exporter frees as usual.
+//! views and the pool, the dead process's memory goes back to the device. A killed importer's
+//! imports die with it; the exporter frees as usual.
 //!
 //! What is refused, before any view exists: a descriptor that is not a pool exported as a file
 //! descriptor ([`Error::Cuda`] naming `cuMemPoolImportFromShareableHandle`); export data that
