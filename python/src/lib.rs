@@ -15,6 +15,7 @@
 
 mod channel;
 mod errors;
+mod pool;
 mod release;
 mod socket;
 mod tensor;
@@ -68,6 +69,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::Arena>()?;
     m.add_class::<tensor::ImportedArena>()?;
     m.add_class::<tensor::Tensor>()?;
+    m.add_class::<pool::Pool>()?;
+    m.add_class::<pool::ForeignPool>()?;
+    m.add_function(wrap_pyfunction!(pool::descriptor_bytes, m)?)?;
     m.add_class::<channel::Sender>()?;
     m.add_class::<channel::Receiver>()?;
     m.add_class::<socket::Listener>()?;

@@ -24,7 +24,7 @@ use crate::errors::{CorruptHandle, to_py};
 /// The element types a tensor can have: name, size, DLPack code and bits, CAI typestr.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-enum DType {
+pub(crate) enum DType {
     Bool = 1,
     U8,
     I8,
@@ -143,7 +143,22 @@ impl DType {
     }
 }
 
-fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+/// The dtype a Python object names and the bytes of `shape` of it (1 to [`MAX_DIMS`]
+/// positive dimensions).
+pub(crate) fn layout(shape: &[i64], dtype: &Bound<'_, PyAny>) -> PyResult<(DType, usize)> {
+    let dtype = dtype_of(dtype)?;
+    if shape.is_empty() || shape.len() > MAX_DIMS {
+        return Err(PyValueError::new_err(format!(
+            "a shape of 1 to {MAX_DIMS} dimensions, not {}",
+            shape.len()
+        )));
+    }
+    let bytes = nbytes_of(shape, dtype)
+        .ok_or_else(|| PyValueError::new_err(format!("invalid shape {shape:?}")))?;
+    Ok((dtype, bytes))
+}
+
+pub(crate) fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
     let name = dtype.str()?.to_string();
     DType::parse(&name).ok_or_else(|| {
         PyTypeError::new_err(format!(
@@ -344,7 +359,7 @@ pub(crate) fn recv_foreign(
 }
 
 /// What backs a tensor, kept alive by every tensor and every DLPack capsule made of it.
-enum Memory {
+pub(crate) enum Memory {
     /// The owner's buffer (its drop frees the range once no importer views it).
     Owned(cuda_ipc::arena::ArenaBuffer<u8>),
     /// A read-write view of another process's arena.
@@ -354,6 +369,10 @@ enum Memory {
     /// Another allocator's memory in another process (`Socket.recv_tensor`): its virtual
     /// memory mapped here, or its legacy handle opened.
     Foreign(cuda_ipc::ImportedBuffer<u8>),
+    /// The owner's buffer of a [`Pool`](crate::pool::Pool) (its drop frees it).
+    Pooled(cuda_ipc::pool::PoolBuffer<u8>),
+    /// A buffer of another program's pool ([`ForeignPool`](crate::pool::ForeignPool)).
+    PoolView(cuda_ipc::pool::PoolView<u8>),
     /// A channel slot (`crate::channel`): its address, and the channel end that maps it.
     Slot {
         ptr: u64,
@@ -361,9 +380,9 @@ enum Memory {
     },
 }
 
-struct Inner {
+pub(crate) struct Inner {
     /// Taken (once) by `drop`.
-    memory: ManuallyDrop<Memory>,
+    pub(crate) memory: ManuallyDrop<Memory>,
     /// The context whose queued work the memory's release waits for (`crate::release`);
     /// `None` for a channel slot, whose end tracks its own work and outlives the tensor.
     release_after: Option<cuda_ipc::GpuContext>,
@@ -373,7 +392,7 @@ struct Inner {
 }
 
 impl Inner {
-    fn new(
+    pub(crate) fn new(
         memory: Memory,
         release_after: Option<cuda_ipc::GpuContext>,
         dtype: DType,
@@ -410,6 +429,8 @@ impl Inner {
             Memory::View(v) => v.as_raw_ptr(),
             Memory::ReadOnly(v) => v.as_raw_ptr(),
             Memory::Foreign(b) => b.as_raw_ptr(),
+            Memory::Pooled(b) => b.as_raw_ptr(),
+            Memory::PoolView(v) => v.as_raw_ptr(),
             Memory::Slot { ptr, .. } => *ptr,
         }
     }
@@ -422,7 +443,7 @@ impl Inner {
 /// A tensor in an arena: the owner's, or a view of another process's; or a channel slot.
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Tensor {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl Tensor {
@@ -497,6 +518,21 @@ impl Tensor {
         let mut bytes = buffer.handle().as_bytes().to_vec();
         bytes.extend_from_slice(&tail_bytes(self.inner.dtype, &self.inner.shape));
         Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// The 72 bytes another program opens this tensor of a `Pool` with: the allocation's
+    /// `cuMemPoolExportPointer` data, then its size (little-endian `u64`);
+    /// `cuda_ipc.cuda_core.ipc_descriptor` turns them into cuda.core's `IPCBufferDescriptor`.
+    /// Waits until the allocation has completed. The peer takes no lease: keep the tensor until
+    /// it says it closed its buffer.
+    fn ipc_descriptor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let Memory::Pooled(buffer) = &*self.inner.memory else {
+            return Err(PyTypeError::new_err(
+                "only a Pool's own tensors have an IPC descriptor",
+            ));
+        };
+        let descriptor = py.detach(|| buffer.descriptor()).map_err(to_py)?;
+        Ok(PyBytes::new(py, &descriptor.to_bytes()))
     }
 
     /// `__cuda_array_interface__` (version 3): C-contiguous, `data` = (address, read-only),
@@ -590,15 +626,7 @@ impl Arena {
         dtype: &Bound<'_, PyAny>,
         zeroed: Option<Duration>,
     ) -> PyResult<Tensor> {
-        let dtype = dtype_of(dtype)?;
-        if shape.is_empty() || shape.len() > MAX_DIMS {
-            return Err(PyValueError::new_err(format!(
-                "a shape of 1 to {MAX_DIMS} dimensions, not {}",
-                shape.len()
-            )));
-        }
-        let bytes = nbytes_of(&shape, dtype)
-            .ok_or_else(|| PyValueError::new_err(format!("invalid shape {shape:?}")))?;
+        let (dtype, bytes) = layout(&shape, dtype)?;
         let buffer = py
             .detach(|| {
                 let buffer = self.arena.alloc::<u8>(bytes)?;

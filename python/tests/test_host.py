@@ -105,3 +105,30 @@ def test_connect_waits_for_a_listener_that_comes_up_later():
     assert time.monotonic() - start >= 0.15
     assert c.recv(timeout=10) == b"here now"
     t.join()
+
+
+def test_a_pool_buffer_descriptor_parses_from_every_form_and_refuses_the_rest():
+    data, size = bytes(range(64)), (1 << 40) + 3
+    raw = data + size.to_bytes(8, "little")
+    assert cuda_ipc.cuda_core.descriptor_bytes(raw) == raw
+    assert cuda_ipc.cuda_core.descriptor_bytes((data, size)) == raw
+
+    class LikeCudaCores:  # what IPCBufferDescriptor.__reduce__ gives
+        def __reduce__(self):
+            return (object, (data, size))
+
+    assert cuda_ipc.cuda_core.descriptor_bytes(LikeCudaCores()) == raw
+    for bad in (raw[:71], raw + b"\0", (data[:63], size), (data, size, 0)):
+        with pytest.raises(cuda_ipc.CorruptHandle):
+            cuda_ipc.cuda_core.descriptor_bytes(bad)
+    with pytest.raises((TypeError, OverflowError)):
+        cuda_ipc.cuda_core.descriptor_bytes((data, -1))
+    with pytest.raises(TypeError):
+        cuda_ipc.cuda_core.descriptor_bytes(3.5)
+    try:
+        import cuda.core  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="cuda.core"):
+            cuda_ipc.cuda_core.ipc_descriptor(raw)
+    else:
+        assert cuda_ipc.cuda_core.ipc_descriptor(raw).__reduce__()[1] == (data, size)

@@ -14,7 +14,9 @@ A GPU channel (:class:`Sender`, :class:`Receiver`) streams slots of bytes from o
 another (or to up to 8), ordered on the GPU with no host synchronize, each item with a header
 of up to 4 KiB; :mod:`cuda_ipc.weights` syncs a PyTorch model's weights through it, in buckets;
 :mod:`cuda_ipc.shared_weights` syncs them with one copy, the engine reading the trainer's own
-tensors (``Socket.send_tensor``: PyTorch's memory shared as it is).
+tensors (``Socket.send_tensor``: PyTorch's memory shared as it is). A :class:`Pool`'s tensors
+open in NVIDIA cuda.core processes, and cuda.core's pools open here (:class:`ForeignPool`;
+:mod:`cuda_ipc.cuda_core`).
 
 Built on the cuda-ipc Rust crate (https://docs.rs/cuda-ipc); see README.md.
 """
@@ -26,12 +28,14 @@ from ._native import (
     Context,
     CorruptHandle,
     CudaIpcError,
+    ForeignPool,
     HandleTypeMismatch,
     ImportedArena,
     Listener,
     NoDevice,
     PeerClosed,
     PeerGone,
+    Pool,
     Receiver,
     Sender,
     Socket,
@@ -52,12 +56,14 @@ __all__ = [
     "Context",
     "CorruptHandle",
     "CudaIpcError",
+    "ForeignPool",
     "HandleTypeMismatch",
     "ImportedArena",
     "Listener",
     "NoDevice",
     "PeerClosed",
     "PeerGone",
+    "Pool",
     "Receiver",
     "Sender",
     "Socket",
@@ -73,7 +79,7 @@ __all__ = [
 import atexit as _atexit  # noqa: E402
 
 from . import _native  # noqa: E402
-from . import shared_weights, weights  # noqa: E402  (they need torch only when used)
+from . import cuda_core, shared_weights, weights  # noqa: E402  (torch, cuda.core: when used)
 
 # Tensors' memory is given back after the GPU's queued work (see `wait_released`): at exit,
 # let what is queued (and what finalisation drops) be released before the process ends.

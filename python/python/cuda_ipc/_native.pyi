@@ -57,6 +57,9 @@ class Tensor:
         """Mapped read-only here: the GPU refuses writes (a kernel write faults)."""
     def handle(self) -> bytes:
         """The bytes another process opens this tensor with (owner's tensors only)."""
+    def ipc_descriptor(self) -> bytes:
+        """A ``Pool`` tensor's 72-byte descriptor (export data, size) for cuda.core or C/C++
+        (``cuda_ipc.cuda_core.ipc_descriptor`` makes cuda.core's object of it)."""
     @property
     def __cuda_array_interface__(self) -> dict: ...
     def __dlpack__(
@@ -91,6 +94,30 @@ class Arena:
     def importers(self) -> list[int]: ...
     def collect(self) -> int:
         """Reuse freed tensors' ranges no live importer views; reap dead importers."""
+
+class Pool:
+    """A stream-ordered pool whose tensors cuda.core (and C/C++) processes open."""
+
+    def __init__(self, ctx: Context) -> None: ...
+    def empty(self, shape: Sequence[int], dtype: Any) -> Tensor: ...
+    def allocation_handle(self) -> int:
+        """A new POSIX file descriptor of the pool (yours to send and close)."""
+    def importers(self) -> list[int]: ...
+
+class ForeignPool:
+    """Another program's pool (cuda.core's IPC-enabled DeviceMemoryResource), imported."""
+
+    def __init__(
+        self, ctx: Context, allocation_handle: Any, *, exporter_pid: Optional[int] = None
+    ) -> None: ...
+    def open(self, descriptor: Any, shape: Sequence[int], dtype: Any) -> Tensor:
+        """A buffer as a tensor, from cuda.core's IPCBufferDescriptor, (export_data, size) or
+        72 bytes. The exporter keeps the buffer until this tensor is released."""
+    @property
+    def exporter_pid(self) -> Optional[int]: ...
+
+def descriptor_bytes(descriptor: Any) -> bytes:
+    """A pool buffer descriptor's 72 bytes, from any form ``ForeignPool.open`` takes."""
 
 class ImportedArena:
     """Another process's arena, mapped once; its tensors open without a driver call."""
