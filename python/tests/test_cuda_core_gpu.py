@@ -173,9 +173,18 @@ def test_a_killed_cuda_core_exporter_leaves_this_process_its_memory_back():
     wait_for_memory(baseline, "after the cuda.core exporter's death")
 
 
+def reads_pattern(buf, n, seed):
+    """Whether a cuda.core buffer holds the peer's pattern (CuPy's temporaries gone after)."""
+    import cupy
+
+    mem = cupy.cuda.UnownedMemory(int(buf.handle), n, buf)
+    got = cupy.ndarray((n,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    expected = ((cupy.arange(n, dtype=cupy.uint64) * 7 + seed) % 251).astype(cupy.uint8)
+    return bool((got == expected).all())
+
+
 def test_a_killed_pool_exporter_leaves_a_cuda_core_importer_its_memory_back():
     have_cuda_core()
-    import cupy
     import torch
     from cuda.core import Buffer, Device, DeviceMemoryResource
 
@@ -194,11 +203,7 @@ def test_a_killed_pool_exporter_leaves_a_cuda_core_importer_its_memory_back():
     peer.conn.send("hold")
     assert peer.conn.recv() == "holding"
     peer.kill()
-    mem = cupy.cuda.UnownedMemory(int(buf.handle), n, buf)
-    got = cupy.ndarray((n,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
-    expected = ((cupy.arange(n, dtype=cupy.uint64) * 7 + 19) % 251).astype(cupy.uint8)
-    assert bool((got == expected).all()), "cuda.core's import reads the dead exporter's bytes"
-    del got, mem
+    assert reads_pattern(buf, n, 19), "cuda.core's import reads the dead exporter's bytes"
     buf.close(stream)
     stream.sync()
     mr.close()
