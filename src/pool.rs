@@ -132,9 +132,16 @@
 //! `cuda_ipc.Pool`; see its guide).
 
 mod foreign;
+mod import;
 mod read_only;
+mod view;
 pub use foreign::{ForeignPool, PoolBufferDescriptor};
 pub use read_only::{ReadOnlyPool, ReadOnlyPoolView};
+pub(crate) use view::PoolHold;
+pub use view::PoolView;
+
+use import::PoolImport;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
@@ -1119,15 +1126,12 @@ static IMPORTS: ImportCache<[u8; 16], Import> = ImportCache::new(Dying::WaitForI
 /// free then fails, its copies fail with `CUDA_ERROR_INVALID_VALUE`, and a kernel would fault).
 /// Two imports would free each other's views (`tests/two_contexts.rs`).
 struct Import {
-    /// The context of the first import: its driver calls (imports, frees, the destroy) run
-    /// with it current.
-    ctx: GpuContext,
+    /// The driver's pool, imported in the context of the first import: its driver calls
+    /// (imports, frees, the destroy) run with it current. Destroyed first in `drop`.
+    driver: ManuallyDrop<PoolImport>,
     token: [u8; 16],
-    /// Devices known to have read-write access to the pool's memory, by ordinal.
-    access: Mutex<Vec<u32>>,
     /// The ordinal, in this process, of the device that holds the pool's memory.
     holder: u32,
-    pool: sys::CUmemoryPool,
     exporter: ProcessIdentity,
     /// The pool's block table, our lease and bit in it, and per allocation we view its
     /// imported pointer and the size the driver reports for it. Dropped after the pool is
@@ -1135,19 +1139,10 @@ struct Import {
     holdings: Holdings<(sys::CUdeviceptr, u64)>,
 }
 
-// SAFETY: the pool handle is an opaque driver handle used with `ctx` pushed; the rest is
-// Send + Sync.
-unsafe impl Send for Import {}
-// SAFETY: as above; shared state is behind the holdings' lock.
-unsafe impl Sync for Import {}
-
 impl Drop for Import {
     fn drop(&mut self) {
-        if let Ok(_g) = self.ctx.enter() {
-            // SAFETY: imported in this context, destroyed once; every view (each holds the
-            // import) has freed its pointer.
-            let _ = unsafe { driver::pool::destroy(self.pool) };
-        }
+        // SAFETY: dropped once, here, and not used after.
+        unsafe { ManuallyDrop::drop(&mut self.driver) };
         // Only now may the pool be imported again (see `IMPORTS`).
         IMPORTS.forget(&self.token);
     }
@@ -1176,40 +1171,21 @@ impl Import {
     ) -> Result<Self> {
         let env = &handle.env;
         let holdings = Holdings::open_with_table(&env.token, 0, env.generation)?;
-        let _g = ctx.enter()?;
-        let pool = driver::pool::import_fd(fd.as_fd())?;
+        let driver = PoolImport::from_fd(ctx, fd.as_fd())?;
         drop(fd);
         Ok(Self {
-            ctx: ctx.clone(),
+            driver: ManuallyDrop::new(driver),
             token: env.token,
-            access: Mutex::new(Vec::new()),
             holder,
-            pool,
             exporter,
             holdings,
         })
     }
 
-    /// Make sure `ctx`'s device can read and write the pool's memory: asked of the driver
-    /// (`cuMemPoolGetAccess`; the pool's own device has it) and granted where missing
-    /// (`cuMemPoolSetAccess`), once per device. The driver is asked rather than the handle's
-    /// device trusted.
+    /// Make sure `ctx`'s device can read and write the pool's memory (see
+    /// [`PoolImport::reach`]).
     fn grant(&self, ctx: &GpuContext) -> Result<()> {
-        let mut access = self.access.lock();
-        if access.contains(&ctx.ordinal()) {
-            return Ok(());
-        }
-        crate::device::check_peer(ctx.ordinal(), self.holder)?;
-        let desc = crate::vmm::read_write(ctx.device());
-        let _g = ctx.enter()?;
-        // SAFETY: our imported pool, live while `self` is.
-        let has = unsafe { driver::pool::access(self.pool, &desc.location) }?;
-        if has != desc.flags {
-            // SAFETY: as above.
-            unsafe { driver::pool::set_access(self.pool, &desc) }?;
-        }
-        access.push(ctx.ordinal());
-        Ok(())
+        self.driver.reach(ctx, self.holder)
     }
 }
 
@@ -1343,10 +1319,10 @@ impl ImportedPool {
         )?;
         Ok(PoolView {
             slice: GpuSlice::new(self.ctx.clone(), ptr, len),
-            hold: PoolHold::Ledger(LedgerHold {
+            hold: PoolHold(Box::new(LedgerHold {
                 import: import.clone(),
                 index: h.index,
-            }),
+            })),
         })
     }
 
@@ -1411,10 +1387,10 @@ fn import_pointer(
             detail: format!("the handle claims {bytes} bytes; the owner allocated {published}"),
         }));
     }
-    let _g = import.ctx.enter()?;
+    let _g = import.driver.ctx().enter()?;
     // SAFETY: our imported pool, live while `import` is; the driver validates the export
     // data against it (forged data is an error code).
-    let ptr = unsafe { driver::pool::import_pointer(import.pool, h.export) }?;
+    let ptr = unsafe { driver::pool::import_pointer(import.driver.raw(), h.export) }?;
     match crate::memory::mapped_bytes(ptr) {
         Ok(size) if size as u64 >= bytes => Ok((ptr, size as u64)),
         other => {
@@ -1442,72 +1418,27 @@ impl std::fmt::Debug for ImportedPool {
     }
 }
 
-/// A buffer of an imported pool, opened from its [`PoolHandle`]; it dereferences to its
-/// [`GpuSlice`]. Dropping the last view of a buffer in this process frees the import
-/// (`cuMemFree`, complete when it returns) and then lets the owner free the allocation. Work
-/// enqueued on it must complete before it is dropped (see
-/// [asynchronous work](GpuSlice#asynchronous-work)).
-pub struct PoolView<T: Pod> {
-    slice: GpuSlice<T>,
-    hold: PoolHold,
-}
-
-/// One view's hold on an imported allocation, whatever its element type: the import of a
-/// [`PoolView`], and of an [`ImportedBuffer`](crate::ImportedBuffer) of [`HandleType::Pool`].
-/// Dropping the last hold of a buffer in this process frees the import.
-pub(crate) enum PoolHold {
-    /// An allocation of an [`IpcPool`]: its block in the pool's table.
-    Ledger(LedgerHold),
-    /// An allocation of a [`ForeignPool`]: no table, the caller's word.
-    Foreign(foreign::ForeignHold),
-}
-
 /// A hold on an [`IpcPool`]'s allocation: our bit in its block.
-pub(crate) struct LedgerHold {
+struct LedgerHold {
     import: Arc<Import>,
     index: u32,
 }
 
-crate::slice::deref_to!(PoolView<T> => slice: GpuSlice<T>);
-
-impl<T: Pod> PoolView<T> {
-    /// Whether the owner still has the buffer (false once it was freed; the view stays valid).
-    /// For a [`ForeignPool`]'s buffer, which no table tracks: whether its exporter lives, if it
-    /// was named (else true).
-    #[must_use]
-    pub fn is_live(&self) -> bool {
-        self.hold.is_live()
+impl view::Hold for LedgerHold {
+    fn is_live(&self) -> bool {
+        self.import.holdings.is_live(self.index)
     }
 
-    /// The view's memory and its hold, for an [`ImportedBuffer`](crate::ImportedBuffer).
-    pub(crate) fn into_parts(self) -> (GpuSlice<T>, PoolHold) {
-        (self.slice, self.hold)
-    }
-}
-
-impl PoolHold {
-    /// See [`PoolView::is_live`].
-    pub(crate) fn is_live(&self) -> bool {
-        match self {
-            Self::Ledger(h) => h.import.holdings.is_live(h.index),
-            Self::Foreign(h) => h.is_live(),
-        }
+    fn exporter(&self) -> Option<ProcessIdentity> {
+        Some(self.import.exporter)
     }
 
-    /// The process that owns the pool, if known.
-    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
-        match self {
-            Self::Ledger(h) => Some(h.import.exporter),
-            Self::Foreign(h) => h.exporter(),
-        }
+    fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        self.import.grant(ctx)
     }
 
-    /// See [`ImportedPool::grant_access`].
-    pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
-        match self {
-            Self::Ledger(h) => h.import.grant(ctx),
-            Self::Foreign(h) => h.grant(ctx),
-        }
+    fn block(&self) -> Option<u32> {
+        Some(self.index)
     }
 }
 
@@ -1516,7 +1447,7 @@ impl Drop for LedgerHold {
         if !self.import.holdings.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        let ctx = &self.import.ctx;
+        let ctx = self.import.driver.ctx();
         self.import.holdings.leave(self.index, |(ptr, _)| {
             // An import that could not be freed keeps the bit: the owner then never frees the
             // allocation under it (a leak, never a use-after-free).
@@ -1526,22 +1457,6 @@ impl Drop for LedgerHold {
                 unsafe { driver::mem::free(ptr) }.is_ok()
             })
         });
-    }
-}
-
-impl<T: Pod> std::fmt::Debug for PoolView<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PoolView")
-            .field("type", &std::any::type_name::<T>())
-            .field("len", &self.slice.len)
-            .field(
-                "block",
-                &match &self.hold {
-                    PoolHold::Ledger(h) => Some(h.index),
-                    PoolHold::Foreign(_) => None,
-                },
-            )
-            .finish_non_exhaustive()
     }
 }
 

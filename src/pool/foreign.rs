@@ -9,7 +9,8 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
-use super::{PoolHold, PoolView};
+use super::import::PoolImport;
+use super::view::{Hold, PoolHold, PoolView};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result};
@@ -120,27 +121,8 @@ pub struct ForeignPool {
 
 /// The import of one foreign pool: destroyed when the last clone and view are gone.
 struct ForeignImport {
-    ctx: GpuContext,
-    pool: sys::CUmemoryPool,
+    driver: PoolImport,
     exporter: Option<ProcessIdentity>,
-    /// Devices known to have read-write access to the pool's memory, by ordinal.
-    access: Mutex<Vec<u32>>,
-}
-
-// SAFETY: the pool handle is an opaque driver handle used with `ctx` pushed; the rest is
-// Send + Sync.
-unsafe impl Send for ForeignImport {}
-// SAFETY: as above; the access list is behind its lock.
-unsafe impl Sync for ForeignImport {}
-
-impl Drop for ForeignImport {
-    fn drop(&mut self) {
-        if let Ok(_g) = self.ctx.enter() {
-            // SAFETY: imported in this context, destroyed once; every view (each holds the
-            // import) has freed its pointer.
-            let _ = unsafe { driver::pool::destroy(self.pool) };
-        }
-    }
 }
 
 /// An allocation imported from a foreign pool, shared by its views in this process.
@@ -182,18 +164,10 @@ impl ForeignPool {
         if let Some(id) = &exporter {
             crate::process::check_exporter_alive(id, true)?;
         }
-        let pool = {
-            let _g = ctx.enter()?;
-            driver::pool::import_fd(fd.as_fd())?
-        };
+        let driver = PoolImport::from_fd(ctx, fd.as_fd())?;
         drop(fd);
         Ok(Self {
-            import: Arc::new(ForeignImport {
-                ctx: ctx.clone(),
-                pool,
-                exporter,
-                access: Mutex::new(Vec::new()),
-            }),
+            import: Arc::new(ForeignImport { driver, exporter }),
         })
     }
 
@@ -230,7 +204,7 @@ impl ForeignPool {
         let (ptr, device) = match imported.get_mut(&key) {
             Some(known) => {
                 check_size(descriptor.bytes, known.size)?;
-                import.reach(&import.ctx, known.device)?;
+                import.driver.reach(import.driver.ctx(), known.device)?;
                 known.views += 1;
                 (known.ptr, known.device)
             }
@@ -251,13 +225,13 @@ impl ForeignPool {
             }
         };
         Ok(PoolView {
-            slice: GpuSlice::new(import.ctx.clone(), ptr, len),
-            hold: PoolHold::Foreign(ForeignHold {
+            slice: GpuSlice::new(import.driver.ctx().clone(), ptr, len),
+            hold: PoolHold(Box::new(ForeignHold {
                 key,
                 import: import.clone(),
                 device,
                 home: crate::process::Home::here(),
-            }),
+            })),
         })
     }
 
@@ -270,7 +244,7 @@ impl ForeignPool {
     /// The context the pool was imported in (its views' copies run in it).
     #[must_use]
     pub fn context(&self) -> &GpuContext {
-        &self.import.ctx
+        self.import.driver.ctx()
     }
 }
 
@@ -278,7 +252,7 @@ impl std::fmt::Debug for ForeignPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ForeignPool")
             .field("exporter", &self.import.exporter.map(|e| e.pid()))
-            .field("device", &self.import.ctx.ordinal())
+            .field("device", &self.import.driver.ctx().ordinal())
             .finish_non_exhaustive()
     }
 }
@@ -288,15 +262,16 @@ impl ForeignImport {
     /// context's reach: the pointer, the bytes the driver maps from it, and the device that
     /// holds it.
     fn import_pointer(&self, d: &PoolBufferDescriptor) -> Result<(sys::CUdeviceptr, u64, u32)> {
-        let _g = self.ctx.enter()?;
+        let ctx = self.driver.ctx();
+        let _g = ctx.enter()?;
         // SAFETY: our imported pool, live while `self` is; the driver validates the export
         // data against it (forged data is an error code).
-        let ptr = unsafe { driver::pool::import_pointer(self.pool, d.export_data) }?;
+        let ptr = unsafe { driver::pool::import_pointer(self.driver.raw(), d.export_data) }?;
         let checked = crate::memory::mapped_bytes(ptr)
             .and_then(|size| check_size(d.bytes, size as u64).map(|()| size as u64))
             .and_then(|size| {
                 let device = memory_device(ptr)?;
-                self.reach(&self.ctx, device)?;
+                self.driver.reach(ctx, device)?;
                 Ok((size, device))
             });
         match checked {
@@ -307,27 +282,6 @@ impl ForeignImport {
                 Err(e)
             }
         }
-    }
-
-    /// Make sure `ctx`'s device reads and writes memory of the pool held by device `memory`:
-    /// its own device has access; a peer's memory needs peer access and the pool's grant
-    /// (`cuMemPoolGetAccess`, `cuMemPoolSetAccess` where missing), once per device.
-    fn reach(&self, ctx: &GpuContext, memory: u32) -> Result<()> {
-        let me = ctx.ordinal();
-        let mut access = self.access.lock();
-        if memory == me || access.contains(&me) {
-            return Ok(());
-        }
-        crate::device::check_peer(me, memory)?;
-        let desc = crate::vmm::read_write(ctx.device());
-        let _g = self.ctx.enter()?;
-        // SAFETY: our imported pool, live while `self` is.
-        if unsafe { driver::pool::access(self.pool, &desc.location) }? != desc.flags {
-            // SAFETY: as above.
-            unsafe { driver::pool::set_access(self.pool, &desc) }?;
-        }
-        access.push(me);
-        Ok(())
     }
 }
 
@@ -345,7 +299,7 @@ fn check_size(claimed: u64, size: u64) -> Result<()> {
 }
 
 /// A view's hold on an allocation of a [`ForeignPool`]: the last one frees the import.
-pub(crate) struct ForeignHold {
+struct ForeignHold {
     key: [u8; 64],
     /// The pool it was opened through.
     import: Arc<ForeignImport>,
@@ -354,22 +308,24 @@ pub(crate) struct ForeignHold {
     home: crate::process::Home,
 }
 
-impl ForeignHold {
+impl Hold for ForeignHold {
     /// Whether the named exporter lives (true if none was named).
-    pub(crate) fn is_live(&self) -> bool {
+    fn is_live(&self) -> bool {
         self.import
             .exporter
             .is_none_or(|id| crate::process::is_alive_cached(&id))
     }
 
-    /// The exporter, if named.
-    pub(crate) fn exporter(&self) -> Option<ProcessIdentity> {
+    fn exporter(&self) -> Option<ProcessIdentity> {
         self.import.exporter
     }
 
-    /// Give `ctx`'s device access to the allocation (its pool's grant).
-    pub(crate) fn grant(&self, ctx: &GpuContext) -> Result<()> {
-        self.import.reach(ctx, self.device)
+    fn grant(&self, ctx: &GpuContext) -> Result<()> {
+        self.import.driver.reach(ctx, self.device)
+    }
+
+    fn block(&self) -> Option<u32> {
+        None
     }
 }
 
@@ -402,7 +358,7 @@ impl Drop for ForeignHold {
             return;
         }
         if let Some(last) = map.remove(&self.key)
-            && let Ok(_g) = last.import.ctx.enter()
+            && let Ok(_g) = last.import.driver.ctx().enter()
         {
             // SAFETY: imported with cuMemPoolImportPointer in this context, freed once, when
             // its last view goes (before the import, which `last` holds, can be destroyed).
