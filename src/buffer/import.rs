@@ -73,6 +73,221 @@ pub struct ImportedBuffer<T: Pod> {
 
 crate::slice::deref_to!(ImportedBuffer<T> => slice: GpuSlice<T>);
 
+impl<T: Pod> ImportedBuffer<T> {
+    /// Map a buffer exported by another process into `ctx`.
+    ///
+    /// # Errors
+    ///
+    /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
+    /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens
+    /// only with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
+    /// [`Error::PeerGone`] (the exporter), [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
+    /// buffer was freed, even if a new one now sits at its address),
+    /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
+        Self::open_handle(ctx, handle, None)
+    }
+
+    /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its
+    /// exporter sent with it ([`export_fd`](crate::IpcBuffer::export_fd); received over a Unix socket):
+    /// `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
+    /// for `ctx`'s device. `fd` is consumed (closed once imported, or on any error). Opening the
+    /// same export again in the same context shares the mapping, as for legacy handles; unlike
+    /// them, the exporting process may open its own handle.
+    ///
+    /// The mapping keeps the memory alive: an exporter that drops its buffer (or exits) after
+    /// this returns does not free it under this view; the driver frees it when the last
+    /// process unmaps it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open) for the handle (a freed buffer is [`Error::StaleHandle`], a dead
+    /// exporter [`Error::PeerGone`] (the exporter), before the descriptor is used);
+    /// [`Error::HandleTypeMismatch`] for a legacy handle; [`Error::Cuda`] naming
+    /// `cuMemImportFromShareableHandle` for a descriptor that is not CUDA memory;
+    /// [`Error::CorruptHandle`] when the descriptor's memory is not on the device the handle
+    /// names or the handle's size does not fit it; [`Error::Cuda`] naming `cuMemMap` (the
+    /// handle claims more than the allocation holds) or `cuMemSetAccess`;
+    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`]) when the exporter shares the
+    /// buffer read-only ([`ReadOnlyBuffer::open_fd`](crate::ReadOnlyBuffer::open_fd) opens it).
+    #[doc(alias = "cuMemImportFromShareableHandle")]
+    pub fn open_fd(ctx: &GpuContext, handle: &IpcMemHandle<T>, fd: OwnedFd) -> Result<Self> {
+        handle.refuse_if_read_only()?;
+        Self::open_handle(ctx, handle, Some(fd))
+    }
+
+    /// Open a [`HandleType::Pool`] buffer from its pool's handle and descriptor and its
+    /// [`PoolHandle`] ([`IpcBuffer::export_pooled`](crate::IpcBuffer::export_pooled)): the pool is imported once per process
+    /// (`cuMemPoolImportFromShareableHandle`; a pool imported before, in any context, is shared
+    /// and `fd` closed unused, as [`ImportedPool::open_fd`](crate::pool::ImportedPool::open_fd) does),
+    /// then the buffer (`cuMemPoolImportPointer`), its size checked against the driver's. `fd`
+    /// is consumed. Opening the same buffer again shares the import; the last view's drop
+    /// frees it (`cuMemFree`) and lets the owner free the allocation.
+    ///
+    /// # Errors
+    ///
+    /// As [`ImportedPool::open_fd`](crate::pool::ImportedPool::open_fd), then as
+    /// [`ImportedPool::open`](crate::pool::ImportedPool::open) (a buffer of another pool is
+    /// [`Error::CorruptHandle`], a freed one [`Error::StaleHandle`]); a pool handle marked
+    /// read-only is [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`]:
+    /// [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only) opens it).
+    #[doc(alias = "cuMemPoolImportPointer")]
+    pub fn open_pooled(
+        ctx: &GpuContext,
+        pool: &IpcPoolHandle,
+        fd: OwnedFd,
+        buffer: &PoolHandle<T>,
+    ) -> Result<Self> {
+        pool.refuse_if_read_only()?;
+        Self::open_pooled_any(ctx, pool, fd, buffer)
+    }
+
+    /// [`open`](Self::open), requiring exactly `len` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LengthMismatch`], or as [`open`](Self::open).
+    pub fn open_exact(ctx: &GpuContext, handle: &IpcMemHandle<T>, len: usize) -> Result<Self> {
+        if handle.env.len != len as u64 {
+            handle.check_structure()?;
+            return Err(Error::LengthMismatch {
+                expected: len,
+                found: handle.env.len,
+            });
+        }
+        Self::open(ctx, handle)
+    }
+
+    /// Open memory another process exported as a raw legacy IPC handle (PyTorch, CuPy, C/C++
+    /// peers): `import.len` elements of `T` at byte `import.offset` of the allocation the
+    /// handle maps, mapped with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`. A second open of the same
+    /// handle in the same context (any range of it) shares the mapping, as for typed handles.
+    ///
+    /// Checked before the driver: the range is non-empty and does not overflow, the offset
+    /// suits `T`'s alignment, the handle is not one this process exported, and a named
+    /// exporter is alive. After mapping: the range lies inside the allocation
+    /// (`cuPointerGetAttributes`), and the memory's device is this context's or one it reaches
+    /// as a peer.
+    ///
+    /// # Safety
+    ///
+    /// A raw handle carries no type, length, exporter or export token, and takes no lease, so
+    /// the caller vouches for what this crate cannot check:
+    ///
+    /// - the exporter keeps the memory allocated **for this use** until every view from this
+    ///   open has dropped and all GPU work on them has completed: it must not free it, exit, or
+    ///   (PyTorch's caching allocator) hand the block to another tensor meanwhile — the driver
+    ///   would not stop it, and reads and writes through the view would then reach whatever
+    ///   the memory holds next;
+    /// - the range holds `T`s as the exporter lays them out (size, endianness), so that what is
+    ///   read is what the exporter meant (any bytes are a valid `T`, since `T: Pod`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty, overflowing or misaligned range;
+    /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the exporter) when
+    /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
+    /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
+    /// `cuPointerGetAttributes` when the range reaches past the allocation;
+    /// [`Error::DeviceNotReachable`] when the memory is on a device this context cannot reach.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::{GpuContext, ImportedBuffer};
+    /// use cuda_ipc::raw::{RawImport, RawMemHandle};
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// # let (torch_handle, storage_offset_bytes, numel, pid) = (vec![0u8; 66], 0u64, 1usize, 1u32);
+    /// let ctx = GpuContext::new(0)?;
+    /// // From a PyTorch peer: untyped_storage()._share_cuda_()[1] and [3], the tensor's numel.
+    /// let handle = RawMemHandle::from_torch(&torch_handle)?;
+    /// let import = RawImport::new(handle, storage_offset_bytes, numel).exporter_pid(pid);
+    /// // SAFETY: the PyTorch process keeps the tensor alive until we say we are done.
+    /// let tensor = unsafe { ImportedBuffer::<f32>::open_raw(&ctx, &import)? };
+    /// let mut host = vec![0.0; tensor.len()];
+    /// tensor.copy_to_host(&mut host)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuIpcOpenMemHandle")]
+    pub unsafe fn open_raw(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
+        // SAFETY: the caller's duties, forwarded unchanged.
+        unsafe { Self::open_raw_with(ctx, import) }
+    }
+
+    /// Let the device of `ctx`, another context of this process, read and write this buffer
+    /// — kernels launched there, copies enqueued there — for as long as the buffer lives.
+    ///
+    /// An import is accessible from the device of the context it was opened in. For a
+    /// [`HandleType::PosixFd`] import, this grants `ctx`'s device read-write access to this
+    /// process's mapping (`cuMemSetAccess`); peer access between contexts does not reach
+    /// virtual memory, and without this, copies there fail with `CUDA_ERROR_INVALID_VALUE` and
+    /// kernels fault. Views of one export in one process share the mapping: access granted
+    /// through one is granted through all. Granting the mapping's own device, or a device
+    /// granted before, does nothing.
+    ///
+    /// A legacy import cannot be granted to another context: `cuIpcOpenMemHandle` maps it for
+    /// the context that opened it only, and peer access does not reach it (a kernel on another
+    /// device faults). Open the handle in `ctx` as well — a mapping of its own, at another
+    /// address. (Granting the context it was opened in does nothing.)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::HandleTypeMismatch`] with [`TypeConflict::ImportMappedPerContext`] for a
+    /// legacy import and another context; [`Error::DeviceNotReachable`] when `ctx`'s device
+    /// cannot access the memory's device (`cuDeviceCanAccessPeer`); [`Error::Cuda`] naming
+    /// `cuMemSetAccess`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cuda_ipc::GpuContext;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let (gpu0, gpu1) = (GpuContext::new(0)?, GpuContext::new(1)?);
+    /// # let (handle, fd): (cuda_ipc::IpcMemHandle<f32>, std::os::fd::OwnedFd) = todo!();
+    /// let buf = cuda_ipc::ImportedBuffer::open_fd(&gpu0, &handle, fd)?;
+    /// buf.grant_access(&gpu1)?; // kernels on GPU 1 may now take buf.as_raw_ptr()
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuMemSetAccess")]
+    pub fn grant_access(&self, ctx: &GpuContext) -> Result<()> {
+        match &self.import {
+            Import::PoolHold(hold) => hold.grant(ctx),
+            Import::Mapping(mapping) => match &mapping.vmm {
+                Some(memory) => memory.grant(ctx),
+                None if ctx.as_raw() == self.slice.ctx.as_raw() => Ok(()),
+                None => Err(Error::HandleTypeMismatch {
+                    handle: HandleType::Legacy,
+                    conflict: TypeConflict::ImportMappedPerContext,
+                }),
+            },
+        }
+    }
+
+    /// How the memory is shared: [`HandleType::Legacy`] (including raw handles) or
+    /// [`HandleType::PosixFd`].
+    #[must_use]
+    pub fn handle_type(&self) -> HandleType {
+        match &self.import {
+            Import::PoolHold(_) => HandleType::Pool,
+            Import::Mapping(m) if m.vmm.is_some() => HandleType::PosixFd,
+            Import::Mapping(_) => HandleType::Legacy,
+        }
+    }
+
+    /// The exporting process; `None` for a raw handle whose exporter was not named
+    /// ([`RawImport::exporter_pid`]).
+    #[must_use]
+    pub fn exporter(&self) -> Option<ProcessIdentity> {
+        match &self.import {
+            Import::Mapping(m) => m.exporter,
+            Import::PoolHold(hold) => hold.exporter(),
+        }
+    }
+}
+
 impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImportedBuffer")
