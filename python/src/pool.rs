@@ -12,7 +12,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyTuple};
 
 use crate::Context;
 use crate::errors::{CorruptHandle, to_py};
-use crate::tensor::{Inner, Memory, Tensor, layout};
+use crate::tensor::{Memory, Tensor, layout};
 use cuda_ipc::pool::PoolBufferDescriptor;
 
 /// A stream-ordered memory pool on one device whose tensors other programs open: cuda.core
@@ -48,15 +48,12 @@ impl Pool {
         let buffer = py
             .detach(|| self.pool.alloc::<u8>(bytes, &cuda_ipc::RawStream::LEGACY))
             .map_err(to_py)?;
-        Ok(Tensor {
-            inner: Inner::new(
-                Memory::Pooled(buffer),
-                Some(self.ctx.clone()),
-                dtype,
-                shape,
-                self.ctx.ordinal(),
-            ),
-        })
+        Ok(Tensor::in_context(
+            Memory::Pooled(buffer),
+            &self.ctx,
+            dtype,
+            shape,
+        ))
     }
 
     /// A new POSIX file descriptor of the pool (`cuMemPoolExportToShareableHandle`), yours to
@@ -149,15 +146,12 @@ impl ForeignPool {
         let view = py
             .detach(|| unsafe { self.pool.open::<u8>(&wanted) })
             .map_err(to_py)?;
-        Ok(Tensor {
-            inner: Inner::new(
-                Memory::PoolView(view),
-                Some(self.ctx.clone()),
-                dtype,
-                shape,
-                self.ctx.ordinal(),
-            ),
-        })
+        Ok(Tensor::in_context(
+            Memory::PoolView(view),
+            &self.ctx,
+            dtype,
+            shape,
+        ))
     }
 
     /// The exporter's pid, if it was named.

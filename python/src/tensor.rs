@@ -158,7 +158,7 @@ pub(crate) fn layout(shape: &[i64], dtype: &Bound<'_, PyAny>) -> PyResult<(DType
     Ok((dtype, bytes))
 }
 
-pub(crate) fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
     let name = dtype.str()?.to_string();
     DType::parse(&name).ok_or_else(|| {
         PyTypeError::new_err(format!(
@@ -347,15 +347,12 @@ pub(crate) fn recv_foreign(
         .map_err(to_py);
     let (buffer, meta) = buffer?;
     let (dtype, shape) = parse_tail(&meta, buffer.len())?;
-    Ok(Tensor {
-        inner: Inner::new(
-            Memory::Foreign(buffer),
-            Some(ctx.clone()),
-            dtype,
-            shape,
-            ctx.ordinal(),
-        ),
-    })
+    Ok(Tensor::in_context(
+        Memory::Foreign(buffer),
+        ctx,
+        dtype,
+        shape,
+    ))
 }
 
 /// What backs a tensor, kept alive by every tensor and every DLPack capsule made of it.
@@ -380,9 +377,9 @@ pub(crate) enum Memory {
     },
 }
 
-pub(crate) struct Inner {
+struct Inner {
     /// Taken (once) by `drop`.
-    pub(crate) memory: ManuallyDrop<Memory>,
+    memory: ManuallyDrop<Memory>,
     /// The context whose queued work the memory's release waits for (`crate::release`);
     /// `None` for a channel slot, whose end tracks its own work and outlives the tensor.
     release_after: Option<cuda_ipc::GpuContext>,
@@ -392,7 +389,7 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(crate) fn new(
+    fn new(
         memory: Memory,
         release_after: Option<cuda_ipc::GpuContext>,
         dtype: DType,
@@ -443,10 +440,23 @@ impl Inner {
 /// A tensor in an arena: the owner's, or a view of another process's; or a channel slot.
 #[pyclass(module = "cuda_ipc", frozen)]
 pub(crate) struct Tensor {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 impl Tensor {
+    /// A tensor of `memory` on `ctx`'s device, released once `ctx`'s queued work is done
+    /// (`crate::release`).
+    pub(crate) fn in_context(
+        memory: Memory,
+        ctx: &cuda_ipc::GpuContext,
+        dtype: DType,
+        shape: Vec<i64>,
+    ) -> Self {
+        Self {
+            inner: Inner::new(memory, Some(ctx.clone()), dtype, shape, ctx.ordinal()),
+        }
+    }
+
     /// `nbytes` bytes (uint8, one dimension) of a channel slot at `ptr` on `device`, keeping
     /// `end` — the channel end that maps the slot — alive as long as the tensor or any DLPack
     /// capsule made of it.
@@ -650,15 +660,12 @@ impl Arena {
                 }
             })
             .map_err(to_py)?;
-        Ok(Tensor {
-            inner: Inner::new(
-                Memory::Owned(buffer),
-                Some(self.ctx.clone()),
-                dtype,
-                shape,
-                self.ctx.ordinal(),
-            ),
-        })
+        Ok(Tensor::in_context(
+            Memory::Owned(buffer),
+            &self.ctx,
+            dtype,
+            shape,
+        ))
     }
 }
 
