@@ -513,7 +513,7 @@ impl<T> IpcChannelHandle<T> {
 }
 
 /// What a consumer's admission found: the channel's shape, its region's name, its producer.
-struct Admitted {
+struct Admission {
     geometry: Geometry,
     stride: u64,
     name: String,
@@ -526,13 +526,13 @@ impl<T: Pod> IpcChannelHandle<T> {
     /// boot and not this process, and alive (as [`Handle`](crate::Handle)'s admission judges an
     /// exporter). The slots and counters the region names then open as buffers and signals do,
     /// each through its own admission.
-    fn admit(&self) -> Result<Admitted> {
+    fn admit(&self) -> Result<Admission> {
         let env = &self.env;
         let (geometry, stride, name) = env.validate()?;
         check_element::<T>(env.elem_size, env.elem_align, env.type_tag)?;
         let producer = envelope::admit_exporter(self.producer(), &env.boot_id, false)?;
         crate::process::check_exporter_alive(&producer, false)?;
-        Ok(Admitted {
+        Ok(Admission {
             geometry,
             stride,
             name,
@@ -1163,7 +1163,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// of [`ImportedBuffer::open`](crate::ImportedBuffer::open) and [`ImportedSignal::open`](crate::ImportedSignal::open).
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
-        let Admitted {
+        let Admission {
             geometry,
             stride,
             name,

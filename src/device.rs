@@ -183,19 +183,27 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
 }
 
 /// Whether device `from` can access memory on device `to` (`cuDeviceCanAccessPeer`); a device
-/// can always access itself.
+/// can always access itself. The driver's answer for a pair is fixed for the life of a process,
+/// so it is asked once per pair (every open of memory on another device checks it).
 ///
 /// # Errors
 ///
 /// [`Error::Cuda`] naming the failed call.
 #[doc(alias = "cuDeviceCanAccessPeer")]
 pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
+    static ANSWERS: parking_lot::Mutex<Vec<(u32, u32, bool)>> =
+        parking_lot::const_mutex(Vec::new());
     if from == to {
         return Ok(true);
     }
+    if let Some(&(_, _, can)) = ANSWERS.lock().iter().find(|a| (a.0, a.1) == (from, to)) {
+        return Ok(can);
+    }
     driver::init()?;
     let (a, b) = (driver::device::get(from)?, driver::device::get(to)?);
-    driver::device::can_access_peer(a, b)
+    let can = driver::device::can_access_peer(a, b)?;
+    ANSWERS.lock().push((from, to, can));
+    Ok(can)
 }
 
 /// Refuse, with [`Error::DeviceNotReachable`], a context on device `from` whose device cannot
