@@ -1,9 +1,12 @@
 //! Safe, fast CUDA inter-process communication.
 //!
-//! Processes on one machine share GPU memory and GPU events through 64-byte IPC handles, pass
-//! those handles through POSIX shared memory, and keep in step with a cross-process barrier:
-//! the flow of NVIDIA's `simpleIPC` sample. This crate turns that flow into typed RAII wrappers
-//! that report errors instead of hanging, crashing or handing back wrong data.
+//! Processes on one machine share GPU memory and GPU events through the driver's 64-byte IPC
+//! handles, pass those handles through POSIX shared memory, and keep in step with a
+//! cross-process barrier: the flow of NVIDIA's `simpleIPC` sample. This crate turns that flow
+//! into typed RAII wrappers that report errors instead of hanging, crashing or handing back
+//! wrong data — each handle a checksummed envelope checked before the driver sees it — and
+//! adds what grew from it: memory as file descriptors, arenas and pools, a GPU channel, and
+//! peers that do not use this crate (PyTorch, CuPy, cuda.core, C++).
 //!
 //! | Concept | Type | Underlying calls |
 //! | ------- | ---- | ---------------- |
@@ -41,50 +44,60 @@
 //! names, [`ReadOnlyBuffer`], [`Error`], [`ProcessIdentity`], [`AsStream`], [`collect_deferred`]
 //! and [`ShmSafe`]. Each subsystem is a module named after it: [`arena`], [`pool`], [`channel`],
 //! [`fd`] (descriptor passing), [`shm`] (named shared memory), [`barrier`], [`raw`] (foreign
-//! peers' handles), [`device`], [`probe`], [`error`] (the reasons an [`Error`] carries) and
+//! peers' handles), [`foreign`] (memory another allocator owns), [`bootstrap`] and [`nccl`]
+//! (across hosts), [`device`], [`probe`], [`error`] (the reasons an [`Error`] carries) and
 //! [`driver`] (raw driver calls).
 //!
 //! # Guides
 //!
 //! Each module's page carries its guide: [`fd`] (the three handle kinds, memory shared as file
-//! descriptors), [`arena`] (many buffers through one import, pools, sharing read-only),
-//! [`channel`] (the GPU channel and broadcast), [`raw`] and [`foreign`] (PyTorch, CuPy and C++
+//! descriptors), [`arena`] (many buffers through one import, sharing read-only), [`pool`]
+//! (stream-ordered pools, also with NVIDIA's cuda.core), [`channel`] (the GPU channel and
+//! broadcast), [`raw`] and [`foreign`] (PyTorch, CuPy and C++
 //! peers), [`bootstrap`] and [`nccl`] (across machines), [`shm`] and [`barrier`] (the host
 //! side), [`error`] (freeing, and what errors say), [`probe`] (what a machine allows).
 //!
 //! # Lifetime model
 //!
-//! - A [`ShmRegion`](crate::shm::ShmRegion) created by this process **owns its name** and unlinks it on drop; an
-//!   opened one does not. Unlinking removes the name; mappings stay valid until dropped.
-//! - A [`ProcessBarrier`](crate::barrier::ProcessBarrier) borrows the [`BarrierState`](crate::barrier::BarrierState) it joined (so it cannot outlive the
-//!   region) and gives up its participant slot on drop.
+//! - A [`ShmRegion`](crate::shm::ShmRegion) created by this process **owns its name** and
+//!   unlinks it on drop; an opened one does not. Unlinking removes the name; mappings stay
+//!   valid until dropped.
+//! - A [`ProcessBarrier`](crate::barrier::ProcessBarrier) borrows the
+//!   [`BarrierState`](crate::barrier::BarrierState) it joined (so it cannot outlive the region)
+//!   and gives up its participant slot on drop.
 //! - Nothing read from shared memory is trusted: the region header is checksummed and
 //!   validated field by field before the payload is mapped, and the barrier validates its
 //!   state on every read that could index or loop.
 //! - Every GPU resource holds its [`GpuContext`] and tears down in it. Each shared object has
-//!   one type per role: the exporter's ([`IpcBuffer`], [`IpcEvent`], [`IpcSignal`], [`IpcArena`](crate::arena::IpcArena),
-//!   [`IpcPool`](crate::pool::IpcPool)) and the importer's ([`ImportedBuffer`], [`ImportedEvent`], [`ImportedSignal`],
-//!   [`ImportedArena`](crate::arena::ImportedArena), [`ImportedPool`](crate::pool::ImportedPool)), so exporting an import or closing what another
-//!   process owns does not compile. An [`IpcBuffer`] is freed only when no live process maps it (leases): dropping it never
+//!   one type per role: the exporter's ([`IpcBuffer`], [`IpcEvent`], [`IpcSignal`],
+//!   [`IpcArena`](crate::arena::IpcArena), [`IpcPool`](crate::pool::IpcPool)) and the
+//!   importer's ([`ImportedBuffer`], [`ImportedEvent`], [`ImportedSignal`],
+//!   [`ImportedArena`](crate::arena::ImportedArena), [`ImportedPool`](crate::pool::ImportedPool)),
+//!   so exporting an import or closing what another process owns does not compile. An
+//!   [`IpcBuffer`] is freed only when no live process maps it (leases): dropping it never
 //!   waits — the free is deferred until its last importer unmaps or dies, then done at the
-//!   next allocation, export or [`collect_deferred`] —; an [`ImportedBuffer`] is one
-//!   view of a per-process mapping that is closed when the last view drops. A handle names one
+//!   next allocation, export or [`collect_deferred`] —; an [`ImportedBuffer`] is one view of a
+//!   per-process mapping that is closed when the last view drops. A handle names one
 //!   export: once that buffer is freed, opening the handle fails with [`Error::StaleHandle`],
 //!   even if a new buffer sits at the same address. A [`HandleType::PosixFd`] buffer's memory is
 //!   reference-counted by the driver across processes: the exporter's drop returns at once, and
 //!   each importer's mapping keeps the memory until it is dropped.
-//! - An [`IpcArena`](crate::arena::IpcArena) or [`IpcPool`](crate::pool::IpcPool) is shared once; its buffers are opened by handle. Freeing a
-//!   buffer never waits: its handles are stale at once, and its range (or pool allocation) is
-//!   reused (freed) only once no importer holds a view of it — until then it is quarantined,
-//!   and importers proven dead are reaped. Views stay valid after their owner frees or exits.
+//! - An [`IpcArena`](crate::arena::IpcArena) or [`IpcPool`](crate::pool::IpcPool) is shared
+//!   once; its buffers are opened by handle. Freeing a buffer never waits: its handles are
+//!   stale at once, and its range (or pool allocation) is reused (freed) only once no importer
+//!   holds a view of it — until then it is quarantined, and importers proven dead are reaped.
+//!   Views stay valid after their owner frees or exits.
 //!
 //! # Threading
 //!
-//! [`ShmRegion`](crate::shm::ShmRegion), [`ProcessBarrier`](crate::barrier::ProcessBarrier), [`GpuContext`], [`IpcBuffer`], [`IpcEvent`],
-//! [`IpcSignal`] (and their imported counterparts), [`IpcArena`](crate::arena::IpcArena), [`IpcPool`](crate::pool::IpcPool) and their
-//! buffers and views, [`FdListener`](crate::fd::FdListener), [`FdSocket`](crate::fd::FdSocket) and [`Error`] are `Send` and `Sync`.
-//! [`IpcSender`](crate::channel::IpcSender) and [`IpcReceiver`](crate::channel::IpcReceiver) are `Send` but not `Sync`: each end of a channel is
-//! driven by one thread at a time (move it, don't share it). Each of these statements is a
+//! [`ShmRegion`](crate::shm::ShmRegion), [`ProcessBarrier`](crate::barrier::ProcessBarrier),
+//! [`GpuContext`], [`IpcBuffer`], [`IpcEvent`], [`IpcSignal`] (and their imported
+//! counterparts), [`IpcArena`](crate::arena::IpcArena), [`IpcPool`](crate::pool::IpcPool) and
+//! their buffers and views, [`FdListener`](crate::fd::FdListener),
+//! [`FdSocket`](crate::fd::FdSocket) and [`Error`] are `Send` and `Sync`.
+//! [`IpcSender`](crate::channel::IpcSender) and [`IpcReceiver`](crate::channel::IpcReceiver) are
+//! `Send` but not `Sync`: each end of a channel is driven by one thread at a time (move it,
+//! don't share it). Each of these statements is a
 //! compile-time assertion in the crate (`src/threading.rs`), so the docs cannot drift from
 //! the types. Shared memory is reached only through atomics ([`ShmSafe`]), so it can be read
 //! and written from any thread of any process.
