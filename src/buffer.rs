@@ -15,8 +15,11 @@
 //!
 //! Each call below walks down through these files and never comes back to one it has left
 //! (the ledger counts as one stop: `ledger/mod.rs` is its only door, and its own docs walk the
-//! files behind it; errors and a context's `enter` are leaves every layer may ask). Together
-//! the two calls pass through 10 files.
+//! files behind it; errors and a context's `enter` are leaves every layer may ask). One
+//! exception, said here so that a reader is not surprised: the ledger's import cache runs the
+//! two closures `buffer/import.rs` hands it — the check of a hit and the creation of a miss —
+//! under its locks, as `OnceLock::get_or_init` runs its closure. Together the two calls pass
+//! through 10 files.
 //!
 //! Exporting a legacy buffer (`IpcBuffer::handle`), 6 files: `buffer/export.rs` (the public
 //! call, and what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees collected, the
