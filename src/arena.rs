@@ -93,10 +93,10 @@
 //! importer holds a view; `collect()` also reaps importers that died holding one — call it now and
 //! then where importers come and go. Importer slots (64 per export registry, arena or pool) never
 //! run out on dead importers: an importer that finds them all taken takes over the slot of one
-//! proven dead (clearing what it held), so an idle exporter need not call anything. `simple_ipc --handles pool` runs NVIDIA's flow with pools.
-//! The shared protocol (`src/ledger/table.rs`) lists what each side sees when the other is killed
-//! at each step; it is model-checked with loom and stress-tested across processes with random
-//! `SIGKILL`s.
+//! proven dead (clearing what it held), so an idle exporter need not call anything. `simple_ipc
+//! --handles pool` runs NVIDIA's flow with pools. The shared protocol (`src/ledger/table.rs`) lists
+//! what each side sees when the other is killed at each step; it is model-checked with loom and
+//! stress-tested across processes with random `SIGKILL`s.
 //!
 //! # Sharing read-only
 //!
@@ -283,8 +283,8 @@ impl IpcArena {
         Self::with_max_buffers(ctx, bytes, MAX_ARENA_BUFFERS)
     }
 
-    /// [`new`](Self::new) with at most `max_buffers` (1 to [`MAX_BUFFERS`](Self::MAX_BUFFERS)) buffers
-    /// live or quarantined at a time.
+    /// [`new`](Self::new) with at most `max_buffers` (1 to [`MAX_BUFFERS`](Self::MAX_BUFFERS))
+    /// buffers live or quarantined at a time.
     ///
     /// # Errors
     ///
@@ -383,9 +383,9 @@ impl IpcArena {
         Ok(buf)
     }
 
-    /// The arena's handle and a new descriptor of its memory (`cuMemExportToShareableHandle`),
-    /// for a peer's [`ImportedArena::open_fd`]. [`FdSocket::send_arena`](crate::fd::FdSocket::send_arena)
-    /// does this and sends both.
+    /// The arena's handle and a new descriptor of its memory (`cuMemExportToShareableHandle`), for
+    /// a peer's [`ImportedArena::open_fd`].
+    /// [`FdSocket::send_arena`](crate::fd::FdSocket::send_arena) does this and sends both.
     ///
     /// # Errors
     ///
@@ -415,12 +415,11 @@ impl IpcArena {
     }
 
     /// Share this arena **read-only**: every handle it exports from now on says so
-    /// ([`Handle::is_read_only`]), and importers must open it with
-    /// [`ReadOnlyArena`] (or
+    /// ([`Handle::is_read_only`]), and importers must open it with [`ReadOnlyArena`] (or
     /// [`FdSocket::recv_arena_read_only`](crate::fd::FdSocket::recv_arena_read_only)), whose
     /// mapping is `PROT_READ`: the GPU refuses their writes. A read-write open is refused
-    /// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)). The owner still allocates
-    /// and writes as before.
+    /// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)). The owner still
+    /// allocates and writes as before.
     ///
     /// This protects the data against bugs in cooperating readers, not against a hostile
     /// process: whoever holds the descriptor could import the memory read-write itself
@@ -464,10 +463,11 @@ impl IpcArena {
     }
 
     /// Give back the ranges of freed buffers whose views are all gone, and reap every importer
-    /// proven dead (its views, and its slot among the [`MAX_IMPORTERS`](crate::IpcBuffer::MAX_IMPORTERS)
-    /// an arena tracks); returns the bytes still waiting for live importers.
-    /// [`alloc`](Self::alloc) does the first part itself when it runs short; call this now and
-    /// then where importers come and go (each one that dies keeps its slot until reaped).
+    /// proven dead (its views, and its slot among the
+    /// [`MAX_IMPORTERS`](crate::IpcBuffer::MAX_IMPORTERS) an arena tracks); returns the bytes still
+    /// waiting for live importers. [`alloc`](Self::alloc) does the first part itself when it runs
+    /// short; call this now and then where importers come and go (each one that dies keeps its slot
+    /// until reaped).
     ///
     /// # Examples
     ///
@@ -721,11 +721,11 @@ impl ImportedArena {
     /// # Errors
     ///
     /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter); [`Error::DeviceNotReachable`];
-    /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`];
-    /// then as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor;
-    /// [`Error::HandleTypeMismatch`] ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly))
-    /// when the owner shares the arena read-only ([`ReadOnlyArena::open_fd`](crate::arena::ReadOnlyArena::open_fd)
-    /// opens it).
+    /// [`Error::StaleHandle`] when the owner dropped the arena; [`Error::TooManyImporters`]; then
+    /// as [`ImportedBuffer::open_fd`](crate::ImportedBuffer::open_fd) for the descriptor;
+    /// [`Error::HandleTypeMismatch`]
+    /// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)) when the owner shares the
+    /// arena read-only ([`ReadOnlyArena::open_fd`](crate::arena::ReadOnlyArena::open_fd) opens it).
     #[doc(alias = "cuMemImportFromShareableHandle")]
     pub fn open_fd(ctx: &GpuContext, handle: &IpcArenaHandle, fd: OwnedFd) -> Result<Self> {
         handle.refuse_if_read_only()?;

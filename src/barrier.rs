@@ -1,22 +1,24 @@
-//! [`ProcessBarrier`]: a reusable barrier for up to [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES) processes whose state,
-//! [`BarrierState`], lives in shared memory.
+//! [`ProcessBarrier`]: a reusable barrier for up to [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES)
+//! processes whose state, [`BarrierState`], lives in shared memory.
 //!
 //! # Algorithm
 //!
-//! One 64-bit word holds the generation (high 32 bits), a poison bit and the number of arrivals
-//! in the current generation. A waiter adds one arrival; the process whose arrival completes the
-//! count swaps in `(generation + 1, 0)` with a compare-exchange, publishes the new generation in
-//! a separate 32-bit futex word and wakes sleepers only if one has announced itself, so a barrier
+//! One 64-bit word holds the generation (high 32 bits), a poison bit and the number of arrivals in
+//! the current generation. A waiter adds one arrival; the process whose arrival completes the count
+//! swaps in `(generation + 1, 0)` with a compare-exchange, publishes the new generation in a
+//! separate 32-bit futex word and wakes sleepers only if one has announced itself, so a barrier
 //! whose waiters are all spinning costs no system call. Everyone else spins briefly on the state
-//! word (one cache line carries both the arrivals and the completion), then yields, then sleeps
-//! on the futex word (a shared futex, not `FUTEX_PRIVATE`) in ticks of [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK),
-//! checking at each tick that every other participant is alive.
+//! word (one cache line carries both the arrivals and the completion), then yields, then sleeps on
+//! the futex word (a shared futex, not `FUTEX_PRIVATE`) in ticks of
+//! [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK), checking at each tick that every other
+//! participant is alive.
 //!
 //! A waiter that runs out of time withdraws its arrival with a compare-exchange against the same
-//! word (so it races the completing arrival cleanly: either the generation completed and the
-//! waiter reports success, or its arrival is gone) and returns [`Error::Timeout`]; the barrier
-//! stays usable. A dead or departed participant **poisons** the barrier: the poison bit makes the
-//! completing compare-exchange impossible, and every wait then fails with [`Error::PeerGone`] (a barrier participant).
+//! word (so it races the completing arrival cleanly: either the generation completed and the waiter
+//! reports success, or its arrival is gone) and returns [`Error::Timeout`]; the barrier stays
+//! usable. A dead or departed participant **poisons** the barrier: the poison bit makes the
+//! completing compare-exchange impossible, and every wait then fails with [`Error::PeerGone`] (a
+//! barrier participant).
 //!
 //! Participants register in a slot whose state and owner (pid and start time, which a reused
 //! pid cannot repeat, plus the pidfs inode: [`ProcessIdentity`]) change in one atomic word
@@ -178,7 +180,8 @@ impl BarrierState {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if `parties` is 0 or over [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES).
+    /// [`Error::InvalidArgument`] if `parties` is 0 or over
+    /// [`MAX_PARTIES`](ProcessBarrier::MAX_PARTIES).
     pub fn new(parties: u32) -> Result<Self> {
         let state = Self::zeroed();
         state.init(parties)?;
@@ -355,15 +358,16 @@ impl BarrierWaitResult {
 
 /// This process's membership in a barrier whose [`BarrierState`] lives in shared memory.
 ///
-/// [`join`](Self::join) claims one of the barrier's participant slots, recording this process's
-/// pid and start time; drop gives it up (marking it *left*: a barrier whose participant left
-/// cannot complete again, so a later wait by the others reports [`Error::PeerGone`] (a barrier participant) with
-/// `exited_cleanly` instead of hanging).
+/// [`join`](Self::join) claims one of the barrier's participant slots, recording this process's pid
+/// and start time; drop gives it up (marking it *left*: a barrier whose participant left cannot
+/// complete again, so a later wait by the others reports [`Error::PeerGone`] (a barrier
+/// participant) with `exited_cleanly` instead of hanging).
 ///
-/// Every wait is bounded. When a participant dies (`SIGKILL` at any point), every waiter
-/// returns [`Error::PeerGone`] (a barrier participant) naming it within about [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK), and the barrier stays
-/// poisoned: later waits fail at once. A stopped (`SIGSTOP`) participant is alive: waiters get
-/// [`Error::Timeout`] at their deadline, and the barrier stays usable.
+/// Every wait is bounded. When a participant dies (`SIGKILL` at any point), every waiter returns
+/// [`Error::PeerGone`] (a barrier participant) naming it within about
+/// [`LIVENESS_TICK`](ProcessBarrier::LIVENESS_TICK), and the barrier stays poisoned: later waits
+/// fail at once. A stopped (`SIGSTOP`) participant is alive: waiters get [`Error::Timeout`] at
+/// their deadline, and the barrier stays usable.
 ///
 /// `ProcessBarrier` is `Send` and `Sync`; the wait methods take `&self`, but one handle is one
 /// participant: two threads waiting on the same handle count as two arrivals of one slot.
@@ -406,7 +410,8 @@ impl<'a> ProcessBarrier<'a> {
     /// How often a sleeping waiter wakes to check that its peers are alive: a dead peer is
     /// noticed within about this long.
     pub const LIVENESS_TICK: Duration = LIVENESS_TICK;
-    /// The deadline of [`wait`](Self::wait) unless [`set_default_timeout`](Self::set_default_timeout) changes it.
+    /// The deadline of [`wait`](Self::wait) unless
+    /// [`set_default_timeout`](Self::set_default_timeout) changes it.
     pub const DEFAULT_WAIT_TIMEOUT: Duration = DEFAULT_WAIT_TIMEOUT;
     /// How long a waiter spins before it yields and sleeps, unless
     /// [`set_spin`](Self::set_spin) changes it.
@@ -470,14 +475,15 @@ impl<'a> ProcessBarrier<'a> {
         })
     }
 
-    /// Set the deadline [`wait`](Self::wait) uses (default [`DEFAULT_WAIT_TIMEOUT`](ProcessBarrier::DEFAULT_WAIT_TIMEOUT)).
+    /// Set the deadline [`wait`](Self::wait) uses (default
+    /// [`DEFAULT_WAIT_TIMEOUT`](ProcessBarrier::DEFAULT_WAIT_TIMEOUT)).
     pub fn set_default_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
 
-    /// Set how long a waiter spins before yielding and sleeping (default [`DEFAULT_SPIN`](ProcessBarrier::DEFAULT_SPIN)).
-    /// Longer spins cut wake-up latency when every participant has its own core; zero suits
-    /// oversubscribed machines.
+    /// Set how long a waiter spins before yielding and sleeping (default
+    /// [`DEFAULT_SPIN`](ProcessBarrier::DEFAULT_SPIN)). Longer spins cut wake-up latency when every
+    /// participant has its own core; zero suits oversubscribed machines.
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
     }
@@ -511,7 +517,8 @@ impl<'a> ProcessBarrier<'a> {
     ///
     /// - [`Error::Timeout`] when the deadline passes first; this arrival is withdrawn and the
     ///   barrier remains usable (a later wait counts afresh).
-    /// - [`Error::PeerGone`] (a barrier participant) when a participant died or left; the barrier is poisoned.
+    /// - [`Error::PeerGone`] (a barrier participant) when a participant died or left; the barrier
+    ///   is poisoned.
     /// - [`Error::Poisoned`] after [`poison`](Self::poison).
     /// - [`Error::Corrupt`] when the shared state holds impossible values.
     /// - [`Error::InvalidState`] ([`ObjectState::Inherited`]) in
@@ -999,10 +1006,10 @@ mod tests {
     }
 
     /// A reported interleaving, replayed: A arrives and reads the futex word (not yet passed); B
-    /// arrives, completes the generation and leaves (drops: the last barrier, then exit); A
-    /// then checks its peers and finds B gone. Once A reported `PeerGone` (barrier participant) for the
-    /// generation that had completed and poisoned the barrier (14 of 160 such waits failed
-    /// with the shipped constants). The check now sees that the generation passed.
+    /// arrives, completes the generation and leaves (drops: the last barrier, then exit); A then
+    /// checks its peers and finds B gone. Once A reported `PeerGone` (barrier participant) for the
+    /// generation that had completed and poisoned the barrier (14 of 160 such waits failed with the
+    /// shipped constants). The check now sees that the generation passed.
     #[test]
     fn a_completed_generation_is_success_even_if_the_completer_left_at_once() {
         let s = BarrierState::new(2).unwrap();
@@ -1110,8 +1117,8 @@ mod loom_tests {
         });
     }
 
-    /// Join and leave: a participant that joins and drops without waiting. The other's wait
-    /// must end with `PeerGone` with `BarrierParty { left: true, .. }` (never hang, never complete).
+    /// Join and leave: a participant that joins and drops without waiting. The other's wait must
+    /// end with `PeerGone` with `BarrierParty { left: true, .. }` (never hang, never complete).
     #[test]
     fn a_participant_that_leaves_ends_the_others_wait() {
         model(|| {
@@ -1139,10 +1146,10 @@ mod loom_tests {
         });
     }
 
-    /// A joiner killed between taking its slot and finishing the join.
-    /// Its slot names it from the first step, so waiters see it die (`PeerGone` (barrier participant), never a
-    /// timeout), and a replacement can take its slot over while nobody has noticed yet. Both
-    /// live participants agree: both complete, or both fail.
+    /// A joiner killed between taking its slot and finishing the join. Its slot names it from the
+    /// first step, so waiters see it die (`PeerGone` (barrier participant), never a timeout), and a
+    /// replacement can take its slot over while nobody has noticed yet. Both live participants
+    /// agree: both complete, or both fail.
     #[test]
     fn a_joiner_killed_mid_join_is_seen_dead_or_replaced() {
         model(|| {

@@ -121,9 +121,9 @@
 //!   channel is visible.
 //!   Over NVLink, such memory would make the remote end zero-copy, like the local one.
 //! - *RDMA NICs* (InfiniBand, RoCE): NCCL's net transport uses them by itself (its `libnccl-net`
-//!   plugins, GPUDirect RDMA where `nvidia-peermem` or dma-buf allow); nothing in the crate changes.
-//!   What NCCL needs: the NIC's drivers and rdma-core, `NCCL_IB_HCA` / `NCCL_SOCKET_IFNAME` where
-//!   the defaults pick wrong, and for GPUDirect the device's
+//!   plugins, GPUDirect RDMA where `nvidia-peermem` or dma-buf allow); nothing in the crate
+//!   changes. What NCCL needs: the NIC's drivers and rdma-core, `NCCL_IB_HCA` /
+//!   `NCCL_SOCKET_IFNAME` where the defaults pick wrong, and for GPUDirect the device's
 //!   `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`.
 
 use std::io::{self, Read, Write};

@@ -56,18 +56,18 @@
 //! ```
 //!
 //! Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
-//! `PeerGone` (role `Exporter`), a dead consumer `PeerGone` (role `Importer`), a closed one `ChannelClosed` (after everything sent
-//! was received). Neither side unmaps or frees anything before the channel's operations on your
-//! streams are done — releasing streams parked on a dead peer's counter — yet dropping either side
-//! never waits: `close(timeout)` waits (and reports, handing the end back if it did not finish), a drop leaves what is still running on the GPU to a
-//! later allocation, export, `collect_deferred()` or exit of the process. The
-//! consumer unlinks the region's name on attach, so a `SIGKILL` on either side after that leaves
-//! nothing in `/dev/shm`; the region of a producer killed before a consumer attached, or of a
-//! killed broadcast producer (whose name stays for later consumers), is removed by the next
-//! process that creates a channel. Items may go through different streams on either side (one producer to several
-//! consumers: [Broadcast](#broadcast-one-producer-several-consumers) below): the
-//! channel keeps its counters growing in item order on the GPU (a signal on a new stream first
-//! waits for the previous one).
+//! `PeerGone` (role `Exporter`), a dead consumer `PeerGone` (role `Importer`), a closed one
+//! `ChannelClosed` (after everything sent was received). Neither side unmaps or frees anything
+//! before the channel's operations on your streams are done — releasing streams parked on a dead
+//! peer's counter — yet dropping either side never waits: `close(timeout)` waits (and reports,
+//! handing the end back if it did not finish), a drop leaves what is still running on the GPU to a
+//! later allocation, export, `collect_deferred()` or exit of the process. The consumer unlinks the
+//! region's name on attach, so a `SIGKILL` on either side after that leaves nothing in `/dev/shm`;
+//! the region of a producer killed before a consumer attached, or of a killed broadcast producer
+//! (whose name stays for later consumers), is removed by the next process that creates a channel.
+//! Items may go through different streams on either side (one producer to several consumers:
+//! [Broadcast](#broadcast-one-producer-several-consumers) below): the channel keeps its counters
+//! growing in item order on the GPU (a signal on a new stream first waits for the previous one).
 //!
 //! Each item costs a GPU wait and a GPU write on each side. Across two H200s that is at the
 //! hardware's floor for large items (64 MiB stream at 97 % of a native peer copy), but between
@@ -563,10 +563,10 @@ fn wait_limit(timeout: Duration) -> Duration {
 ///
 /// # How it works
 ///
-/// The producer creates the channel: one device allocation of `slots × capacity` elements of
-/// `T` (each slot 256-byte aligned where `T` allows), two [`IpcSignal`](crate::IpcSignal) counters on its device
-/// (`sent`, written by the producer's streams; `released`, written by the consumer's), and a
-/// small shared-memory region for what the hosts need (item lengths, how far each side got,
+/// The producer creates the channel: one device allocation of `slots × capacity` elements of `T`
+/// (each slot 256-byte aligned where `T` allows), two [`IpcSignal`](crate::IpcSignal) counters on
+/// its device (`sent`, written by the producer's streams; `released`, written by the consumer's),
+/// and a small shared-memory region for what the hosts need (item lengths, how far each side got,
 /// who the parties are). The consumer opens all of it through one [`IpcChannelHandle<T>`].
 ///
 /// For item `k` (numbered from 1, in slot `(k − 1) mod slots`):
@@ -611,19 +611,19 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// # When a side dies or closes
 ///
 /// Every host wait has a deadline and checks the other side every 10 ms: a dead producer is
-/// [`Error::PeerGone`] (the exporter), a dead consumer [`Error::PeerGone`] (an importer), a dropped one
-/// [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either
-/// side first waits (bounded, 5 s) for the channel's operations on the user's streams to
-/// complete — releasing them with [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) if the other side is dead, so
-/// nothing stays blocked — and only then unmaps or frees the memory; if they do not complete
-/// it leaks the memory rather than free it under pending GPU work. The consumer unlinks the
-/// shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for
-/// any [`IpcBuffer`](crate::IpcBuffer) (dropping the sender while the consumer still maps the memory defers
-/// its free until the consumer unmaps, as for an `IpcBuffer`), so nothing is left in `/dev/shm` after either side is `SIGKILL`ed once
-/// the consumer has attached. A producer killed before that — or a broadcast producer, whose
-/// region keeps its name for later consumers — leaves its region until the next process
-/// that creates a channel removes the regions of dead producers (once, before its first),
-/// or [`reclaim_stale`](crate::shm::reclaim_stale) does.
+/// [`Error::PeerGone`] (the exporter), a dead consumer [`Error::PeerGone`] (an importer), a dropped
+/// one [`Error::ChannelClosed`] (after the consumer received everything sent). Dropping either side
+/// first waits (bounded, 5 s) for the channel's operations on the user's streams to complete —
+/// releasing them with [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) if the other side
+/// is dead, so nothing stays blocked — and only then unmaps or frees the memory; if they do not
+/// complete it leaks the memory rather than free it under pending GPU work. The consumer unlinks
+/// the shared-memory name as soon as it attaches, and both sides' leases are reclaimed as for any
+/// [`IpcBuffer`](crate::IpcBuffer) (dropping the sender while the consumer still maps the memory
+/// defers its free until the consumer unmaps, as for an `IpcBuffer`), so nothing is left in
+/// `/dev/shm` after either side is `SIGKILL`ed once the consumer has attached. A producer killed
+/// before that — or a broadcast producer, whose region keeps its name for later consumers — leaves
+/// its region until the next process that creates a channel removes the regions of dead producers
+/// (once, before its first), or [`reclaim_stale`](crate::shm::reclaim_stale) does.
 ///
 /// # Kill points
 ///
@@ -632,8 +632,8 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// `sent = k`; (P5) store the length; (P6) publish `sent = k`.
 /// - Killed before P6: the consumer never sees item `k`. Its wait checks the producer every
 ///   10 ms and reports [`Error::PeerGone`] (the exporter).
-/// - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue
-///   its GPU wait, which then never passes; its next call reports `PeerGone` (exporter), and dropping
+/// - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue its
+///   GPU wait, which then never passes; its next call reports `PeerGone` (exporter), and dropping
 ///   the receiver releases its streams (work on that item sees undefined contents).
 /// - Closed (dropped): the owner word goes `Held → Left` after the last publish; a consumer
 ///   that finds `Left` re-reads `sent` and receives every item published before reporting
@@ -644,8 +644,8 @@ fn wait_limit(timeout: Duration) -> Duration {
 /// `released = k`; (C6) publish `released = k`.
 /// - Killed mid-attach (`Claiming`), or before C6: the producer, waiting for the slot, checks
 ///   the consumer every 10 ms and reports [`Error::PeerGone`] (an importer).
-/// - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
-///   passes; its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
+/// - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never passes;
+///   its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
 /// - Closed: once its GPU operations have completed (bounded by the drop timeout; after a
 ///   drop, seen by a later collect or at exit), `Held → Left`; the producer's next acquire
 ///   reports `ChannelClosed`.
@@ -694,9 +694,10 @@ pub struct SendSlot<'a, T: Pod> {
 }
 
 impl<T: Pod> IpcSender<T> {
-    /// Create a channel of `slots` slots (1 to 64) of `capacity` elements of `T` each, in
-    /// `ctx`: the slots' memory (`cuMemAlloc`), the two counters ([`IpcSignal::new`](crate::IpcSignal::new)) and the
-    /// shared-memory region, all exported for [`handle`](Self::handle).
+    /// Create a channel of `slots` slots (1 to 64) of `capacity` elements of `T` each, in `ctx`:
+    /// the slots' memory (`cuMemAlloc`), the two counters
+    /// ([`IpcSignal::new`](crate::IpcSignal::new)) and the shared-memory region, all exported for
+    /// [`handle`](Self::handle).
     ///
     /// # Errors
     ///
@@ -829,8 +830,8 @@ impl<T: Pod> IpcSender<T> {
     /// # Errors
     ///
     /// [`Error::Timeout`] when the ring stays full; [`Error::ChannelClosed`] when the consumer
-    /// dropped its receiver; [`Error::PeerGone`] (an importer) when it died; [`Error::Corrupt`] when the
-    /// shared state is inconsistent; [`Error::Cuda`] naming `cuStreamWaitValue64`.
+    /// dropped its receiver; [`Error::PeerGone`] (an importer) when it died; [`Error::Corrupt`]
+    /// when the shared state is inconsistent; [`Error::Cuda`] naming `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
     pub fn acquire<'a, S: AsStream + ?Sized>(
         &'a mut self,
@@ -1148,19 +1149,21 @@ pub struct Received<'a, T: Pod> {
 }
 
 impl<T: Pod> IpcReceiver<T> {
-    /// Open a channel created by another process, in `ctx`, and attach as its consumer. The
-    /// handle, the region and every GPU handle in it are validated; then the slots' memory and
-    /// the counters are mapped (as [`ImportedBuffer::open`](crate::ImportedBuffer::open) and [`ImportedSignal::open`](crate::ImportedSignal::open): by peer access
-    /// when the producer's device is another), and the region's name is unlinked.
+    /// Open a channel created by another process, in `ctx`, and attach as its consumer. The handle,
+    /// the region and every GPU handle in it are validated; then the slots' memory and the counters
+    /// are mapped (as [`ImportedBuffer::open`](crate::ImportedBuffer::open) and
+    /// [`ImportedSignal::open`](crate::ImportedSignal::open): by peer access when the producer's
+    /// device is another), and the region's name is unlinked.
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`] for a malformed handle; [`Error::TypeMismatch`] for another
-    /// element type; [`Error::SameProcess`]; [`Error::PeerGone`] (the exporter) when the producer is
-    /// gone; [`Error::NotFound`] when the region no longer exists (the producer closed, or a
-    /// consumer attached and unlinked it); [`Error::Corrupt`] when the region does not match
-    /// the handle; [`Error::ChannelInUse`] when another consumer attached first; the errors
-    /// of [`ImportedBuffer::open`](crate::ImportedBuffer::open) and [`ImportedSignal::open`](crate::ImportedSignal::open).
+    /// [`Error::CorruptHandle`] for a malformed handle; [`Error::TypeMismatch`] for another element
+    /// type; [`Error::SameProcess`]; [`Error::PeerGone`] (the exporter) when the producer is gone;
+    /// [`Error::NotFound`] when the region no longer exists (the producer closed, or a consumer
+    /// attached and unlinked it); [`Error::Corrupt`] when the region does not match the handle;
+    /// [`Error::ChannelInUse`] when another consumer attached first; the errors of
+    /// [`ImportedBuffer::open`](crate::ImportedBuffer::open) and
+    /// [`ImportedSignal::open`](crate::ImportedSignal::open).
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
         let Admission {

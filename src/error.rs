@@ -6,13 +6,13 @@
 //!
 //! # Freeing, and what errors say
 //!
-//! Dropping an exported buffer never waits: new opens of its handle are
-//! refused at once (`StaleHandle`), and the memory is freed as soon as no importer maps it — at
-//! once, or later, when the last importer has unmapped or died (the free is *deferred*; this process
-//! frees deferred buffers at its next allocation or export, or when you call `collect_deferred()`).
-//! To wait and know, call `close(timeout)`: it hands the buffer back if importers remain. A process
-//! that dies on the other side is `Error::PeerGone { pid, role }`, the `PeerRole` saying who it was
-//! (an `Exporter` whose handle you open or wait on, an `Importer` of your signal or channel, a
+//! Dropping an exported buffer never waits: new opens of its handle are refused at once
+//! (`StaleHandle`), and the memory is freed as soon as no importer maps it — at once, or later,
+//! when the last importer has unmapped or died (the free is *deferred*; this process frees deferred
+//! buffers at its next allocation or export, or when you call `collect_deferred()`). To wait and
+//! know, call `close(timeout)`: it hands the buffer back if importers remain. A process that dies
+//! on the other side is `Error::PeerGone { pid, role }`, the `PeerRole` saying who it was (an
+//! `Exporter` whose handle you open or wait on, an `Importer` of your signal or channel, a
 //! `BarrierParty`). A handle refused as `Error::CorruptHandle { defect }` says why in a
 //! `HandleDefect` to match on: `Size`, `Magic`, `Version`, `Kind` (another kind's handle),
 //! `Checksum`, `Layout`, `Names` (another export's table), `Memory` (it disagrees with what the
@@ -257,7 +257,8 @@ pub enum Error {
         role: PeerRole,
     },
 
-    /// The barrier was poisoned explicitly with [`ProcessBarrier::poison`](crate::barrier::ProcessBarrier::poison).
+    /// The barrier was poisoned explicitly with
+    /// [`ProcessBarrier::poison`](crate::barrier::ProcessBarrier::poison).
     #[error("barrier was poisoned by pid {pid}")]
     Poisoned {
         /// The process that poisoned it.
@@ -474,8 +475,9 @@ pub enum Error {
         generation: u64,
     },
 
-    /// The other side of an [`IpcChannel`](crate::channel::IpcSender) closed it: the producer dropped its
-    /// sender and every item it sent was received, or the consumer dropped its receiver.
+    /// The other side of an [`IpcChannel`](crate::channel::IpcSender) closed it: the producer
+    /// dropped its sender and every item it sent was received, or the consumer dropped its
+    /// receiver.
     #[error("the IPC channel's {role} (pid {pid}) closed it")]
     ChannelClosed {
         /// The process that closed it.
@@ -484,8 +486,8 @@ pub enum Error {
         role: &'static str,
     },
 
-    /// An [`IpcChannel`](crate::channel::IpcSender) already has its consumer (a channel is opened by one
-    /// consumer for its whole life).
+    /// An [`IpcChannel`](crate::channel::IpcSender) already has its consumer (a channel is opened
+    /// by one consumer for its whole life).
     #[error("the IPC channel already has a consumer (pid {pid})")]
     ChannelInUse {
         /// The consumer's pid.
@@ -525,8 +527,8 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// An [`IpcArena`](crate::arena::IpcArena) cannot place an allocation: not enough contiguous free
-    /// bytes, or every block index is in use. Freed buffers that importers still view are
+    /// An [`IpcArena`](crate::arena::IpcArena) cannot place an allocation: not enough contiguous
+    /// free bytes, or every block index is in use. Freed buffers that importers still view are
     /// `quarantined` until their views drop (or their processes die); dropping views, or
     /// [`IpcArena::collect`](crate::arena::IpcArena::collect), makes room.
     #[error(
@@ -964,8 +966,8 @@ pub enum TypeConflict {
         found: usize,
     },
     /// The call needs a buffer of the other handle type: a descriptor exists only for
-    /// [`HandleType::PosixFd`](crate::HandleType::PosixFd) memory; a raw legacy handle
-    /// (for PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::HandleType::Legacy)
+    /// [`HandleType::PosixFd`](crate::HandleType::PosixFd) memory; a raw legacy handle (for
+    /// PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::HandleType::Legacy)
     /// memory.
     Needs(crate::HandleType),
     /// A read-write open of memory its exporter shares read-only

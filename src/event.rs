@@ -169,8 +169,9 @@ impl ImportedEvent {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`], [`Error::SameProcess`], [`Error::PeerGone`] (the exporter) (checked
-    /// before the driver sees the handle), then [`Error::Cuda`] naming `cuIpcOpenEventHandle`.
+    /// [`Error::CorruptHandle`], [`Error::SameProcess`], [`Error::PeerGone`] (the exporter)
+    /// (checked before the driver sees the handle), then [`Error::Cuda`] naming
+    /// `cuIpcOpenEventHandle`.
     #[doc(alias = "cuIpcOpenEventHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
         let exporter = handle.admit(ctx, false)?.exporter;
@@ -239,7 +240,8 @@ impl GpuEvent {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`], [`Error::PeerGone`] (the exporter), or [`Error::Cuda`] naming `cuEventQuery`.
+    /// [`Error::Timeout`], [`Error::PeerGone`] (the exporter), or [`Error::Cuda`] naming
+    /// `cuEventQuery`.
     #[doc(alias = "cuEventQuery")]
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {

@@ -470,8 +470,9 @@ impl FdSocket {
         self.peer_id
     }
 
-    /// Send `payload` (1 to [`MAX_PAYLOAD`](Self::MAX_PAYLOAD) bytes) and `fds` (at most [`MAX_FDS`](Self::MAX_FDS)) as one
-    /// message, waiting at most `timeout` for room in the socket.
+    /// Send `payload` (1 to [`MAX_PAYLOAD`](Self::MAX_PAYLOAD) bytes) and `fds` (at most
+    /// [`MAX_FDS`](Self::MAX_FDS)) as one message, waiting at most `timeout` for room in the
+    /// socket.
     ///
     /// # Errors
     ///

@@ -141,13 +141,13 @@
 //! The allocator knows nothing of the importer: keep the tensor alive, and its memory unused for
 //! anything else, until the importer says it is done (the module docs of `cuda_ipc::foreign` say
 //! what happens otherwise, per kind). Tested on an H200 with PyTorch 2.11 (`tests/foreign.rs`, and
-//! the Python package's `test_foreign_gpu.py`): a `cuMemAlloc` and a virtual-memory allocation exported
-//! by address at an offset, every word checked in another process; caching-allocator tensors and
-//! expandable-segment tensors (bf16 spanning ≥ 4 chunks from inside one, f32, i64) bit for bit,
-//! writes seen by the exporter; an importer in its own pid namespace and /proc (`unshare --pid --fork --mount-proc`, as a
-//! container has),
-//! where PyTorch's own path fails; a SIGKILLed exporter whose chunks stay mapped and intact in
-//! the importer; forged messages refused with every descriptor closed (unit tests).
+//! the Python package's `test_foreign_gpu.py`): a `cuMemAlloc` and a virtual-memory allocation
+//! exported by address at an offset, every word checked in another process; caching-allocator
+//! tensors and expandable-segment tensors (bf16 spanning ≥ 4 chunks from inside one, f32, i64) bit
+//! for bit, writes seen by the exporter; an importer in its own pid namespace and /proc (`unshare
+//! --pid --fork --mount-proc`, as a container has), where PyTorch's own path fails; a SIGKILLed
+//! exporter whose chunks stay mapped and intact in the importer; forged messages refused with every
+//! descriptor closed (unit tests).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;

@@ -48,17 +48,17 @@ pub(crate) const HANDLE_SIZE: usize = std::mem::size_of::<Envelope>();
 ///
 /// [`Auto`](Self::Auto) picks [`PosixFd`](Self::PosixFd) where the device supports it
 /// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED` and virtual memory
-/// management), else [`Legacy`](Self::Legacy); [`IpcBuffer::handle_type`](crate::IpcBuffer::handle_type)
-/// says which. (It never picks [`Pool`](Self::Pool): a pool buffer has no single handle, and
-/// POSIX-fd buffers give the same capability without a pool.)
-/// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer) and
+/// management), else [`Legacy`](Self::Legacy);
+/// [`IpcBuffer::handle_type`](crate::IpcBuffer::handle_type) says which. (It never picks
+/// [`Pool`](Self::Pool): a pool buffer has no single handle, and POSIX-fd buffers give the same
+/// capability without a pool.) [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer) and
 /// [`recv_buffer`](crate::fd::FdSocket::recv_buffer) carry every kind, so code that passes buffers
 /// over a socket works with all three.
 ///
-/// For many buffers to one peer, [`Pool`](Self::Pool) makes each open after the first cheap
-/// (no mapping: 1.1 µs on an H200 against 60–70 µs), as an [`IpcArena`](crate::arena::IpcArena) does
-/// without any driver call; an [`IpcPool`](crate::pool::IpcPool) gives the pool itself to the caller
-/// (stream-ordered allocation and free, handles sent the caller's way).
+/// For many buffers to one peer, [`Pool`](Self::Pool) makes each open after the first cheap (no
+/// mapping: 1.1 µs on an H200 against 60–70 µs), as an [`IpcArena`](crate::arena::IpcArena) does
+/// without any driver call; an [`IpcPool`](crate::pool::IpcPool) gives the pool itself to the
+/// caller (stream-ordered allocation and free, handles sent the caller's way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum HandleType {
@@ -213,7 +213,8 @@ impl Envelope {
         }
     }
 
-    /// The exporter, if it ran since this boot (else it is gone: [`Error::PeerGone`] (the exporter)).
+    /// The exporter, if it ran since this boot (else it is gone: [`Error::PeerGone`] (the
+    /// exporter)).
     pub(crate) fn exporter_this_boot(&self) -> Result<ProcessIdentity> {
         envelope::admit_exporter(self.exporter(), &self.boot_id, true)
     }
@@ -368,23 +369,22 @@ pub(crate) fn type_tag_of<T>() -> u64 {
     fnv1a64(std::any::type_name::<T>().as_bytes())
 }
 
-/// A handle of an export: the CUDA handle (or, for file-descriptor exports, a description of
-/// the memory that comes as a descriptor) in a typed, checksummed envelope, 184 bytes of plain
-/// data. `K` is what it names — [`IpcBuffer<T>`](crate::IpcBuffer),
-/// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
-/// [`IpcArena`](crate::arena::IpcArena) or [`IpcPool`](crate::pool::IpcPool) — and each has a short name:
-/// [`IpcMemHandle<T>`], [`IpcEventHandle`], [`IpcSignalHandle`],
-/// [`IpcArenaHandle`](crate::arena::IpcArenaHandle), [`IpcPoolHandle`](crate::pool::IpcPoolHandle).
+/// A handle of an export: the CUDA handle (or, for file-descriptor exports, a description of the
+/// memory that comes as a descriptor) in a typed, checksummed envelope, 184 bytes of plain data.
+/// `K` is what it names — [`IpcBuffer<T>`](crate::IpcBuffer), [`IpcEvent`](crate::IpcEvent),
+/// [`IpcSignal`](crate::IpcSignal), [`IpcArena`](crate::arena::IpcArena) or
+/// [`IpcPool`](crate::pool::IpcPool) — and each has a short name: [`IpcMemHandle<T>`],
+/// [`IpcEventHandle`], [`IpcSignalHandle`], [`IpcArenaHandle`](crate::arena::IpcArenaHandle),
+/// [`IpcPoolHandle`](crate::pool::IpcPoolHandle).
 ///
-/// Every handle carries the same fields, checked the same way: the kind (a memory handle is
-/// refused where an event handle is expected, and every other pair), the element size,
-/// alignment and type tag (a `Handle<IpcBuffer<f32>>` does not open as `u32`), the length,
-/// the UUID of the device that holds the memory (or where the event was created), the
-/// exporter's pid, start time and boot id (a dead or rebooted exporter is refused before the
-/// driver sees the bytes), the export's token and generation (a dropped export's handle is
-/// stale, never another export's), and a checksum over all of it. Every `open` runs the same checks in the
-/// same order — validate, then lease (events take none), then map — so a bad handle costs no
-/// lease and no mapping.
+/// Every handle carries the same fields, checked the same way: the kind (a memory handle is refused
+/// where an event handle is expected, and every other pair), the element size, alignment and type
+/// tag (a `Handle<IpcBuffer<f32>>` does not open as `u32`), the length, the UUID of the device that
+/// holds the memory (or where the event was created), the exporter's pid, start time and boot id (a
+/// dead or rebooted exporter is refused before the driver sees the bytes), the export's token and
+/// generation (a dropped export's handle is stale, never another export's), and a checksum over all
+/// of it. Every `open` runs the same checks in the same order — validate, then lease (events take
+/// none), then map — so a bad handle costs no lease and no mapping.
 ///
 /// Pass a handle to another process through a [`ShmCell`](crate::shm::ShmCell) (it is `Pod`) or as
 /// bytes ([`as_bytes`](Self::as_bytes) / [`from_bytes`](Self::from_bytes)). A handle of a
@@ -447,10 +447,9 @@ pub(crate) struct Admitted {
     pub(crate) memory_device: u32,
 }
 
-/// What a [`Handle`] can name: [`IpcBuffer<T>`](crate::IpcBuffer),
-/// [`IpcEvent`](crate::IpcEvent), [`IpcSignal`](crate::IpcSignal),
-/// [`IpcArena`](crate::arena::IpcArena) and [`IpcPool`](crate::pool::IpcPool). Sealed: the envelope's
-/// checks are this crate's.
+/// What a [`Handle`] can name: [`IpcBuffer<T>`](crate::IpcBuffer), [`IpcEvent`](crate::IpcEvent),
+/// [`IpcSignal`](crate::IpcSignal), [`IpcArena`](crate::arena::IpcArena) and
+/// [`IpcPool`](crate::pool::IpcPool). Sealed: the envelope's checks are this crate's.
 pub trait HandleKind: sealed::Sealed {
     /// The handle's short name, as `Debug` prints it (`"IpcMemHandle"`, `"IpcEventHandle"`, ...).
     const NAME: &'static str;

@@ -75,7 +75,8 @@ impl Backoff {
     }
 
     /// Pause until `unheld()` says no importer holds an export any more; past the time,
-    /// [`Error::LeasesOutstanding`](crate::Error::LeasesOutstanding) naming `holders()` and the time waited.
+    /// [`Error::LeasesOutstanding`](crate::Error::LeasesOutstanding) naming `holders()` and the
+    /// time waited.
     pub(crate) fn until_unheld(
         mut self,
         mut unheld: impl FnMut() -> bool,

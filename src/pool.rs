@@ -400,8 +400,8 @@ impl IpcPool {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for zero elements or an overflowing size;
-    /// [`Error::TooManyBuffers`] when [`MAX_BUFFERS`](Self::MAX_BUFFERS) are live or quarantined (after
-    /// reclaiming); [`Error::Cuda`] naming `cuMemAllocFromPoolAsync`, `cuEventCreate` or
+    /// [`Error::TooManyBuffers`] when [`MAX_BUFFERS`](Self::MAX_BUFFERS) are live or quarantined
+    /// (after reclaiming); [`Error::Cuda`] naming `cuMemAllocFromPoolAsync`, `cuEventCreate` or
     /// `cuEventRecord`.
     ///
     /// # Examples
@@ -435,8 +435,8 @@ impl IpcPool {
         })
     }
 
-    /// The pool's handle and a new descriptor of the pool (`cuMemPoolExportToShareableHandle`),
-    /// for a peer's [`ImportedPool::open_fd`]. [`FdSocket::send_pool`](crate::fd::FdSocket::send_pool)
+    /// The pool's handle and a new descriptor of the pool (`cuMemPoolExportToShareableHandle`), for
+    /// a peer's [`ImportedPool::open_fd`]. [`FdSocket::send_pool`](crate::fd::FdSocket::send_pool)
     /// does this and sends both.
     ///
     /// # Errors
@@ -1200,10 +1200,10 @@ impl ImportedPool {
     /// # Errors
     ///
     /// [`Error::CorruptHandle`]; [`Error::PeerGone`] (the exporter) (a pool of a dead process,
-    /// before the descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when the owner
-    /// dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
-    /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool),
-    /// `cuMemPoolGetAccess` or `cuMemPoolSetAccess`; [`Error::HandleTypeMismatch`]
+    /// before the descriptor is used); [`Error::DeviceNotReachable`]; [`Error::StaleHandle`] when
+    /// the owner dropped the pool; [`Error::TooManyImporters`]; [`Error::Cuda`] naming
+    /// `cuMemPoolImportFromShareableHandle` (a descriptor that is not a pool), `cuMemPoolGetAccess`
+    /// or `cuMemPoolSetAccess`; [`Error::HandleTypeMismatch`]
     /// ([`TypeConflict::ReadOnly`](crate::error::TypeConflict::ReadOnly)) when the owner shares the
     /// pool read-only ([`ReadOnlyPool::open_fd`](crate::pool::ReadOnlyPool::open_fd) opens it).
     #[doc(alias = "cuMemPoolImportFromShareableHandle")]

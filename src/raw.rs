@@ -32,16 +32,16 @@
 //!
 //! # Sharing with PyTorch, CuPy and C++
 //!
-//! Peers that do not use this crate speak the raw 64-byte `cudaIpcMemHandle_t` plus an offset and
-//! a size. `RawMemHandle` holds those bytes (`RawMemHandle::from_torch` also takes PyTorch's
-//! 66-byte form: a version byte, `b'c'`, the handle); `IpcBuffer::raw_export` gives a foreign peer
-//! a `RawExport` (a C struct: `examples/interop/cuda_ipc_raw.h`), and the `unsafe`
-//! `ImportedBuffer::open_raw` opens a foreign export. A raw handle carries no type, length, exporter or
-//! token, so `open_raw` checks what it still can — the range lies inside the mapped allocation
-//! (`cuPointerGetAttributes`), the offset suits `T`'s alignment, the memory's device is reachable,
-//! the handle is not this process's own, a named exporter is alive — and its caller vouches for
-//! the rest: the peer keeps the memory allocated for this use until the views drop. Raw exports
-//! take no lease: keep the `IpcBuffer` alive until the foreign peer says it is done.
+//! Peers that do not use this crate speak the raw 64-byte `cudaIpcMemHandle_t` plus an offset and a
+//! size. `RawMemHandle` holds those bytes (`RawMemHandle::from_torch` also takes PyTorch's 66-byte
+//! form: a version byte, `b'c'`, the handle); `IpcBuffer::raw_export` gives a foreign peer a
+//! `RawExport` (a C struct: `examples/interop/cuda_ipc_raw.h`), and the `unsafe`
+//! `ImportedBuffer::open_raw` opens a foreign export. A raw handle carries no type, length,
+//! exporter or token, so `open_raw` checks what it still can — the range lies inside the mapped
+//! allocation (`cuPointerGetAttributes`), the offset suits `T`'s alignment, the memory's device is
+//! reachable, the handle is not this process's own, a named exporter is alive — and its caller
+//! vouches for the rest: the peer keeps the memory allocated for this use until the views drop. Raw
+//! exports take no lease: keep the `IpcBuffer` alive until the foreign peer says it is done.
 //!
 //! ```rust,no_run
 //! use cuda_ipc::{GpuContext, ImportedBuffer};
@@ -129,8 +129,9 @@ impl RawMemHandle {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptHandle`] naming the reason, for a handle of an expandable segment (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: virtual
-    /// memory, not a legacy IPC handle), an unknown version or type, or another length.
+    /// [`Error::CorruptHandle`] naming the reason, for a handle of an expandable segment
+    /// (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: virtual memory, not a legacy IPC
+    /// handle), an unknown version or type, or another length.
     ///
     /// # Examples
     ///
@@ -224,8 +225,8 @@ pub struct RawExport {
     pub exporter_pid: u32,
 }
 
-/// What [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw) opens: a raw handle, where the
-/// data lies in its allocation, and how many elements.
+/// What [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw) opens: a raw handle, where
+/// the data lies in its allocation, and how many elements.
 ///
 /// # Examples
 ///

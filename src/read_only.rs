@@ -2,9 +2,9 @@
 //! weights, KV-cache blocks or a dataset that many reader processes map, where a stray write
 //! in one reader must not corrupt everyone's data.
 //!
-//! [`ReadOnlyBuffer`] is here; the arena's and the pool's are beside them. What is guaranteed
-//! where is documented once, on [`ReadOnlySlice`](crate::ReadOnlySlice) (public docs: this module is private),
-//! under "What the GPU enforces".
+//! [`ReadOnlyBuffer`] is here; the arena's and the pool's are beside them. What is guaranteed where
+//! is documented once, on [`ReadOnlySlice`](crate::ReadOnlySlice) (public docs: this module is
+//! private), under "What the GPU enforces".
 
 use std::os::fd::OwnedFd;
 
@@ -17,12 +17,13 @@ use crate::handle::IpcMemHandle;
 use crate::process::ProcessIdentity;
 
 /// A buffer another process exported, mapped so that this process can only read it (see
-/// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)): a [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffer mapped
-/// `PROT_READ` (the GPU refuses writes), or a [`HandleType::Pool`](crate::HandleType::Pool)
-/// buffer received with [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only)
-/// (the type alone: pools cannot be mapped read-only). It dereferences to its
-/// [`ReadOnlySlice`](crate::ReadOnlySlice); otherwise it is an [`ImportedBuffer`] (a lease
-/// on the export, the mapping kept alive after the exporter drops its buffer).
+/// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)): a
+/// [`HandleType::PosixFd`](crate::HandleType::PosixFd) buffer mapped `PROT_READ` (the GPU refuses
+/// writes), or a [`HandleType::Pool`](crate::HandleType::Pool) buffer received with
+/// [`FdSocket::recv_buffer_read_only`](crate::fd::FdSocket::recv_buffer_read_only) (the type alone:
+/// pools cannot be mapped read-only). It dereferences to its
+/// [`ReadOnlySlice`](crate::ReadOnlySlice); otherwise it is an [`ImportedBuffer`] (a lease on the
+/// export, the mapping kept alive after the exporter drops its buffer).
 ///
 /// # Examples
 ///
@@ -74,8 +75,9 @@ impl<T: Pod> ReadOnlyBuffer<T> {
         }
     }
 
-    /// Whether the GPU refuses writes through this mapping (true for POSIX-fd buffers), or
-    /// only the type does (pool buffers: see the [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)).
+    /// Whether the GPU refuses writes through this mapping (true for POSIX-fd buffers), or only the
+    /// type does (pool buffers: see the
+    /// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)).
     #[must_use]
     pub fn is_enforced_by_gpu(&self) -> bool {
         self.enforced

@@ -30,8 +30,8 @@ use bytemuck::Pod;
 /// - holds no pointers, references or file descriptors (they mean nothing in another process).
 ///
 /// Integer atomics (not `AtomicBool`, whose invalid bit patterns are undefined behaviour),
-/// [`ShmCell<T>`], [`BarrierState`](crate::barrier::BarrierState), and arrays of these qualify. A struct
-/// of such fields qualifies when it is `#[repr(C)]`; derive the impl (the
+/// [`ShmCell<T>`], [`BarrierState`](crate::barrier::BarrierState), and arrays of these qualify. A
+/// struct of such fields qualifies when it is `#[repr(C)]`; derive the impl (the
 /// [derive](macro@ShmSafe) checks both, with the crate's default `derive` feature) rather than
 /// writing it:
 ///

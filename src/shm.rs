@@ -196,8 +196,9 @@ impl ShmOptions {
         self
     }
 
-    /// How long open waits for a creator to publish the header before [`Error::NotReady`]
-    /// (default [`DEFAULT_OPEN_TIMEOUT`](Self::DEFAULT_OPEN_TIMEOUT)). Open returns at once if the creator is known dead.
+    /// How long open waits for a creator to publish the header before [`Error::NotReady`] (default
+    /// [`DEFAULT_OPEN_TIMEOUT`](Self::DEFAULT_OPEN_TIMEOUT)). Open returns at once if the creator
+    /// is known dead.
     #[must_use]
     pub fn open_timeout(mut self, timeout: Duration) -> Self {
         self.open_timeout = timeout;

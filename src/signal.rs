@@ -3,12 +3,13 @@
 //!
 //! # When a party stops
 //!
-//! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its
-//! write leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
-//! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder within 10 ms and remembers
-//! it, after which GPU-side waits are refused; [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this
-//! process's parked streams. A signal that fails leaves its value unused (retry with it). Tested
-//! in `tests/signal.rs` (dead exporter, dead importer, blocked streams).
+//! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its write
+//! leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
+//! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder
+//! within 10 ms and remembers it, after which GPU-side waits are refused;
+//! [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this process's parked
+//! streams. A signal that fails leaves its value unused (retry with it). Tested in
+//! `tests/signal.rs` (dead exporter, dead importer, blocked streams).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -56,11 +57,11 @@ const LOST_PEER: u64 = 2 << 32;
 ///   for hand-offs that have not been signalled yet.
 /// - Values are `0..=`[`MAX_VALUE`](GpuSignal::MAX_VALUE) (2^63 − 1): CUDA compares as
 ///   `(int64_t)(counter − v) >= 0`, which is plain `≥` in that range.
-/// - The host can [`value`](GpuSignal::value) the counter, [`wait_host`](GpuSignal::wait_host) with a
-///   deadline (noticing a dead exporter or importer instead of hanging), and
+/// - The host can [`value`](GpuSignal::value) the counter, [`wait_host`](GpuSignal::wait_host) with
+///   a deadline (noticing a dead exporter or importer instead of hanging), and
 ///   [`signal_host`](GpuSignal::signal_host). Host reads and writes go through a non-blocking
-///   stream of the signal's own, so they never queue behind the caller's streams (a blocked
-///   stream would stall the legacy default stream that synchronous copies use).
+///   stream of the signal's own, so they never queue behind the caller's streams (a blocked stream
+///   would stall the legacy default stream that synchronous copies use).
 ///
 /// # `IpcSignal` or [`IpcEvent`](crate::IpcEvent)?
 ///
@@ -88,17 +89,20 @@ const LOST_PEER: u64 = 2 << 32;
 ///
 /// # Blocking streams
 ///
-/// cust's `Stream::new` drops `StreamFlags::NON_BLOCKING`, so cust streams synchronise with
-/// the legacy default stream. While such a stream is parked in [`wait`](GpuSignal::wait), every
-/// synchronous call of this process that uses the legacy stream ([`IpcBuffer::copy_to_host`](crate::GpuSlice::copy_to_host),
-/// [`IpcBuffer::copy_from_host`](crate::GpuSlice::copy_from_host), [`IpcBuffer::memset_bytes`](crate::GpuSlice::memset_bytes), ...) blocks until the wait is
-/// satisfied. [`IpcSignal::new`] and [`IpcBuffer::zeroed`](crate::IpcBuffer::zeroed) use private non-blocking streams
-/// and are not affected, nor are the signal's own host calls ([`value`](GpuSignal::value),
-/// [`wait_host`](GpuSignal::wait_host), [`signal_host`](GpuSignal::signal_host)).
+/// cust's `Stream::new` drops `StreamFlags::NON_BLOCKING`, so cust streams synchronise with the
+/// legacy default stream. While such a stream is parked in [`wait`](GpuSignal::wait), every
+/// synchronous call of this process that uses the legacy stream
+/// ([`IpcBuffer::copy_to_host`](crate::GpuSlice::copy_to_host),
+/// [`IpcBuffer::copy_from_host`](crate::GpuSlice::copy_from_host),
+/// [`IpcBuffer::memset_bytes`](crate::GpuSlice::memset_bytes), ...) blocks until the wait is
+/// satisfied. [`IpcSignal::new`] and [`IpcBuffer::zeroed`](crate::IpcBuffer::zeroed) use private
+/// non-blocking streams and are not affected, nor are the signal's own host calls
+/// ([`value`](GpuSignal::value), [`wait_host`](GpuSignal::wait_host),
+/// [`signal_host`](GpuSignal::signal_host)).
 ///
 /// Requires 64-bit stream memory operations on the device
-/// ([`can_use_stream_mem_ops`](crate::device::can_use_stream_mem_ops)) and a driver that has the CUDA
-/// 11.7 `_v2` entry points (R515 or newer; every Hopper driver is).
+/// ([`can_use_stream_mem_ops`](crate::device::can_use_stream_mem_ops)) and a driver that has the
+/// CUDA 11.7 `_v2` entry points (R515 or newer; every Hopper driver is).
 ///
 /// `IpcSignal` is `Send` and `Sync`, as is `ImportedSignal`.
 ///
@@ -511,10 +515,10 @@ impl GpuSignal {
     /// driver accepted the write: after an error, the same value can be signalled again.
     ///
     /// Increasing values are checked in the order they are *enqueued*; the GPU runs writes on
-    /// different streams in any order, so signalling `k` on one stream and `k + 1` on another
-    /// can leave the counter at `k + 1` before the first stream's work is done, and then step it
-    /// back to `k`. Signal a sequence on one stream, or make the next stream wait for the
-    /// previous value first ([`wait`](Self::wait)) — what [`IpcSender`](crate::channel::IpcSender) and
+    /// different streams in any order, so signalling `k` on one stream and `k + 1` on another can
+    /// leave the counter at `k + 1` before the first stream's work is done, and then step it back
+    /// to `k`. Signal a sequence on one stream, or make the next stream wait for the previous value
+    /// first ([`wait`](Self::wait)) — what [`IpcSender`](crate::channel::IpcSender) and
     /// [`IpcReceiver`](crate::channel::IpcReceiver) do for their counters.
     ///
     /// # Safety
@@ -564,8 +568,9 @@ impl GpuSignal {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a value above [`MAX_VALUE`](Self::MAX_VALUE);
-    /// [`Error::PeerGone`] (the exporter) or [`Error::PeerGone`] (an importer) when a host-side check of this handle has
-    /// already seen a party of the signal die; [`Error::Cuda`] naming `cuStreamWaitValue64`.
+    /// [`Error::PeerGone`] (the exporter) or [`Error::PeerGone`] (an importer) when a host-side
+    /// check of this handle has already seen a party of the signal die; [`Error::Cuda`] naming
+    /// `cuStreamWaitValue64`.
     #[doc(alias = "cuStreamWaitValue64")]
     pub unsafe fn wait(&self, stream: &(impl AsStream + ?Sized), value: u64) -> Result<()> {
         check_value("IpcSignal::wait", value)?;
@@ -619,10 +624,10 @@ impl GpuSignal {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`]; [`Error::PeerGone`] (the exporter) when the exporter died, [`Error::PeerGone`] (an importer)
-    /// when a process that had the signal open died without closing it (either is remembered:
-    /// later waits fail at once); [`Error::InvalidArgument`] for a value above
-    /// [`MAX_VALUE`](Self::MAX_VALUE); [`Error::Cuda`] from the reads.
+    /// [`Error::Timeout`]; [`Error::PeerGone`] (the exporter) when the exporter died,
+    /// [`Error::PeerGone`] (an importer) when a process that had the signal open died without
+    /// closing it (either is remembered: later waits fail at once); [`Error::InvalidArgument`] for
+    /// a value above [`MAX_VALUE`](Self::MAX_VALUE); [`Error::Cuda`] from the reads.
     pub fn wait_host(&self, value: u64, timeout: Duration) -> Result<u64> {
         check_value("IpcSignal::wait_host", value)?;
         let mut wait = Backoff::new(timeout, Duration::from_micros(2), Duration::from_millis(1));

@@ -3,8 +3,8 @@
 //! address, host copies, device copies and memsets.
 //!
 //! A `GpuSlice` is never owned on its own: [`IpcBuffer`](crate::IpcBuffer),
-//! [`ArenaBuffer`](crate::arena::ArenaBuffer) and [`ArenaView`](crate::arena::ArenaView) hold one and
-//! dereference to it, so that these methods are written (and documented) once and every role
+//! [`ArenaBuffer`](crate::arena::ArenaBuffer) and [`ArenaView`](crate::arena::ArenaView) hold one
+//! and dereference to it, so that these methods are written (and documented) once and every role
 //! offers the same data operations.
 
 use std::marker::PhantomData;
@@ -28,14 +28,14 @@ use crate::stream::AsStream;
 /// # Asynchronous work
 ///
 /// The synchronous methods ([`copy_from_host`](Self::copy_from_host),
-/// [`copy_to_host`](Self::copy_to_host), [`memset_bytes`](Self::memset_bytes)) are done with
-/// the memory when they return. The `*_async` methods, like kernels launched on
-/// [`as_raw_ptr`](Self::as_raw_ptr), only *enqueue* work that touches the memory later; the
-/// slice's owner does not track that work, and dropping it (unmapping an import, freeing an
-/// export, giving an arena block back) does not wait for it. That is why they are `unsafe`:
-/// the caller keeps the owner alive until the work has completed (synchronise the stream, or an
-/// event recorded after the work, before dropping; [`GpuContext::synchronize`](crate::GpuContext::synchronize)
-/// when the work went on streams the caller cannot name).
+/// [`copy_to_host`](Self::copy_to_host), [`memset_bytes`](Self::memset_bytes)) are done with the
+/// memory when they return. The `*_async` methods, like kernels launched on
+/// [`as_raw_ptr`](Self::as_raw_ptr), only *enqueue* work that touches the memory later; the slice's
+/// owner does not track that work, and dropping it (unmapping an import, freeing an export, giving
+/// an arena block back) does not wait for it. That is why they are `unsafe`: the caller keeps the
+/// owner alive until the work has completed (synchronise the stream, or an event recorded after the
+/// work, before dropping; [`GpuContext::synchronize`](crate::GpuContext::synchronize) when the work
+/// went on streams the caller cannot name).
 ///
 /// `GpuSlice<T>` is `Send` and `Sync` (a device address and a context handle).
 ///
@@ -323,13 +323,14 @@ impl<T: Pod> std::fmt::Debug for GpuSlice<T> {
 ///   memset, no copy into it, and kernels receive its address as a `const T*`
 ///   ([`as_raw_ptr`](ReadOnlySlice::as_raw_ptr), or the slice itself as a cudarc kernel
 ///   argument). Every read-only type here dereferences to it.
-/// - **The GPU**, where the driver can map memory read-only: [`ReadOnlyBuffer`](crate::ReadOnlyBuffer) (POSIX-fd
-///   buffers) and [`ReadOnlyArena`](crate::arena::ReadOnlyArena) map with `CU_MEM_ACCESS_FLAGS_PROT_READ`. Measured on an
-///   H200 (driver 580.159.04): kernel reads return the data; a kernel write through the
-///   mapping faults (`CUDA_ERROR_ILLEGAL_ADDRESS`, in the writing process only — its context
-///   is lost — and the owner's data stays intact); `cuMemsetD*` and `cuMemcpyHtoD` into it
-///   fail with `CUDA_ERROR_INVALID_VALUE`. So a bug that writes through a raw address (a
-///   kernel given the wrong pointer) cannot reach the shared data.
+/// - **The GPU**, where the driver can map memory read-only:
+///   [`ReadOnlyBuffer`](crate::ReadOnlyBuffer) (POSIX-fd buffers) and
+///   [`ReadOnlyArena`](crate::arena::ReadOnlyArena) map with `CU_MEM_ACCESS_FLAGS_PROT_READ`.
+///   Measured on an H200 (driver 580.159.04): kernel reads return the data; a kernel write through
+///   the mapping faults (`CUDA_ERROR_ILLEGAL_ADDRESS`, in the writing process only — its context is
+///   lost — and the owner's data stays intact); `cuMemsetD*` and `cuMemcpyHtoD` into it fail with
+///   `CUDA_ERROR_INVALID_VALUE`. So a bug that writes through a raw address (a kernel given the
+///   wrong pointer) cannot reach the shared data.
 ///
 /// Where the driver cannot, only the type holds, and each type says so
 /// ([`is_enforced_by_gpu`](crate::ReadOnlyBuffer::is_enforced_by_gpu)):

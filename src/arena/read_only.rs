@@ -11,11 +11,11 @@ use crate::error::Result;
 use crate::process::ProcessIdentity;
 use crate::vmm::Access;
 
-/// An [`IpcArena`](crate::arena::IpcArena) imported so that this process can only read it: the whole
-/// region mapped once with `CU_MEM_ACCESS_FLAGS_PROT_READ` (the GPU refuses writes), each of
-/// its buffers opened with [`open`](Self::open) without a driver call, as a
-/// [`ReadOnlyArenaView`]. Otherwise an [`ImportedArena`] (an importer slot, views that keep
-/// the owner from reusing a block). The way to share model weights with many readers.
+/// An [`IpcArena`](crate::arena::IpcArena) imported so that this process can only read it: the
+/// whole region mapped once with `CU_MEM_ACCESS_FLAGS_PROT_READ` (the GPU refuses writes), each of
+/// its buffers opened with [`open`](Self::open) without a driver call, as a [`ReadOnlyArenaView`].
+/// Otherwise an [`ImportedArena`] (an importer slot, views that keep the owner from reusing a
+/// block). The way to share model weights with many readers.
 ///
 /// `ReadOnlyArena` is `Send` and `Sync`, and cheap to clone (one shared import).
 ///
@@ -110,8 +110,8 @@ impl std::fmt::Debug for ReadOnlyArena {
 }
 
 /// A buffer of a [`ReadOnlyArena`]: an [`ArenaView`] that dereferences to a
-/// [`ReadOnlySlice`](crate::ReadOnlySlice). Work enqueued on it must complete before it is dropped (see
-/// [asynchronous work](crate::GpuSlice#asynchronous-work)).
+/// [`ReadOnlySlice`](crate::ReadOnlySlice). Work enqueued on it must complete before it is dropped
+/// (see [asynchronous work](crate::GpuSlice#asynchronous-work)).
 pub struct ReadOnlyArenaView<T: Pod> {
     view: ArenaView<T>,
 }

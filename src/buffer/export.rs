@@ -20,37 +20,40 @@ use crate::raw::{RawExport, RawMemHandle};
 use crate::slice::GpuSlice;
 use crate::vmm::VmmMemory;
 
-/// Device memory this process allocated, holding `len` values of `T`, that other processes can
-/// map through a typed [`IpcMemHandle<T>`](crate::IpcMemHandle): they open it as an [`ImportedBuffer<T>`](crate::ImportedBuffer).
+/// Device memory this process allocated, holding `len` values of `T`, that other processes can map
+/// through a typed [`IpcMemHandle<T>`](crate::IpcMemHandle): they open it as an
+/// [`ImportedBuffer<T>`](crate::ImportedBuffer).
 ///
 /// - [`new`](Self::new) allocates with `cuMemAlloc` (never stream-ordered pool memory, which
 ///   legacy IPC rejects) in a [`GpuContext`]; [`handle`](Self::handle) exports it.
-/// - [`ImportedBuffer::open`](crate::ImportedBuffer::open) maps it in another process, after validating the handle and
-///   taking a lease (see there).
+/// - [`ImportedBuffer::open`](crate::ImportedBuffer::open) maps it in another process, after
+///   validating the handle and taking a lease (see there).
 /// - Dropping an exported buffer never waits: new opens of its handle are refused from then
 ///   on, and the memory is freed as soon as no importer maps it — at once, or later (see
 ///   [below](#dropping-an-exported-buffer)). [`close`](Self::close) waits for importers, up
 ///   to a timeout, and reports what is left.
 ///
 /// Use it from any CUDA crate: [`as_raw_ptr`](GpuSlice::as_raw_ptr) for kernel arguments (or
-/// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the
-/// `cudarc` feature), host copies (synchronous, or asynchronous on any [`AsStream`](crate::AsStream)), memset.
+/// `device_ptr` with the `cust` feature, `.arg(&buf)` in cudarc's launch builder with the `cudarc`
+/// feature), host copies (synchronous, or asynchronous on any [`AsStream`](crate::AsStream)),
+/// memset.
 ///
-/// `IpcBuffer<T>` is `Send` and `Sync` (so is `ImportedBuffer<T>`). Device memory is not Rust memory: methods take `&self`,
-/// and concurrent writes from several processes are a GPU data race for the caller to order
-/// (with [`IpcEvent`](crate::IpcEvent)s and barriers), not undefined behaviour in this process.
+/// `IpcBuffer<T>` is `Send` and `Sync` (so is `ImportedBuffer<T>`). Device memory is not Rust
+/// memory: methods take `&self`, and concurrent writes from several processes are a GPU data race
+/// for the caller to order (with [`IpcEvent`](crate::IpcEvent)s and barriers), not undefined
+/// behaviour in this process.
 ///
 /// # Asynchronous work
 ///
 /// The synchronous methods ([`copy_from_host`](GpuSlice::copy_from_host),
-/// [`copy_to_host`](GpuSlice::copy_to_host), [`memset_bytes`](GpuSlice::memset_bytes)) are done with
-/// the memory when they return. The `*_async` methods, like kernels launched on
+/// [`copy_to_host`](GpuSlice::copy_to_host), [`memset_bytes`](GpuSlice::memset_bytes)) are done
+/// with the memory when they return. The `*_async` methods, like kernels launched on
 /// [`as_raw_ptr`](GpuSlice::as_raw_ptr), only *enqueue* work that touches the memory later; the
 /// buffer does not track that work, and dropping the last view of an import unmaps the memory
-/// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for
-/// it. That is why they are `unsafe`: the caller keeps the buffer alive until the work has
-/// completed (synchronise the stream, or an event recorded after the work, before dropping).
-/// The same holds for [`IpcSignal::signal`](crate::GpuSignal::signal) and
+/// (`cuIpcCloseMemHandle`) and dropping an export frees it (`cuMemFree`) without waiting for it.
+/// That is why they are `unsafe`: the caller keeps the buffer alive until the work has completed
+/// (synchronise the stream, or an event recorded after the work, before dropping). The same holds
+/// for [`IpcSignal::signal`](crate::GpuSignal::signal) and
 /// [`IpcSignal::wait`](crate::GpuSignal::wait).
 ///
 /// Safe code cannot enqueue work on a buffer and then drop it (this does not compile):
@@ -200,9 +203,10 @@ impl<T: Pod> IpcBuffer<T> {
 
     /// Export: the typed handle another process opens (`cuIpcGetMemHandle` in an envelope).
     ///
-    /// For a [`HandleType::PosixFd`] buffer the handle describes the memory but cannot map it:
-    /// use [`export_fd`](Self::export_fd) or
-    /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), which send a descriptor with it.
+    /// For a [`HandleType::PosixFd`] buffer the handle describes the memory but cannot map it: use
+    /// [`export_fd`](Self::export_fd) or
+    /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), which send a descriptor with
+    /// it.
     ///
     /// # Errors
     ///
@@ -271,11 +275,11 @@ impl<T: Pod> IpcBuffer<T> {
         Ok(())
     }
 
-    /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the
-    /// memory (`cuMemExportToShareableHandle`), to send together over a Unix socket
-    /// (`SCM_RIGHTS`; [`FdSocket::send`](crate::fd::FdSocket::send) or any other). The receiver
-    /// opens them with [`open_fd`](crate::ImportedBuffer::open_fd). Each call makes a new descriptor; dropping
-    /// it after sending is right (the receiver has its own).
+    /// Export a [`HandleType::PosixFd`] buffer: its handle and a new file descriptor for the memory
+    /// (`cuMemExportToShareableHandle`), to send together over a Unix socket (`SCM_RIGHTS`;
+    /// [`FdSocket::send`](crate::fd::FdSocket::send) or any other). The receiver opens them with
+    /// [`open_fd`](crate::ImportedBuffer::open_fd). Each call makes a new descriptor; dropping it
+    /// after sending is right (the receiver has its own).
     ///
     /// The descriptor is the capability: whoever holds it can map the memory, whatever uid or
     /// namespace it runs in; the handle alone cannot.
@@ -322,13 +326,13 @@ impl<T: Pod> IpcBuffer<T> {
         Ok((handle.marked_read_only_if(self.read_only), fd))
     }
 
-    /// Export a [`HandleType::Pool`] buffer: its pool's handle and a new descriptor of the
-    /// pool (`cuMemPoolExportToShareableHandle`), and the buffer's [`PoolHandle`]
+    /// Export a [`HandleType::Pool`] buffer: its pool's handle and a new descriptor of the pool
+    /// (`cuMemPoolExportToShareableHandle`), and the buffer's [`PoolHandle`]
     /// (`cuMemPoolExportPointer` data), for a peer's
-    /// [`ImportedBuffer::open_pooled`](crate::ImportedBuffer::open_pooled). [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer)
-    /// does this and sends all three in one message; this is for other channels. A peer that
-    /// imported the pool before (for an earlier buffer) shares that import and closes the new
-    /// descriptor unused.
+    /// [`ImportedBuffer::open_pooled`](crate::ImportedBuffer::open_pooled).
+    /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer) does this and sends all three in
+    /// one message; this is for other channels. A peer that imported the pool before (for an
+    /// earlier buffer) shares that import and closes the new descriptor unused.
     ///
     /// # Errors
     ///

@@ -20,12 +20,11 @@ use crate::raw::RawImport;
 use crate::slice::GpuSlice;
 use crate::vmm::{Access, VmmMemory};
 
-/// Another process's [`IpcBuffer`](crate::IpcBuffer) (or memory a foreign peer exported), mapped into this
-/// process: [`open`](Self::open) (legacy handles), [`open_fd`](Self::open_fd) (POSIX-fd
-/// buffers, with the descriptor their exporter sent), [`open_raw`](Self::open_raw) (PyTorch,
-/// CuPy, C/C++ peers). It reads and writes the memory as the exporter's buffer does (both
-/// dereference to [`GpuSlice<T>`]), and cannot be exported again (CUDA cannot re-export a
-/// mapping).
+/// Another process's [`IpcBuffer`](crate::IpcBuffer) (or memory a foreign peer exported), mapped
+/// into this process: [`open`](Self::open) (legacy handles), [`open_fd`](Self::open_fd) (POSIX-fd
+/// buffers, with the descriptor their exporter sent), [`open_raw`](Self::open_raw) (PyTorch, CuPy,
+/// C/C++ peers). It reads and writes the memory as the exporter's buffer does (both dereference to
+/// [`GpuSlice<T>`]), and cannot be exported again (CUDA cannot re-export a mapping).
 ///
 /// Opening checks the envelope before the driver sees it (type, length, checksum, exporter
 /// alive and not this process, device reachable, buffer not freed) and takes a lease, which
@@ -35,8 +34,9 @@ use crate::vmm::{Access, VmmMemory};
 /// once, when the last view drops, and then the lease is released.
 ///
 /// `ImportedBuffer<T>` is `Send` and `Sync`; what holds for asynchronous work on an
-/// [`IpcBuffer`](crate::IpcBuffer) holds here (see [asynchronous work](crate::IpcBuffer#asynchronous-work)): dropping
-/// the last view unmaps the memory without waiting for queued GPU work on it.
+/// [`IpcBuffer`](crate::IpcBuffer) holds here (see [asynchronous
+/// work](crate::IpcBuffer#asynchronous-work)): dropping the last view unmaps the memory without
+/// waiting for queued GPU work on it.
 ///
 /// # Examples
 ///
@@ -79,22 +79,22 @@ impl<T: Pod> ImportedBuffer<T> {
     /// # Errors
     ///
     /// Checked before the driver sees the handle: [`Error::CorruptHandle`],
-    /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens
-    /// only with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
-    /// [`Error::PeerGone`] (the exporter), [`Error::DeviceNotReachable`], [`Error::StaleHandle`] (the
-    /// buffer was freed, even if a new one now sits at its address),
+    /// [`Error::TypeMismatch`], [`Error::HandleTypeMismatch`] (a POSIX-fd handle: it opens only
+    /// with its descriptor, [`open_fd`](Self::open_fd)), [`Error::SameProcess`],
+    /// [`Error::PeerGone`] (the exporter), [`Error::DeviceNotReachable`], [`Error::StaleHandle`]
+    /// (the buffer was freed, even if a new one now sits at its address),
     /// [`Error::TooManyImporters`]. Then [`Error::Cuda`] naming `cuIpcOpenMemHandle`.
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcMemHandle<T>) -> Result<Self> {
         Self::open_handle(ctx, handle, None)
     }
 
-    /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its
-    /// exporter sent with it ([`export_fd`](crate::IpcBuffer::export_fd); received over a Unix socket):
-    /// `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`
-    /// for `ctx`'s device. `fd` is consumed (closed once imported, or on any error). Opening the
-    /// same export again in the same context shares the mapping, as for legacy handles; unlike
-    /// them, the exporting process may open its own handle.
+    /// Map a [`HandleType::PosixFd`] buffer from its handle and the file descriptor its exporter
+    /// sent with it ([`export_fd`](crate::IpcBuffer::export_fd); received over a Unix socket):
+    /// `cuMemImportFromShareableHandle`, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess` for
+    /// `ctx`'s device. `fd` is consumed (closed once imported, or on any error). Opening the same
+    /// export again in the same context shares the mapping, as for legacy handles; unlike them, the
+    /// exporting process may open its own handle.
     ///
     /// The mapping keeps the memory alive: an exporter that drops its buffer (or exits) after
     /// this returns does not free it under this view; the driver frees it when the last
@@ -118,12 +118,13 @@ impl<T: Pod> ImportedBuffer<T> {
     }
 
     /// Open a [`HandleType::Pool`] buffer from its pool's handle and descriptor and its
-    /// [`PoolHandle`] ([`IpcBuffer::export_pooled`](crate::IpcBuffer::export_pooled)): the pool is imported once per process
-    /// (`cuMemPoolImportFromShareableHandle`; a pool imported before, in any context, is shared
-    /// and `fd` closed unused, as [`ImportedPool::open_fd`](crate::pool::ImportedPool::open_fd) does),
-    /// then the buffer (`cuMemPoolImportPointer`), its size checked against the driver's. `fd`
-    /// is consumed. Opening the same buffer again shares the import; the last view's drop
-    /// frees it (`cuMemFree`) and lets the owner free the allocation.
+    /// [`PoolHandle`] ([`IpcBuffer::export_pooled`](crate::IpcBuffer::export_pooled)): the pool is
+    /// imported once per process (`cuMemPoolImportFromShareableHandle`; a pool imported before, in
+    /// any context, is shared and `fd` closed unused, as
+    /// [`ImportedPool::open_fd`](crate::pool::ImportedPool::open_fd) does), then the buffer
+    /// (`cuMemPoolImportPointer`), its size checked against the driver's. `fd` is consumed. Opening
+    /// the same buffer again shares the import; the last view's drop frees it (`cuMemFree`) and
+    /// lets the owner free the allocation.
     ///
     /// # Errors
     ///
@@ -186,9 +187,9 @@ impl<T: Pod> ImportedBuffer<T> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for an empty, overflowing or misaligned range;
-    /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the exporter) when
-    /// the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a forged or
-    /// stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
+    /// [`Error::SameProcess`] for a handle this process exported; [`Error::PeerGone`] (the
+    /// exporter) when the named exporter is dead; [`Error::Cuda`] naming `cuIpcOpenMemHandle` (a
+    /// forged or stale handle, a dead exporter that was not named); [`Error::CorruptHandle`] naming
     /// `cuPointerGetAttributes` when the range reaches past the allocation;
     /// [`Error::DeviceNotReachable`] when the memory is on a device this context cannot reach.
     ///

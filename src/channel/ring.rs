@@ -31,8 +31,8 @@
 //! `sent = k`; (P5) store the length; (P6) publish `sent = k`.
 //! - Killed before P6: the consumer never sees item `k`. Its wait checks the producer every
 //!   10 ms and reports [`Error::PeerGone`] (the exporter).
-//! - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue
-//!   its GPU wait, which then never passes; its next call reports `PeerGone` (exporter), and dropping
+//! - Killed after P6, before its GPU ran P3–P4: the consumer may receive item `k` and enqueue its
+//!   GPU wait, which then never passes; its next call reports `PeerGone` (exporter), and dropping
 //!   the receiver releases its streams (work on that item sees undefined contents).
 //! - Closed (dropped): the owner word goes `Held → Left` after the last publish; a consumer
 //!   that finds `Left` re-reads `sent` and receives every item published before reporting
@@ -43,8 +43,8 @@
 //! `released = k`; (C6) publish `released = k`.
 //! - Killed mid-attach (`Claiming`), or before C6: the producer, waiting for the slot, checks
 //!   the consumer every 10 ms and reports [`Error::PeerGone`] (an importer).
-//! - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never
-//!   passes; its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
+//! - Killed after C6, before its GPU ran C5: the producer's GPU wait for that release never passes;
+//!   its next wait reports `PeerGone` (importer), and dropping the sender releases its streams.
 //! - Closed: once its GPU operations have completed (bounded by the drop timeout), `Held →
 //!   Left`; the producer's next acquire reports `ChannelClosed`. Closing only after the GPU
 //!   work matters: a producer that finds the consumer gone forces the release counter at its
@@ -138,8 +138,9 @@ impl Doorbell {
         }
     }
 
-    /// Ring after a store the other side waits for (the Dekker pair with [`sleep`](Self::sleep): both sides
-    /// use SeqCst, so either the sleeper sees the new word or the ringer sees the sleeper).
+    /// Ring after a store the other side waits for (the Dekker pair with [`sleep`](Self::sleep):
+    /// both sides use SeqCst, so either the sleeper sees the new word or the ringer sees the
+    /// sleeper).
     fn ring(&self) {
         self.word.fetch_add(1, Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) != 0 {

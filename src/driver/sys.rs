@@ -6,11 +6,11 @@
 //! versioned names `cuda.h` maps its macros to (`cuMemAlloc` → `cuMemAlloc_v2`, ...).
 //!
 //! Nothing is linked: the driver library is loaded at run time (see
-//! [`library_path`](super::library_path)), once, and each function here calls through the entry point resolved from it. Without a
-//! driver library every function returns [`NO_DRIVER`]; when the library lacks an entry point
-//! (a driver older than the call), that function returns [`NO_ENTRY_POINT`]. Neither is a CUDA
-//! code: [`check`](super::check) turns them into [`Error::DriverNotFound`] and
-//! [`Error::DriverTooOld`].
+//! [`library_path`](super::library_path)), once, and each function here calls through the entry
+//! point resolved from it. Without a driver library every function returns [`NO_DRIVER`]; when the
+//! library lacks an entry point (a driver older than the call), that function returns
+//! [`NO_ENTRY_POINT`]. Neither is a CUDA code: [`check`](super::check) turns them into
+//! [`Error::DriverNotFound`] and [`Error::DriverTooOld`].
 //!
 //! [`Error::DriverNotFound`]: crate::Error::DriverNotFound
 //! [`Error::DriverTooOld`]: crate::Error::DriverTooOld

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use super::table::{Block, MAX_ARENA_BUFFERS};
 
-/// Every range starts and ends on this many bytes ([`IpcArena::ALIGN`](crate::arena::IpcArena::ALIGN)).
+/// Every range starts and ends on this many bytes
+/// ([`IpcArena::ALIGN`](crate::arena::IpcArena::ALIGN)).
 pub(crate) const ALIGN: u64 = 256;
 
 /// A live or quarantined allocation.

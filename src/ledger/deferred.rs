@@ -68,10 +68,10 @@ pub struct DeferredFrees {
     pub pending: usize,
     /// Their bytes.
     pub pending_bytes: usize,
-    /// Channel ends ([`IpcSender`](crate::channel::IpcSender), [`IpcReceiver`](crate::channel::IpcReceiver))
-    /// dropped while the channel's GPU operations were still running, still waiting for them:
-    /// closed by a later collect once those complete (or leaked once their drop timeout
-    /// passes, as `close` would).
+    /// Channel ends ([`IpcSender`](crate::channel::IpcSender),
+    /// [`IpcReceiver`](crate::channel::IpcReceiver)) dropped while the channel's GPU operations
+    /// were still running, still waiting for them: closed by a later collect once those complete
+    /// (or leaked once their drop timeout passes, as `close` would).
     pub draining: usize,
 }
 

@@ -1,12 +1,12 @@
 //! Leases: which processes import from an exporter.
 //!
-//! A lease table is a [`ShmRegion`] named after a random token (`cuda-ipc-lease.<token>`)
-//! with one slot per importing process: one table per exporting process for all its buffers
-//! and signals (beside the export registry's block table, `registry.rs`), and one per
-//! [`IpcArena`](crate::arena::IpcArena) and per [`IpcPool`](crate::pool::IpcPool). An importer claims a
-//! slot before it maps anything and frees it when it is done with the exporter; its slot
-//! number is its bit in the block table, where it marks each export it maps (the arena
-//! protocol, `ledger/table.rs`). The exporter reaps the slots of importers proven dead.
+//! A lease table is a [`ShmRegion`] named after a random token (`cuda-ipc-lease.<token>`) with one
+//! slot per importing process: one table per exporting process for all its buffers and signals
+//! (beside the export registry's block table, `registry.rs`), and one per
+//! [`IpcArena`](crate::arena::IpcArena) and per [`IpcPool`](crate::pool::IpcPool). An importer
+//! claims a slot before it maps anything and frees it when it is done with the exporter; its slot
+//! number is its bit in the block table, where it marks each export it maps (the arena protocol,
+//! `ledger/table.rs`). The exporter reaps the slots of importers proven dead.
 //!
 //! The table can also be *closed* (an arena's or pool's owner does it when dropped): claims
 //! after that fail, and a scan that finds no holder proves nobody maps anything and nobody can
@@ -477,9 +477,10 @@ impl Lease {
         Self::acquire_pausing(token, generation, take_over, || {})
     }
 
-    /// What every importer of an export with a block table (`table`: arenas, pools, the
-    /// registry) does: [`acquire_taking_over`](Self::acquire_taking_over), clearing a taken
-    /// slot's bits in `table` ([`BlockTable::clear_slot_bits`](crate::ledger::table::BlockTable::clear_slot_bits)).
+    /// What every importer of an export with a block table (`table`: arenas, pools, the registry)
+    /// does: [`acquire_taking_over`](Self::acquire_taking_over), clearing a taken slot's bits in
+    /// `table`
+    /// ([`BlockTable::clear_slot_bits`](crate::ledger::table::BlockTable::clear_slot_bits)).
     pub(crate) fn acquire_clearing(
         token: &[u8; 16],
         generation: u64,

@@ -65,7 +65,8 @@ impl Ledger {
     ///
     /// # Errors
     ///
-    /// What the books hold when nothing can be placed (for [`Error::ArenaFull`](crate::Error::ArenaFull)).
+    /// What the books hold when nothing can be placed (for
+    /// [`Error::ArenaFull`](crate::Error::ArenaFull)).
     pub(crate) fn alloc(&self, bytes: u64) -> std::result::Result<Placed, Full> {
         let mut book = self.book.lock();
         match book.alloc(&self.table.blocks, bytes) {

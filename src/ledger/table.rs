@@ -65,7 +65,8 @@ use crate::shared::ShmSafe;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// The most buffers one block table tracks ([`IpcArena::MAX_BUFFERS`](crate::arena::IpcArena::MAX_BUFFERS),
+/// The most buffers one block table tracks
+/// ([`IpcArena::MAX_BUFFERS`](crate::arena::IpcArena::MAX_BUFFERS),
 /// [`IpcPool::MAX_BUFFERS`](crate::pool::IpcPool::MAX_BUFFERS)).
 pub(crate) const MAX_ARENA_BUFFERS: usize = 16_384;
 

@@ -13,8 +13,9 @@ use crate::process::ProcessIdentity;
 /// An [`IpcPool`](crate::pool::IpcPool) imported for reading: an [`ImportedPool`] whose buffers
 /// open as [`ReadOnlyPoolView`]s, which have no method that writes. **The GPU does not enforce
 /// it**: `cuMemPoolSetAccess` refuses `CU_MEM_ACCESS_FLAGS_PROT_READ` (see
-/// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)), so the pool's memory is mapped read-write underneath and a kernel
-/// handed its address can still write it. Use an arena where the GPU must refuse writes.
+/// [`ReadOnlySlice`](crate::ReadOnlySlice#what-the-gpu-enforces)), so the pool's memory is mapped
+/// read-write underneath and a kernel handed its address can still write it. Use an arena where the
+/// GPU must refuse writes.
 ///
 /// # Examples
 ///
@@ -84,8 +85,8 @@ impl std::fmt::Debug for ReadOnlyPool {
     }
 }
 
-/// A buffer of a [`ReadOnlyPool`]: a [`PoolView`] that dereferences to a [`ReadOnlySlice`](crate::ReadOnlySlice)
-/// (the type alone is read-only; see [`ReadOnlyPool`]).
+/// A buffer of a [`ReadOnlyPool`]: a [`PoolView`] that dereferences to a
+/// [`ReadOnlySlice`](crate::ReadOnlySlice) (the type alone is read-only; see [`ReadOnlyPool`]).
 pub struct ReadOnlyPoolView<T: Pod> {
     view: PoolView<T>,
 }
