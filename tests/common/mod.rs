@@ -144,7 +144,7 @@ fn spawn_as(wrapper: &[&str], role: &str, args: &[&str], env: &[(&str, &str)]) -
             command
         }
     };
-    let inner = command
+    command
         .envs(env.iter().copied())
         .args([
             DISPATCHER,
@@ -156,51 +156,51 @@ fn spawn_as(wrapper: &[&str], role: &str, args: &[&str], env: &[(&str, &str)]) -
         .env(ROLE_ENV, role)
         .env(ARGS_ENV, args.join("\x1f"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn child {role} (wrapper {wrapper:?}): {e}"));
-    Child {
-        inner,
-        role: role.to_owned(),
-        reaped: false,
-    }
+        .stderr(Stdio::inherit());
+    Child::start(
+        &mut command,
+        role,
+        &format!("child {role} (wrapper {wrapper:?})"),
+    )
 }
 
 /// Start another program (`python3`, say) as a test child: its output piped as a role's is,
 /// killed and reaped on drop.
 pub fn spawn_program(program: &str, args: &[&str]) -> Child {
-    let inner = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
-    Child {
-        inner,
-        role: program.to_owned(),
-        reaped: false,
-    }
+        .stderr(Stdio::inherit());
+    Child::start(&mut command, program, program)
 }
 
 /// Start this `harness = false` binary again as a helper running `role` (its `main` reads
 /// [`helper_role`]), its output going to ours; killed and reaped on drop.
 pub fn spawn_helper(role: &str, args: &[&str]) -> Child {
     let exe = std::env::current_exe().expect("current_exe");
-    let inner = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .env(ROLE_ENV, role)
         .env(ARGS_ENV, args.join("\x1f"))
         .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn helper");
-    Child {
-        inner,
-        role: role.to_owned(),
-        reaped: false,
-    }
+        .stderr(Stdio::inherit());
+    Child::start(&mut command, role, "helper")
 }
 
 impl Child {
+    /// Spawn `command` as the child named `role` (`what` names it if the spawn fails).
+    fn start(command: &mut Command, role: &str, what: &str) -> Child {
+        let inner = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        Child {
+            inner,
+            role: role.to_owned(),
+            reaped: false,
+        }
+    }
+
     /// The child's pid.
     pub fn pid(&self) -> u32 {
         self.inner.id()
