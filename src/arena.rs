@@ -173,7 +173,7 @@ use crate::handle::{
 use crate::ledger::Holdings;
 use crate::ledger::Ledger;
 use crate::ledger::Placed;
-use crate::ledger::{Dying, ImportCache};
+use crate::ledger::{Dying, Entry, ImportCache};
 use crate::os;
 use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
@@ -746,22 +746,24 @@ impl ImportedArena {
         } = handle.admit(ctx, true)?;
         let env = &handle.env;
         let key: ImportKey = (env.token, ctx.as_raw() as usize, access);
-        let reuse = |import: &Arc<Import>| Ok(!import.closing());
-        let import = IMPORTS.get_or_create(&key, reuse, || {
-            let holdings = Holdings::open_with_table(&env.token, env.vmm_bytes(), env.generation)?;
-            let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-            let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
-            let import = Arc::new(Import {
-                ctx: ctx.clone(),
-                key,
-                base: memory.ptr(),
-                capacity: memory.size() as u64,
-                exporter,
-                holdings,
-                memory,
-            });
-            Ok(import)
-        })?;
+        // A hit whose arena is closing is not shared: a new import is made beside it.
+        let vacancy = match IMPORTS.entry(&key) {
+            Entry::Live(hit) if !hit.closing() => return Ok(Self { import: hit }),
+            Entry::Live(_) => IMPORTS.vacancy(&key),
+            Entry::Vacant(vacancy) => vacancy,
+        };
+        let holdings = Holdings::open_with_table(&env.token, env.vmm_bytes(), env.generation)?;
+        let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+        let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
+        let import = vacancy.fill(Arc::new(Import {
+            ctx: ctx.clone(),
+            key,
+            base: memory.ptr(),
+            capacity: memory.size() as u64,
+            exporter,
+            holdings,
+            memory,
+        }));
         Ok(Self { import })
     }
 
@@ -1042,4 +1044,5 @@ impl crate::handle::sealed::Sealed for IpcArena {}
 impl crate::handle::HandleKind for IpcArena {
     const NAME: &'static str = "IpcArenaHandle";
     const CODE: u16 = KIND_ARENA;
+    type Element = crate::handle::sealed::Untyped;
 }

@@ -15,11 +15,10 @@
 //!
 //! Each call below walks down through these files and never comes back to one it has left
 //! (the ledger counts as one stop: `ledger/mod.rs` is its only door, and its own docs walk the
-//! files behind it; errors and a context's `enter` are leaves every layer may ask). One
-//! exception, said here so that a reader is not surprised: the ledger's import cache runs the
-//! two closures `buffer/import.rs` hands it — the check of a hit and the creation of a miss —
-//! under its locks, as `OnceLock::get_or_init` runs its closure. Together the two calls pass
-//! through 10 files.
+//! files behind it; errors and a context's `enter` are leaves every layer may ask). No layer
+//! runs code of a layer above it: the import cache hands `buffer/import.rs` a hit to check or
+//! a vacancy to fill, and `memory.rs` is told what to expect of a mapping, not given a check to
+//! run. Together the two calls pass through 10 files.
 //!
 //! Exporting a legacy buffer (`IpcBuffer::handle`), 6 files: `buffer/export.rs` (the public
 //! call, and what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees collected, the
@@ -30,12 +29,14 @@
 //! Opening it (`ImportedBuffer::open`), 9 files: `buffer/import.rs` → `handle.rs` (the
 //! admission, one step before the cache: `envelope.rs`'s checks and the kind's, the exporter
 //! of this boot and alive (`process.rs`), the memory's device reachable (`device.rs`)) → the
-//! ledger (`ledger/mod.rs`): its import cache shares a live mapping (not closing, described
-//! alike) or, under its creation lock, enters the export's block (the exporter's lease table
-//! once per exporter, then the block through this process's holdings) → `memory.rs`, which
-//! maps (`cuIpcOpenMemHandle` in `driver/ipc.rs`) and holds the size `driver/mem.rs` reports
-//! to the envelope's. A raw handle (PyTorch, CuPy, C++) opens through the same cache and
-//! `memory.rs` (`ImportedBuffer::open_raw`, with `raw.rs`'s checks).
+//! ledger (`ledger/mod.rs`): its import cache hands back a live mapping, which
+//! `buffer/import.rs` shares if it is not closing and described alike, or a vacancy (the
+//! cache's creation lock), under which the ledger enters the export's block (the exporter's
+//! lease table once per exporter, then the block through this process's holdings) →
+//! `memory.rs`, which maps (`cuIpcOpenMemHandle` in `driver/ipc.rs`) and holds the size
+//! `driver/mem.rs` reports to the envelope's; the mapping then fills the vacancy. A raw handle
+//! (PyTorch, CuPy, C++) opens through the same cache and `memory.rs`
+//! (`ImportedBuffer::open_raw`, with `raw.rs`'s checks).
 //!
 //! Dropping an exported buffer retires its block (`ledger/registry.rs`) and frees the memory at
 //! once or hands it to the deferred frees (`ledger/deferred.rs`); dropping the last view of an

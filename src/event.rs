@@ -307,4 +307,5 @@ impl crate::handle::HandleKind for IpcEvent {
     const NAME: &'static str = "IpcEventHandle";
     const CODE: u16 = crate::handle::KIND_EVENT;
     const HOLDS_MEMORY: bool = false;
+    type Element = crate::handle::sealed::Untyped;
 }

@@ -437,6 +437,23 @@ pub type IpcSignalHandle = Handle<crate::IpcSignal>;
 /// The seal of [`HandleKind`]: each kind implements both beside its own type.
 pub(crate) mod sealed {
     pub trait Sealed {}
+
+    /// What a kind's handle carries as its element: a `Pod` type, whose layout an open checks,
+    /// or [`Untyped`].
+    pub trait Element: 'static {
+        /// Whether an open checks the envelope's element layout against this type's.
+        const TYPED: bool;
+    }
+    impl<T: bytemuck::Pod> Element for T {
+        const TYPED: bool = true;
+    }
+    /// The element of kinds without one (arenas, pools and events: their buffers' own handles
+    /// carry theirs).
+    #[derive(Debug)]
+    pub struct Untyped;
+    impl Element for Untyped {
+        const TYPED: bool = false;
+    }
 }
 
 /// What [`Handle::admit`] found: the exporter, alive and not this process (unless the handle
@@ -460,19 +477,10 @@ pub trait HandleKind: sealed::Sealed {
     /// opens in a context of any device).
     #[doc(hidden)]
     const HOLDS_MEMORY: bool = true;
-    /// Refuse an element layout that is not this kind's (memory and signals; others have none
-    /// to check).
+    /// The element type a handle of this kind carries, whose layout an open checks: `T` for a
+    /// buffer of `T`s, `u64` for a signal's counter; none for arenas, pools and events.
     #[doc(hidden)]
-    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
-        let _ = (size, align, tag);
-        Ok(())
-    }
-    /// The element type's name, for memory handles.
-    #[doc(hidden)]
-    #[must_use]
-    fn element_type() -> Option<&'static str> {
-        None
-    }
+    type Element: sealed::Element;
 }
 
 /// A buffer of an [`IpcArena`](crate::arena::IpcArena) or an [`IpcPool`](crate::pool::IpcPool),
@@ -707,7 +715,9 @@ impl<K: HandleKind> Handle<K> {
     pub(crate) fn check_envelope(&self, with_fd: bool) -> Result<ProcessIdentity> {
         self.check_structure()?;
         let env = &self.env;
-        K::check_element(env.elem_size, env.elem_align, env.type_tag)?;
+        if <K::Element as sealed::Element>::TYPED {
+            check_element::<K::Element>(env.elem_size, env.elem_align, env.type_tag)?;
+        }
         let handle = self.env.handle_type();
         // A POSIX-fd export maps only with its descriptor; a legacy one never has one.
         let expected = usize::from(handle == HandleType::PosixFd);
@@ -772,8 +782,8 @@ impl<K: HandleKind> std::fmt::Debug for Handle<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let env = &self.env;
         let mut d = f.debug_struct(K::NAME);
-        if let Some(t) = K::element_type() {
-            d.field("type", &t)
+        if K::CODE == KIND_MEM {
+            d.field("type", &std::any::type_name::<K::Element>())
                 .field("handle_type", &env.handle_type())
                 .field("len", &env.len);
         }

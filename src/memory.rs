@@ -3,6 +3,7 @@
 //! driver says of memory this process maps (its bytes, its device) — the checks that hold a
 //! peer's word to the driver's.
 
+use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 
 use crate::context::GpuContext;
@@ -27,17 +28,37 @@ pub(crate) fn allocation_bytes<T>(call: &'static str, len: usize) -> Result<usiz
         })
 }
 
-/// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold it to `check`, given
-/// the address and the bytes the driver mapped from it (`cuPointerGetAttributes`); returns
-/// both. On an error nothing stays mapped.
+/// What the opener of a legacy handle expects of the memory it maps, held to what the driver
+/// reports before the mapping is handed out.
+#[derive(Clone, Debug)]
+pub(crate) enum Expected {
+    /// An envelope's byte count (its memory's device was checked at admission).
+    Bytes(usize),
+    /// A raw handle's byte range; the memory's device is asked of the driver, as nothing else
+    /// names it.
+    Range(Range<u64>),
+}
+
+/// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold it to `expected`,
+/// given the bytes the driver mapped from it (`cuPointerGetAttributes`); returns the address
+/// and those bytes. On an error nothing stays mapped.
 pub(crate) fn map_legacy(
     ctx: &GpuContext,
     handle: [u8; 64],
-    check: impl FnOnce(sys::CUdeviceptr, usize) -> Result<()>,
+    expected: Expected,
 ) -> Result<(sys::CUdeviceptr, usize)> {
     let _g = ctx.enter()?;
     let ptr = driver::ipc::open_mem_handle(handle)?;
-    let mapped = mapped_bytes(ptr).and_then(|mapped| check(ptr, mapped).map(|()| mapped));
+    let mapped = mapped_bytes(ptr).and_then(|mapped| {
+        match &expected {
+            Expected::Bytes(wanted) => check_wanted(*wanted, mapped)?,
+            Expected::Range(range) => {
+                check_range(range, mapped)?;
+                check_memory_device(ctx, ptr)?;
+            }
+        }
+        Ok(mapped)
+    });
     if mapped.is_err() {
         // SAFETY: opened just above in this context, closed once, never handed out.
         let _ = unsafe { driver::ipc::close_mem_handle(ptr) };
@@ -47,7 +68,7 @@ pub(crate) fn map_legacy(
 
 /// The check of an envelope's `wanted` bytes — the peer's word — against the `mapped` bytes
 /// the driver reports.
-pub(crate) fn check_wanted(wanted: usize, mapped: usize) -> Result<()> {
+fn check_wanted(wanted: usize, mapped: usize) -> Result<()> {
     if wanted <= mapped {
         return Ok(());
     }
@@ -55,6 +76,21 @@ pub(crate) fn check_wanted(wanted: usize, mapped: usize) -> Result<()> {
         detail: format!(
             "the handle describes {wanted} bytes, but the memory it maps is {mapped} bytes \
              (cuPointerGetAttributes)"
+        ),
+    }))
+}
+
+/// The check of a raw handle's byte `range` — the caller's word — against the `mapped` bytes
+/// the driver reports.
+pub(crate) fn check_range(range: &Range<u64>, mapped: usize) -> Result<()> {
+    if range.end <= mapped as u64 {
+        return Ok(());
+    }
+    Err(Error::corrupt_handle(HandleDefect::Memory {
+        detail: format!(
+            "bytes {}..{} reach past the allocation the handle maps, {mapped} bytes \
+             (cuPointerGetAttributes)",
+            range.start, range.end
         ),
     }))
 }
@@ -76,22 +112,23 @@ pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {
     Ok(size - offset)
 }
 
-/// Refuse a mapping the driver could only fail (or hang) on: the memory's device must be
-/// visible and, if it is not the context's own device, reachable by peer access.
-/// The device holding the memory mapped at `ptr` (`cuPointerGetAttribute`) is `ctx`'s, or one
-/// `ctx` can reach as a peer. `ctx` is current.
-pub(crate) fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
+/// Refuse a mapping the driver could only fail (or hang) on: the device holding the memory
+/// mapped at `ptr` is `ctx`'s, or one `ctx` can reach as a peer. `ctx` is current.
+fn check_memory_device(ctx: &GpuContext, ptr: sys::CUdeviceptr) -> Result<()> {
+    device::check_peer(ctx.ordinal(), memory_device(ptr, "IPC mapping")?)
+}
+
+/// The ordinal of the device holding the memory at `ptr` (`cuPointerGetAttribute`), for
+/// `what` the memory is (named if the driver's answer is out of range).
+pub(crate) fn memory_device(ptr: sys::CUdeviceptr, what: &'static str) -> Result<u32> {
     let ordinal = driver::mem::device_ordinal_of(ptr)?;
-    let Ok(ordinal) = u32::try_from(ordinal) else {
-        return Err(Error::Corrupt {
-            what: "IPC mapping",
-            defect: StateDefect::DriverAnswer {
-                call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
-                value: ordinal.into(),
-            },
-        });
-    };
-    device::check_peer(ctx.ordinal(), ordinal)
+    u32::try_from(ordinal).map_err(|_| Error::Corrupt {
+        what,
+        defect: StateDefect::DriverAnswer {
+            call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
+            value: ordinal.into(),
+        },
+    })
 }
 
 /// The legacy handle of the allocation at `base` (`cuIpcGetMemHandle`), remembered as this

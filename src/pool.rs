@@ -161,7 +161,7 @@ use crate::ledger::Holdings;
 use crate::ledger::Placed;
 use crate::ledger::{Block, MAX_ARENA_BUFFERS};
 use crate::ledger::{DeferredFrees, Pending, register_pending};
-use crate::ledger::{Dying, ImportCache};
+use crate::ledger::{Dying, Entry, ImportCache};
 use crate::ledger::{Ledger, Reap};
 use crate::os;
 use crate::poll::Backoff;
@@ -1227,21 +1227,19 @@ impl ImportedPool {
         let generation = handle.env.generation;
         // The owner dropped the pool: its handles are stale (the import lives on for the
         // views still held). Known and open: shared.
-        let reuse = |import: &Arc<Import>| {
-            if import.holdings.is_closing() {
+        let import = match IMPORTS.entry(&token) {
+            Entry::Live(hit) if hit.holdings.is_closing() => {
                 return Err(Error::StaleHandle { generation });
             }
-            Ok(true)
-        };
-        let import = IMPORTS.get_or_create(&token, reuse, || {
-            Ok(Arc::new(Import::new(
+            Entry::Live(hit) => hit,
+            Entry::Vacant(vacancy) => vacancy.fill(Arc::new(Import::new(
                 ctx,
                 handle,
                 fd,
                 exporter,
                 memory_device,
-            )?))
-        })?;
+            )?)),
+        };
         import.grant(ctx)?;
         Ok(Self {
             import,
@@ -1481,4 +1479,5 @@ impl crate::handle::sealed::Sealed for IpcPool {}
 impl crate::handle::HandleKind for IpcPool {
     const NAME: &'static str = "IpcPoolHandle";
     const CODE: u16 = KIND_POOL;
+    type Element = crate::handle::sealed::Untyped;
 }

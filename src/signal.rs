@@ -737,9 +737,7 @@ impl crate::handle::sealed::Sealed for IpcSignal {}
 impl crate::handle::HandleKind for IpcSignal {
     const NAME: &'static str = "IpcSignalHandle";
     const CODE: u16 = crate::handle::KIND_SIGNAL;
-    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
-        crate::handle::check_element::<u64>(size, align, tag)
-    }
+    type Element = u64;
 }
 
 #[cfg(test)]

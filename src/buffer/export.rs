@@ -870,12 +870,7 @@ impl<T: Pod> crate::handle::sealed::Sealed for IpcBuffer<T> {}
 impl<T: Pod> HandleKind for IpcBuffer<T> {
     const NAME: &'static str = "IpcMemHandle";
     const CODE: u16 = crate::handle::KIND_MEM;
-    fn check_element(size: u32, align: u32, tag: u64) -> Result<()> {
-        crate::handle::check_element::<T>(size, align, tag)
-    }
-    fn element_type() -> Option<&'static str> {
-        Some(std::any::type_name::<T>())
-    }
+    type Element = T;
 }
 
 #[cfg(test)]

@@ -10,10 +10,10 @@ use bytemuck::Pod;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
-use crate::handle::{Admitted, Handle, HandleKind, HandleType, IpcMemHandle, check_element};
+use crate::handle::{Admitted, Handle, HandleKind, HandleType, IpcMemHandle};
 use crate::ledger::{self, Hold};
-use crate::ledger::{Dying, ImportCache};
-use crate::memory::{check_memory_device, check_wanted, map_legacy};
+use crate::ledger::{Dying, Entry, ImportCache};
+use crate::memory::{Expected, check_range, map_legacy};
 use crate::pool::{IpcPoolHandle, PoolHandle, PoolHold};
 use crate::process::ProcessIdentity;
 use crate::raw::RawImport;
@@ -377,7 +377,7 @@ impl<T: Pod> ImportedBuffer<T> {
     /// Validate → lease → map, for a handle of `T`s (a buffer's, a signal's counter, a
     /// channel's slots) of either handle type: `fd` is the descriptor that came with a POSIX-fd
     /// handle (and must be absent for a legacy one).
-    pub(crate) fn open_handle<K: HandleKind>(
+    pub(crate) fn open_handle<K: HandleKind<Element = T>>(
         ctx: &GpuContext,
         handle: &Handle<K>,
         fd: Option<OwnedFd>,
@@ -397,7 +397,7 @@ impl<T: Pod> ImportedBuffer<T> {
 
     /// [`open_handle`](Self::open_handle), mapping with `access`. Read-only needs a POSIX-fd
     /// handle: `cuIpcOpenMemHandle` has no read-only mapping.
-    pub(crate) fn open_handle_with<K: HandleKind>(
+    pub(crate) fn open_handle_with<K: HandleKind<Element = T>>(
         ctx: &GpuContext,
         handle: &Handle<K>,
         fd: Option<OwnedFd>,
@@ -409,14 +409,13 @@ impl<T: Pod> ImportedBuffer<T> {
                 conflict: TypeConflict::NoReadOnlyMapping,
             });
         }
-        // `admit` checks the element type `K` names, which is `T` for every caller (a buffer's
-        // `T`, a signal's `u64`): what makes the view sound.
+        // `admit` checks the envelope's element layout against `K::Element`, which is `T` (a
+        // buffer's `T`, a signal's `u64`; `Pod`, so checked): what makes the view sound.
         let Admitted {
             exporter,
             memory_device,
         } = handle.admit(ctx, fd.is_some())?;
         let env = &handle.env;
-        debug_assert!(check_element::<T>(env.elem_size, env.elem_align, env.type_tag).is_ok());
         let kind = K::CODE;
         let len = usize::try_from(env.len).map_err(|_| {
             Error::corrupt_handle(HandleDefect::Layout {
@@ -433,36 +432,38 @@ impl<T: Pod> ImportedBuffer<T> {
 
         // Admitted: a hit is held to what only its entry knows — the export is not closing,
         // and the envelope describes the mapping as the first one did.
-        let reuse = |mapping: &Arc<Mapping>| mapping.check_reuse(described).map(|()| true);
-        let mapping = CACHE.get_or_create(&key, reuse, || {
-            let hold = ledger::enter(&env.token, env.generation, exporter)?;
-            // On an error below the hold drops after the memory was unmapped again.
-            let (ptr, mapped, vmm) = match fd {
-                Some(fd) => {
-                    let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
-                    let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
-                    (memory.ptr(), memory.size(), Some(memory))
-                }
-                None => {
-                    let wanted = len.saturating_mul(std::mem::size_of::<T>());
-                    let (ptr, mapped) =
-                        map_legacy(ctx, env.cuda, |_, mapped| check_wanted(wanted, mapped))
-                            .map_err(|e| judged_again(e, Some(&exporter)))?;
-                    (ptr, mapped, None)
-                }
-            };
-            let mapping = Arc::new(Mapping {
-                ctx: ctx.clone(),
-                ptr,
-                mapped,
-                described,
-                key: Some(key),
-                exporter: Some(exporter),
-                vmm,
-                hold: Some(hold),
-            });
-            Ok(mapping)
-        })?;
+        let vacancy = match CACHE.entry(&key) {
+            Entry::Live(hit) => {
+                hit.check_reuse(described)?;
+                return Ok(Self::view_at(hit, 0, len));
+            }
+            Entry::Vacant(vacancy) => vacancy,
+        };
+        let hold = ledger::enter(&env.token, env.generation, exporter)?;
+        // On an error below the hold drops after the memory was unmapped again.
+        let (ptr, mapped, vmm) = match fd {
+            Some(fd) => {
+                let bytes = usize::try_from(env.vmm_bytes()).unwrap_or(usize::MAX);
+                let memory = VmmMemory::import(ctx, fd, bytes, memory_device, access)?;
+                (memory.ptr(), memory.size(), Some(memory))
+            }
+            None => {
+                let wanted = len.saturating_mul(std::mem::size_of::<T>());
+                let (ptr, mapped) = map_legacy(ctx, env.cuda, Expected::Bytes(wanted))
+                    .map_err(|e| judged_again(e, Some(&exporter)))?;
+                (ptr, mapped, None)
+            }
+        };
+        let mapping = vacancy.fill(Arc::new(Mapping {
+            ctx: ctx.clone(),
+            ptr,
+            mapped,
+            described,
+            key: Some(key),
+            exporter: Some(exporter),
+            vmm,
+            hold: Some(hold),
+        }));
         Ok(Self::view_at(mapping, 0, len))
     }
 
@@ -492,45 +493,30 @@ impl<T: Pod> ImportedBuffer<T> {
     /// As [`ImportedBuffer::open_raw`].
     pub(crate) unsafe fn open_raw_with(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
         let range = import.byte_range::<T>("ImportedBuffer::open_raw")?;
-        let in_range = |mapped: usize| {
-            if range.end <= mapped as u64 {
-                Ok(())
-            } else {
-                Err(Error::corrupt_handle(HandleDefect::Memory {
-                    detail: format!(
-                        "bytes {}..{} reach past the allocation the handle maps, {mapped} \
-                         bytes (cuPointerGetAttributes)",
-                        range.start, range.end
-                    ),
-                }))
-            }
-        };
         let key: Key = (
             import.handle.0,
             ctx.as_raw() as usize,
             KIND_RAW,
             Access::ReadWrite,
         );
-        let reuse = |mapping: &Arc<Mapping>| {
-            mapping.check_reuse(Described::Raw)?;
-            in_range(mapping.mapped)?;
-            Ok(true)
+        let vacancy = match CACHE.entry(&key) {
+            Entry::Live(hit) => {
+                hit.check_reuse(Described::Raw)?;
+                check_range(&range, hit.mapped)?;
+                return Ok(Self::view_at(hit, import.offset, import.len));
+            }
+            Entry::Vacant(vacancy) => vacancy,
         };
-        let mapping = CACHE.get_or_create(&key, reuse, || {
-            let exporter = import.live_exporter()?;
-            let (ptr, mapped) = map_legacy(ctx, import.handle.0, |ptr, mapped| {
-                in_range(mapped)?;
-                check_memory_device(ctx, ptr)
-            })
+        let exporter = import.live_exporter()?;
+        let mapped = map_legacy(ctx, import.handle.0, Expected::Range(range))
             .map_err(|e| judged_again(e, exporter.as_ref()))?;
-            Ok(Arc::new(Mapping::raw(
-                ctx,
-                (ptr, mapped),
-                Some(key),
-                None,
-                exporter,
-            )))
-        })?;
+        let mapping = vacancy.fill(Arc::new(Mapping::raw(
+            ctx,
+            mapped,
+            Some(key),
+            None,
+            exporter,
+        )));
         Ok(Self::view_at(mapping, import.offset, import.len))
     }
 

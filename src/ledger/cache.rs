@@ -6,9 +6,10 @@
 //! [`ImportCache`] of [`Weak`] entries, so the cache never keeps an import alive. The rules,
 //! written once here:
 //!
-//! - **Hits take no creation lock**: a lookup under the entries' lock, then the kind's `reuse`
-//!   check (is the export closing, is its exporter alive, does the handle describe the same
-//!   memory) outside it.
+//! - **Hits take no creation lock**: a lookup under the entries' lock; the kind checks the hit
+//!   (is the export closing, is its exporter alive, does the handle describe the same memory)
+//!   outside it. The cache never runs a caller's code: [`ImportCache::entry`] hands back a hit
+//!   or a [`Vacancy`] — the creation lock — that the caller fills with the import it made.
 //! - **Two threads importing one key make one import**: a miss takes the creation lock, looks
 //!   again, and only then creates and registers. A drop never takes the creation lock.
 //! - **An import being dropped** (its last holder gone, its teardown running) is either waited
@@ -25,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::Result;
 use crate::shared::ShmSafe;
@@ -55,6 +56,36 @@ enum Found<V> {
     Absent,
 }
 
+/// What [`ImportCache::entry`] found for a key.
+pub(crate) enum Entry<'a, K: Ord + Clone, V> {
+    /// A live import, for the caller to check and share.
+    Live(Arc<V>),
+    /// None: the caller creates one and [`fill`](Vacancy::fill)s the vacancy.
+    Vacant(Vacancy<'a, K, V>),
+}
+
+/// The right to create the import of one key: the cache's creation lock, held until the import
+/// is registered ([`fill`](Self::fill)) or the vacancy dropped (a failed creation registers
+/// nothing).
+pub(crate) struct Vacancy<'a, K: Ord + Clone, V> {
+    cache: &'a ImportCache<K, V>,
+    key: K,
+    _creating: MutexGuard<'a, ()>,
+}
+
+impl<K: Ord + Clone, V> Vacancy<'_, K, V> {
+    /// Register `import` under the key; later lookups share it. Returns it.
+    pub(crate) fn fill(self, import: Arc<V>) -> Arc<V> {
+        self.cache
+            .entries
+            .lock()
+            .entry(self.key)
+            .or_default()
+            .push(Arc::downgrade(&import));
+        import
+    }
+}
+
 impl<K: Ord + Clone, V> ImportCache<K, V> {
     /// An empty cache whose dying imports are handled as `dying` says.
     pub(crate) const fn new(dying: Dying) -> Self {
@@ -65,35 +96,40 @@ impl<K: Ord + Clone, V> ImportCache<K, V> {
         }
     }
 
-    /// The live import of `key` that `reuse` accepts, else a new one made by `create` and
-    /// registered. `reuse` runs on every hit: `Ok(true)` shares the import, `Ok(false)` makes a
-    /// new one beside it (an arena import whose arena is closing), an error fails the lookup
-    /// (the import's exporter is gone). `create` runs under the creation lock, so that threads
-    /// importing one key at once make one import.
-    ///
-    /// # Errors
-    ///
-    /// What `reuse` or `create` returns.
-    pub(crate) fn get_or_create(
-        &self,
-        key: &K,
-        reuse: impl Fn(&Arc<V>) -> Result<bool>,
-        create: impl FnOnce() -> Result<Arc<V>>,
-    ) -> Result<Arc<V>> {
-        if let Some(hit) = self.find(key, &reuse)? {
-            return Ok(hit);
+    /// The live import of `key` for the caller to check, else the right to create one: a first
+    /// look without the creation lock (a hit costs the entries' lock alone), then, on a miss,
+    /// the creation lock and a second look, so that threads importing one key at once make one
+    /// import. The caller checks a hit itself (is the export closing, does the handle describe
+    /// the same memory) and either shares it, fails, or — where imports coexist — makes one
+    /// beside it through [`vacancy`](Self::vacancy). Nothing here runs the caller's code.
+    pub(crate) fn entry(&self, key: &K) -> Entry<'_, K, V> {
+        if let Some(hit) = self.live(key) {
+            return Entry::Live(hit);
         }
-        let _creating = self.creating.lock();
-        if let Some(hit) = self.find(key, &reuse)? {
-            return Ok(hit);
+        let creating = self.creating.lock();
+        match self.live(key) {
+            Some(hit) => Entry::Live(hit),
+            None => Entry::Vacant(Vacancy {
+                cache: self,
+                key: key.clone(),
+                _creating: creating,
+            }),
         }
-        let import = create()?;
-        self.entries
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .push(Arc::downgrade(&import));
-        Ok(import)
+    }
+
+    /// The right to create an import of `key` beside a live one the caller refused (an arena
+    /// import whose arena is closing; only under [`Dying::Coexist`]).
+    pub(crate) fn vacancy(&self, key: &K) -> Vacancy<'_, K, V> {
+        debug_assert_eq!(
+            self.dying,
+            Dying::Coexist,
+            "one import per key: never beside"
+        );
+        Vacancy {
+            cache: self,
+            key: key.clone(),
+            _creating: self.creating.lock(),
+        }
     }
 
     /// Forget the entries of `key` whose import is gone (called by an import's `Drop`, after
@@ -108,14 +144,14 @@ impl<K: Ord + Clone, V> ImportCache<K, V> {
         }
     }
 
-    /// A live import `reuse` accepts; `None` when there is none (after waiting out a dying one
-    /// under [`Dying::WaitForIt`]) or `reuse` refused it.
-    fn find(&self, key: &K, reuse: &impl Fn(&Arc<V>) -> Result<bool>) -> Result<Option<Arc<V>>> {
+    /// A live import of `key`; `None` when there is none (after waiting out a dying one under
+    /// [`Dying::WaitForIt`]).
+    fn live(&self, key: &K) -> Option<Arc<V>> {
         loop {
             match self.lookup(key) {
-                Found::Live(import) => return Ok(reuse(&import)?.then_some(import)),
+                Found::Live(import) => return Some(import),
                 Found::Dying if self.dying == Dying::WaitForIt => std::thread::yield_now(),
-                Found::Dying | Found::Absent => return Ok(None),
+                Found::Dying | Found::Absent => return None,
             }
         }
     }
@@ -161,6 +197,19 @@ mod tests {
         Box::leak(Box::new(ImportCache::new(dying)))
     }
 
+    /// What every kind does with the cache: share a live import, else make one and fill the
+    /// vacancy.
+    fn open<V>(
+        cache: &ImportCache<u32, V>,
+        key: u32,
+        make: impl FnOnce() -> Result<Arc<V>>,
+    ) -> Result<Arc<V>> {
+        match cache.entry(&key) {
+            Entry::Live(hit) => Ok(hit),
+            Entry::Vacant(vacancy) => Ok(vacancy.fill(make()?)),
+        }
+    }
+
     #[test]
     fn a_second_import_of_a_key_shares_the_first_and_the_last_drop_forgets_it() {
         let cache = leak(Dying::WaitForIt);
@@ -169,55 +218,47 @@ mod tests {
             made.fetch_add(1, Ordering::Relaxed);
             Ok(Arc::new(Import { key: 7, cache }))
         };
-        let a = cache.get_or_create(&7, |_| Ok(true), make).unwrap();
-        let b = cache.get_or_create(&7, |_| Ok(true), make).unwrap();
+        let a = open(cache, 7, make).unwrap();
+        let b = open(cache, 7, make).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(made.load(Ordering::Relaxed), 1);
         drop(a);
         assert_eq!(cache.keys(), 1);
         drop(b);
         assert_eq!(cache.keys(), 0, "the last drop forgot the key");
-        let _c = cache.get_or_create(&7, |_| Ok(true), make).unwrap();
+        let _c = open(cache, 7, make).unwrap();
         assert_eq!(made.load(Ordering::Relaxed), 2);
     }
 
     #[test]
-    fn a_refused_hit_makes_a_new_import_beside_it_and_an_error_fails_the_lookup() {
+    fn a_refused_hit_gets_a_new_import_beside_it_which_later_lookups_find() {
         let cache = leak(Dying::Coexist);
-        let a = cache
-            .get_or_create(&1, |_| Ok(true), || Ok(Arc::new(Import { key: 1, cache })))
-            .unwrap();
-        let b = cache
-            .get_or_create(&1, |_| Ok(false), || Ok(Arc::new(Import { key: 1, cache })))
-            .unwrap();
+        let a = open(cache, 1, || Ok(Arc::new(Import { key: 1, cache }))).unwrap();
+        let Entry::Live(hit) = cache.entry(&1) else {
+            panic!("a is live")
+        };
+        assert!(Arc::ptr_eq(&a, &hit));
+        drop(hit);
+        // The caller refuses the hit (its arena is closing) and makes one beside it.
+        let b = cache.vacancy(&1).fill(Arc::new(Import { key: 1, cache }));
         assert!(!Arc::ptr_eq(&a, &b));
         drop(a);
         // The refused one's drop forgot only itself: the new one is still found.
-        let c = cache
-            .get_or_create(&1, |_| Ok(true), || unreachable!("b is live"))
-            .unwrap();
+        let c = open(cache, 1, || unreachable!("b is live")).unwrap();
         assert!(Arc::ptr_eq(&b, &c));
-        let refused = cache.get_or_create(
-            &1,
-            |_| Err(crate::Error::StaleHandle { generation: 3 }),
-            || unreachable!("the error ends the lookup"),
-        );
-        assert!(matches!(
-            refused,
-            Err(crate::Error::StaleHandle { generation: 3 })
-        ));
     }
 
     #[test]
-    fn a_failed_create_registers_nothing() {
+    fn a_failed_create_registers_nothing_and_frees_the_vacancy() {
         let cache = leak(Dying::WaitForIt);
-        let failed = cache.get_or_create(
-            &2,
-            |_| Ok(true),
-            || Err(crate::Error::StaleHandle { generation: 1 }),
-        );
+        let failed = open(cache, 2, || {
+            Err(crate::Error::StaleHandle { generation: 1 })
+        });
         assert!(failed.is_err());
         assert_eq!(cache.keys(), 0);
+        // The creation lock went with the dropped vacancy: the next import is made.
+        let made = open(cache, 2, || Ok(Arc::new(Import { key: 2, cache })));
+        assert!(made.is_ok());
     }
 
     #[test]
@@ -227,17 +268,12 @@ mod tests {
         let imports: Vec<_> = (0..8)
             .map(|_| {
                 std::thread::spawn(move || {
-                    cache
-                        .get_or_create(
-                            &9,
-                            |_| Ok(true),
-                            || {
-                                made.fetch_add(1, Ordering::Relaxed);
-                                std::thread::sleep(std::time::Duration::from_millis(20));
-                                Ok(Arc::new(Import { key: 9, cache }))
-                            },
-                        )
-                        .unwrap()
+                    open(cache, 9, || {
+                        made.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        Ok(Arc::new(Import { key: 9, cache }))
+                    })
+                    .unwrap()
                 })
             })
             .map(|t| t.join().unwrap())
@@ -277,12 +313,12 @@ mod tests {
                 live,
             }))
         };
-        let first = cache.get_or_create(&5, |_| Ok(true), make).unwrap();
+        let first = open(cache, 5, make).unwrap();
         let dropper = std::thread::spawn(move || drop(first));
         while !TEARING_DOWN.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
-        let second = cache.get_or_create(&5, |_| Ok(true), make).unwrap();
+        let second = open(cache, 5, make).unwrap();
         dropper.join().unwrap();
         assert_eq!(live.load(Ordering::SeqCst), 1);
         drop(second);

@@ -67,7 +67,7 @@ pub(crate) use registry::{MAX_EXPORTS, Record, collect as collect_exports};
 pub(crate) use table::MAX_ARENA_BUFFERS;
 // - the importer's side: [`Holdings`] (lease, bit and holds, opened in one step), the blocks
 //   they enter, the registry's [`Hold`] on one export, and the import cache every kind uses.
-pub(crate) use cache::{Dying, ImportCache};
+pub(crate) use cache::{Dying, Entry, ImportCache};
 pub(crate) use holdings::Holdings;
 pub(crate) use lease::MAX_IMPORTERS;
 pub(crate) use registry::{Hold, enter};

@@ -62,7 +62,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, HandleDefect, Result};
 use crate::ledger::book::Placed;
-use crate::ledger::cache::{Dying, ImportCache, TableCache};
+use crate::ledger::cache::{Dying, Entry, ImportCache, TableCache};
 use crate::ledger::holdings::Holdings;
 use crate::ledger::owner::Ledger;
 use crate::ledger::table::{BlockTable, MAX_ARENA_BUFFERS};
@@ -292,34 +292,31 @@ fn imported(
     exporter: ProcessIdentity,
 ) -> Result<Arc<ImportedLedger>> {
     // Two threads importing from one exporter share one lease (the cache's creation lock).
-    IMPORTED.get_or_create(
-        token,
-        |_| Ok(true),
-        || {
-            let table = TABLES.get_or_open(token, || BlockTable::open(token, 0, generation))?;
-            // With every slot taken, take over a dead importer's, clearing its bits first: no call of
-            // an idle exporter is needed to reap.
-            let holdings = Holdings::open(token, generation, table)?;
-            let table = &holdings.table;
-            // The ledger must be the exporter's own: a handle naming one process and another's
-            // ledger would hold the wrong process's memory.
-            if !table.creator().is_same_process(&exporter) {
-                return Err(Error::corrupt_handle(HandleDefect::Names {
-                    detail: format!(
-                        "the handle names process {} but an export registry of process {}",
-                        exporter.pid(),
-                        table.creator().pid()
-                    ),
-                }));
-            }
-            let ledger = Arc::new(ImportedLedger {
-                token: *token,
-                holdings,
-                exporter,
-            });
-            Ok(ledger)
-        },
-    )
+    let vacancy = match IMPORTED.entry(token) {
+        Entry::Live(hit) => return Ok(hit),
+        Entry::Vacant(vacancy) => vacancy,
+    };
+    let table = TABLES.get_or_open(token, || BlockTable::open(token, 0, generation))?;
+    // With every slot taken, take over a dead importer's, clearing its bits first: no call of
+    // an idle exporter is needed to reap.
+    let holdings = Holdings::open(token, generation, table)?;
+    let table = &holdings.table;
+    // The ledger must be the exporter's own: a handle naming one process and another's ledger
+    // would hold the wrong process's memory.
+    if !table.creator().is_same_process(&exporter) {
+        return Err(Error::corrupt_handle(HandleDefect::Names {
+            detail: format!(
+                "the handle names process {} but an export registry of process {}",
+                exporter.pid(),
+                table.creator().pid()
+            ),
+        }));
+    }
+    Ok(vacancy.fill(Arc::new(ImportedLedger {
+        token: *token,
+        holdings,
+        exporter,
+    })))
 }
 
 impl ImportedLedger {

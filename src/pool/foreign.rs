@@ -270,7 +270,7 @@ impl ForeignImport {
         let checked = crate::memory::mapped_bytes(ptr)
             .and_then(|size| check_size(d.bytes, size as u64).map(|()| size as u64))
             .and_then(|size| {
-                let device = memory_device(ptr)?;
+                let device = crate::memory::memory_device(ptr, "foreign pool allocation")?;
                 self.driver.reach(ctx, device)?;
                 Ok((size, device))
             });
@@ -327,18 +327,6 @@ impl Hold for ForeignHold {
     fn block(&self) -> Option<u32> {
         None
     }
-}
-
-/// The ordinal of the device holding the memory at `ptr` (`cuPointerGetAttribute`).
-fn memory_device(ptr: sys::CUdeviceptr) -> Result<u32> {
-    let ordinal = driver::mem::device_ordinal_of(ptr)?;
-    u32::try_from(ordinal).map_err(|_| Error::Corrupt {
-        what: "foreign pool allocation",
-        defect: crate::error::StateDefect::DriverAnswer {
-            call: "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)",
-            value: ordinal.into(),
-        },
-    })
 }
 
 impl Drop for ForeignHold {
