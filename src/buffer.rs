@@ -13,12 +13,16 @@
 //!
 //! # The way a call goes
 //!
-//! Each call below walks down through these files and never comes back to one it has left
-//! (the ledger counts as one stop: `ledger/mod.rs` is its only door, and its own docs walk the
-//! files behind it; errors and a context's `enter` are leaves every layer may ask). No layer
-//! runs code of a layer above it: the import cache hands `buffer/import.rs` a hit to check or
-//! a vacancy to fill, and `memory.rs` is told what to expect of a mapping, not given a check to
-//! run. Together the two calls pass through 10 files.
+//! Each call below walks down through these files and never comes back to one it has left:
+//! no layer runs code of a layer above it (the import cache hands `buffer/import.rs` a hit to
+//! check or a vacancy to fill; `memory.rs` is told what to expect of a mapping, not given a
+//! check to run). Together the two calls pass through 10 files, counted this way: the ledger
+//! is one stop (`ledger/mod.rs` is its only door; its own docs walk the files behind it and
+//! what they use the first time this process imports from an exporter — shared tables through
+//! `shm.rs`, a lease slot through `owned_slot.rs`, its owner's identity from `process.rs`);
+//! errors, a context's `enter` (`context.rs`, `driver/ctx.rs`), the system calls behind
+//! process identities and boot ids (`os/`) and the device list read once
+//! (`driver/device.rs`) are leaves every layer may ask.
 //!
 //! Exporting a legacy buffer (`IpcBuffer::handle`), 6 files: `buffer/export.rs` (the public
 //! call, and what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees collected, the
