@@ -29,7 +29,8 @@ pub(crate) fn allocation_bytes<T>(call: &'static str, len: usize) -> Result<usiz
 }
 
 /// What the opener of a legacy handle expects of the memory it maps, held to what the driver
-/// reports before the mapping is handed out.
+/// reports before the mapping is handed out (and, for a raw handle, before a cached mapping is
+/// shared).
 #[derive(Clone, Debug)]
 pub(crate) enum Expected {
     /// An envelope's byte count (its memory's device was checked at admission).
@@ -37,6 +38,24 @@ pub(crate) enum Expected {
     /// A raw handle's byte range; the memory's device is asked of the driver, as nothing else
     /// names it.
     Range(Range<u64>),
+}
+
+impl Expected {
+    /// Refuse a mapping of `mapped` bytes that does not hold what is expected.
+    pub(crate) fn check(&self, mapped: usize) -> Result<()> {
+        match self {
+            Self::Bytes(wanted) => check_claim(
+                format_args!("the handle describes {wanted} bytes"),
+                *wanted as u64,
+                mapped as u64,
+            ),
+            Self::Range(range) => check_claim(
+                format_args!("bytes {}..{} of the allocation", range.start, range.end),
+                range.end,
+                mapped as u64,
+            ),
+        }
+    }
 }
 
 /// Map a legacy handle's memory in `ctx` (`cuIpcOpenMemHandle`) and hold it to `expected`,
@@ -50,12 +69,9 @@ pub(crate) fn map_legacy(
     let _g = ctx.enter()?;
     let ptr = driver::ipc::open_mem_handle(handle)?;
     let mapped = mapped_bytes(ptr).and_then(|mapped| {
-        match &expected {
-            Expected::Bytes(wanted) => check_wanted(*wanted, mapped)?,
-            Expected::Range(range) => {
-                check_range(range, mapped)?;
-                check_memory_device(ctx, ptr)?;
-            }
+        expected.check(mapped)?;
+        if let Expected::Range(_) = expected {
+            check_memory_device(ctx, ptr)?;
         }
         Ok(mapped)
     });
@@ -66,32 +82,15 @@ pub(crate) fn map_legacy(
     Ok((ptr, mapped?))
 }
 
-/// The check of an envelope's `wanted` bytes — the peer's word — against the `mapped` bytes
-/// the driver reports.
-fn check_wanted(wanted: usize, mapped: usize) -> Result<()> {
-    if wanted <= mapped {
+/// Refuse a peer's word — `claim`, naming `claimed` bytes from the start of memory this process
+/// mapped or imported — that the allocation's `size` from there, as the driver reports it
+/// (`cuPointerGetAttributes`), does not hold.
+pub(crate) fn check_claim(claim: std::fmt::Arguments<'_>, claimed: u64, size: u64) -> Result<()> {
+    if claimed <= size {
         return Ok(());
     }
     Err(Error::corrupt_handle(HandleDefect::Memory {
-        detail: format!(
-            "the handle describes {wanted} bytes, but the memory it maps is {mapped} bytes \
-             (cuPointerGetAttributes)"
-        ),
-    }))
-}
-
-/// The check of a raw handle's byte `range` — the caller's word — against the `mapped` bytes
-/// the driver reports.
-pub(crate) fn check_range(range: &Range<u64>, mapped: usize) -> Result<()> {
-    if range.end <= mapped as u64 {
-        return Ok(());
-    }
-    Err(Error::corrupt_handle(HandleDefect::Memory {
-        detail: format!(
-            "bytes {}..{} reach past the allocation the handle maps, {mapped} bytes \
-             (cuPointerGetAttributes)",
-            range.start, range.end
-        ),
+        detail: format!("{claim}, but the allocation holds {size} bytes (cuPointerGetAttributes)"),
     }))
 }
 
@@ -189,6 +188,28 @@ fn remember_own(handle: [u8; 64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_the_allocation_does_not_hold_is_refused_naming_both_sizes() {
+        assert!(Expected::Bytes(64).check(64).is_ok());
+        assert!(Expected::Range(8..64).check(64).is_ok());
+        for refused in [
+            Expected::Bytes(65).check(64),
+            Expected::Range(8..65).check(64),
+        ] {
+            let Err(Error::CorruptHandle {
+                defect: HandleDefect::Memory { detail },
+                ..
+            }) = refused
+            else {
+                panic!("not refused as corrupt memory: {refused:?}");
+            };
+            assert!(
+                detail.contains("65") && detail.contains("holds 64 bytes"),
+                "{detail}"
+            );
+        }
+    }
 
     #[test]
     fn own_exports_are_remembered_and_the_oldest_forgotten_past_the_bound() {

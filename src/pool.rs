@@ -1389,22 +1389,15 @@ fn import_pointer(
     // SAFETY: our imported pool, live while `import` is; the driver validates the export
     // data against it (forged data is an error code).
     let ptr = unsafe { driver::pool::import_pointer(import.driver.raw(), h.export) }?;
-    match crate::memory::mapped_bytes(ptr) {
-        Ok(size) if size as u64 >= bytes => Ok((ptr, size as u64)),
-        other => {
-            // SAFETY: imported above, never handed out; freed once.
-            let _ = unsafe { driver::mem::free(ptr) };
-            Err(match other {
-                Err(e) => e,
-                Ok(size) => Error::corrupt_handle(HandleDefect::Memory {
-                    detail: format!(
-                        "the handle claims {bytes} bytes; the allocation holds {size} \
-                         (cuPointerGetAttributes)"
-                    ),
-                }),
-            })
-        }
+    let checked = crate::memory::mapped_bytes(ptr).and_then(|size| {
+        let claim = format_args!("the handle claims {bytes} bytes");
+        crate::memory::check_claim(claim, bytes, size as u64).map(|()| size as u64)
+    });
+    if checked.is_err() {
+        // SAFETY: imported above, never handed out; freed once.
+        let _ = unsafe { driver::mem::free(ptr) };
     }
+    Ok((ptr, checked?))
 }
 
 impl std::fmt::Debug for ImportedPool {

@@ -13,7 +13,7 @@ use crate::error::{Error, HandleDefect, Result, TypeConflict};
 use crate::handle::{Admitted, Handle, HandleKind, HandleType, IpcMemHandle};
 use crate::ledger::{self, Hold};
 use crate::ledger::{Dying, Entry, ImportCache};
-use crate::memory::{Expected, check_range, map_legacy};
+use crate::memory::{Expected, map_legacy};
 use crate::pool::{IpcPoolHandle, PoolHandle, PoolHold};
 use crate::process::ProcessIdentity;
 use crate::raw::RawImport;
@@ -492,7 +492,7 @@ impl<T: Pod> ImportedBuffer<T> {
     ///
     /// As [`ImportedBuffer::open_raw`].
     pub(crate) unsafe fn open_raw_with(ctx: &GpuContext, import: &RawImport) -> Result<Self> {
-        let range = import.byte_range::<T>("ImportedBuffer::open_raw")?;
+        let expected = Expected::Range(import.byte_range::<T>("ImportedBuffer::open_raw")?);
         let key: Key = (
             import.handle.0,
             ctx.as_raw() as usize,
@@ -502,13 +502,13 @@ impl<T: Pod> ImportedBuffer<T> {
         let vacancy = match CACHE.entry(&key) {
             Entry::Live(hit) => {
                 hit.check_reuse(Described::Raw)?;
-                check_range(&range, hit.mapped)?;
+                expected.check(hit.mapped)?;
                 return Ok(Self::view_at(hit, import.offset, import.len));
             }
             Entry::Vacant(vacancy) => vacancy,
         };
         let exporter = import.live_exporter()?;
-        let mapped = map_legacy(ctx, import.handle.0, Expected::Range(range))
+        let mapped = map_legacy(ctx, import.handle.0, expected)
             .map_err(|e| judged_again(e, exporter.as_ref()))?;
         let mapping = vacancy.fill(Arc::new(Mapping::raw(
             ctx,

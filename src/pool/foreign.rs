@@ -14,6 +14,7 @@ use super::view::{Hold, PoolHold, PoolView};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result};
+use crate::memory::check_claim;
 use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
 
@@ -203,7 +204,12 @@ impl ForeignPool {
         let imported = imported.get_or_insert_with(HashMap::new);
         let (ptr, device) = match imported.get_mut(&key) {
             Some(known) => {
-                check_size(descriptor.bytes, known.size)?;
+                let claimed = descriptor.bytes;
+                check_claim(
+                    format_args!("the descriptor claims {claimed} bytes"),
+                    claimed,
+                    known.size,
+                )?;
                 import.driver.reach(import.driver.ctx(), known.device)?;
                 known.views += 1;
                 (known.ptr, known.device)
@@ -268,7 +274,10 @@ impl ForeignImport {
         // data against it (forged data is an error code).
         let ptr = unsafe { driver::pool::import_pointer(self.driver.raw(), d.export_data) }?;
         let checked = crate::memory::mapped_bytes(ptr)
-            .and_then(|size| check_size(d.bytes, size as u64).map(|()| size as u64))
+            .and_then(|size| {
+                let claim = format_args!("the descriptor claims {} bytes", d.bytes);
+                check_claim(claim, d.bytes, size as u64).map(|()| size as u64)
+            })
             .and_then(|size| {
                 let device = crate::memory::memory_device(ptr, "foreign pool allocation")?;
                 self.driver.reach(ctx, device)?;
@@ -283,19 +292,6 @@ impl ForeignImport {
             }
         }
     }
-}
-
-/// The descriptor's `claimed` bytes against the `size` the driver maps.
-fn check_size(claimed: u64, size: u64) -> Result<()> {
-    if claimed <= size {
-        return Ok(());
-    }
-    Err(Error::corrupt_handle(HandleDefect::Memory {
-        detail: format!(
-            "the descriptor claims {claimed} bytes; the allocation holds {size} \
-             (cuPointerGetAttributes)"
-        ),
-    }))
 }
 
 /// A view's hold on an allocation of a [`ForeignPool`]: the last one frees the import.
