@@ -1390,8 +1390,12 @@ fn import_pointer(
     // data against it (forged data is an error code).
     let ptr = unsafe { driver::pool::import_pointer(import.driver.raw(), h.export) }?;
     let checked = crate::memory::mapped_bytes(ptr).and_then(|size| {
-        let claim = format_args!("the handle claims {bytes} bytes");
-        crate::memory::check_claim(claim, bytes, size as u64).map(|()| size as u64)
+        crate::memory::check_claim(
+            format_args!("the handle claims {bytes} bytes"),
+            bytes,
+            size as u64,
+        )
+        .map(|()| size as u64)
     });
     if checked.is_err() {
         // SAFETY: imported above, never handed out; freed once.

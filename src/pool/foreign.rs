@@ -275,8 +275,12 @@ impl ForeignImport {
         let ptr = unsafe { driver::pool::import_pointer(self.driver.raw(), d.export_data) }?;
         let checked = crate::memory::mapped_bytes(ptr)
             .and_then(|size| {
-                let claim = format_args!("the descriptor claims {} bytes", d.bytes);
-                check_claim(claim, d.bytes, size as u64).map(|()| size as u64)
+                check_claim(
+                    format_args!("the descriptor claims {} bytes", d.bytes),
+                    d.bytes,
+                    size as u64,
+                )
+                .map(|()| size as u64)
             })
             .and_then(|size| {
                 let device = crate::memory::memory_device(ptr, "foreign pool allocation")?;
