@@ -191,23 +191,19 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
 /// [`Error::Cuda`] naming the failed call.
 #[doc(alias = "cuDeviceCanAccessPeer")]
 pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
-    static ANSWERS: parking_lot::Mutex<Vec<(u32, u32, bool)>> =
-        parking_lot::const_mutex(Vec::new());
+    static ANSWERS: parking_lot::Mutex<std::collections::BTreeMap<(u32, u32), bool>> =
+        parking_lot::const_mutex(std::collections::BTreeMap::new());
     if from == to {
         return Ok(true);
     }
-    if let Some(&(_, _, can)) = ANSWERS.lock().iter().find(|a| (a.0, a.1) == (from, to)) {
+    if let Some(&can) = ANSWERS.lock().get(&(from, to)) {
         return Ok(can);
     }
     driver::init()?;
     let (a, b) = (driver::device::get(from)?, driver::device::get(to)?);
     let can = driver::device::can_access_peer(a, b)?;
-    let mut answers = ANSWERS.lock();
     // Two threads may have asked at once: the pair is kept once (the driver's answer is fixed).
-    if !answers.iter().any(|&(f, t, _)| (f, t) == (from, to)) {
-        answers.push((from, to, can));
-    }
-    Ok(can)
+    Ok(*ANSWERS.lock().entry((from, to)).or_insert(can))
 }
 
 /// Refuse, with [`Error::DeviceNotReachable`], a context on device `from` whose device cannot
