@@ -94,6 +94,18 @@ pub(crate) fn check_claim(claim: std::fmt::Arguments<'_>, claimed: u64, size: u6
     }))
 }
 
+/// Bytes of the allocation mapped at `ptr` from `ptr` on, refused by [`check_claim`] if they
+/// do not hold a peer's `claim` of `claimed` bytes; in the current context.
+pub(crate) fn claimed_bytes(
+    ptr: sys::CUdeviceptr,
+    claim: std::fmt::Arguments<'_>,
+    claimed: u64,
+) -> Result<u64> {
+    let size = mapped_bytes(ptr)? as u64;
+    check_claim(claim, claimed, size)?;
+    Ok(size)
+}
+
 /// Bytes of the allocation mapped at `ptr` from `ptr` on (`cuPointerGetAttributes`), in the
 /// current context.
 pub(crate) fn mapped_bytes(ptr: sys::CUdeviceptr) -> Result<usize> {

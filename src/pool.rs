@@ -1389,14 +1389,8 @@ fn import_pointer(
     // SAFETY: our imported pool, live while `import` is; the driver validates the export
     // data against it (forged data is an error code).
     let ptr = unsafe { driver::pool::import_pointer(import.driver.raw(), h.export) }?;
-    let checked = crate::memory::mapped_bytes(ptr).and_then(|size| {
-        crate::memory::check_claim(
-            format_args!("the handle claims {bytes} bytes"),
-            bytes,
-            size as u64,
-        )
-        .map(|()| size as u64)
-    });
+    let checked =
+        crate::memory::claimed_bytes(ptr, format_args!("the handle claims {bytes} bytes"), bytes);
     if checked.is_err() {
         // SAFETY: imported above, never handed out; freed once.
         let _ = unsafe { driver::mem::free(ptr) };

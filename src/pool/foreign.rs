@@ -273,20 +273,16 @@ impl ForeignImport {
         // SAFETY: our imported pool, live while `self` is; the driver validates the export
         // data against it (forged data is an error code).
         let ptr = unsafe { driver::pool::import_pointer(self.driver.raw(), d.export_data) }?;
-        let checked = crate::memory::mapped_bytes(ptr)
-            .and_then(|size| {
-                check_claim(
-                    format_args!("the descriptor claims {} bytes", d.bytes),
-                    d.bytes,
-                    size as u64,
-                )
-                .map(|()| size as u64)
-            })
-            .and_then(|size| {
-                let device = crate::memory::memory_device(ptr, "foreign pool allocation")?;
-                self.driver.reach(ctx, device)?;
-                Ok((size, device))
-            });
+        let checked = crate::memory::claimed_bytes(
+            ptr,
+            format_args!("the descriptor claims {} bytes", d.bytes),
+            d.bytes,
+        )
+        .and_then(|size| {
+            let device = crate::memory::memory_device(ptr, "foreign pool allocation")?;
+            self.driver.reach(ctx, device)?;
+            Ok((size, device))
+        });
         match checked {
             Ok((size, device)) => Ok((ptr, size, device)),
             Err(e) => {
