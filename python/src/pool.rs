@@ -118,9 +118,10 @@ impl ForeignPool {
 
     /// Open one buffer as a tensor of `shape` and `dtype` (at most the buffer's bytes), from
     /// its descriptor: cuda.core's `IPCBufferDescriptor` (`buffer.ipc_descriptor`), a tuple
-    /// `(export_data, size)`, or the 72 bytes `Tensor.ipc_descriptor()` gives. The exporter
-    /// must keep the buffer until this tensor (and every DLPack consumer of it) is gone and
-    /// released (`wait_released`): no record of a foreign exporter can hold it to that.
+    /// `(export_data, size)`, or the 72 bytes `Tensor.ipc_descriptor()` gives; a size past the
+    /// allocation is `CorruptHandle`, as is a tensor past the size. The exporter must keep the
+    /// buffer until this tensor (and every DLPack consumer of it) is gone and released
+    /// (`wait_released`): no record of a foreign exporter can hold it to that.
     #[pyo3(signature = (descriptor, shape, dtype))]
     fn open(
         &self,
@@ -137,14 +138,12 @@ impl ForeignPool {
                 descriptor.bytes
             )));
         }
-        let wanted = PoolBufferDescriptor {
-            bytes: bytes as u64,
-            ..descriptor
-        };
+        // The whole buffer is opened, so that a descriptor claiming more than its allocation
+        // is refused even when the tensor would fit.
         // SAFETY: the rule above is the caller's, as the docs say (cuda.core's own importers
         // are under the same one).
         let view = py
-            .detach(|| unsafe { self.pool.open::<u8>(&wanted) })
+            .detach(|| unsafe { self.pool.open::<u8>(&descriptor) })
             .map_err(to_py)?;
         Ok(Tensor::in_context(
             Memory::PoolView(view),

@@ -106,9 +106,12 @@ def test_a_cuda_core_buffer_opens_as_a_tensor_from_cuda_cores_own_objects():
     torch.cuda.synchronize()
     peer.conn.send("verify 5")
     assert peer.conn.recv() == "written exact"
-    # Refused: more bytes than the buffer, a forged export, malformed descriptors.
+    # Refused: more bytes than the buffer, a size past the allocation (though the tensor
+    # fits), a forged export, malformed descriptors.
     with pytest.raises(cuda_ipc.CorruptHandle):
         pool.open(desc, (N + 1,), "uint8")
+    with pytest.raises(cuda_ipc.CorruptHandle, match="claims"):
+        pool.open((raw[:64], 1 << 40), (16,), "uint8")
     forged = bytes(b ^ 0x5A for b in raw[:64]) + raw[64:]
     with pytest.raises(cuda_ipc.CudaIpcError, match="cuMemPoolImportPointer"):
         pool.open(forged, (16,), "uint8")

@@ -112,7 +112,8 @@ class ForeignPool:
     ) -> None: ...
     def open(self, descriptor: Any, shape: Sequence[int], dtype: Any) -> Tensor:
         """A buffer as a tensor, from cuda.core's IPCBufferDescriptor, (export_data, size) or
-        72 bytes. The exporter keeps the buffer until this tensor is released."""
+        72 bytes; a size past the allocation, or a tensor past the size, is CorruptHandle. The
+        exporter keeps the buffer until this tensor is released."""
     @property
     def exporter_pid(self) -> Optional[int]: ...
 
