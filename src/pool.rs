@@ -1385,17 +1385,9 @@ fn import_pointer(
             detail: format!("the handle claims {bytes} bytes; the owner allocated {published}"),
         }));
     }
-    let _g = import.driver.ctx().enter()?;
-    // SAFETY: our imported pool, live while `import` is; the driver validates the export
-    // data against it (forged data is an error code).
-    let ptr = unsafe { driver::pool::import_pointer(import.driver.raw(), h.export) }?;
-    let checked =
-        crate::memory::claimed_bytes(ptr, format_args!("the handle claims {bytes} bytes"), bytes);
-    if checked.is_err() {
-        // SAFETY: imported above, never handed out; freed once.
-        let _ = unsafe { driver::mem::free(ptr) };
-    }
-    Ok((ptr, checked?))
+    import.driver.import_pointer(h.export, |ptr| {
+        crate::memory::claimed_bytes(ptr, format_args!("the handle claims {bytes} bytes"), bytes)
+    })
 }
 
 impl std::fmt::Debug for ImportedPool {

@@ -116,12 +116,12 @@ impl ForeignPool {
         })
     }
 
-    /// Open one buffer as a tensor of `shape` and `dtype` (at most the buffer's bytes), from
-    /// its descriptor: cuda.core's `IPCBufferDescriptor` (`buffer.ipc_descriptor`), a tuple
-    /// `(export_data, size)`, or the 72 bytes `Tensor.ipc_descriptor()` gives; a size past the
-    /// allocation is `CorruptHandle`, as is a tensor past the size. The exporter must keep the
-    /// buffer until this tensor (and every DLPack consumer of it) is gone and released
-    /// (`wait_released`): no record of a foreign exporter can hold it to that.
+    /// Open one buffer as a tensor of `shape` and `dtype`, from its descriptor: cuda.core's
+    /// `IPCBufferDescriptor` (`buffer.ipc_descriptor`), a tuple `(export_data, size)`, or the
+    /// 72 bytes `Tensor.ipc_descriptor()` gives; a size past the allocation, or a tensor past
+    /// the size, is `CorruptHandle`. The exporter must keep the buffer until this tensor (and
+    /// every DLPack consumer of it) is gone and released (`wait_released`): no record of a
+    /// foreign exporter can hold it to that.
     #[pyo3(signature = (descriptor, shape, dtype))]
     fn open(
         &self,

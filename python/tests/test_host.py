@@ -14,6 +14,8 @@ from conftest import has_gpu, unique
 def test_the_package_exports_its_api_and_exception_hierarchy():
     for name in cuda_ipc.__all__:
         assert hasattr(cuda_ipc, name), name
+    for module in ("cuda_core", "shared_weights", "weights"):
+        assert module in cuda_ipc.__all__, module
     for exc in (
         cuda_ipc.PeerGone,
         cuda_ipc.StaleHandle,

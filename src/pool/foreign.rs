@@ -141,7 +141,10 @@ struct Imported {
 /// Allocations imported from foreign pools in this process, by export data. The driver maps an
 /// imported allocation at one address for the whole process and does not count imports (the
 /// first `cuMemFree` would unmap every view): each allocation is imported once, whatever the
-/// number of views or imports of its pool, and freed with its last view.
+/// number of views or imports of its pool, and freed with its last view. Keyed by the data
+/// alone so that two imports of one pool share it, a second pool's open of data already
+/// imported here shares that import without the driver's check against the second pool (the
+/// memory stays mapped while any view holds it, the import that made it included).
 static IMPORTED: Mutex<Option<HashMap<[u8; 64], Imported>>> = parking_lot::const_mutex(None);
 
 impl ForeignPool {
@@ -268,29 +271,17 @@ impl ForeignImport {
     /// context's reach: the pointer, the bytes the driver maps from it, and the device that
     /// holds it.
     fn import_pointer(&self, d: &PoolBufferDescriptor) -> Result<(sys::CUdeviceptr, u64, u32)> {
-        let ctx = self.driver.ctx();
-        let _g = ctx.enter()?;
-        // SAFETY: our imported pool, live while `self` is; the driver validates the export
-        // data against it (forged data is an error code).
-        let ptr = unsafe { driver::pool::import_pointer(self.driver.raw(), d.export_data) }?;
-        let checked = crate::memory::claimed_bytes(
-            ptr,
-            format_args!("the descriptor claims {} bytes", d.bytes),
-            d.bytes,
-        )
-        .and_then(|size| {
+        let (ptr, (size, device)) = self.driver.import_pointer(d.export_data, |ptr| {
+            let size = crate::memory::claimed_bytes(
+                ptr,
+                format_args!("the descriptor claims {} bytes", d.bytes),
+                d.bytes,
+            )?;
             let device = crate::memory::memory_device(ptr, "foreign pool allocation")?;
-            self.driver.reach(ctx, device)?;
+            self.driver.reach(self.driver.ctx(), device)?;
             Ok((size, device))
-        });
-        match checked {
-            Ok((size, device)) => Ok((ptr, size, device)),
-            Err(e) => {
-                // SAFETY: imported above, never handed out; freed once.
-                let _ = unsafe { driver::mem::free(ptr) };
-                Err(e)
-            }
-        }
+        })?;
+        Ok((ptr, size, device))
     }
 }
 

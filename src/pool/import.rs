@@ -45,9 +45,27 @@ impl PoolImport {
         &self.ctx
     }
 
-    /// The driver's handle, live while `self` is.
-    pub(super) fn raw(&self) -> sys::CUmemoryPool {
-        self.pool
+    /// Import one allocation of the pool from a peer's export data (`cuMemPoolImportPointer`,
+    /// which refuses data of no allocation of this pool) and hold it to `check` — the peer's
+    /// claims, asked of the driver — before it is handed out: refused, it is freed again, so
+    /// nothing stays mapped. Returns the pointer and what `check` found.
+    pub(super) fn import_pointer<R>(
+        &self,
+        export_data: [u8; 64],
+        check: impl FnOnce(sys::CUdeviceptr) -> Result<R>,
+    ) -> Result<(sys::CUdeviceptr, R)> {
+        let _g = self.ctx.enter()?;
+        // SAFETY: our imported pool, live while `self` is; the driver validates the export
+        // data against it (forged data is an error code).
+        let ptr = unsafe { driver::pool::import_pointer(self.pool, export_data) }?;
+        match check(ptr) {
+            Ok(found) => Ok((ptr, found)),
+            Err(e) => {
+                // SAFETY: imported above, never handed out; freed once.
+                let _ = unsafe { driver::mem::free(ptr) };
+                Err(e)
+            }
+        }
     }
 
     /// Make sure `ctx`'s device can read and write the pool's memory, which device `holder`

@@ -85,5 +85,5 @@ from . import cuda_core, shared_weights, weights  # noqa: E402  (torch, cuda.cor
 # let what is queued (and what finalisation drops) be released before the process ends.
 _atexit.register(_native.exiting)
 
-__all__ += ["shared_weights", "weights"]
+__all__ += ["cuda_core", "shared_weights", "weights"]
 __version__ = "0.2.0"
