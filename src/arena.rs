@@ -776,7 +776,8 @@ impl ImportedArena {
     /// [`Error::CorruptHandle`] for a damaged handle, one of another arena, or one whose range
     /// does not match what the owner published; [`Error::TypeMismatch`];
     /// [`Error::StaleHandle`] when the buffer was freed (even if its range or block now holds
-    /// another buffer).
+    /// another buffer); [`Error::PeerGone`] (the exporter) when the owner died (views opened
+    /// before stay mapped).
     ///
     /// # Examples
     ///
@@ -825,6 +826,8 @@ impl ImportedArena {
             )));
         }
         let len = usize::try_from(h.len).map_err(|_| corrupt("length overflows".into()))?;
+        // Every open asks after the owner, as the arena's import did (a pinned pidfd's answer).
+        crate::process::check_exporter_alive(&import.exporter, true)?;
         let range_mismatch = |offset: u64, published: u64| {
             memory(format!(
                 "the handle says bytes {}..+{bytes}; the owner published {offset}..+{published}",

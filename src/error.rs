@@ -992,6 +992,14 @@ pub enum TypeConflict {
     /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), or
     /// [`IpcBuffer::export_pooled`](crate::IpcBuffer::export_pooled) for another channel.
     Pooled,
+    /// A pool allocation this process already holds through another import was to be opened
+    /// again: through both an [`ImportedPool`](crate::pool::ImportedPool) and a
+    /// [`ForeignPool`](crate::pool::ForeignPool) (a crate peer and a cuda.core peer sharing one
+    /// [`IpcPool`](crate::pool::IpcPool)), or under another buffer's handle or export data. The
+    /// driver maps an imported allocation at one address per process and counts no imports,
+    /// so the first free would unmap the other's views: open it again through the pool object
+    /// that holds it (its views share one import), or after its views are gone.
+    ImportedTwice,
 }
 
 impl std::fmt::Display for TypeConflict {
@@ -1013,6 +1021,12 @@ impl std::fmt::Display for TypeConflict {
                 "a pool buffer travels as its pool's handle and descriptor and the buffer's \
                  pool handle, not as one handle: FdSocket::send_buffer, or \
                  IpcBuffer::export_pooled",
+            ),
+            Self::ImportedTwice => f.write_str(
+                "this process already holds the allocation through another pool import (an \
+                 ImportedPool and a ForeignPool of one pool, or another buffer's handle): the \
+                 driver maps it once per process and counts no imports, so one free would unmap \
+                 both; open it through the pool object that holds it",
             ),
             Self::ImportMappedPerContext => f.write_str(
                 "a legacy import is mapped for the context that opened it only; open the handle \

@@ -564,13 +564,13 @@ impl FdSocket {
         timeout: Duration,
     ) -> Result<ForeignReceived<T>> {
         let exporter = Some(self.peer_identity()).filter(|id| id.pid() != 0);
-        let exporter_pid = exporter.map(|id| id.pid());
         let (head, arrived, meta) = self.receive_foreign(timeout)?;
         let chunks = match arrived {
-            Arrived::Legacy(mut raw) => {
-                // The pid the exporter wrote is its own namespace's; the socket's is ours.
-                raw.exporter_pid = exporter_pid.unwrap_or(0);
-                let import = RawImport::from_export::<T>(&raw)?;
+            Arrived::Legacy(raw) => {
+                // The pid the exporter wrote is its own namespace's; the socket's sender, with
+                // its start time and pidfs inode, is ours (a reused pid reads as dead).
+                let mut import = RawImport::from_export::<T>(&raw)?;
+                import.exporter = exporter;
                 return Ok(ForeignReceived {
                     memory: ForeignMemory::Raw(import),
                     meta,

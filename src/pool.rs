@@ -1256,7 +1256,11 @@ impl ImportedPool {
     ///
     /// [`Error::CorruptHandle`] for a damaged handle, one of another pool, or one whose length
     /// the allocation does not hold; [`Error::TypeMismatch`]; [`Error::StaleHandle`] when the
-    /// buffer was freed; [`Error::Cuda`] naming `cuMemPoolImportPointer`.
+    /// buffer was freed; [`Error::PeerGone`] (the exporter) when the owner died (views opened
+    /// before stay mapped); [`Error::HandleTypeMismatch`] with
+    /// [`TypeConflict::ImportedTwoWays`](crate::error::TypeConflict::ImportedTwoWays) when this
+    /// process holds the allocation through a [`ForeignPool`](super::ForeignPool);
+    /// [`Error::Cuda`] naming `cuMemPoolImportPointer`.
     ///
     /// # Examples
     ///
@@ -1298,6 +1302,8 @@ impl ImportedPool {
             .filter(|&b| b > 0 && b <= isize::MAX as u64)
             .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
         let len = h.len as usize;
+        // Every open asks after the owner, as the pool's import did (a pinned pidfd's answer).
+        crate::process::check_exporter_alive(&import.exporter, true)?;
         // A second handle of the allocation is held to the size the driver reported.
         let again = |&(ptr, size): &(sys::CUdeviceptr, u64)| {
             if size < bytes {
@@ -1428,15 +1434,13 @@ impl Drop for LedgerHold {
         if !self.import.holdings.is_home() {
             return; // inherited by a forked child: the parent's (see `process::Home`)
         }
-        let ctx = self.import.driver.ctx();
+        let driver = &self.import.driver;
         self.import.holdings.leave(self.index, |(ptr, _)| {
             // An import that could not be freed keeps the bit: the owner then never frees the
             // allocation under it (a leak, never a use-after-free).
-            ctx.enter().is_ok_and(|_g| {
-                // SAFETY: imported with cuMemPoolImportPointer in this context, freed once,
-                // when its last view goes; before the bit clears, as the guide requires.
-                unsafe { driver::mem::free(ptr) }.is_ok()
-            })
+            // SAFETY: imported with this pool's `import_pointer`, freed once, when its last
+            // view goes; before the bit clears, as the guide requires.
+            unsafe { driver.free_pointer(ptr) }
         });
     }
 }

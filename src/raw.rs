@@ -234,7 +234,8 @@ pub struct RawExport {
 /// use cuda_ipc::raw::{RawImport, RawMemHandle};
 ///
 /// let import = RawImport::new(RawMemHandle([0; 64]), 512, 1024).exporter_pid(4242);
-/// assert_eq!((import.offset, import.len, import.exporter_pid), (512, 1024, Some(4242)));
+/// assert_eq!((import.offset, import.len), (512, 1024));
+/// assert_eq!(import.exporter.map(|id| id.pid()), Some(4242));
 /// ```
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
@@ -245,9 +246,12 @@ pub struct RawImport {
     pub offset: u64,
     /// Elements of data.
     pub len: usize,
-    /// The exporting process, if known: checked alive before the driver is asked, and kept
-    /// for liveness checks.
-    pub exporter_pid: Option<u32>,
+    /// The exporting process, if known: checked alive at every open (a re-open of a mapped
+    /// handle too), and kept for liveness checks. Named by pid alone
+    /// ([`exporter_pid`](Self::exporter_pid)) it cannot be told from a later process that
+    /// reuses the pid; a full identity ([`exporter`](Self::exporter), as
+    /// [`FdSocket::recv_foreign`](crate::fd::FdSocket::recv_foreign) records the sender) can.
+    pub exporter: Option<ProcessIdentity>,
 }
 
 impl RawImport {
@@ -258,15 +262,37 @@ impl RawImport {
             handle,
             offset,
             len,
-            exporter_pid: None,
+            exporter: None,
         }
     }
 
-    /// Name the exporting process (recommended: a dead exporter is then a clear
-    /// [`Error::PeerGone`] (the exporter) instead of the driver's error).
+    /// Name the exporting process by its pid (recommended: a dead exporter is then a clear
+    /// [`Error::PeerGone`] (the exporter) instead of the driver's error). A pid alone cannot
+    /// tell the exporter from a process that reuses its pid after its death: where the
+    /// exporter's [`ProcessIdentity`] is known, name it with [`exporter`](Self::exporter).
     #[must_use]
     pub fn exporter_pid(mut self, pid: u32) -> Self {
-        self.exporter_pid = Some(pid);
+        self.exporter = Some(ProcessIdentity::from_parts(pid, 0));
+        self
+    }
+
+    /// Name the exporting process by its identity (pid, start time and, where known, pidfs
+    /// inode, as [`FdSocket::recv_foreign`](crate::fd::FdSocket::recv_foreign) records the
+    /// sender of its socket), so that a dead exporter whose pid was reused reads as dead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cuda_ipc::ProcessIdentity;
+    /// use cuda_ipc::raw::{RawImport, RawMemHandle};
+    ///
+    /// let me = ProcessIdentity::current();
+    /// let import = RawImport::new(RawMemHandle([0; 64]), 0, 16).exporter(me);
+    /// assert_eq!(import.exporter, Some(me));
+    /// ```
+    #[must_use]
+    pub fn exporter(mut self, id: ProcessIdentity) -> Self {
+        self.exporter = Some(id);
         self
     }
 
@@ -298,7 +324,9 @@ impl RawImport {
             handle: export.handle,
             offset: export.offset,
             len,
-            exporter_pid: Some(export.exporter_pid).filter(|&p| p != 0),
+            exporter: Some(export.exporter_pid)
+                .filter(|&p| p != 0)
+                .map(|p| ProcessIdentity::from_parts(p, 0)),
         })
     }
 
@@ -338,13 +366,12 @@ impl RawImport {
         Ok(self.offset..end)
     }
 
-    /// The exporter the caller named, if alive now — by pid alone (a pidfd, kept open for
-    /// later checks): a raw handle names no start time to tell a reused pid from the exporter.
+    /// The exporter the caller named, if alive now (pinned with a pidfd for later checks): by
+    /// its identity where the caller knew it, else by pid alone.
     pub(crate) fn live_exporter(&self) -> Result<Option<ProcessIdentity>> {
-        let Some(pid) = self.exporter_pid else {
+        let Some(id) = self.exporter else {
             return Ok(None);
         };
-        let id = ProcessIdentity::from_parts(pid, 0);
         crate::process::check_exporter_alive(&id, false)?;
         Ok(Some(id))
     }
@@ -412,7 +439,8 @@ mod tests {
             exporter_pid: 77,
         };
         let i = RawImport::from_export::<f32>(&e).unwrap();
-        assert_eq!((i.offset, i.len, i.exporter_pid), (256, 1024, Some(77)));
+        assert_eq!((i.offset, i.len), (256, 1024));
+        assert_eq!(i.exporter, Some(ProcessIdentity::from_parts(77, 0)));
         assert!(RawImport::from_export::<[u8; 3]>(&e).is_err());
     }
 }

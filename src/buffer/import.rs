@@ -499,15 +499,20 @@ impl<T: Pod> ImportedBuffer<T> {
             KIND_RAW,
             Access::ReadWrite,
         );
+        // Liveness before the cache: a re-open of a mapped handle must see the exporter's
+        // death as the first open would (the one named now, and the one the mapping recorded).
+        let exporter = import.live_exporter()?;
         let vacancy = match CACHE.entry(&key) {
             Entry::Live(hit) => {
                 hit.check_reuse(Described::Raw)?;
+                if let Some(first) = hit.exporter.filter(|&first| Some(first) != exporter) {
+                    crate::process::check_exporter_alive(&first, false)?;
+                }
                 expected.check(hit.mapped)?;
                 return Ok(Self::view_at(hit, import.offset, import.len));
             }
             Entry::Vacant(vacancy) => vacancy,
         };
-        let exporter = import.live_exporter()?;
         let mapped = map_legacy(ctx, import.handle.0, expected)
             .map_err(|e| judged_again(e, exporter.as_ref()))?;
         let mapping = vacancy.fill(Arc::new(Mapping::raw(

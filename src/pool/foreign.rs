@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use super::import::PoolImport;
 use super::view::{Hold, PoolHold, PoolView};
 use crate::context::GpuContext;
-use crate::driver::{self, sys};
+use crate::driver::sys;
 use crate::error::{Error, HandleDefect, Result};
 use crate::memory::check_claim;
 use crate::process::ProcessIdentity;
@@ -194,7 +194,11 @@ impl ForeignPool {
     /// allocation; [`Error::PeerGone`] (the exporter) when the named exporter died;
     /// [`Error::Cuda`] naming `cuMemPoolImportPointer` for export data that is not an
     /// allocation of this pool (forged, or freed); [`Error::DeviceNotReachable`] for memory on
-    /// a device `ctx` cannot reach.
+    /// a device `ctx` cannot reach; [`Error::HandleTypeMismatch`] with
+    /// [`TypeConflict::ImportedTwice`](crate::error::TypeConflict::ImportedTwice) when this
+    /// process holds the allocation already through an [`ImportedPool`](super::ImportedPool)
+    /// (a crate peer's handle of the same [`IpcPool`](super::IpcPool) buffer) or under other
+    /// export data.
     #[doc(alias = "cuMemPoolImportPointer")]
     pub unsafe fn open<T: Pod>(&self, descriptor: &PoolBufferDescriptor) -> Result<PoolView<T>> {
         let len = descriptor.len_of::<T>()?;
@@ -332,12 +336,11 @@ impl Drop for ForeignHold {
         if known.views > 0 {
             return;
         }
-        if let Some(last) = map.remove(&self.key)
-            && let Ok(_g) = last.import.driver.ctx().enter()
-        {
-            // SAFETY: imported with cuMemPoolImportPointer in this context, freed once, when
-            // its last view goes (before the import, which `last` holds, can be destroyed).
-            let _ = unsafe { driver::mem::free(last.ptr) };
+        if let Some(last) = map.remove(&self.key) {
+            // SAFETY: imported with this pool's `import_pointer`, freed once, when its last
+            // view goes (before the import, which `last` holds, can be destroyed). One that
+            // cannot be freed stays mapped (a leak, never a use-after-free).
+            let _ = unsafe { last.import.driver.free_pointer(last.ptr) };
         }
     }
 }
