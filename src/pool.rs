@@ -1445,7 +1445,8 @@ impl Drop for LedgerHold {
     }
 }
 
-/// Hooks for the tests of the shared pools (`tests/pool_buffer.rs`). Not part of the API.
+/// Hooks for the tests of the shared pools (`tests/pool_buffer.rs`, `tests/pool_import.rs`).
+/// Not part of the API.
 #[allow(missing_debug_implementations)] // test hooks, not API
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 pub mod __testing {
@@ -1459,6 +1460,12 @@ pub mod __testing {
     /// until the value drops.
     pub fn look_for_room() -> LookingForRoom {
         LookingForRoom(SHARED.lock().iter().map(|(_, o)| o.clone()).collect())
+    }
+
+    /// Leave every pool import refused on its checks mapped (never freed) while `on`: the
+    /// defect `tests/pool_import.rs` shows its memory check would catch.
+    pub fn leak_refused_imports(on: bool) {
+        import::LEAK_REFUSED.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

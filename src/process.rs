@@ -271,6 +271,8 @@ pub fn is_alive_cached(id: &ProcessIdentity) -> bool {
 /// How long [`check_exporter_alive`] trusts a pinned process's last "alive" answer (100 µs):
 /// a tight loop of opens of one exporter's handles pays a clock read, not a `poll`, per open.
 const ALIVE_REUSE_NS: u64 = 100_000;
+// The documented bound: a death is seen by the first open that starts 100 µs after it.
+const _: () = assert!(ALIVE_REUSE_NS > 0 && ALIVE_REUSE_NS <= 100_000);
 
 /// [`is_alive_cached`], trusting a pin's "alive" answer younger than `trust_ns` without asking
 /// the kernel again.
@@ -451,10 +453,6 @@ mod tests {
     /// trust at all and with trust for longer than the window.
     #[test]
     fn an_exporters_alive_answer_is_trusted_for_a_moment_only() {
-        assert!(
-            ALIVE_REUSE_NS > 0 && ALIVE_REUSE_NS <= 100_000,
-            "the documented window: at most 100 µs"
-        );
         for _attempt in 0..20 {
             let (mut child, id) = sleeping_child();
             assert!(check_exporter_alive(&id, false).is_ok()); // pinned, confirmed now
@@ -466,7 +464,12 @@ mod tests {
             };
             // Dead now. Confirmed alive a moment before (well inside the window): trusted.
             assert!(
-                judge_pinned(&mut pinned, &id, ALIVE_REUSE_NS, seen + ALIVE_REUSE_NS / 100),
+                judge_pinned(
+                    &mut pinned,
+                    &id,
+                    ALIVE_REUSE_NS,
+                    seen + ALIVE_REUSE_NS / 100
+                ),
                 "an answer 1 µs old is trusted (no trust at all?)"
             );
             // As old as the window: the kernel is asked afresh, and the process is dead.

@@ -13,9 +13,10 @@ mod common;
 use std::time::Duration;
 
 use common::{fd_connect, fd_listener, gpu, pattern, spawn, watchdog};
-use cuda_ipc::error::ArgumentDefect;
+use cuda_ipc::error::{ArgumentDefect, PeerRole};
 use cuda_ipc::foreign::{ForeignExport, ForeignMemory};
-use cuda_ipc::{Error, HandleType, ImportedBuffer, IpcBuffer};
+use cuda_ipc::raw::RawImport;
+use cuda_ipc::{Error, HandleType, ImportedBuffer, IpcBuffer, ProcessIdentity};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -52,8 +53,76 @@ fn child_process() {
             socket.send(b"done", &[], T).unwrap();
             0
         }
+        // Export a legacy buffer by address, as another allocator's memory, and hold it until
+        // killed.
+        "export_legacy" => {
+            let ctx = gpu();
+            let socket = fd_connect(&args[0]);
+            let buffer = IpcBuffer::<u32>::new_with(&ctx, 1 << 16, HandleType::Legacy).unwrap();
+            buffer.copy_from_host(&pattern(1 << 16, 5)).unwrap();
+            let export = ForeignExport::new(&ctx, buffer.as_raw_ptr(), 4 << 16).unwrap();
+            socket.send_foreign(&export, b"", T).unwrap();
+            std::thread::sleep(Duration::from_secs(60)); // until killed
+            3
+        }
         _ => 2,
     });
+}
+
+/// A legacy export received from a process that then dies: the import names the sender by its
+/// identity (a pid reused by another process reads as dead), and a re-open of the mapped
+/// handle — the import cache's hit, as `Socket.recv_tensor` makes for every tensor of one
+/// PyTorch block — is `PeerGone` once the exporter died, named or not, while the first view
+/// stays mapped.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_raw_reopen_after_the_exporter_died_is_refused() {
+    let _dog = watchdog("foreign legacy exporter death", Duration::from_secs(60));
+    let ctx = gpu();
+    let (listener, name) = fd_listener("foreign-death");
+    let child = spawn("export_legacy", &[&name]);
+    let peer = listener.accept(T).unwrap();
+    let received = peer.recv_foreign::<u32>(&ctx, T).unwrap();
+    let ForeignMemory::Raw(import) = received.memory else {
+        panic!("a cuMemAlloc buffer arrives as a raw handle");
+    };
+    let exporter = import.exporter.expect("the socket's sender");
+    assert_eq!(exporter.pid(), child.pid());
+    assert_ne!(
+        exporter.start_time(),
+        0,
+        "named by its identity, not a bare pid"
+    );
+    // The same pid with another start time: what a reuse after a death looks like.
+    let reused = ProcessIdentity::from_parts(exporter.pid(), exporter.start_time() + 1);
+    let child_pid = child.pid();
+    let gone = |r: cuda_ipc::Result<ImportedBuffer<u32>>| match r {
+        Err(Error::PeerGone {
+            pid,
+            role: PeerRole::Exporter,
+        }) => assert_eq!(pid, child_pid),
+        other => panic!(
+            "expected PeerGone (exporter), got {:?}",
+            other.map(|b| b.len())
+        ),
+    };
+    // SAFETY: refused before the driver (the named process is not the exporter).
+    gone(unsafe { ImportedBuffer::<u32>::open_raw(&ctx, &import.exporter(reused)) });
+    // SAFETY: the child holds the buffer until it is killed; after that only refusals follow.
+    let first = unsafe { ImportedBuffer::<u32>::open_raw(&ctx, &import) }.unwrap();
+    let mut host = vec![0u32; first.len()];
+    first.copy_to_host(&mut host).unwrap();
+    assert_eq!(host, pattern(1 << 16, 5));
+    child.signal(libc::SIGKILL);
+    child.expect_exit_or_kill(T);
+    // Mapped here still (a cache hit), the exporter dead: refused, named and unnamed.
+    // SAFETY: refused (the exporter is dead).
+    gone(unsafe { ImportedBuffer::<u32>::open_raw(&ctx, &import) });
+    let unnamed = RawImport::new(import.handle, import.offset, 16);
+    // SAFETY: as above (the mapping's recorded exporter is dead).
+    gone(unsafe { ImportedBuffer::<u32>::open_raw(&ctx, &unnamed) });
+    first.copy_to_host(&mut host).unwrap(); // the first view stays mapped
+    assert_eq!(host, pattern(1 << 16, 5));
 }
 
 /// Export `len` words at word `skip` of a buffer of `handle_type` by address, as another

@@ -26,6 +26,12 @@ use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result, TypeConflict};
 
+/// Test hook: leave refused imports mapped, so that a test can show its check sees the leak
+/// (`pool::__testing::leak_refused_imports`).
+#[cfg(any(test, fuzzing, feature = "__testing"))]
+pub(super) static LEAK_REFUSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Every pool allocation this process holds an import of, by the address the driver maps it
 /// at (see the module docs).
 static HELD: Mutex<BTreeSet<sys::CUdeviceptr>> = parking_lot::const_mutex(BTreeSet::new());
@@ -98,6 +104,11 @@ impl PoolImport {
                 Ok((ptr, found))
             }
             Err(e) => {
+                #[cfg(any(test, fuzzing, feature = "__testing"))]
+                if LEAK_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+                    held.insert(ptr); // the defect the tests must be able to see
+                    return Err(e);
+                }
                 // SAFETY: imported above by this call, never handed out, held by no one else
                 // (checked above); freed once.
                 if unsafe { driver::mem::free(ptr) }.is_err() {
