@@ -869,6 +869,38 @@ impl<T: Pod> PoolBuffer<T> {
         self.alloc.handle(self.slice.len)
     }
 
+    /// Wait until the allocation has completed on the stream it was made on, at most
+    /// `timeout` (`cuEventQuery`, polled with a short back-off). [`handle`](Self::handle) and
+    /// [`descriptor`](Self::descriptor) wait for it without a bound (`cuEventSynchronize`):
+    /// call this first where a stream held up by a hung kernel or a dead peer's wait must not
+    /// hold the caller for ever. Returns at once once it has completed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`]; [`Error::Cuda`] naming `cuEventQuery`; [`Error::InvalidState`]
+    /// after the buffer was freed.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_ipc::{GpuContext, RawStream};
+    /// use cuda_ipc::pool::IpcPool;
+    ///
+    /// # fn main() -> cuda_ipc::Result<()> {
+    /// let ctx = GpuContext::new(0)?;
+    /// let pool = IpcPool::new(&ctx)?;
+    /// let buf = pool.alloc::<f32>(1 << 20, &RawStream::LEGACY)?;
+    /// buf.wait_allocated(Duration::from_secs(5))?;
+    /// let descriptor = buf.descriptor()?; // no wait left
+    /// # let _ = descriptor;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "cuEventQuery")]
+    pub fn wait_allocated(&self, timeout: std::time::Duration) -> Result<()> {
+        self.alloc.wait_ready(timeout)
+    }
+
     /// Whether a process (another, or an import in this one) holds this buffer now.
     #[must_use]
     pub fn is_viewed(&self) -> bool {
@@ -950,6 +982,36 @@ impl PoolAlloc {
             export_data: self.export_data()?,
             bytes,
         })
+    }
+
+    /// See [`PoolBuffer::wait_allocated`].
+    pub(crate) fn wait_ready(&self, timeout: std::time::Duration) -> Result<()> {
+        if self.freed {
+            return Err(Error::InvalidState {
+                call: "cuEventQuery",
+                state: crate::error::ObjectState::Closing,
+            });
+        }
+        let mut wait = crate::poll::Backoff::new(
+            timeout,
+            std::time::Duration::from_micros(1),
+            std::time::Duration::from_millis(1),
+        )
+        .spinning_below(std::time::Duration::from_micros(50));
+        let _g = self.owner.ctx.enter()?;
+        loop {
+            // SAFETY: our live event (not freed: checked above; `free` takes `&mut self`).
+            if unsafe { driver::event::query(self.ready) }? {
+                return Ok(());
+            }
+            if let Err(waited) = wait.pause() {
+                return Err(Error::Timeout {
+                    what: "pool allocation to complete on its stream",
+                    waited,
+                    waiting_for: None,
+                });
+            }
+        }
     }
 
     /// The allocation's `cuMemPoolExportPointer` data, once the allocation has completed.

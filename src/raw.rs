@@ -8,7 +8,8 @@
 //! the byte range lies inside the allocation the driver mapped (`cuPointerGetAttributes`), its
 //! offset suits the element type's alignment, the memory's device is this context's or
 //! reachable from it as a peer, the handle is not one this process exported, and — if the
-//! caller names the exporting pid — the exporter is alive. The rest is what
+//! caller names the exporter — the exporter is alive, at every open (a re-open of a handle
+//! this process maps already too). The rest is what
 //! [`ImportedBuffer::open_raw`](crate::ImportedBuffer::open_raw)'s caller vouches for.
 //!
 //! # The layout, for C and C++ peers

@@ -8,7 +8,7 @@ use std::os::fd::{BorrowedFd, IntoRawFd};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyTuple};
 
 use crate::Context;
 use crate::errors::{CorruptHandle, to_py};
@@ -219,8 +219,26 @@ fn descriptor_of(d: &Bound<'_, PyAny>) -> PyResult<PoolBufferDescriptor> {
             parts.len()
         )));
     }
-    let data: Vec<u8> = parts.get_item(0)?.extract()?;
-    let size: u64 = parts.get_item(1)?.extract()?;
+    // Bytes only (a list of ints is not export data), and a size that is a byte count: a
+    // negative one, or one past 2**64 - 1, is a corrupt descriptor (not an OverflowError).
+    let data = parts.get_item(0)?;
+    if !(data.is_instance_of::<PyBytes>() || data.is_instance_of::<PyByteArray>()) {
+        return Err(corrupt(format!(
+            "export data must be bytes, not {}",
+            data.get_type().name()?
+        )));
+    }
+    let data: Vec<u8> = data.extract()?;
+    let size = parts.get_item(1)?;
+    if !size.is_instance_of::<PyInt>() || size.is_instance_of::<PyBool>() {
+        return Err(corrupt(format!(
+            "a size must be an int, not {}",
+            size.get_type().name()?
+        )));
+    }
+    let size: u64 = size
+        .extract()
+        .map_err(|_| corrupt(format!("size {size} is not a byte count (0 to 2**64 - 1)")))?;
     let export_data: [u8; 64] = data
         .as_slice()
         .try_into()

@@ -533,15 +533,24 @@ impl Tensor {
     /// The 72 bytes another program opens this tensor of a `Pool` with: the allocation's
     /// `cuMemPoolExportPointer` data, then its size (little-endian `u64`);
     /// `cuda_ipc.cuda_core.ipc_descriptor` turns them into cuda.core's `IPCBufferDescriptor`.
-    /// Waits until the allocation has completed. The peer takes no lease: keep the tensor until
-    /// it says it closed its buffer.
-    fn ipc_descriptor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+    /// Waits until the allocation has completed, at most `timeout` seconds (`TimeoutError`
+    /// past it), with the GIL released. The peer takes no lease: keep the tensor until it says
+    /// it closed its buffer.
+    #[pyo3(signature = (*, timeout = 30.0))]
+    fn ipc_descriptor<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyBytes>> {
         let Memory::Pooled(buffer) = &*self.inner.memory else {
             return Err(PyTypeError::new_err(
                 "only a Pool's own tensors have an IPC descriptor",
             ));
         };
-        let descriptor = py.detach(|| buffer.descriptor()).map_err(to_py)?;
+        let timeout = Duration::try_from_secs_f64(timeout)
+            .map_err(|_| PyValueError::new_err(format!("timeout {timeout} is not a duration")))?;
+        let descriptor = py
+            .detach(|| {
+                buffer.wait_allocated(timeout)?;
+                buffer.descriptor()
+            })
+            .map_err(to_py)?;
         Ok(PyBytes::new(py, &descriptor.to_bytes()))
     }
 

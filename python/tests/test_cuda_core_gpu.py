@@ -7,6 +7,7 @@ its views readable, a clear error for new opens, and its device memory back at i
 import os
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Listener
 from multiprocessing.reduction import recv_handle, send_handle
@@ -37,8 +38,13 @@ def pattern(n, seed):
     return ((torch.arange(n, dtype=torch.int64, device="cuda") * 7 + seed) % 251).to(torch.uint8)
 
 
+T = 60  # seconds any one step of a peer may take
+
+
 class Peer:
-    """tests/cuda_core_peer.py as `role`, connected to this process's listener."""
+    """tests/cuda_core_peer.py as `role`, connected to this process's listener. Every wait on
+    the peer is bounded (`T`): a peer that dies or stalls fails the test at once, naming its
+    exit status and what it wrote to stderr, instead of hanging the suite."""
 
     def __init__(self, role, n, seed, seed2=0):
         name = unique("cuda-core")
@@ -47,7 +53,55 @@ class Peer:
             [sys.executable, os.path.join(HERE, "cuda_core_peer.py"), role, name, str(n), str(seed), str(seed2)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        self.conn = self.listener.accept()
+        self.conn = self._accept(T)
+
+    def _fail(self, what):
+        """End the peer and fail the test with `what`, its exit status and its stderr."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            _, err = self.proc.communicate(timeout=T)
+        except subprocess.TimeoutExpired:
+            err = "(its stderr could not be read)"
+        self.listener.close()
+        pytest.fail(f"cuda.core peer: {what} (exit status {self.proc.returncode}); stderr:\n{err}")
+
+    def _accept(self, timeout):
+        """The peer's connection, within `timeout` s (Listener.accept has no timeout: it runs
+        on a daemon thread, watched)."""
+        got = []
+        t = threading.Thread(target=lambda: got.append(self.listener.accept()), daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        while not got:
+            t.join(0.05)
+            if got:
+                break
+            if not t.is_alive():
+                self._fail("accepting its connection failed")
+            if self.proc.poll() is not None:
+                self._fail("exited before it connected")
+            if time.monotonic() > deadline:
+                self._fail(f"did not connect within {timeout} s")
+        return got[0]
+
+    def recv_fd(self, timeout=T):
+        """A file descriptor the peer sends, within `timeout` s."""
+        if not self.conn.poll(timeout):
+            self._fail(f"sent no descriptor within {timeout} s")
+        try:
+            return recv_handle(self.conn)
+        except (EOFError, OSError, RuntimeError) as e:
+            self._fail(f"sent no descriptor ({e!r})")
+
+    def recv(self, timeout=T):
+        """The peer's next message, within `timeout` s."""
+        if not self.conn.poll(timeout):
+            self._fail(f"sent nothing within {timeout} s")
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError) as e:
+            self._fail(f"closed the connection ({e!r})")
 
     def finish(self, timeout=60):
         out, err = self.proc.communicate(timeout=timeout)
@@ -88,8 +142,8 @@ def test_a_cuda_core_buffer_opens_as_a_tensor_from_cuda_cores_own_objects():
 
     ctx = cuda_ipc.Context(0)
     peer = Peer("export", N, 3)
-    fd = recv_handle(peer.conn)
-    desc = peer.conn.recv()  # cuda.core's IPCBufferDescriptor
+    fd = peer.recv_fd()
+    desc = peer.recv()  # cuda.core's IPCBufferDescriptor
     assert desc.size == N
     # cuda.core's own handle object (what its multiprocessing pickling rebuilds).
     pool = cuda_ipc.ForeignPool(ctx, IPCAllocationHandle._init(fd, None), exporter_pid=peer.proc.pid)
@@ -105,7 +159,7 @@ def test_a_cuda_core_buffer_opens_as_a_tensor_from_cuda_cores_own_objects():
     torch.from_dlpack(t).copy_(pattern(N, 5))
     torch.cuda.synchronize()
     peer.conn.send("verify 5")
-    assert peer.conn.recv() == "written exact"
+    assert peer.recv() == "written exact"
     # Refused: more bytes than the buffer, a size past the allocation (though the tensor
     # fits), a forged export, malformed descriptors.
     with pytest.raises(cuda_ipc.CorruptHandle):
@@ -125,7 +179,7 @@ def test_a_cuda_core_buffer_opens_as_a_tensor_from_cuda_cores_own_objects():
     del t
     assert cuda_ipc.wait_released(30)
     peer.conn.send("done")
-    assert peer.conn.recv() == "closed"
+    assert peer.recv() == "closed"
     peer.finish()
 
 
@@ -143,7 +197,7 @@ def test_a_pool_tensor_opens_in_cuda_core():
     send_handle(peer.conn, fd, peer.proc.pid)
     os.close(fd)
     peer.conn.send(cuda_ipc.cuda_core.ipc_descriptor(t.ipc_descriptor()))
-    assert peer.conn.recv() == "closed"
+    assert peer.recv() == "closed"
     assert peer.finish() == [f"read {N} exact"]
     assert torch.equal(torch.from_dlpack(t), pattern(N, 13)), "every byte cuda.core wrote"
     with pytest.raises(TypeError):
@@ -159,13 +213,13 @@ def test_a_killed_cuda_core_exporter_leaves_this_process_its_memory_back():
     baseline = free_memory()
     n = 64 << 20
     peer = Peer("export", n, 17)
-    fd = recv_handle(peer.conn)
-    desc = peer.conn.recv()
+    fd = peer.recv_fd()
+    desc = peer.recv()
     pool = cuda_ipc.ForeignPool(ctx, fd, exporter_pid=peer.proc.pid)
     os.close(fd)
     t = pool.open(desc, (n,), torch.uint8)
     peer.conn.send("hold")
-    assert peer.conn.recv() == "holding"
+    assert peer.recv() == "holding"
     peer.kill()
     # The driver keeps this process's import: the tensor still reads what was there.
     assert torch.equal(torch.from_dlpack(t), pattern(n, 17))
@@ -198,13 +252,13 @@ def test_a_killed_pool_exporter_leaves_a_cuda_core_importer_its_memory_back():
     baseline = free_memory()
     n = 64 << 20
     peer = Peer("pool_export", n, 19)
-    fd = recv_handle(peer.conn)
-    desc = peer.conn.recv()
+    fd = peer.recv_fd()
+    desc = peer.recv()
     mr = DeviceMemoryResource.from_allocation_handle(dev, fd)
     os.close(fd)
     buf = Buffer.from_ipc_descriptor(mr, desc, stream=stream)
     peer.conn.send("hold")
-    assert peer.conn.recv() == "holding"
+    assert peer.recv() == "holding"
     peer.kill()
     assert reads_pattern(buf, n, 19), "cuda.core's import reads the dead exporter's bytes"
     buf.close(stream)

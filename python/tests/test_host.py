@@ -120,11 +120,15 @@ def test_a_pool_buffer_descriptor_parses_from_every_form_and_refuses_the_rest():
             return (object, (data, size))
 
     assert cuda_ipc.cuda_core.descriptor_bytes(LikeCudaCores()) == raw
-    for bad in (raw[:71], raw + b"\0", (data[:63], size), (data, size, 0)):
+    assert cuda_ipc.cuda_core.descriptor_bytes((bytearray(data), size)) == raw
+    bad_forms = [raw[:71], raw + b"\0", (data[:63], size), (data, size, 0)]
+    # A size that is no byte count, and export data that is not bytes: corrupt descriptors.
+    bad_forms += [(data, -1), (data, 1 << 64), (data, -(1 << 70)), (data, 4.0), (data, True)]
+    bad_forms += [(list(data), size), (data.decode("latin-1"), size), (None, size)]
+    for bad in bad_forms:
         with pytest.raises(cuda_ipc.CorruptHandle):
             cuda_ipc.cuda_core.descriptor_bytes(bad)
-    with pytest.raises((TypeError, OverflowError)):
-        cuda_ipc.cuda_core.descriptor_bytes((data, -1))
+    assert cuda_ipc.cuda_core.descriptor_bytes((data, (1 << 64) - 1))[64:] == b"\xff" * 8
     with pytest.raises(TypeError):
         cuda_ipc.cuda_core.descriptor_bytes(3.5)
     try:

@@ -167,7 +167,8 @@ impl<T: Pod> ImportedBuffer<T> {
     ///
     /// Checked before the driver: the range is non-empty and does not overflow, the offset
     /// suits `T`'s alignment, the handle is not one this process exported, and a named
-    /// exporter is alive. After mapping: the range lies inside the allocation
+    /// exporter is alive (also when this process maps the handle already: the exporter named
+    /// now and the one the first open named). After mapping: the range lies inside the allocation
     /// (`cuPointerGetAttributes`), and the memory's device is this context's or one it reaches
     /// as a peer.
     ///
