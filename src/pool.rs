@@ -46,7 +46,13 @@
 //! is not an allocation of this pool (a forged or stale descriptor: [`Error::Cuda`] naming
 //! `cuMemPoolImportPointer`); a size of zero, one that is not a whole number of `T`s, or one
 //! past the allocation's own range ([`Error::CorruptHandle`]); memory on a device `ctx` cannot
-//! reach ([`Error::DeviceNotReachable`]).
+//! reach ([`Error::DeviceNotReachable`]); an allocation this process holds already through
+//! another import — an [`IpcPool`] buffer opened both through an [`ImportedPool`] (a crate
+//! peer's handle) and a [`ForeignPool`] (its descriptor), in either order
+//! ([`Error::HandleTypeMismatch`] with
+//! [`TypeConflict::ImportedTwice`](crate::error::TypeConflict::ImportedTwice): the driver maps
+//! an imported allocation once per process and counts no imports, so one free would unmap
+//! both). A refused import is freed at once; the memory of the first stays mapped.
 //!
 //! ### Examples
 //!
@@ -1320,8 +1326,8 @@ impl ImportedPool {
     /// the allocation does not hold; [`Error::TypeMismatch`]; [`Error::StaleHandle`] when the
     /// buffer was freed; [`Error::PeerGone`] (the exporter) when the owner died (views opened
     /// before stay mapped); [`Error::HandleTypeMismatch`] with
-    /// [`TypeConflict::ImportedTwoWays`](crate::error::TypeConflict::ImportedTwoWays) when this
-    /// process holds the allocation through a [`ForeignPool`](super::ForeignPool);
+    /// [`TypeConflict::ImportedTwice`](crate::error::TypeConflict::ImportedTwice) when this
+    /// process holds the allocation through a [`ForeignPool`];
     /// [`Error::Cuda`] naming `cuMemPoolImportPointer`.
     ///
     /// # Examples

@@ -145,14 +145,26 @@ fn one_pool_allocation_imported_two_ways_is_refused_the_second_time() {
     s.send(b"bye", &[], T).unwrap();
     let out = child.expect_success(T);
     eprintln!("pool_import: {out:?}");
+    // Refused where the driver hands back the address the first import holds (one mapping per
+    // process); opened where it maps the allocation again elsewhere (two mappings, each freed
+    // on its own). Never at the same address, and the first view intact either way.
+    let second_ok =
+        |line: &str| line.ends_with(": refused") || line.ends_with(": opened at another address");
+    assert_eq!(out.len(), 5, "{out:?}");
+    assert!(
+        out[0].starts_with("crate, then foreign: ") && second_ok(&out[0]),
+        "{out:?}"
+    );
+    assert!(
+        out[2].starts_with("foreign, then crate: ") && second_ok(&out[2]),
+        "{out:?}"
+    );
     assert_eq!(
-        out,
+        [&out[1], &out[3], &out[4]],
         [
-            "crate, then foreign: refused",
             "crate view intact: true",
-            "foreign, then crate: refused",
             "foreign view intact: true",
-            "crate again: true",
+            "crate again: true"
         ]
     );
     drop(buf);

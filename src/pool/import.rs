@@ -53,7 +53,7 @@ unsafe impl Sync for PoolImport {}
 
 impl PoolImport {
     /// Import the pool `fd` names in `ctx`. A descriptor that is not a pool exported as a
-    /// file descriptor is [`Error::Cuda`](crate::Error::Cuda) naming
+    /// file descriptor is [`Error::Cuda`] naming
     /// `cuMemPoolImportFromShareableHandle`.
     pub(super) fn from_fd(ctx: &GpuContext, fd: BorrowedFd<'_>) -> Result<Self> {
         let _g = ctx.enter()?;
