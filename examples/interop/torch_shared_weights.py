@@ -68,10 +68,10 @@ def main():
         import torch
         import torch.multiprocessing as mp
     except ImportError as e:
-        print(f"torch_shared_weights: no torch ({e}): waived")
+        print(f"torch_shared_weights: waived: no torch ({e})", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("torch_shared_weights: no CUDA device: waived")
+        print("torch_shared_weights: waived: no CUDA device", file=sys.stderr)
         return 2
     words = tensor_words(o.tensors, o.gib)
     t = time.perf_counter()
