@@ -265,3 +265,24 @@ def test_a_killed_pool_exporter_leaves_a_cuda_core_importer_its_memory_back():
     stream.sync()
     mr.close()
     wait_for_memory(baseline, "after the cuda_ipc exporter's death")
+
+
+def test_ipc_descriptor_waits_for_its_allocation_within_its_timeout():
+    """`Tensor.ipc_descriptor` waits for the allocation on its stream, at most `timeout`: a
+    stream held up (here by a spin kernel of about a second) is a `Timeout` within the bound,
+    not a wait without end; once the stream moves on, the descriptor comes."""
+    import torch
+
+    ctx = cuda_ipc.Context(0)
+    pool = cuda_ipc.Pool(ctx)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))  # on the legacy stream, which the pool allocates on
+    t = pool.empty((4096,), "uint8")
+    start = time.monotonic()
+    with pytest.raises(cuda_ipc.Timeout):
+        t.ipc_descriptor(timeout=0.05)
+    assert time.monotonic() - start < 0.5, "the wait outran its bound"
+    with pytest.raises(ValueError):
+        t.ipc_descriptor(timeout=-1.0)
+    torch.cuda.synchronize()
+    assert len(t.ipc_descriptor(timeout=5.0)) == 72

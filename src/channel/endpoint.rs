@@ -260,12 +260,6 @@ impl<T: Pod> Endpoint<T> {
         Some(drain.start())
     }
 
-    /// `close`: take the end apart and wait (at most the drain timeout) for its GPU operations
-    /// — forcing the counter our streams wait on once the other end is gone — then close the
-    /// memory and counters, or leak them if GPU work may still touch them. The producer's
-    /// memory is freed once the consumer has unmapped it: `peer_wait` is how long to wait for
-    /// that here (after it the free is deferred, see `ledger/deferred.rs`). Runs once; later
-    /// calls return `Ok`. The order of the steps, and why, is [`Drain`]'s.
     /// Refuse `call` once a close has begun (the end sends or receives nothing more).
     pub(crate) fn check_open(&self, call: &'static str) -> Result<()> {
         if self.closing {
