@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-pub use export::IpcBuffer;
+pub use export::{IpcBuffer, IpcMemHandle};
 pub use import::ImportedBuffer;
 
 use crate::error::{Error, ObjectState, Result};

@@ -160,15 +160,17 @@ use std::time::Duration;
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::buffer::IpcMemHandle;
 use crate::buffer::{ImportedBuffer, Side};
 use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::envelope;
 use crate::error::{ArgumentDefect, CloseError, Error, HandleDefect, Result, StateDefect};
-use crate::handle::{Envelope, IpcMemHandle, IpcSignalHandle, check_element, type_tag_of};
+use crate::handle::{Envelope, check_element, type_tag_of};
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::signal::GpuSignal;
+use crate::signal::IpcSignalHandle;
 use crate::stream::AsStream;
 
 pub use batch::{BatchItem, BatchSlot, ReceivedBatch, SendBatch};

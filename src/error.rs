@@ -505,14 +505,14 @@ pub enum Error {
         missing: Capability,
     },
 
-    /// A handle arrived without what its [`HandleType`](crate::HandleType) needs, or with
+    /// A handle arrived without what its [`HandleType`](crate::handle_type::HandleType) needs, or with
     /// what it does not: a POSIX-fd handle without its descriptor (only a process the exporter
     /// sent the descriptor to can map the memory), a legacy handle with descriptors attached,
     /// or a request only the other type supports.
     #[error("{handle} handle: {conflict}")]
     HandleTypeMismatch {
         /// The handle type of the handle (or buffer) concerned.
-        handle: crate::HandleType,
+        handle: crate::handle_type::HandleType,
         /// What does not match.
         conflict: TypeConflict,
     },
@@ -920,7 +920,7 @@ pub enum Capability {
     /// Virtual memory exported as POSIX file descriptors
     /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED` and
     /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`; probe key
-    /// `vmm_posix_fd`). Without it: [`HandleType::Legacy`](crate::HandleType::Legacy) buffers.
+    /// `vmm_posix_fd`). Without it: [`HandleType::Legacy`](crate::handle_type::HandleType::Legacy) buffers.
     VmmPosixFd,
     /// Stream-ordered memory pools exported as POSIX file descriptors
     /// (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED` and the POSIX-fd bit of
@@ -966,10 +966,10 @@ pub enum TypeConflict {
         found: usize,
     },
     /// The call needs a buffer of the other handle type: a descriptor exists only for
-    /// [`HandleType::PosixFd`](crate::HandleType::PosixFd) memory; a raw legacy handle (for
-    /// PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::HandleType::Legacy)
+    /// [`HandleType::PosixFd`](crate::handle_type::HandleType::PosixFd) memory; a raw legacy handle (for
+    /// PyTorch, CuPy or C/C++ peers) only for [`HandleType::Legacy`](crate::handle_type::HandleType::Legacy)
     /// memory.
-    Needs(crate::HandleType),
+    Needs(crate::handle_type::HandleType),
     /// A read-write open of memory its exporter shares read-only
     /// ([`Handle::is_read_only`](crate::Handle::is_read_only)): open it with
     /// [`ReadOnlyBuffer`](crate::ReadOnlyBuffer), [`ReadOnlyArena`](crate::arena::ReadOnlyArena) or
@@ -977,16 +977,16 @@ pub enum TypeConflict {
     ReadOnly,
     /// A read-only open of legacy memory: `cuIpcOpenMemHandle` maps read-write only, so this
     /// crate refuses rather than give a read-only type over a writable mapping. Share the
-    /// memory as [`HandleType::PosixFd`](crate::HandleType::PosixFd) (or in an arena) to map it
+    /// memory as [`HandleType::PosixFd`](crate::handle_type::HandleType::PosixFd) (or in an arena) to map it
     /// read-only.
     NoReadOnlyMapping,
     /// Another device was to be granted access to a legacy import. `cuIpcOpenMemHandle` maps
     /// the memory for the context that opened it only, and peer access to that context does
     /// not reach it (measured on H200s: a kernel on the other device faults); open the handle
     /// in the other device's context as well (a mapping of its own, at another address), or
-    /// share the memory as [`HandleType::PosixFd`](crate::HandleType::PosixFd).
+    /// share the memory as [`HandleType::PosixFd`](crate::handle_type::HandleType::PosixFd).
     ImportMappedPerContext,
-    /// A [`HandleType::Pool`](crate::HandleType::Pool) buffer was asked for one handle (or a
+    /// A [`HandleType::Pool`](crate::handle_type::HandleType::Pool) buffer was asked for one handle (or a
     /// raw one, or one descriptor): it travels as its pool's handle and descriptor and the
     /// buffer's [`PoolHandle`](crate::pool::PoolHandle) —
     /// [`FdSocket::send_buffer`](crate::fd::FdSocket::send_buffer), or
@@ -1033,11 +1033,11 @@ impl std::fmt::Display for TypeConflict {
                  in the other device's context too (its own mapping), or share the memory as \
                  HandleType::PosixFd",
             ),
-            Self::Needs(crate::HandleType::PosixFd) => f.write_str(
+            Self::Needs(crate::handle_type::HandleType::PosixFd) => f.write_str(
                 "a cuMemAlloc buffer has no file descriptor; allocate with HandleType::PosixFd, \
                  or send its handle() bytes",
             ),
-            Self::Needs(crate::HandleType::Legacy) => f.write_str(
+            Self::Needs(crate::handle_type::HandleType::Legacy) => f.write_str(
                 "raw legacy handles exist only for cuMemAlloc memory; allocate with \
                  HandleType::Legacy to share with PyTorch, CuPy or C/C++ peers",
             ),

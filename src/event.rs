@@ -25,11 +25,15 @@ use std::time::{Duration, Instant};
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, IpcEventHandle, KIND_EVENT};
+use crate::handle::{Envelope, KIND_EVENT};
 use crate::memory::GENERATION;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
+
+/// A handle of an [`IpcEvent`], opened with
+/// [`ImportedEvent::open`](crate::ImportedEvent::open).
+pub type IpcEventHandle = crate::handle::Handle<IpcEvent>;
 
 /// An interprocess CUDA event (`cuEventCreate` with `CU_EVENT_INTERPROCESS |
 /// CU_EVENT_DISABLE_TIMING`) created by this process, exported with [`handle`](Self::handle)

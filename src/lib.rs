@@ -203,6 +203,7 @@ mod event;
 pub mod fd;
 pub mod foreign;
 mod handle;
+mod handle_type;
 mod interop;
 mod ledger;
 mod memory;
@@ -226,19 +227,16 @@ mod sync;
 mod threading;
 mod vmm;
 
-pub use buffer::{ImportedBuffer, IpcBuffer};
+pub use buffer::{ImportedBuffer, IpcBuffer, IpcMemHandle};
 pub use context::GpuContext;
 pub use error::{CloseError, Error, Result};
-pub use event::{GpuEvent, ImportedEvent, IpcEvent};
-pub use handle::{
-    BufferHandle, BufferKind, Handle, HandleKind, HandleType, IpcEventHandle, IpcMemHandle,
-    IpcSignalHandle,
-};
+pub use event::{GpuEvent, ImportedEvent, IpcEvent, IpcEventHandle};
+pub use handle::{BufferHandle, BufferKind, Handle, HandleKind, HandleType};
 pub use ledger::{DeferredFrees, collect_deferred};
 pub use process::ProcessIdentity;
 pub use read_only::ReadOnlyBuffer;
 pub use shared::ShmSafe;
-pub use signal::{GpuSignal, ImportedSignal, IpcSignal};
+pub use signal::{GpuSignal, ImportedSignal, IpcSignal, IpcSignalHandle};
 pub use slice::{GpuSlice, ReadOnlySlice};
 pub use stream::{AsStream, RawStream};
 

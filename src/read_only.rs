@@ -11,9 +11,9 @@ use std::os::fd::OwnedFd;
 use bytemuck::Pod;
 
 use crate::buffer::ImportedBuffer;
+use crate::buffer::IpcMemHandle;
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::handle::IpcMemHandle;
 use crate::process::ProcessIdentity;
 
 /// A buffer another process exported, mapped so that this process can only read it (see

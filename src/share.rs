@@ -32,11 +32,12 @@ use bytemuck::Pod;
 
 use crate::arena::ReadOnlyArena;
 use crate::arena::{ImportedArena, IpcArena, IpcArenaHandle};
+use crate::buffer::IpcMemHandle;
 use crate::buffer::{ImportedBuffer, IpcBuffer};
 use crate::context::GpuContext;
 use crate::error::{Error, Result, TypeConflict};
 use crate::fd::{FdMessage, FdSocket};
-use crate::handle::{HandleType, IpcMemHandle};
+use crate::handle::HandleType;
 use crate::pool::ReadOnlyPool;
 use crate::pool::{ImportedPool, IpcPool, IpcPoolHandle, PoolHandle};
 use crate::read_only::ReadOnlyBuffer;

@@ -21,7 +21,6 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, sys};
 use crate::error::{ArgumentDefect, Capability, CloseError, Error, PeerRole, Result, StateDefect};
-use crate::handle::IpcSignalHandle;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
@@ -32,6 +31,10 @@ const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 /// `lost` encodings: which kind of party was found dead, in the high word; its pid below.
 const LOST_EXPORTER: u64 = 1 << 32;
 const LOST_PEER: u64 = 2 << 32;
+
+/// A handle of an [`IpcSignal`], opened with
+/// [`ImportedSignal::open`](crate::ImportedSignal::open).
+pub type IpcSignalHandle = crate::handle::Handle<IpcSignal>;
 
 /// A monotonically increasing 64-bit counter in device memory, shared between processes, that
 /// GPU streams write ([`signal`](GpuSignal::signal), `cuStreamWriteValue64`) and wait on

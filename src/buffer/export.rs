@@ -11,7 +11,7 @@ use crate::context::GpuContext;
 use crate::device;
 use crate::driver;
 use crate::error::{Capability, CloseError, Error, ObjectState, Result, TypeConflict};
-use crate::handle::{Envelope, Handle, HandleKind, HandleType, IpcMemHandle, type_tag_of};
+use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
 use crate::ledger::{self, Record};
 use crate::memory::allocation_bytes;
 use crate::poll::Backoff;
@@ -19,6 +19,11 @@ use crate::pool::{IpcPoolHandle, PoolAlloc, PoolHandle};
 use crate::raw::{RawExport, RawMemHandle};
 use crate::slice::GpuSlice;
 use crate::vmm::VmmMemory;
+
+/// A handle of an [`IpcBuffer<T>`](IpcBuffer), opened with
+/// [`ImportedBuffer::open`](crate::ImportedBuffer::open) (or
+/// [`open_fd`](crate::ImportedBuffer::open_fd) with its descriptor).
+pub type IpcMemHandle<T> = Handle<IpcBuffer<T>>;
 
 /// Device memory this process allocated, holding `len` values of `T`, that other processes can map
 /// through a typed [`IpcMemHandle<T>`](crate::IpcMemHandle): they open it as an
@@ -871,6 +876,27 @@ impl<T: Pod> HandleKind for IpcBuffer<T> {
     const NAME: &'static str = "IpcMemHandle";
     const CODE: u16 = crate::handle::KIND_MEM;
     type Element = T;
+}
+
+impl<T: Pod> Handle<IpcBuffer<T>> {
+    /// Number of elements of the exported buffer (as the envelope says).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        usize::try_from(self.env.len).unwrap_or(usize::MAX)
+    }
+
+    /// Whether the envelope claims zero elements (never true for a valid handle).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.env.len == 0
+    }
+
+    /// How the memory is shared: [`HandleType::Legacy`] or [`HandleType::PosixFd`] (never
+    /// `Auto`).
+    #[must_use]
+    pub fn handle_type(&self) -> HandleType {
+        self.env.handle_type()
+    }
 }
 
 #[cfg(test)]

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
+use super::IpcMemHandle;
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
-use crate::handle::{Admitted, Handle, HandleKind, HandleType, IpcMemHandle};
+use crate::handle::{Admitted, Handle, HandleKind, HandleType};
 use crate::ledger::{self, Hold};
 use crate::ledger::{Dying, Entry, ImportCache};
 use crate::memory::{Expected, map_legacy};
