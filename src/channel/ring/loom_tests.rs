@@ -1,0 +1,135 @@
+//! Model check of the ring: a producer and a consumer thread over the shared counters,
+//! with the slots' contents as relaxed atomics standing in for GPU memory.
+use super::*;
+use crate::barrier::loom_support;
+use loom::sync::Arc;
+
+use crate::sync::model;
+
+const GEOMETRY: Geometry = Geometry {
+    slots: 1,
+    capacity: 8,
+    consumers: 1,
+};
+
+const BROADCAST: Geometry = Geometry {
+    slots: 1,
+    capacity: 8,
+    consumers: 2,
+};
+
+/// Broadcast, the race behind a late attach: a consumer attaches while the producer
+/// writes two items through one slot (nobody attached before), takes the next item if it
+/// is there yet, and closes. Whatever it received is the item right after its start, and
+/// the slot holds that item both when received and just before it is released: the
+/// producer never overwrites a slot the late consumer may read, in any interleaving.
+#[test]
+fn a_late_consumer_never_sees_an_overwritten_slot() {
+    model(|| {
+        let s = Arc::new(*RingState::boxed());
+        let data = Arc::new(AtomicU64::new(0));
+        s.producer
+            .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+            .unwrap();
+        let consumer = {
+            let (s, data) = (s.clone(), data.clone());
+            loom::thread::spawn(move || {
+                loom_support::set_pid(2);
+                let r = Ring::new(&s, BROADCAST);
+                let a = r
+                    .attach_any(&ProcessIdentity::from_parts(2, 1), || {})
+                    .unwrap();
+                let r = r.at_entry(a.index);
+                let k = a.start + 1;
+                if r.try_recv(a.start).unwrap().is_some() {
+                    assert_eq!(data.load(Ordering::Relaxed), k, "on receipt");
+                    assert_eq!(data.load(Ordering::Relaxed), k, "while held");
+                    r.release(k).unwrap();
+                }
+                r.close_consumer(a.held);
+                a.start
+            })
+        };
+        let r = Ring::new(&s, BROADCAST);
+        for k in 1..=2 {
+            r.acquire(k, Duration::from_secs(3600)).unwrap();
+            data.store(k, Ordering::Relaxed);
+            r.publish(k, k).unwrap();
+        }
+        assert!(consumer.join().unwrap() <= 2);
+    });
+}
+
+/// Three items through one slot: the consumer sees each item's contents (never a later
+/// item's, never an earlier one's), then "closed" — never before the last item.
+#[test]
+fn items_arrive_whole_in_order_then_closed() {
+    model(|| {
+        let s = Arc::new(*RingState::boxed());
+        let data = Arc::new(AtomicU64::new(0));
+        let held = s
+            .producer
+            .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+            .unwrap();
+        let consumer = {
+            let (s, data) = (s.clone(), data.clone());
+            loom::thread::spawn(move || {
+                loom_support::set_pid(2);
+                let r = Ring::new(&s, GEOMETRY);
+                let mut got = Vec::new();
+                let mut received = 0;
+                loop {
+                    match r.recv(received, Duration::from_secs(3600)) {
+                        Ok(len) => {
+                            received += 1;
+                            assert_eq!(data.load(Ordering::Relaxed), received);
+                            let header = r.header(received).unwrap();
+                            assert_eq!(header, [received as u8; 1], "item {received}");
+                            got.push(len);
+                            r.release(received).unwrap();
+                        }
+                        Err(Error::ChannelClosed { .. }) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                got
+            })
+        };
+        let r = Ring::new(&s, GEOMETRY);
+        for k in 1..=3 {
+            r.acquire(k, Duration::from_secs(3600)).unwrap();
+            data.store(k, Ordering::Relaxed);
+            r.publish_from(k, 1, [(k + 4, &[k as u8][..])]).unwrap();
+        }
+        r.close_producer(held);
+        assert_eq!(consumer.join().unwrap(), vec![5, 6, 7]);
+    });
+}
+
+/// A consumer that attaches, receives one item and closes: the producer's acquire of a
+/// slot that will never come back ends with `ChannelClosed`, never hangs.
+#[test]
+fn a_closing_consumer_ends_the_producers_wait() {
+    model(|| {
+        let s = Arc::new(*RingState::boxed());
+        s.producer
+            .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+            .unwrap();
+        let consumer = {
+            let s = s.clone();
+            loom::thread::spawn(move || {
+                loom_support::set_pid(2);
+                let r = Ring::new(&s, GEOMETRY);
+                let held = r.attach(&ProcessIdentity::from_parts(2, 1), || {}).unwrap();
+                r.recv(0, Duration::from_secs(3600)).unwrap();
+                r.close_consumer(held);
+            })
+        };
+        let r = Ring::new(&s, GEOMETRY);
+        r.acquire(1, Duration::from_secs(3600)).unwrap();
+        r.publish(1, 1).unwrap();
+        let e = r.acquire(2, Duration::from_secs(3600)).unwrap_err();
+        assert!(matches!(e, Error::ChannelClosed { .. }), "{e}");
+        consumer.join().unwrap();
+    });
+}
