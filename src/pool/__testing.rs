@@ -7,7 +7,13 @@ pub struct LookingForRoom(#[allow(dead_code)] Vec<Arc<Owner>>);
 /// Take the references a thread allocating from the shared pools takes, and keep them
 /// until the value drops.
 pub fn look_for_room() -> LookingForRoom {
-    LookingForRoom(SHARED.lock().iter().map(|(_, o)| o.clone()).collect())
+    LookingForRoom(
+        super::buffer::SHARED
+            .lock()
+            .iter()
+            .map(|(_, o)| o.clone())
+            .collect(),
+    )
 }
 
 /// Leave every pool import refused on its checks mapped (never freed) while `on`: the
