@@ -6,8 +6,10 @@
 //!
 //! # The way a call goes
 //!
-//! The files of the module, each named after what it holds: `ring.rs` (the host protocol in
-//! shared memory: owner words, `sent`/`released`, lengths; loom model and replay tests),
+//! The files of the module, each named after what it holds: `sender.rs` ([`IpcSender`],
+//! [`SendSlot`]), `receiver.rs` ([`IpcReceiver`], [`Received`]), `ring.rs` (the host protocol in
+//! shared memory: owner words, `sent`/`released`, lengths; its loom model and replay tests in
+//! `ring/`),
 //! `endpoint.rs` (what an end holds: its view of the region, the slots, the two counters; the
 //! GPU write of a counter), `inflight.rs` (the events that track the channel's GPU work),
 //! `drain.rs` (taking an end apart: `close` waits, a drop defers), `batch.rs` (many items per
@@ -19,8 +21,9 @@
 //! (`endpoint.rs`, `inflight.rs`: after the publish, off the consumer's path).
 //! `IpcReceiver::recv` waits on the host (`ring.rs`) and enqueues the GPU wait for `sent`
 //! (`signal.rs`); `Received::release` enqueues the GPU write of `released` (`endpoint.rs`),
-//! publishes (`ring.rs`) and records. Each step goes down from this file to one of those and
-//! back; none calls up.
+//! publishes (`ring.rs`) and records. Each step goes down from `sender.rs` or `receiver.rs` to
+//! one of those and back, except one: `Endpoint::signal` runs the publish closure the caller
+//! hands it (written in `sender.rs` or `receiver.rs`), between the GPU write and the record.
 //!
 //! # A GPU channel between processes
 //!
