@@ -405,8 +405,8 @@ pub(crate) fn current_pid() -> u32 {
         // SAFETY: registers a plain `extern "C"` function that makes one system call and one
         // atomic store: it cannot unwind, and it is async-signal-safe. A failed registration
         // (ENOMEM) leaves the cache empty in children, which then ask the kernel each time.
-        let registered = unsafe { libc::pthread_atfork(None, None, Some(refresh_pid_in_child)) };
-        if registered == 0 {
+        let registered = unsafe { os::in_forked_children(refresh_pid_in_child) };
+        if registered {
             PID.store(os::pid(), Relaxed);
         }
     });

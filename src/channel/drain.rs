@@ -289,7 +289,7 @@ fn drain_at_exit() {
         // panic (a `try_lock`, event queries, closes whose errors are ignored), so it never
         // unwinds across the C boundary, and it does not call `exit`. A failed registration
         // only leaves the ends to the driver's teardown at exit.
-        let _ = unsafe { libc::atexit(drain_now) };
+        let _ = unsafe { crate::os::at_exit(drain_now) };
     });
 }
 

@@ -425,6 +425,28 @@ pub(crate) fn parse_ns_pids(status: &str) -> Option<Vec<u32>> {
         .collect()
 }
 
+/// Run `hook` when the process exits normally (`atexit`); whether it was registered.
+///
+/// # Safety
+///
+/// `hook` must not unwind and must not call `exit`.
+pub(crate) unsafe fn at_exit(hook: extern "C" fn()) -> bool {
+    // SAFETY: `atexit` only stores the pointer; the caller vouches for what `hook` does.
+    unsafe { libc::atexit(hook) == 0 }
+}
+
+/// Run `hook` in every child this process forks, before `fork` returns there
+/// (`pthread_atfork`'s child handler); whether it was registered.
+///
+/// # Safety
+///
+/// `hook` must not unwind and must be async-signal-safe (it runs in a child of a possibly
+/// multi-threaded process).
+pub(crate) unsafe fn in_forked_children(hook: extern "C" fn()) -> bool {
+    // SAFETY: `pthread_atfork` only stores the pointer; the caller vouches for what `hook` does.
+    unsafe { libc::pthread_atfork(None, None, Some(hook)) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,6 @@
-//! The platform seam: every system call this crate makes outside CUDA lives below this module.
+//! The platform seam: every call the library makes into libc or rustix (system calls, `atexit`,
+//! `pthread_atfork`) lives below this module; above it, only `std`'s own file and socket types
+//! (`shm.rs` lists `/dev/shm` with `std::fs`).
 //!
 //! Only Linux is implemented (`linux.rs`): named shared memory under `/dev/shm`, shared futexes,
 //! and `/proc` process identities. A new platform is one new file with the same functions.

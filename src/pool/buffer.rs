@@ -475,7 +475,7 @@ fn unlink_shared_at_exit() {
         // panic (a `try_lock` and unlink system calls whose errors are ignored), so it never
         // unwinds across the C boundary, and it does not call `exit`. A failed registration
         // only leaves the names to the sweep.
-        let _ = unsafe { libc::atexit(unlink_shared) };
+        let _ = unsafe { crate::os::at_exit(unlink_shared) };
     });
 }
 
