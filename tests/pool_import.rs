@@ -11,13 +11,13 @@
 mod common;
 
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
     contents, expect_message, fd_connect, fd_listener, gpu, pattern, report, spawn, watchdog,
 };
 use cuda_ipc::error::{HandleDefect, TypeConflict};
-use cuda_ipc::pool::{ForeignPool, IpcPool, PoolBufferDescriptor, PoolHandle};
+use cuda_ipc::pool::{ForeignPool, IpcPool, PoolBufferDescriptor, PoolHandle, PoolView};
 use cuda_ipc::{Error, GpuContext, RawStream};
 
 const T: Duration = Duration::from_secs(20);
@@ -31,10 +31,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// What a second open of one allocation came to, as a report line.
-fn second<T: bytemuck::Pod>(
-    first_ptr: u64,
-    r: cuda_ipc::Result<impl std::ops::Deref<Target = cuda_ipc::GpuSlice<T>>>,
-) -> String {
+fn second(first_ptr: u64, r: cuda_ipc::Result<PoolView<u32>>) -> String {
     match r {
         Err(Error::HandleTypeMismatch {
             conflict: TypeConflict::ImportedTwice,
@@ -63,31 +60,26 @@ fn child_process() {
                 let foreign = ForeignPool::open_fd(&ctx, fd, Some(s.peer().pid)).unwrap();
                 let expected = pattern(handle.len(), 7);
 
-                let crate_view = pool.open(&handle).unwrap();
+                // Open with `first`, then try `then`: report what the second open did and
+                // whether the first view still reads the owner's words.
+                let open_crate = || pool.open(&handle);
                 // SAFETY: the owner keeps the buffer until this child says "done".
-                let r = unsafe { foreign.open::<u32>(&descriptor) };
-                report(format!(
-                    "crate, then foreign: {}",
-                    second(crate_view.as_raw_ptr(), r)
-                ));
-                report(format!(
-                    "crate view intact: {}",
-                    contents(&crate_view) == expected
-                ));
-                drop(crate_view);
-
-                // SAFETY: as above.
-                let foreign_view = unsafe { foreign.open::<u32>(&descriptor) }.unwrap();
-                let r = pool.open(&handle);
-                report(format!(
-                    "foreign, then crate: {}",
-                    second(foreign_view.as_raw_ptr(), r)
-                ));
-                report(format!(
-                    "foreign view intact: {}",
-                    contents(&foreign_view) == expected
-                ));
-                drop(foreign_view);
+                let open_foreign = || unsafe { foreign.open::<u32>(&descriptor) };
+                type Open<'a> = &'a dyn Fn() -> cuda_ipc::Result<PoolView<u32>>;
+                let order = |first: &str, open_first: Open<'_>, then: &str, open_then: Open<'_>| {
+                    let view = open_first().unwrap();
+                    let r = open_then();
+                    report(format!(
+                        "{first}, then {then}: {}",
+                        second(view.as_raw_ptr(), r)
+                    ));
+                    report(format!(
+                        "{first} view intact: {}",
+                        contents(&view) == expected
+                    ));
+                };
+                order("crate", &open_crate, "foreign", &open_foreign);
+                order("foreign", &open_foreign, "crate", &open_crate);
 
                 // Both gone: the crate's open works again (nothing held, nothing refused).
                 let again = pool.open(&handle).unwrap();
@@ -203,22 +195,16 @@ fn refused_import_gives_memory_back(leak: bool) -> bool {
     let (held, _) = ctx.mem_info().unwrap();
     s.send(b"free", &[], T).unwrap();
     expect_message(&s, b"freed");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let back = loop {
-        let (free, _) = ctx.mem_info().unwrap();
-        // The buffer's bytes back, within 64 MiB (the driver's own bookkeeping may move).
-        if free + (64 << 20) >= held + (MIB << 20) {
-            break true;
-        }
-        if Instant::now() > deadline {
-            eprintln!(
-                "pool_import: {} MiB of {MIB} back 10 s after the owner's free (leak: {leak})",
-                free.saturating_sub(held) >> 20
-            );
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    // The buffer's bytes back, within 64 MiB (the driver's own bookkeeping may move).
+    let back =
+        common::free_memory_reaches(&ctx, held + (MIB << 20), 64 << 20, Duration::from_secs(10))
+            .inspect_err(|free| {
+                eprintln!(
+                    "pool_import: {} MiB of {MIB} back 10 s after the owner's free (leak: {leak})",
+                    free.saturating_sub(held) >> 20
+                );
+            })
+            .is_ok();
     s.send(b"bye", &[], T).unwrap();
     child.expect_success(T);
     drop(foreign);

@@ -73,35 +73,33 @@ class Peer:
         t = threading.Thread(target=lambda: got.append(self.listener.accept()), daemon=True)
         t.start()
         deadline = time.monotonic() + timeout
-        while not got:
+        while True:
             t.join(0.05)
             if got:
-                break
+                return got[0]
             if not t.is_alive():
                 self._fail("accepting its connection failed")
             if self.proc.poll() is not None:
                 self._fail("exited before it connected")
             if time.monotonic() > deadline:
                 self._fail(f"did not connect within {timeout} s")
-        return got[0]
+
+    def _next(self, read, what, timeout):
+        """What `read` takes from the connection (the peer's next `what`), within `timeout` s."""
+        if not self.conn.poll(timeout):
+            self._fail(f"sent no {what} within {timeout} s")
+        try:
+            return read(self.conn)
+        except (EOFError, OSError, RuntimeError) as e:
+            self._fail(f"sent no {what}: the connection closed or broke ({e!r})")
 
     def recv_fd(self, timeout=T):
         """A file descriptor the peer sends, within `timeout` s."""
-        if not self.conn.poll(timeout):
-            self._fail(f"sent no descriptor within {timeout} s")
-        try:
-            return recv_handle(self.conn)
-        except (EOFError, OSError, RuntimeError) as e:
-            self._fail(f"sent no descriptor ({e!r})")
+        return self._next(recv_handle, "descriptor", timeout)
 
     def recv(self, timeout=T):
         """The peer's next message, within `timeout` s."""
-        if not self.conn.poll(timeout):
-            self._fail(f"sent nothing within {timeout} s")
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError) as e:
-            self._fail(f"closed the connection ({e!r})")
+        return self._next(lambda conn: conn.recv(), "message", timeout)
 
     def finish(self, timeout=60):
         out, err = self.proc.communicate(timeout=timeout)

@@ -407,6 +407,27 @@ pub fn gpu() -> cuda_ipc::GpuContext {
     }
 }
 
+/// Poll the device's free memory (`mem_info`) until it is within `slack` bytes of `target`, at
+/// most `limit`: `Ok` once it is, else `Err` with the last free reading.
+pub fn free_memory_reaches(
+    ctx: &cuda_ipc::GpuContext,
+    target: usize,
+    slack: usize,
+    limit: Duration,
+) -> Result<(), usize> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (free, _) = ctx.mem_info().unwrap();
+        if free + slack >= target {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(free);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Number of GPUs visible (panics without a GPU).
 pub fn gpu_count() -> u32 {
     match cuda_ipc::device::device_count() {
