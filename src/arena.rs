@@ -180,7 +180,7 @@ use crate::slice::GpuSlice;
 use crate::vmm::{Access, VmmMemory};
 
 use crate::ledger::ALIGN as ARENA_ALIGN;
-use crate::ledger::MAX_ARENA_BUFFERS;
+use crate::ledger::MAX_BLOCKS;
 
 /// The owner's shared state: the region, its lease table (one slot per importing process),
 /// the block table, and the books.
@@ -263,7 +263,7 @@ pub struct IpcArena {
 impl IpcArena {
     /// The most buffers one arena holds at a time (live ones, and freed ones whose importers
     /// still hold views): the size of its shared block table.
-    pub const MAX_BUFFERS: usize = MAX_ARENA_BUFFERS;
+    pub const MAX_BUFFERS: usize = MAX_BLOCKS;
 
     /// Every buffer starts on a multiple of this many bytes and takes a multiple of it (what
     /// `cuMemAlloc` guarantees; element types aligned to more are refused).
@@ -280,7 +280,7 @@ impl IpcArena {
     /// the allocation; a shared-memory error creating the tables.
     #[doc(alias = "cuMemCreate")]
     pub fn new(ctx: &GpuContext, bytes: usize) -> Result<Self> {
-        Self::with_max_buffers(ctx, bytes, MAX_ARENA_BUFFERS)
+        Self::with_max_buffers(ctx, bytes, MAX_BLOCKS)
     }
 
     /// [`new`](Self::new) with at most `max_buffers` (1 to [`MAX_BUFFERS`](Self::MAX_BUFFERS))
@@ -297,7 +297,7 @@ impl IpcArena {
             "max_buffers",
             max_buffers as u64,
             1,
-            MAX_ARENA_BUFFERS as u64,
+            MAX_BLOCKS as u64,
         )?;
         if !crate::vmm::supports_posix_fd(ctx.device())? {
             return Err(Error::Unsupported {
@@ -316,7 +316,7 @@ impl IpcArena {
         Ok(Self {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
-                generation: crate::memory::GENERATION.fetch_add(1, StdOrdering::Relaxed),
+                generation: crate::envelope::GENERATION.fetch_add(1, StdOrdering::Relaxed),
                 uuid,
                 ledger,
                 read_only: AtomicBool::new(false),

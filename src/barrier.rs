@@ -160,7 +160,7 @@ struct BarrierConfig {
 // SAFETY: repr(C); every field is an integer atomic (in padded lines and plain arrays), so it
 // is valid for every bit pattern, zero included, and only accessed atomically. (Under
 // `--cfg loom` the atomics are loom's, which only the model checks use, on the heap: see the
-// loom impls in `shared.rs`.)
+// loom impls in `shm_safe.rs`.)
 unsafe impl crate::ShmSafe for BarrierState {}
 
 impl std::fmt::Debug for BarrierState {

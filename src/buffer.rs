@@ -14,33 +14,47 @@
 //! # The way a call goes
 //!
 //! Each call below walks down through these files and never comes back to one it has left:
-//! no layer runs code of a layer above it (the import cache hands `buffer/import.rs` a hit to
-//! check or a vacancy to fill; `memory.rs` is told what to expect of a mapping, not given a
-//! check to run). Together the two calls pass through 10 files, counted this way: the ledger
-//! is one stop (`ledger/mod.rs` is its only door; its own docs walk the files behind it and
-//! what they use the first time this process imports from an exporter — shared tables through
-//! `shm.rs`, a lease slot through `owned_slot.rs`, its owner's identity from `process.rs`);
-//! errors, a context's `enter` (`context.rs`, `driver/ctx.rs`), the system calls behind
-//! process identities and boot ids (`os/`) and the device list read once
-//! (`driver/device.rs`) are leaves every layer may ask.
+//! the import cache hands `buffer/import.rs` a hit to check or a vacancy to fill, and
+//! `memory.rs` is told what to expect of a mapping, not given a check to run. The one call up
+//! is the ledger's collect at an export (below), which runs what pools and channel ends
+//! registered with it. Every file a call passes is counted, the *leaves* too — files that
+//! decide nothing and call no other file of the crate but those named beside them: errors
+//! (`error.rs`, built only on a refusal), a context's `enter` (`context.rs`, `driver/ctx.rs`),
+//! the driver call's plumbing (`driver/mod.rs`'s result check, `driver/sys.rs`'s entry point,
+//! `driver/loader.rs`'s table), a table's mapping (`shm.rs`) and the system calls (`os/`).
+//! Atomics re-exported by `sync.rs` and the ledger's door `ledger/mod.rs` hold no code a call
+//! runs.
 //!
-//! Exporting a legacy buffer (`IpcBuffer::handle`), 6 files: `buffer/export.rs` (the public
-//! call, and what the buffer is) → the ledger (`ledger/mod.rs`: deferred frees collected, the
-//! export's block published in this process's registry) → `memory.rs` (the handle,
-//! `cuIpcGetMemHandle` in `driver/ipc.rs`, remembered as this process's own) → `handle.rs` (the
-//! envelope, sealed by `envelope.rs`).
+//! **Exporting a legacy buffer** (`IpcBuffer::handle`, its block already published: the first
+//! export publishes it, passing `ledger/owner.rs`, `ledger/book.rs`, `ledger/table.rs` and
+//! `shm.rs` once), 17 files, 8 of them leaves: `buffer/export.rs` (the public call) →
+//! `ledger/deferred.rs` (deferred frees collected if any are pending: one load; the pools'
+//! and channel ends' own checks, `pool.rs` and `channel/drain.rs`, one load each) →
+//! `ledger/registry.rs` (the block's token and generation) → `memory.rs`
+//! (`cuIpcGetMemHandle`, remembered as this process's own) → `handle.rs` (the envelope: this
+//! process's identity from `process.rs`, sealed by `envelope.rs`); leaves `context.rs`,
+//! `driver/ctx.rs`, `driver/ipc.rs`, `driver/mod.rs`, `driver/sys.rs`, `driver/loader.rs`,
+//! `os/linux.rs` (the boot id, read once), `error.rs`.
 //!
-//! Opening it (`ImportedBuffer::open`), 9 files: `buffer/import.rs` → `handle.rs` (the
-//! admission, one step before the cache: `envelope.rs`'s checks and the kind's, the exporter
-//! of this boot and alive (`process.rs`), the memory's device reachable (`device.rs`)) → the
-//! ledger (`ledger/mod.rs`): its import cache hands back a live mapping, which
-//! `buffer/import.rs` shares if it is not closing and described alike, or a vacancy (the
-//! cache's creation lock), under which the ledger enters the export's block (the exporter's
-//! lease table once per exporter, then the block through this process's holdings) →
-//! `memory.rs`, which maps (`cuIpcOpenMemHandle` in `driver/ipc.rs`) and holds the size
-//! `driver/mem.rs` reports to the envelope's; the mapping then fills the vacancy. A raw handle
-//! (PyTorch, CuPy, C++) opens through the same cache and `memory.rs`
-//! (`ImportedBuffer::open_raw`, with `raw.rs`'s checks).
+//! **Opening it** (`ImportedBuffer::open`) in a process that imported from this exporter
+//! before (its lease and tables mapped: the *warm* open), 21 files, 10 of them leaves:
+//! `buffer/import.rs` (the public call, the cache key) → `handle.rs` (the admission, one step
+//! before the cache: the structure and element type, with `envelope.rs`'s checksum and
+//! identity checks; the exporter of this boot and alive, `process.rs`, asking `os/linux.rs`
+//! when its answer is over 100 µs old; the memory's device reachable,
+//! `device.rs`) → `ledger/cache.rs` (the import cache: a live mapping, which
+//! `buffer/import.rs` shares if it is not closing and described alike — 10 files for a hit —
+//! or a vacancy, the cache's creation lock) → `ledger/registry.rs` (the exporter's ledger,
+//! found in `ledger/cache.rs`) → `ledger/holdings.rs` (this process's views of the block) →
+//! `ledger/table.rs` (the block entered: our bit set, its generation checked, through
+//! `shm.rs`) → `memory.rs` (`cuIpcOpenMemHandle` in `driver/ipc.rs`; the size
+//! `driver/mem.rs` reports held to the envelope's) → `slice.rs` (the view); leaves
+//! `context.rs`, `driver/ctx.rs`, `driver/mod.rs`, `driver/sys.rs`, `driver/loader.rs`,
+//! `os/linux.rs`, `shm.rs`, `driver/mem.rs`, `driver/ipc.rs`, `error.rs`. The first import
+//! from an exporter (the *cold* open) also names its tables (`ledger/token.rs`), claims its
+//! lease (`ledger/lease.rs`, `owned_slot.rs`) and checks the tables it maps
+//! (`shm/header.rs`, `shm_safe.rs`): 26 files. A raw handle (PyTorch, CuPy, C++) opens through the same cache
+//! and `memory.rs` (`ImportedBuffer::open_raw`, with `raw.rs`'s checks) and takes no lease.
 //!
 //! Dropping an exported buffer retires its block (`ledger/registry.rs`) and frees the memory at
 //! once or hands it to the deferred frees (`ledger/deferred.rs`); dropping the last view of an

@@ -22,8 +22,8 @@
 //! `IpcReceiver::recv` waits on the host (`ring.rs`) and enqueues the GPU wait for `sent`
 //! (`signal.rs`); `Received::release` enqueues the GPU write of `released` (`endpoint.rs`),
 //! publishes (`ring.rs`) and records. Each step goes down from `sender.rs` or `receiver.rs` to
-//! one of those and back, except one: `Endpoint::signal` runs the publish closure the caller
-//! hands it (written in `sender.rs` or `receiver.rs`), between the GPU write and the record.
+//! one of those and back; none calls up: `Endpoint::signal` enqueues the GPU write and hands
+//! back the write, on whose ring the caller publishes before it records it.
 //!
 //! # A GPU channel between processes
 //!
@@ -179,7 +179,8 @@ use crate::signal::IpcSignalHandle;
 use crate::stream::AsStream;
 
 pub use batch::{BatchItem, BatchSlot, ReceivedBatch, SendBatch};
-use endpoint::{Endpoint, Role};
+use drain::Role;
+use endpoint::Endpoint;
 use inflight::InFlight;
 pub use receiver::{IpcReceiver, Received};
 use ring::{Geometry, MAX_SLOTS, Ring, RingState};

@@ -23,10 +23,18 @@
 //! The checksum is an integrity check against corruption and bugs, not a MAC: a handle is a
 //! bearer token (see SECURITY.md).
 
+use std::sync::atomic::AtomicU64;
+
 use bytemuck::Pod;
 
 use crate::error::{Error, HandleDefect, Result};
 use crate::process::ProcessIdentity;
+
+/// The generations of this process's exports that have no block of their own to draw one from
+/// (an arena, a pool, an event), one each: with the export's token (or identity), an
+/// envelope's generation names one export for ever. A buffer's or a signal's generation is its
+/// block's, in this process's export registry (`ledger/registry.rs`).
+pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// A sealed format's identity: its magic, its layout version, and its name in errors.
 pub(crate) struct Format {

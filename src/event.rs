@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use crate::context::GpuContext;
 use crate::driver::{self, sys};
+use crate::envelope::GENERATION;
 use crate::error::{Error, Result};
 use crate::handle::{Envelope, KIND_EVENT};
-use crate::memory::GENERATION;
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;

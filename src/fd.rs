@@ -36,7 +36,7 @@
 //!
 //! The socket carries bytes and descriptors and knows no object of the crate: sending a
 //! buffer, an arena or a pool ([`FdSocket::send_buffer`], [`FdSocket::send_arena`],
-//! [`FdSocket::send_pool`] and their `recv_*`) is written beside the objects, in `share.rs`.
+//! [`FdSocket::send_pool`] and their `recv_*`) is written beside the objects, in `socket_objects.rs`.
 //!
 //! Covered by `tests/fd_socket.rs` (real processes): a descriptor and its contents across,
 //! a connect made before the listener binds, a peer that never sends, a peer killed, a

@@ -19,7 +19,7 @@ use crate::envelope;
 use crate::error::{Error, HandleDefect, Result, TypeConflict};
 pub use crate::handle_type::HandleType;
 use crate::process::ProcessIdentity;
-use crate::shared::fnv1a64;
+use crate::shm_safe::fnv1a64;
 
 /// "CIPH" little-endian.
 const MAGIC: u32 = u32::from_le_bytes(*b"CIPH");

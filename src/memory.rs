@@ -1,18 +1,14 @@
-//! The memory beneath buffers, arenas and pools, with none of their bookkeeping: the export
-//! generations every exporter draws from, the size rule of every allocation, and what the
+//! The memory beneath buffers, arenas and pools, with none of their bookkeeping: the size rule
+//! of every allocation, and what the
 //! driver says of memory this process maps (its bytes, its device) — the checks that hold a
 //! peer's word to the driver's.
 
 use std::ops::Range;
-use std::sync::atomic::AtomicU64;
 
 use crate::context::GpuContext;
 use crate::device;
 use crate::driver::{self, sys};
 use crate::error::{ArgumentDefect, Error, HandleDefect, Result, StateDefect};
-
-/// Export generations of this process, one per exported buffer or event.
-pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// The bytes of an allocation of `len` `T`s, for `call` (which allocates): more than 0 and at
 /// most `isize::MAX`, else [`ArgumentDefect::AllocationSize`].

@@ -171,7 +171,7 @@ use crate::handle::{
 };
 use crate::ledger::Holdings;
 use crate::ledger::Placed;
-use crate::ledger::{Block, MAX_ARENA_BUFFERS};
+use crate::ledger::{Block, MAX_BLOCKS};
 use crate::ledger::{DeferredFrees, Pending, register_pending};
 use crate::ledger::{Dying, Entry, ImportCache};
 use crate::ledger::{Ledger, Reap};
@@ -181,7 +181,7 @@ use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
 use crate::stream::AsStream;
 
-const MAX_POOL_BUFFERS: usize = MAX_ARENA_BUFFERS;
+const MAX_POOL_BUFFERS: usize = MAX_BLOCKS;
 
 /// An allocation the owner freed while importers held it: its block (quarantined in the
 /// ledger) and its pointer, freed once the ledger has given the block back.
@@ -390,7 +390,7 @@ impl IpcPool {
             owner: Arc::new(Owner {
                 ctx: ctx.clone(),
                 pool,
-                generation: crate::memory::GENERATION.fetch_add(1, StdOrdering::Relaxed),
+                generation: crate::envelope::GENERATION.fetch_add(1, StdOrdering::Relaxed),
                 uuid,
                 ledger,
                 retired: Mutex::new(Vec::new()),

@@ -61,7 +61,7 @@
 
 mod header;
 
-pub use crate::shared::{ShmCell, ShmSafe};
+pub use crate::shm_safe::{ShmCell, ShmSafe};
 use std::fs::File;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};

@@ -208,17 +208,16 @@ impl<T: Pod> SendBatch<'_, T> {
             .iter()
             .enumerate()
             .map(|(i, &len)| (len as u64, headers.get(i).copied().unwrap_or(&[])));
-        let done = self.tx.end.signal(self.stream, last, |ring| {
-            ring.publish_from(first, count, items)
-        })?;
-        self.waited = false;
-        done.published?;
-        self.tx.next = last + 1;
+        let written = self.tx.end.signal(self.stream, last)?;
+        let published = written.ring().publish_from(first, count, items);
         // Published: every item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
         // rather than free them under GPU work); returning it here would tell the caller to
         // send again items already delivered.
-        drop(done.recorded);
+        let _ = written.record();
+        self.waited = false;
+        published?;
+        self.tx.next = last + 1;
         Ok(())
     }
 }
@@ -356,11 +355,10 @@ impl<T: Pod> ReceivedBatch<'_, T> {
     fn release_all(&mut self) -> Result<()> {
         let first = self.first;
         let last = first + self.lens.len() as u64 - 1;
-        let done = self.rx.end.signal(self.stream, last, |ring| {
-            (first..=last).try_for_each(|k| ring.release(k))
-        })?;
-        done.published?;
-        done.recorded
+        let written = self.rx.end.signal(self.stream, last)?;
+        let published = (first..=last).try_for_each(|k| written.ring().release(k));
+        let recorded = written.record();
+        published.and(recorded)
     }
 }
 

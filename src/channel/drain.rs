@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
-use super::endpoint::Role;
 use super::inflight::InFlight;
 use super::ring::{Geometry, LIVENESS_CHECK, Ring, RingState};
 use crate::buffer::Side;
@@ -40,6 +39,13 @@ use crate::error::{Error, Result};
 use crate::ledger::{DeferredFrees, Pending, register_pending};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
+
+/// Which end (below [`Endpoint`](super::endpoint::Endpoint) and its [`Drain`]): it decides how the end closes and which counter it may force at teardown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Producer,
+    Consumer,
+}
 
 /// An end being taken apart (see the module docs). Built from the end's fields by
 /// `Endpoint::take_drain`, then [`start`](Self::start)ed.

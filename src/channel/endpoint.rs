@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use super::drain::{Drain, Look};
+use super::drain::{Drain, Look, Role};
 use super::inflight::InFlight;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::Side;
@@ -17,27 +17,45 @@ use crate::error::{Error, ObjectState, Result};
 use crate::shm::ShmRegion;
 use crate::signal::GpuSignal;
 
-/// What [`Endpoint::signal`] did once its counter write was enqueued.
-#[must_use = "a publish that failed means the peer was told nothing"]
-pub(crate) struct Signalled {
-    /// The host publish's result: `Ok` means the peer sees the item (or release).
-    pub(crate) published: Result<()>,
-    /// The tracking event's record: an `Err` has marked the end untracked (its teardown then
-    /// leaks instead of freeing under GPU work).
-    pub(crate) recorded: Result<()>,
+/// A counter write [`Endpoint::signal`] enqueued, not yet tracked: publish what it stands for
+/// on [`ring`](Self::ring) (the host's word to the peer: an item sent, or released), then
+/// [`record`](Self::record) the event that tracks the write. Dropped unrecorded, it records:
+/// the write is enqueued whatever the publish did, and teardown must wait for it.
+#[must_use = "publish on its ring, then record it"]
+pub(crate) struct Signalled<'e, T: Pod> {
+    end: &'e mut Endpoint<T>,
+    stream: sys::CUstream,
+    recorded: bool,
+}
+
+impl<T: Pod> Signalled<'_, T> {
+    /// The ring to publish on.
+    pub(crate) fn ring(&self) -> Ring<'_> {
+        self.end.ring()
+    }
+
+    /// Record the event that tracks the write (after the publish: a driver call, off the
+    /// peer's path). An `Err` has marked the end untracked (its teardown then leaks instead of
+    /// freeing under GPU work).
+    pub(crate) fn record(mut self) -> Result<()> {
+        self.recorded = true;
+        self.end.record(self.stream)
+    }
+}
+
+impl<T: Pod> Drop for Signalled<'_, T> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            // Drop cannot report; a failed record marked the end untracked.
+            let _ = self.end.record(self.stream);
+        }
+    }
 }
 
 /// How long an end's GPU operations are waited for (by `close`; after a drop, by later collects)
 /// before its memory is leaked rather than freed under them, and how long closing the producer
 /// waits for the consumer to unmap, by default: see `set_drop_timeout`.
 pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Which end: it decides how the end closes and which counter it may force at teardown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    Producer,
-    Consumer,
-}
 
 /// One end of a channel.
 pub(crate) struct Endpoint<T: Pod> {
@@ -160,13 +178,12 @@ impl<T: Pod> Endpoint<T> {
     }
 
     /// Enqueue "our counter = `value`" on `stream` (`cuStreamWriteValue64`, after a fence that
-    /// makes the stream's earlier work visible to every process), then `publish` on the ring
-    /// (the host's word to the peer: an item sent, or released), then record the event that
-    /// tracks the write — in that order, so that the record (a driver call, ~1 µs, ~11–16 µs
-    /// in a process that was idle a few ms, measured on an H200) is off the peer's path. The
-    /// counter is `sent` for the producer, `released` for the consumer. The record follows
-    /// whatever the publish's result: the write is enqueued either way, and teardown must
-    /// wait for it.
+    /// makes the stream's earlier work visible to every process); the caller then publishes on
+    /// the returned [`Signalled`]'s ring (the host's word to the peer: an item sent, or
+    /// released) and records the event that tracks the write — in that order, so that the
+    /// record (a driver call, ~1 µs, ~11–16 µs in a process that was idle a few ms, measured on
+    /// an H200) is off the peer's path. The counter is `sent` for the producer, `released` for
+    /// the consumer.
     ///
     /// The counter must only grow on the GPU, whatever streams the user passes: the peer reads
     /// "counter ≥ k" as "items up to k are done", so a write of `k + 1` on a fast stream must
@@ -178,15 +195,9 @@ impl<T: Pod> Endpoint<T> {
     /// never shares with a destroyed one (a handle's address may be reused); without it, every
     /// write waits.
     ///
-    /// `Err`: the write failed; nothing was enqueued, nothing published (`publish` not called).
-    /// `Ok`: the write is enqueued, and [`Signalled`] holds the publish's and the record's
-    /// results.
-    pub(crate) fn signal(
-        &mut self,
-        stream: sys::CUstream,
-        value: u64,
-        publish: impl FnOnce(&Ring<'_>) -> Result<()>,
-    ) -> Result<Signalled> {
+    /// `Err`: the write failed; nothing was enqueued (publish nothing). `Ok`: the write is
+    /// enqueued.
+    pub(crate) fn signal(&mut self, stream: sys::CUstream, value: u64) -> Result<Signalled<'_, T>> {
         let counter = match self.role {
             Role::Producer => self.sent.as_raw_ptr(),
             Role::Consumer => match self.released.first() {
@@ -217,11 +228,10 @@ impl<T: Pod> Endpoint<T> {
         unsafe { GpuSignal::write_word_after(stream, counter, value, after) }?;
         self.last_signal = Some((id, value));
         drop(guard); // `record` enters the context itself
-        let published = publish(&self.ring());
-        let recorded = self.record(stream);
         Ok(Signalled {
-            published,
-            recorded,
+            end: self,
+            stream,
+            recorded: false,
         })
     }
 

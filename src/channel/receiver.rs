@@ -248,9 +248,10 @@ impl<T: Pod> IpcReceiver<T> {
     /// Enqueue "`released` = item `k`" on `stream`, publish it, record it (after the publish:
     /// off the producer's path).
     fn release_item(&mut self, stream: sys::CUstream, k: u64) -> Result<()> {
-        let done = self.end.signal(stream, k, |ring| ring.release(k))?;
-        done.published?;
-        done.recorded
+        let written = self.end.signal(stream, k)?;
+        let published = written.ring().release(k);
+        let recorded = written.record();
+        published.and(recorded)
     }
 
     /// Close the receiver: the producer's next acquire reports [`Error::ChannelClosed`] (a

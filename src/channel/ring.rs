@@ -96,7 +96,7 @@ use crate::error::{ArgumentDefect, Error, PeerRole, Result, StateDefect};
 use crate::handle::Envelope;
 use crate::owned_slot::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
-use crate::shared::{ShmCell, ShmSafe};
+use crate::shm_safe::{ShmCell, ShmSafe};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The most slots a channel can have.

@@ -511,17 +511,16 @@ impl<T: Pod> SendSlot<'_, T> {
         self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
         Geometry::check_header("SendSlot::send_with_header", header)?;
         let k = self.tx.next;
-        let done = self.tx.end.signal(self.stream, k, |ring| {
-            ring.publish_from(k, 1, [(len as u64, header)])
-        })?;
-        self.waited = false;
-        done.published?;
-        self.tx.next += 1;
+        let written = self.tx.end.signal(self.stream, k)?;
+        let published = written.ring().publish_from(k, 1, [(len as u64, header)]);
         // Published: the item is the consumer's now. A tracking event that could not be
         // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
         // rather than free them under GPU work); returning it here would tell the caller to
         // send again an item already delivered.
-        drop(done.recorded);
+        let _ = written.record();
+        self.waited = false;
+        published?;
+        self.tx.next += 1;
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::table::{Block, MAX_ARENA_BUFFERS};
+use super::table::{Block, MAX_BLOCKS};
 
 /// Every range starts and ends on this many bytes
 /// ([`IpcArena::ALIGN`](crate::arena::IpcArena::ALIGN)).
@@ -49,7 +49,7 @@ pub(crate) struct Book {
 impl Book {
     /// Books for `capacity` bytes (a multiple of [`ALIGN`]) and at most `max_buffers` blocks.
     pub(crate) fn new(capacity: u64, max_buffers: usize) -> Self {
-        let max_buffers = max_buffers.clamp(1, MAX_ARENA_BUFFERS);
+        let max_buffers = max_buffers.clamp(1, MAX_BLOCKS);
         let mut free = BTreeMap::new();
         if capacity > 0 {
             free.insert(0, capacity);

@@ -29,8 +29,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::Result;
-use crate::shared::ShmSafe;
 use crate::shm::ShmRegion;
+use crate::shm_safe::ShmSafe;
 
 /// What a lookup does with an import whose last holder is dropping it (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -62,12 +62,13 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::ledger::cache::TableCache;
+use crate::ledger::token::{token_name, token_words};
 use crate::owned_slot::{OwnedSlot, OwnerState};
 #[cfg(any(test, fuzzing, feature = "__testing"))]
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
-use crate::shared::ShmSafe;
 use crate::shm::{ShmOptions, ShmRegion};
+use crate::shm_safe::ShmSafe;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The most importing processes one export tracks.
@@ -84,7 +85,7 @@ pub(crate) struct LeaseTable {
 
 // SAFETY: repr(C), all fields integer atomics (valid for any bits, accessed atomically).
 // Under `--cfg loom` (model checks only, where no region is ever mapped) the atomics are
-// loom's; see `shared.rs`.
+// loom's; see `shm_safe.rs`.
 unsafe impl ShmSafe for LeaseTable {
     fn type_tag() -> u64 {
         u64::from_le_bytes(*b"leases02")
@@ -93,22 +94,6 @@ unsafe impl ShmSafe for LeaseTable {
 
 fn region_name(token: &[u8; 16]) -> String {
     token_name(crate::shm::LEASE_TABLES, token)
-}
-
-/// The `/dev/shm` name of a table of export `token`: `prefix` and the token in hex (lease
-/// tables here, arena and pool block tables in `ledger/table.rs`).
-pub(crate) fn token_name(prefix: &str, token: &[u8; 16]) -> String {
-    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}{hex}")
-}
-
-/// An export token as the two words a table stores it in.
-pub(crate) fn token_words(token: &[u8; 16]) -> [u64; 2] {
-    let mut lo = [0u8; 8];
-    let mut hi = [0u8; 8];
-    lo.copy_from_slice(&token[..8]);
-    hi.copy_from_slice(&token[8..]);
-    [u64::from_le_bytes(lo), u64::from_le_bytes(hi)]
 }
 
 /// The outcome of a claim.

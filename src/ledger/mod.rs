@@ -17,6 +17,7 @@
 //! | [`deferred`] | frees of exports dropped while held, and the quarantines of other owners (pools) registered with it, collected together | — |
 //! | [`cache`] | the one process-wide cache of imports (buffers, arenas, pools, exporters' ledgers), and the one cache of tables mapped | — |
 //! | [`holdings`] | the importer side, opened in one step: its lease slot, its bit in an exporter's block table and the blocks it holds, with each kind's record (used by the registry's imports, arenas and pools) | no (the importer's lock) |
+//! | [`token`] | an export token's `/dev/shm` name and its two table words (below both tables) | — |
 //!
 //! The owned-slot word a lease slot is made of (state and owner identity in one atomic word)
 //! is `owned_slot.rs`, shared with the barrier's participant slots; whether a holder is alive
@@ -55,6 +56,7 @@ mod table;
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
 pub mod testing;
+mod token;
 
 // The face of the ledger, and nothing else leaves the folder:
 // - the owner's side: [`Ledger`] (arenas, pools, the export registry's [`Record`]s), the
@@ -64,7 +66,7 @@ pub use deferred::{DeferredFrees, collect_deferred};
 pub(crate) use deferred::{Pending, collect_if_pending, free_or_defer, register_pending};
 pub(crate) use owner::{Ledger, Reap};
 pub(crate) use registry::{MAX_EXPORTS, Record, collect as collect_exports};
-pub(crate) use table::MAX_ARENA_BUFFERS;
+pub(crate) use table::MAX_BLOCKS;
 // - the importer's side: [`Holdings`] (lease, bit and holds, opened in one step), the blocks
 //   they enter, the registry's [`Hold`] on one export, and the import cache every kind uses.
 pub(crate) use cache::{Dying, Entry, ImportCache};

@@ -5,7 +5,7 @@ use parking_lot::Mutex;
 
 use super::book::{Book, Full, Placed};
 use super::lease::{self, ExportLeases};
-use super::table::{BlockTable, MAX_ARENA_BUFFERS};
+use super::table::{BlockTable, MAX_BLOCKS};
 use crate::error::Result;
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
@@ -33,7 +33,7 @@ impl Ledger {
     /// Create the tables of `token`: `capacity` bytes placed in [`ALIGN`](super::book::ALIGN)
     /// units, at most `max_buffers` blocks live or quarantined.
     pub(crate) fn create(token: &[u8; 16], capacity: u64, max_buffers: usize) -> Result<Self> {
-        let max_buffers = max_buffers.clamp(1, MAX_ARENA_BUFFERS);
+        let max_buffers = max_buffers.clamp(1, MAX_BLOCKS);
         let table = BlockTable::create(token, capacity)?;
         Ok(Self {
             token: *token,
@@ -49,7 +49,7 @@ impl Ledger {
     /// buffers and signals. At most `max_buffers` blocks live or quarantined; the block table
     /// says capacity 0.
     pub(crate) fn create_indexed(token: &[u8; 16], max_buffers: usize) -> Result<Self> {
-        let max_buffers = max_buffers.clamp(1, MAX_ARENA_BUFFERS);
+        let max_buffers = max_buffers.clamp(1, MAX_BLOCKS);
         let table = BlockTable::create(token, 0)?;
         Ok(Self {
             token: *token,
@@ -240,7 +240,7 @@ pub(crate) fn reap_dead_importers(
         return false;
     }
     let mask = taken.iter().fold(0u64, |m, &(i, _)| m | (1 << i));
-    for block in &table.blocks[..max_buffers.min(MAX_ARENA_BUFFERS)] {
+    for block in &table.blocks[..max_buffers.min(MAX_BLOCKS)] {
         if block.holders() & mask != 0 {
             block.clear_dead(mask);
         }

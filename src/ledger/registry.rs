@@ -65,11 +65,11 @@ use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, Entry, ImportCache, TableCache};
 use crate::ledger::holdings::Holdings;
 use crate::ledger::owner::Ledger;
-use crate::ledger::table::{BlockTable, MAX_ARENA_BUFFERS};
+use crate::ledger::table::{BlockTable, MAX_BLOCKS};
 use crate::process::ProcessIdentity;
 
 /// The most exports a process has live, or dropped while importers still map them, at a time.
-pub(crate) const MAX_EXPORTS: usize = MAX_ARENA_BUFFERS;
+pub(crate) const MAX_EXPORTS: usize = MAX_BLOCKS;
 
 /// This process's ledger, created at its first export.
 static LEDGER: Mutex<Option<Arc<Ledger>>> = parking_lot::const_mutex(None);

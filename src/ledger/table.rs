@@ -60,15 +60,16 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use crate::error::{Error, HandleDefect, Result};
-use crate::ledger::lease::{token_name, token_words};
-use crate::shared::ShmSafe;
+use crate::ledger::token::{token_name, token_words};
 use crate::shm::{ShmOptions, ShmRegion};
+use crate::shm_safe::ShmSafe;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// The most buffers one block table tracks
+/// The most blocks one block table holds — whatever owns it: an arena's or a pool's buffers
 /// ([`IpcArena::MAX_BUFFERS`](crate::arena::IpcArena::MAX_BUFFERS),
-/// [`IpcPool::MAX_BUFFERS`](crate::pool::IpcPool::MAX_BUFFERS)).
-pub(crate) const MAX_ARENA_BUFFERS: usize = 16_384;
+/// [`IpcPool::MAX_BUFFERS`](crate::pool::IpcPool::MAX_BUFFERS)), or the exports of this
+/// process's export registry.
+pub(crate) const MAX_BLOCKS: usize = 16_384;
 
 /// A map keyed by block index, for this process's own books on a table (its views of arena
 /// and pool blocks, its holds on export blocks). Hashed with one multiplication instead of
@@ -230,12 +231,12 @@ pub(crate) struct BlockTable {
     /// Set by the owner's drop: every block is retired, nothing will be published again.
     pub(crate) closing: AtomicU32,
     _reserved: AtomicU32,
-    pub(crate) blocks: [Block; MAX_ARENA_BUFFERS],
+    pub(crate) blocks: [Block; MAX_BLOCKS],
 }
 
 // SAFETY: repr(C), all fields integer atomics (valid for any bits, accessed atomically).
 // Under `--cfg loom` (model checks only, where no region is ever mapped) the atomics are
-// loom's; see `shared.rs`.
+// loom's; see `shm_safe.rs`.
 unsafe impl ShmSafe for BlockTable {
     fn type_tag() -> u64 {
         u64::from_le_bytes(*b"arena001")
@@ -335,12 +336,12 @@ mod tests {
             }
         }
         let mut m = BlockMap::default();
-        for i in 0..MAX_ARENA_BUFFERS as u32 {
+        for i in 0..MAX_BLOCKS as u32 {
             m.insert(i, u64::from(i) * 3);
         }
-        assert!((0..MAX_ARENA_BUFFERS as u32).all(|i| m[&i] == u64::from(i) * 3));
+        assert!((0..MAX_BLOCKS as u32).all(|i| m[&i] == u64::from(i) * 3));
         assert_eq!(m.remove(&7), Some(21));
-        assert_eq!(m.len(), MAX_ARENA_BUFFERS - 1);
+        assert_eq!(m.len(), MAX_BLOCKS - 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::book::{Book, Placed};
 use super::lease::Lease;
 use super::owner::Ledger;
 use super::table::Enter;
-use super::table::{BlockTable, MAX_ARENA_BUFFERS};
+use super::table::{BlockTable, MAX_BLOCKS};
 use crate::error::Result;
 use crate::shm::ShmRegion;
 
@@ -70,7 +70,7 @@ impl Books {
     #[must_use]
     pub fn new(capacity: u64, max_buffers: usize) -> Self {
         let book = Book::new(capacity, max_buffers);
-        let blocks = (0..max_buffers.clamp(1, MAX_ARENA_BUFFERS))
+        let blocks = (0..max_buffers.clamp(1, MAX_BLOCKS))
             .map(|_| crate::ledger::table::Block::new())
             .collect();
         Self { book, blocks }

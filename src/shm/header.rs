@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
-use crate::shared::fnv1a64;
+use crate::shm_safe::fnv1a64;
 
 /// Number of 64-bit words in the header.
 pub(crate) const WORDS: usize = 16;
