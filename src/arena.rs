@@ -170,10 +170,10 @@ use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{
     Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of,
 };
-use crate::ledger::Holdings;
 use crate::ledger::Ledger;
 use crate::ledger::Placed;
 use crate::ledger::{Dying, Entry, ImportCache};
+use crate::ledger::{Holding, Holdings};
 use crate::os;
 use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
@@ -841,16 +841,18 @@ impl ImportedArena {
             }
             Ok(())
         };
-        import.holdings.enter(
-            h.index,
-            h.generation,
-            || {},
-            |&(offset, published)| fits(offset, published),
-            |block| {
-                let (offset, published) = block.range();
-                fits(offset, published).map(|()| ((offset, published), ()))
-            },
-        )?;
+        match import.holdings.enter(h.index, h.generation, || {})? {
+            Holding::Held(view) => {
+                let &(offset, published) = view.kept();
+                fits(offset, published)?;
+                view.count();
+            }
+            Holding::Entered(first) => {
+                let (offset, published) = first.block().range();
+                fits(offset, published)?;
+                first.fill((offset, published));
+            }
+        }
         Ok(ArenaView {
             slice: GpuSlice::new(import.ctx.clone(), import.base + h.offset, len),
             import: import.clone(),

@@ -28,7 +28,6 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::error::Result;
 use crate::shm::ShmRegion;
 use crate::shm_safe::ShmSafe;
 
@@ -180,6 +179,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::error::Result;
 
     /// An import that forgets itself when dropped, as the real ones do.
     struct Import {
@@ -328,13 +328,12 @@ mod tests {
 /// Shared tables this process mapped, by export token, kept after their last user is gone so
 /// that opening the same export again skips the table's `open`, `fstat` and `mmap` (tens of
 /// µs, a cold open's worth of overhead). Tokens are random and never reused, so a cached table
-/// is always the right one; one whose owner has begun closing it is dropped when next looked
-/// at. Bounded: past [`MAX_CACHED_TABLES`], the oldest go first. (A table's mapping is all
-/// its drop undoes: importers never own the name.)
+/// is always the right one; whether its owner has begun closing it is the caller's to look at
+/// ([`cached`](Self::cached)), which then opens the table again or [`forget`](Self::forget)s
+/// it. Bounded: past [`MAX_CACHED_TABLES`], the oldest go first. (A table's mapping is all its
+/// drop undoes: importers never own the name.)
 pub(crate) struct TableCache<T: ShmSafe> {
     tables: Mutex<Vec<CachedTable<T>>>,
-    /// Whether a table's owner has begun closing it.
-    closing: fn(&T) -> bool,
 }
 
 /// A cached table and the token that names it.
@@ -344,46 +343,33 @@ type CachedTable<T> = ([u8; 16], Arc<ShmRegion<T>>);
 const MAX_CACHED_TABLES: usize = 64;
 
 impl<T: ShmSafe> TableCache<T> {
-    /// An empty cache; `closing` says whether a table's owner has begun closing it.
-    pub(crate) const fn new(closing: fn(&T) -> bool) -> Self {
+    /// An empty cache.
+    pub(crate) const fn new() -> Self {
         Self {
             tables: parking_lot::const_mutex(Vec::new()),
-            closing,
         }
     }
 
-    /// The table of `token`: the cached one, unless its owner is closing it, else one `open`ed
-    /// now (outside the lock) and cached (tables whose owners are closing them dropped then, so
-    /// a hit looks at its own entry only).
-    ///
-    /// # Errors
-    ///
-    /// What `open` returns.
-    pub(crate) fn get_or_open(
-        &self,
-        token: &[u8; 16],
-        open: impl FnOnce() -> Result<ShmRegion<T>>,
-    ) -> Result<Arc<ShmRegion<T>>> {
-        {
-            let mut tables = self.tables.lock();
-            if let Some(i) = tables.iter().position(|(t, _)| t == token) {
-                if !(self.closing)(&tables[i].1) {
-                    return Ok(tables[i].1.clone());
-                }
-                tables.remove(i);
-            }
-        }
-        let table = Arc::new(open()?);
+    /// The cached table of `token`, if one is.
+    pub(crate) fn cached(&self, token: &[u8; 16]) -> Option<Arc<ShmRegion<T>>> {
+        let tables = self.tables.lock();
+        tables
+            .iter()
+            .find(|(t, _)| t == token)
+            .map(|(_, t)| t.clone())
+    }
+
+    /// Cache `table`, opened by the caller for `token` (outside any lock), in place of one
+    /// cached before.
+    pub(crate) fn keep(&self, token: &[u8; 16], table: ShmRegion<T>) -> Arc<ShmRegion<T>> {
+        let table = Arc::new(table);
         let mut tables = self.tables.lock();
-        if let Some((_, t)) = tables.iter().find(|(t, _)| t == token) {
-            return Ok(t.clone()); // another thread opened it meanwhile: keep one mapping
-        }
-        tables.retain(|(_, t)| !(self.closing)(t));
+        tables.retain(|(t, _)| t != token);
         if tables.len() >= MAX_CACHED_TABLES {
             tables.remove(0);
         }
         tables.push((*token, table.clone()));
-        Ok(table)
+        table
     }
 
     /// Stop caching the table of `token`.

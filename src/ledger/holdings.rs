@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 use crate::error::{Error, HandleDefect, Result};
 use crate::ledger::lease::Lease;
@@ -29,6 +29,73 @@ struct Held<E> {
     generation: u64,
     views: u32,
     kept: E,
+}
+
+/// What [`Holdings::enter`] found.
+pub(crate) enum Holding<'h, E> {
+    /// A block this process holds already.
+    Held(HeldBlock<'h, E>),
+    /// A block entered now, to be mapped.
+    Entered(EnteredBlock<'h, E>),
+}
+
+/// A block this process holds already, under the holdings' lock: check what its first view
+/// kept, then [`count`](Self::count) the new view (dropped uncounted, nothing changes).
+pub(crate) struct HeldBlock<'h, E> {
+    entry: MappedMutexGuard<'h, Held<E>>,
+}
+
+impl<E> HeldBlock<'_, E> {
+    /// What the block's first view kept.
+    pub(crate) fn kept(&self) -> &E {
+        &self.entry.kept
+    }
+
+    /// Count one more view of the block.
+    pub(crate) fn count(mut self) {
+        self.entry.views += 1;
+    }
+}
+
+/// A block entered now (our bit set, its generation checked), under the holdings' lock: map
+/// it, then [`fill`](Self::fill) the entry with what to keep. Dropped unfilled (the mapping
+/// failed), it clears our bit again.
+pub(crate) struct EnteredBlock<'h, E> {
+    held: MutexGuard<'h, BlockMap<Held<E>>>,
+    index: u32,
+    generation: u64,
+    block: &'h Block,
+    bit: u64,
+    filled: bool,
+}
+
+impl<E> EnteredBlock<'_, E> {
+    /// The block entered.
+    pub(crate) fn block(&self) -> &Block {
+        self.block
+    }
+
+    /// Hold the block with its first view, keeping `kept` (what the last view unmaps).
+    pub(crate) fn fill(mut self, kept: E) {
+        self.filled = true;
+        let generation = self.generation;
+        self.held.insert(
+            self.index,
+            Held {
+                generation,
+                views: 1,
+                kept,
+            },
+        );
+    }
+}
+
+impl<E> Drop for EnteredBlock<'_, E> {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.block.leave(self.bit);
+        }
+    }
 }
 
 /// An importer's holds on one exporter's blocks (see the module docs).
@@ -122,56 +189,44 @@ impl<E> Holdings<E> {
         })
     }
 
-    /// Take one more view of block `index` at `generation`. A block held already must be the
-    /// same generation, still live, and pass `again` (the kind's check of its record: the same
-    /// range, a size that fits); one not held yet is entered — our bit set, `pause` (a test
-    /// hook), then the generation checked — and `first` maps it and returns what to keep; if
-    /// `first` fails, the bit is cleared again. Returns what `again` or `first` returned.
+    /// Take one more view of block `index` at `generation`: [`Holding::Held`] for a block held
+    /// already (the same generation, still live), whose kind checks what its first view kept
+    /// before it [`counts`](HeldBlock::count) the view; [`Holding::Entered`] for one entered now
+    /// — our bit set, `pause` (a test hook), then the generation checked — which the kind maps
+    /// and [`fill`](EnteredBlock::fill)s with what to keep (dropped unfilled, our bit is
+    /// cleared again). Both hold this process's lock on its holdings until they go, so that two
+    /// threads never map one block twice.
     ///
     /// # Errors
     ///
     /// [`Error::StaleHandle`] for another generation or a retired block; a corrupt handle for a
-    /// block out of range; what `again` or `first` returns.
-    pub(crate) fn enter<R>(
+    /// block out of range.
+    pub(crate) fn enter(
         &self,
         index: u32,
         generation: u64,
         pause: impl FnOnce(),
-        again: impl FnOnce(&E) -> Result<R>,
-        first: impl FnOnce(&Block) -> Result<(E, R)>,
-    ) -> Result<R> {
+    ) -> Result<Holding<'_, E>> {
         let stale = Error::StaleHandle { generation };
         let block = self.block(index)?;
-        let mut held = self.held.lock();
-        if let Some(entry) = held.get_mut(&index) {
-            if entry.generation != generation || !block.is_live(generation) {
+        let held = match MutexGuard::try_map(self.held.lock(), |held| held.get_mut(&index)) {
+            Ok(entry) if entry.generation != generation || !block.is_live(generation) => {
                 return Err(stale);
             }
-            let got = again(&entry.kept)?;
-            entry.views += 1;
-            return Ok(got);
-        }
+            Ok(entry) => return Ok(Holding::Held(HeldBlock { entry })),
+            Err(held) => held,
+        };
         if block.enter_pausing(self.bit, generation, pause) == Enter::Stale {
             return Err(stale);
         }
-        match first(block) {
-            Ok((kept, got)) => {
-                let views = 1;
-                held.insert(
-                    index,
-                    Held {
-                        generation,
-                        views,
-                        kept,
-                    },
-                );
-                Ok(got)
-            }
-            Err(e) => {
-                block.leave(self.bit);
-                Err(e)
-            }
-        }
+        Ok(Holding::Entered(EnteredBlock {
+            held,
+            index,
+            generation,
+            block,
+            bit: self.bit,
+            filled: false,
+        }))
     }
 
     /// Let go of one view of block `index`. At the last, `last` unmaps what was kept and says
@@ -227,20 +282,24 @@ mod tests {
     fn views_share_one_entry_and_the_bit_goes_with_the_last() {
         let h = holdings(1);
         let block = h.block(3).unwrap();
-        let got = h
-            .enter(3, 1, || {}, |_| unreachable!(), |_| Ok((7, "first")))
-            .unwrap();
-        assert_eq!((got, block.holders()), ("first", 1 << 5));
-        let again = h.enter(3, 1, || {}, |&kept| Ok(kept), |_| unreachable!());
-        assert_eq!(again.unwrap(), 7, "a second view sees what the first kept");
-        let other = h.enter(3, 3, || {}, |&kept| Ok(kept), |_| unreachable!());
+        let Holding::Entered(first) = h.enter(3, 1, || {}).unwrap() else {
+            panic!("a first view enters")
+        };
+        assert_eq!(first.block().holders(), 1 << 5);
+        first.fill(7);
+        let Holding::Held(again) = h.enter(3, 1, || {}).unwrap() else {
+            panic!("a second view finds the first")
+        };
+        assert_eq!(*again.kept(), 7, "a second view sees what the first kept");
+        again.count();
+        let other = h.enter(3, 3, || {});
         assert!(matches!(other, Err(Error::StaleHandle { .. })));
         h.leave(3, |_| panic!("not the last view"));
         assert_eq!(block.holders(), 1 << 5);
         assert!(h.is_live(3));
         block.retire(1);
         assert!(!h.is_live(3));
-        let late = h.enter(3, 1, || {}, |&kept| Ok(kept), |_| unreachable!());
+        let late = h.enter(3, 1, || {});
         assert!(matches!(late, Err(Error::StaleHandle { .. })), "retired");
         let mut unmapped = None;
         h.leave(3, |kept| {
@@ -257,24 +316,24 @@ mod tests {
     fn a_failed_map_clears_the_bit_and_a_failed_unmap_keeps_it() {
         let h = holdings(2);
         let block = h.block(3).unwrap();
-        let failed = h.enter(
-            3,
-            1,
-            || {},
-            |&k| Ok(k),
-            |_| {
-                Err::<(u32, u32), _>(Error::corrupt_handle(HandleDefect::Memory {
-                    detail: "test".into(),
-                }))
-            },
-        );
-        assert!(failed.is_err());
+        let Holding::Entered(failed) = h.enter(3, 1, || {}).unwrap() else {
+            panic!("a first view enters")
+        };
+        assert_eq!(failed.block().holders(), 1 << 5);
+        drop(failed); // the mapping failed
         assert_eq!(block.holders(), 0, "the bit was cleared again");
-        h.enter(3, 1, || {}, |&k| Ok(k), |_| Ok((9, 9))).unwrap();
+        let Holding::Entered(first) = h.enter(3, 1, || {}).unwrap() else {
+            panic!("nothing is held: a first view again")
+        };
+        first.fill(9);
+        let Holding::Held(uncounted) = h.enter(3, 1, || {}).unwrap() else {
+            panic!("held")
+        };
+        drop(uncounted); // its kind refused what was kept: not a view
         h.leave(3, |_| false);
         assert_eq!(block.holders(), 1 << 5, "still mapped: the bit stays");
         assert!(!h.is_live(3), "no entry is left");
-        let out = h.enter(u32::MAX, 1, || {}, |&k| Ok(k), |_| Ok((0, 0)));
+        let out = h.enter(u32::MAX, 1, || {});
         assert!(matches!(out, Err(Error::CorruptHandle { .. })));
     }
 }

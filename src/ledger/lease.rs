@@ -436,8 +436,30 @@ pub(crate) struct Lease {
 }
 
 /// Lease tables this process has mapped (see [`TableCache`]); one whose exporter closed it
-/// says so with its *closing* flag.
-static TABLES: TableCache<LeaseTable> = TableCache::new(LeaseTable::is_closing);
+/// says so with its *closing* flag, and is opened again (a new table under the same name
+/// is refused by its token) or forgotten.
+static TABLES: TableCache<LeaseTable> = TableCache::new();
+
+/// The lease table of export `token`, mapped: `None` when it is gone, not ready or names
+/// another export (the export is stale).
+///
+/// # Errors
+///
+/// Shared-memory errors other than a missing or unready table.
+fn open_table(token: &[u8; 16]) -> Option<Result<ShmRegion<LeaseTable>>> {
+    let region = match ShmOptions::new(region_name(token))
+        .open_timeout(Duration::from_millis(200))
+        .open::<LeaseTable>()
+    {
+        Ok(r) => r,
+        Err(Error::NotFound { .. } | Error::NotReady { .. }) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let words = token_words(token);
+    (region.token[0].load(Ordering::Relaxed) == words[0]
+        && region.token[1].load(Ordering::Relaxed) == words[1])
+        .then_some(Ok(region))
+}
 
 impl Lease {
     #[cfg(any(test, fuzzing, feature = "__testing"))]
@@ -483,23 +505,10 @@ impl Lease {
         pause: impl FnMut(),
     ) -> Result<Self> {
         let stale = || Error::StaleHandle { generation };
-        let table = TABLES.get_or_open(token, || {
-            let region = match ShmOptions::new(region_name(token))
-                .open_timeout(Duration::from_millis(200))
-                .open::<LeaseTable>()
-            {
-                Ok(r) => r,
-                Err(Error::NotFound { .. } | Error::NotReady { .. }) => return Err(stale()),
-                Err(e) => return Err(e),
-            };
-            let words = token_words(token);
-            if region.token[0].load(Ordering::Relaxed) != words[0]
-                || region.token[1].load(Ordering::Relaxed) != words[1]
-            {
-                return Err(stale());
-            }
-            Ok(region)
-        })?;
+        let table = match TABLES.cached(token) {
+            Some(table) if !table.is_closing() => table,
+            _ => TABLES.keep(token, open_table(token).ok_or_else(stale)??),
+        };
         let me = ProcessIdentity::current();
         let alive = |id: &ProcessIdentity| crate::process::is_alive_cached(id);
         match table

@@ -70,7 +70,7 @@ pub(crate) use table::MAX_BLOCKS;
 // - the importer's side: [`Holdings`] (lease, bit and holds, opened in one step), the blocks
 //   they enter, the registry's [`Hold`] on one export, and the import cache every kind uses.
 pub(crate) use cache::{Dying, Entry, ImportCache};
-pub(crate) use holdings::Holdings;
+pub(crate) use holdings::{Holding, Holdings};
 pub(crate) use lease::MAX_IMPORTERS;
 pub(crate) use registry::{Hold, enter};
 pub(crate) use table::Block;

@@ -63,7 +63,7 @@ use parking_lot::Mutex;
 use crate::error::{Error, HandleDefect, Result};
 use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, Entry, ImportCache, TableCache};
-use crate::ledger::holdings::Holdings;
+use crate::ledger::holdings::{Holding, Holdings};
 use crate::ledger::owner::Ledger;
 use crate::ledger::table::{BlockTable, MAX_BLOCKS};
 use crate::process::ProcessIdentity;
@@ -230,7 +230,7 @@ static IMPORTED: ImportCache<[u8; 16], ImportedLedger> = ImportCache::new(Dying:
 /// Block tables of exporters this process imported from (see [`TableCache`]): an entry goes
 /// when its exporter is found dead (with the last import from it) or, past the bound, oldest
 /// first.
-static TABLES: TableCache<BlockTable> = TableCache::new(|_| false);
+static TABLES: TableCache<BlockTable> = TableCache::new();
 
 /// An import's hold on its export's block: while it lives, the exporter does not free the
 /// memory. Drop it after unmapping.
@@ -296,7 +296,10 @@ fn imported(
         Entry::Live(hit) => return Ok(hit),
         Entry::Vacant(vacancy) => vacancy,
     };
-    let table = TABLES.get_or_open(token, || BlockTable::open(token, 0, generation))?;
+    let table = match TABLES.cached(token) {
+        Some(table) => table,
+        None => TABLES.keep(token, BlockTable::open(token, 0, generation)?),
+    };
     // With every slot taken, take over a dead importer's, clearing its bits first: no call of
     // an idle exporter is needed to reap.
     let holdings = Holdings::open(token, generation, table)?;
@@ -322,8 +325,10 @@ fn imported(
 impl ImportedLedger {
     fn enter(self: &Arc<Self>, index: u32, generation: u64, pause: impl FnOnce()) -> Result<Hold> {
         // Nothing to map here and nothing kept: the buffer or signal maps its memory after.
-        self.holdings
-            .enter(index, generation, pause, |()| Ok(()), |_| Ok(((), ())))?;
+        match self.holdings.enter(index, generation, pause)? {
+            Holding::Held(view) => view.count(),
+            Holding::Entered(first) => first.fill(()),
+        }
         Ok(Hold {
             ledger: self.clone(),
             index,

@@ -2,6 +2,7 @@
 //! holds of its buffers' views on the pool's block table.
 
 use super::*;
+use crate::ledger::Holding;
 
 /// The pools this process imported, by export token: one [`Import`] per pool per process,
 /// whatever the contexts it is opened in. An import being dropped is waited for: a new import
@@ -204,13 +205,18 @@ impl ImportedPool {
             }
             Ok(ptr)
         };
-        let ptr = import.holdings.enter(
-            h.index,
-            h.generation,
-            || {},
-            again,
-            |block| import_pointer(import, block, h, bytes).map(|(ptr, size)| ((ptr, size), ptr)),
-        )?;
+        let ptr = match import.holdings.enter(h.index, h.generation, || {})? {
+            Holding::Held(view) => {
+                let ptr = again(view.kept())?;
+                view.count();
+                ptr
+            }
+            Holding::Entered(first) => {
+                let (ptr, size) = import_pointer(import, first.block(), h, bytes)?;
+                first.fill((ptr, size));
+                ptr
+            }
+        };
         Ok(PoolView {
             slice: GpuSlice::new(self.ctx.clone(), ptr, len),
             hold: PoolHold(Box::new(LedgerHold {
