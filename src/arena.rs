@@ -168,7 +168,7 @@ use crate::context::GpuContext;
 use crate::envelope;
 use crate::error::{ArgumentDefect, Capability, Error, HandleDefect, Result};
 use crate::handle::{
-    Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_element, type_tag_of,
+    Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_buffer_of, type_tag_of,
 };
 use crate::ledger::Ledger;
 use crate::ledger::Placed;
@@ -805,19 +805,14 @@ impl ImportedArena {
         // A `ArenaHandle`'s structure was checked when it was made (`from_bytes`) or sealed by
         // this crate; the rest is checked here.
         let h = &handle.raw;
-        check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
+        let (bytes, len) = check_buffer_of::<T>(
+            (h.elem_size, h.elem_align, h.type_tag),
+            h.len,
+            (&h.token, &import.key.0),
+            "arena",
+        )?;
         let corrupt = |detail: String| Error::corrupt_handle(HandleDefect::Layout { detail });
         let memory = |detail: String| Error::corrupt_handle(HandleDefect::Memory { detail });
-        if h.token != import.key.0 {
-            return Err(Error::corrupt_handle(HandleDefect::Names {
-                detail: "the handle names another arena".into(),
-            }));
-        }
-        let bytes = h
-            .len
-            .checked_mul(u64::from(h.elem_size))
-            .filter(|&b| b > 0)
-            .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
         let end = h.offset.checked_add(bytes);
         if !h.offset.is_multiple_of(ARENA_ALIGN) || end.is_none_or(|e| e > import.capacity) {
             return Err(corrupt(format!(
@@ -825,7 +820,6 @@ impl ImportedArena {
                 h.offset, ARENA_ALIGN, import.capacity
             )));
         }
-        let len = usize::try_from(h.len).map_err(|_| corrupt("length overflows".into()))?;
         // Every open asks after the owner, as the arena's import did (a pinned pidfd's answer).
         crate::process::check_exporter_alive(&import.exporter, true)?;
         let range_mismatch = |offset: u64, published: u64| {

@@ -279,6 +279,32 @@ pub(crate) fn check_element<T>(size: u32, align: u32, tag: u64) -> Result<()> {
     })
 }
 
+/// What an arena's or a pool's `open` checks first of a handle of one of its buffers, each
+/// word a peer's: the element layout is `T`'s, the handle names this export (`token`, the
+/// export's `ours`; `of`: "arena" or "pool"), and its `len` elements are more than 0 bytes and
+/// at most `isize::MAX`. Returns the bytes and the elements.
+pub(crate) fn check_buffer_of<T>(
+    (size, align, tag): (u32, u32, u64),
+    len: u64,
+    (token, ours): (&[u8; 16], &[u8; 16]),
+    of: &str,
+) -> Result<(u64, usize)> {
+    check_element::<T>(size, align, tag)?;
+    if token != ours {
+        return Err(Error::corrupt_handle(HandleDefect::Names {
+            detail: format!("the handle names another {of}"),
+        }));
+    }
+    len.checked_mul(u64::from(size))
+        .filter(|&b| b > 0 && b <= isize::MAX as u64)
+        .and_then(|bytes| Some((bytes, usize::try_from(len).ok()?)))
+        .ok_or_else(|| {
+            Error::corrupt_handle(HandleDefect::Layout {
+                detail: format!("length {len} × {size} bytes"),
+            })
+        })
+}
+
 /// The type tag of `T` in envelopes: FNV-1a of its type name.
 pub(crate) fn type_tag_of<T>() -> u64 {
     fnv1a64(std::any::type_name::<T>().as_bytes())

@@ -167,7 +167,7 @@ use crate::driver::{self, sys};
 use crate::envelope;
 use crate::error::{Capability, Error, HandleDefect, Result};
 use crate::handle::{
-    Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_POOL, check_element, type_tag_of,
+    Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_POOL, check_buffer_of, type_tag_of,
 };
 use crate::ledger::Holdings;
 use crate::ledger::Placed;

@@ -115,6 +115,22 @@ pub struct HostConsumer {
     received: u64,
 }
 
+/// The channel region called `name`, opened, and its geometry (`consumers` entries, 1 to
+/// [`CONSUMER_ENTRIES`](ring::CONSUMER_ENTRIES)).
+fn open_region(
+    name: &str,
+    slots: usize,
+    capacity: u64,
+    consumers: usize,
+) -> Result<(ShmRegion<RingState>, Geometry)> {
+    let geometry = Geometry {
+        slots: slots as u64,
+        capacity,
+        consumers: consumers.clamp(1, ring::CONSUMER_ENTRIES) as u64,
+    };
+    Ok((ShmOptions::new(name).open::<RingState>()?, geometry))
+}
+
 impl HostConsumer {
     /// Open the region called `name` and attach, calling `pause` inside the claim (while
     /// the owner word reads `Claiming`); then unlink the name, as the real receiver does.
@@ -124,12 +140,7 @@ impl HostConsumer {
         capacity: u64,
         pause: impl FnOnce(),
     ) -> Result<Self> {
-        let geometry = Geometry {
-            slots: slots as u64,
-            capacity,
-            consumers: 1,
-        };
-        let region = ShmOptions::new(name).open::<RingState>()?;
+        let (region, geometry) = open_region(name, slots, capacity, 1)?;
         let held = Ring::new(region.get(), geometry).attach(&ProcessIdentity::current(), pause)?;
         let _ = region.unlink_shared();
         Ok(Self {
@@ -150,12 +161,7 @@ impl HostConsumer {
         consumers: usize,
         pause: impl FnOnce(),
     ) -> Result<Self> {
-        let geometry = Geometry {
-            slots: slots as u64,
-            capacity,
-            consumers: consumers.clamp(1, ring::CONSUMER_ENTRIES) as u64,
-        };
-        let region = ShmOptions::new(name).open::<RingState>()?;
+        let (region, geometry) = open_region(name, slots, capacity, consumers)?;
         let attached =
             Ring::new(region.get(), geometry).attach_any(&ProcessIdentity::current(), pause)?;
         Ok(Self {

@@ -201,34 +201,19 @@ impl<T: Pod> SendBatch<'_, T> {
         for header in headers {
             Geometry::check_header("SendBatch::send_with_headers", header)?;
         }
-        let first = self.tx.next;
-        let count = self.count;
-        let last = first + count - 1;
         let items = lens
             .iter()
             .enumerate()
             .map(|(i, &len)| (len as u64, headers.get(i).copied().unwrap_or(&[])));
-        let written = self.tx.end.signal(self.stream, last)?;
-        let published = written.ring().publish_from(first, count, items);
-        // Published: every item is the consumer's now. A tracking event that could not be
-        // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
-        // rather than free them under GPU work); returning it here would tell the caller to
-        // send again items already delivered.
-        let _ = written.record();
-        self.waited = false;
-        published?;
-        self.tx.next = last + 1;
-        Ok(())
+        self.tx
+            .publish_items(self.stream, &mut self.waited, self.count, items)
     }
 }
 
 impl<T: Pod> Drop for SendBatch<'_, T> {
     fn drop(&mut self) {
         if self.waited {
-            // Not sent: the slots stay with the producer; cover the GPU wait we enqueued (a
-            // failure marks the sender untracked, so its drop leaks rather than frees).
-            let stream = self.stream;
-            let _ = self.tx.end.record(stream);
+            self.tx.cover_unsent(self.stream);
         }
     }
 }

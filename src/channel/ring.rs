@@ -340,6 +340,16 @@ fn corrupt(defect: StateDefect) -> Error {
     }
 }
 
+/// A word of the channel state, `field`, found at `value`, above the most it may be.
+fn over(field: &'static str, value: u64, max: u64) -> Error {
+    corrupt(StateDefect::OutOfRange {
+        field,
+        value,
+        min: 0,
+        max,
+    })
+}
+
 /// The protocol over one channel state, as seen by one side. `geometry` is the validated local
 /// copy.
 pub(crate) struct Ring<'a> {
@@ -487,12 +497,11 @@ impl<'a> Ring<'a> {
         let room = released.checked_add(self.geometry.slots);
         match room {
             Some(room) if released <= sent => Ok(room >= k),
-            _ => Err(corrupt(StateDefect::OutOfRange {
-                field: "items released",
-                value: released,
-                min: 0,
-                max: sent.min(u64::MAX - self.geometry.slots),
-            })),
+            _ => Err(over(
+                "items released",
+                released,
+                sent.min(u64::MAX - self.geometry.slots),
+            )),
         }
     }
 
@@ -726,30 +735,19 @@ impl<'a> Ring<'a> {
         // we received (our own record), so `sent - released` cannot wrap.
         let released = self.entry().released.load(Ordering::Relaxed);
         if released > received {
-            return Err(corrupt(StateDefect::OutOfRange {
-                field: "items released",
-                value: released,
-                min: 0,
-                max: received,
-            }));
+            return Err(over("items released", released, received));
         }
         let outstanding = sent - released; // sent > received >= released
         if outstanding > self.geometry.slots {
-            return Err(corrupt(StateDefect::OutOfRange {
-                field: "items sent and not released",
-                value: outstanding,
-                min: 0,
-                max: self.geometry.slots,
-            }));
+            return Err(over(
+                "items sent and not released",
+                outstanding,
+                self.geometry.slots,
+            ));
         }
         let (len, _) = self.item_word(k)?;
         if len > self.geometry.capacity {
-            return Err(corrupt(StateDefect::OutOfRange {
-                field: "item elements",
-                value: len,
-                min: 0,
-                max: self.geometry.capacity,
-            }));
+            return Err(over("item elements", len, self.geometry.capacity));
         }
         Ok(Some(len))
     }
@@ -776,12 +774,7 @@ impl<'a> Ring<'a> {
         let word = self.state.lens[self.geometry.slot_of(k)].load(Ordering::Relaxed);
         let (len, header) = (word & MAX_CAPACITY, word >> LEN_BITS);
         if header > HEADER_BYTES as u64 {
-            return Err(corrupt(StateDefect::OutOfRange {
-                field: "item header bytes",
-                value: header,
-                min: 0,
-                max: HEADER_BYTES as u64,
-            }));
+            return Err(over("item header bytes", header, HEADER_BYTES as u64));
         }
         Ok((len, header))
     }

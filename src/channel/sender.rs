@@ -334,6 +334,39 @@ impl<T: Pod> IpcSender<T> {
         self.take_slot(stream).map(Some)
     }
 
+    /// A slot or batch dropped unsent after its GPU wait for a release was enqueued on
+    /// `stream`: the slots stay with the producer; record the wait, so that teardown waits for
+    /// it (a failure marks the sender untracked, so its drop leaks rather than frees).
+    pub(super) fn cover_unsent(&mut self, stream: sys::CUstream) {
+        let _ = self.end.record(stream);
+    }
+
+    /// Send the `count` items from `next` on `stream` (each a length and a header): enqueue
+    /// the GPU write of `sent`, publish the items, record the write; `next` moves past them
+    /// once published. `waited` (the slot's or batch's GPU wait for a release, not yet covered
+    /// by a record) is cleared once the write is enqueued: its record covers the wait.
+    pub(super) fn publish_items<'h>(
+        &mut self,
+        stream: sys::CUstream,
+        waited: &mut bool,
+        count: u64,
+        items: impl IntoIterator<Item = (u64, &'h [u8])> + Clone,
+    ) -> Result<()> {
+        let first = self.next;
+        let last = first + count - 1;
+        let written = self.end.signal(stream, last)?;
+        *waited = false;
+        let published = written.ring().publish_from(first, count, items);
+        // Published: the items are the consumer's now. A tracking event that could not be
+        // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
+        // rather than free them under GPU work); returning it here would tell the caller to
+        // send again items already delivered.
+        let _ = written.record();
+        published?;
+        self.next = last + 1;
+        Ok(())
+    }
+
     fn take_slot<'a, S: AsStream + ?Sized>(&'a mut self, stream: &'a S) -> Result<SendSlot<'a, T>> {
         let k = self.next;
         let slots = self.end.geometry.slots;
@@ -510,28 +543,15 @@ impl<T: Pod> SendSlot<'_, T> {
     pub fn send_with_header(mut self, len: usize, header: &[u8]) -> Result<()> {
         self.tx.end.geometry.check_item_len("SendSlot::send", len)?;
         Geometry::check_header("SendSlot::send_with_header", header)?;
-        let k = self.tx.next;
-        let written = self.tx.end.signal(self.stream, k)?;
-        let published = written.ring().publish_from(k, 1, [(len as u64, header)]);
-        // Published: the item is the consumer's now. A tracking event that could not be
-        // recorded made the sender untracked (its `close` reports it; its drop leaks the slots
-        // rather than free them under GPU work); returning it here would tell the caller to
-        // send again an item already delivered.
-        let _ = written.record();
-        self.waited = false;
-        published?;
-        self.tx.next += 1;
-        Ok(())
+        self.tx
+            .publish_items(self.stream, &mut self.waited, 1, [(len as u64, header)])
     }
 }
 
 impl<T: Pod> Drop for SendSlot<'_, T> {
     fn drop(&mut self) {
         if self.waited {
-            // Not sent: the slot stays with the producer; cover the GPU wait we enqueued (a
-            // failure marks the sender untracked, so its drop leaks rather than frees).
-            let stream = self.stream;
-            let _ = self.tx.end.record(stream);
+            self.tx.cover_unsent(self.stream);
         }
     }
 }

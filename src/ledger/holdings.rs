@@ -275,6 +275,22 @@ mod tests {
         Holdings::new(Arc::new(table), 1 << 5)
     }
 
+    /// Block 3 at generation 1, entered now (nothing held it).
+    fn entered(h: &Holdings<u32>) -> EnteredBlock<'_, u32> {
+        match h.enter(3, 1, || {}) {
+            Ok(Holding::Entered(first)) => first,
+            _ => panic!("a first view enters"),
+        }
+    }
+
+    /// Block 3 at generation 1, held already.
+    fn held(h: &Holdings<u32>) -> HeldBlock<'_, u32> {
+        match h.enter(3, 1, || {}) {
+            Ok(Holding::Held(view)) => view,
+            _ => panic!("a later view finds the first"),
+        }
+    }
+
     /// Views of one block share one entry: the bit is set by the first and cleared by the last;
     /// a handle of another generation is stale, and so is a second view once the block is
     /// retired, though the held entry stays until its views go.
@@ -282,14 +298,10 @@ mod tests {
     fn views_share_one_entry_and_the_bit_goes_with_the_last() {
         let h = holdings(1);
         let block = h.block(3).unwrap();
-        let Holding::Entered(first) = h.enter(3, 1, || {}).unwrap() else {
-            panic!("a first view enters")
-        };
+        let first = entered(&h);
         assert_eq!(first.block().holders(), 1 << 5);
         first.fill(7);
-        let Holding::Held(again) = h.enter(3, 1, || {}).unwrap() else {
-            panic!("a second view finds the first")
-        };
+        let again = held(&h);
         assert_eq!(*again.kept(), 7, "a second view sees what the first kept");
         again.count();
         let other = h.enter(3, 3, || {});
@@ -316,20 +328,10 @@ mod tests {
     fn a_failed_map_clears_the_bit_and_a_failed_unmap_keeps_it() {
         let h = holdings(2);
         let block = h.block(3).unwrap();
-        let Holding::Entered(failed) = h.enter(3, 1, || {}).unwrap() else {
-            panic!("a first view enters")
-        };
-        assert_eq!(failed.block().holders(), 1 << 5);
-        drop(failed); // the mapping failed
+        drop(entered(&h)); // the mapping failed
         assert_eq!(block.holders(), 0, "the bit was cleared again");
-        let Holding::Entered(first) = h.enter(3, 1, || {}).unwrap() else {
-            panic!("nothing is held: a first view again")
-        };
-        first.fill(9);
-        let Holding::Held(uncounted) = h.enter(3, 1, || {}).unwrap() else {
-            panic!("held")
-        };
-        drop(uncounted); // its kind refused what was kept: not a view
+        entered(&h).fill(9);
+        drop(held(&h)); // its kind refused what was kept: not a view
         h.leave(3, |_| false);
         assert_eq!(block.holders(), 1 << 5, "still mapped: the bit stays");
         assert!(!h.is_live(3), "no entry is left");

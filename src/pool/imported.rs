@@ -179,20 +179,13 @@ impl ImportedPool {
         // A `PoolHandle`'s structure was checked when it was made (`from_bytes`) or sealed by
         // this crate; the rest is checked here.
         let h = &handle.raw;
-        check_element::<T>(h.elem_size, h.elem_align, h.type_tag)?;
-        let corrupt = |detail: String| Error::corrupt_handle(HandleDefect::Layout { detail });
+        let (bytes, len) = check_buffer_of::<T>(
+            (h.elem_size, h.elem_align, h.type_tag),
+            h.len,
+            (&h.token, &import.token),
+            "pool",
+        )?;
         let memory = |detail: String| Error::corrupt_handle(HandleDefect::Memory { detail });
-        if h.token != import.token {
-            return Err(Error::corrupt_handle(HandleDefect::Names {
-                detail: "the handle names another pool".into(),
-            }));
-        }
-        let bytes = h
-            .len
-            .checked_mul(u64::from(h.elem_size))
-            .filter(|&b| b > 0 && b <= isize::MAX as u64)
-            .ok_or_else(|| corrupt(format!("length {} × {} bytes", h.len, h.elem_size)))?;
-        let len = h.len as usize;
         // Every open asks after the owner, as the pool's import did (a pinned pidfd's answer).
         crate::process::check_exporter_alive(&import.exporter, true)?;
         // A second handle of the allocation is held to the size the driver reported.
