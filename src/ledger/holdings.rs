@@ -276,6 +276,7 @@ mod tests {
     }
 
     /// Block 3 at generation 1, entered now (nothing held it).
+    #[allow(clippy::panic)] // a test helper: failing loudly is the point
     fn entered(h: &Holdings<u32>) -> EnteredBlock<'_, u32> {
         match h.enter(3, 1, || {}) {
             Ok(Holding::Entered(first)) => first,
@@ -284,6 +285,7 @@ mod tests {
     }
 
     /// Block 3 at generation 1, held already.
+    #[allow(clippy::panic)] // a test helper: failing loudly is the point
     fn held(h: &Holdings<u32>) -> HeldBlock<'_, u32> {
         match h.enter(3, 1, || {}) {
             Ok(Holding::Held(view)) => view,
