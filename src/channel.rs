@@ -25,6 +25,16 @@
 //! one of those and back; none calls up: `Endpoint::signal` enqueues the GPU write and hands
 //! back the write, on whose ring the caller publishes before it records it.
 //!
+//! Counted file by file, an item's send (`acquire` then `send`, once the ring has come round
+//! so that the acquire waits for a release) passes 20 files: 6 that decide — `sender.rs`,
+//! `ring.rs`, `endpoint.rs`, `signal.rs`, `inflight.rs`, and `process.rs` when a wait lasts
+//! long enough to ask whether the consumer lives — and 14 leaves: the slots' address
+//! (`buffer.rs`, `slice.rs`), the region (`shm.rs`), the futex (`sync.rs`, `os/linux.rs`), the
+//! caller's stream (`stream.rs`), a context's `enter` (`context.rs`, `driver/ctx.rs`), the
+//! stream operations and events (`driver/stream.rs`, `driver/event.rs`), the driver call's
+//! plumbing (`driver/mod.rs`, `driver/sys.rs`, `driver/loader.rs`) and `error.rs`. An item's
+//! receive and release pass the same 20, with `receiver.rs` for `sender.rs`.
+//!
 //! # A GPU channel between processes
 //!
 //! `IpcSender<T>` / `IpcReceiver<T>` are a bounded queue of GPU buffers between a producer and a

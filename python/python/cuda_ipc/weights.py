@@ -32,6 +32,14 @@ tensor, or a byte range outside the bucket or the tensor, is a ``ValueError`` be
 is copied from that bucket. Either process dying mid-sync is an exception in the other
 (``PeerGone``, within the crate's 10 ms liveness check once it waits); a receiver that lost a
 sync midway skips that sync's remaining buckets at its next ``recv_into``.
+
+The way a bucket goes, file by file. The trainer: this file (the plan, the header, the copies
+into the slot on the trainer's stream) → the native ``Sender`` (``python/src/channel.rs``: the
+stream read, the slot acquired and sent with the GIL released; the context from
+``python/src/lib.rs``, errors mapped by ``python/src/errors.rs``) → the crate's channel, whose module docs count its
+20 files for a send. The engine: this file (``recv_into``) → the native ``Receiver`` (the same
+three files) → the crate's channel (the same 20 for a receive and release) → this file again
+(the header parsed as untrusted, then the copies out): 24 files each way.
 """
 
 from __future__ import annotations
