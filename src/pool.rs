@@ -144,8 +144,8 @@ mod imported;
 mod read_only;
 mod view;
 pub(crate) use buffer::PoolAlloc;
+pub use buffer::PoolBuffer;
 pub(crate) use buffer::alloc_shared;
-pub use buffer::{PoolBuffer, PoolHandle, RawPoolHandle};
 pub use foreign::{ForeignPool, PoolBufferDescriptor};
 pub use imported::ImportedPool;
 pub use read_only::{ReadOnlyPool, ReadOnlyPoolView};
@@ -661,4 +661,86 @@ impl crate::handle::HandleKind for IpcPool {
     const NAME: &'static str = "IpcPoolHandle";
     const CODE: u16 = KIND_POOL;
     type Element = crate::handle::sealed::Untyped;
+}
+
+/// The bytes of a [`PoolHandle`] (its fields are this crate's; the type is named only by
+/// [`BufferKind`](crate::handle::BufferKind)).
+#[doc(hidden)]
+#[allow(missing_debug_implementations)] // its BufferHandle prints what may be printed
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct RawPoolHandle {
+    magic: u32,
+    version: u16,
+    reserved0: u16,
+    /// The element type: its size, alignment and type tag.
+    elem_size: u32,
+    elem_align: u32,
+    type_tag: u64,
+    /// The pool's export token (its ledger's tables).
+    token: [u8; 16],
+    /// The allocation's block in the pool's ledger.
+    index: u32,
+    reserved1: u32,
+    /// The block's generation when the allocation was exported.
+    generation: u64,
+    /// Elements of `T`.
+    len: u64,
+    /// The driver's export data (`cuMemPoolExportPointer`).
+    export: [u8; 64],
+    checksum: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
+
+// "CIPP" little-endian, layout version 1.
+envelope::sealed_format!(
+    RawPoolHandle,
+    envelope::Format {
+        magic: u32::from_le_bytes(*b"CIPP"),
+        version: 1,
+        versions: &[1],
+        what: "a pool handle",
+    },
+    |raw| raw.reserved0 == 0 && raw.reserved1 == 0
+);
+
+/// An allocation of an [`IpcPool`], as another process names it (136 bytes of plain data:
+/// [`as_bytes`](BufferHandle::as_bytes) / [`from_bytes`](BufferHandle::from_bytes)). Only a
+/// process that imported the pool (which took its descriptor) can open it, with
+/// [`ImportedPool::open`].
+pub type PoolHandle<T> = BufferHandle<IpcPool, T>;
+
+impl crate::handle::BufferKind for IpcPool {
+    type Raw = RawPoolHandle;
+    const NAME: &'static str = "PoolHandle";
+    fn open(bytes: &[u8]) -> Result<RawPoolHandle> {
+        envelope::open(bytes)
+    }
+    fn len_and_generation(raw: &RawPoolHandle) -> (u64, u64) {
+        (raw.len, raw.generation)
+    }
+    fn describe(raw: &RawPoolHandle, d: &mut std::fmt::DebugStruct<'_, '_>) {
+        // The export data is left out: with the pool's descriptor it maps the memory.
+        d.field("block", &raw.index);
+    }
+}
+
+impl<T: Pod> BufferHandle<IpcPool, T> {
+    /// The checksummed handle of `len` `T`s in block `index`, generation `generation`, of pool
+    /// `token`, with the driver's export data `export`.
+    fn sealed(token: [u8; 16], index: u32, generation: u64, len: u64, export: [u8; 64]) -> Self {
+        let raw = envelope::seal(RawPoolHandle {
+            elem_size: std::mem::size_of::<T>() as u32,
+            elem_align: std::mem::align_of::<T>() as u32,
+            type_tag: type_tag_of::<T>(),
+            token,
+            index,
+            generation,
+            len,
+            export,
+            ..Zeroable::zeroed()
+        });
+        Self::from_raw(raw)
+    }
 }

@@ -1,5 +1,5 @@
-//! The memory behind pool buffers: [`PoolBuffer`], an allocation of an [`IpcPool`], its handle
-//! ([`PoolHandle`]) and the allocation's life (quarantined while importers hold it); and the
+//! The memory behind pool buffers: [`PoolBuffer`], an allocation of an [`IpcPool`], and the
+//! allocation's life (quarantined while importers hold it); and the
 //! pools behind [`HandleType::Pool`] buffers, one per context (another once it is full), kept
 //! while any of their buffers lives.
 
@@ -39,42 +39,6 @@ unsafe impl Send for PoolAlloc {}
 unsafe impl Sync for PoolAlloc {}
 
 crate::slice::deref_to!(PoolBuffer<T> => slice: GpuSlice<T>);
-
-/// The bytes of a [`PoolHandle`] (its fields are this crate's; the type is named only by
-/// [`BufferKind`](crate::handle::BufferKind)).
-#[doc(hidden)]
-#[allow(missing_debug_implementations)] // its BufferHandle prints what may be printed
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
-pub struct RawPoolHandle {
-    pub(super) magic: u32,
-    pub(super) version: u16,
-    pub(super) reserved0: u16,
-    pub(super) elem_size: u32,
-    pub(super) elem_align: u32,
-    pub(super) type_tag: u64,
-    pub(super) token: [u8; 16],
-    pub(super) index: u32,
-    pub(super) reserved1: u32,
-    pub(super) generation: u64,
-    pub(super) len: u64,
-    pub(super) export: [u8; 64],
-    pub(super) checksum: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<RawPoolHandle>() == 136);
-
-// "CIPP" little-endian, layout version 1.
-envelope::sealed_format!(
-    RawPoolHandle,
-    envelope::Format {
-        magic: u32::from_le_bytes(*b"CIPP"),
-        version: 1,
-        versions: &[1],
-        what: "a pool handle",
-    },
-    |raw| raw.reserved0 == 0 && raw.reserved1 == 0
-);
 
 impl<T: Pod> PoolBuffer<T> {
     /// The handle a process that imported the pool opens with [`ImportedPool::open`]: the
@@ -350,52 +314,6 @@ impl<T: Pod> std::fmt::Debug for PoolBuffer<T> {
             .field("len", &self.slice.len)
             .field("generation", &self.alloc.placed.generation)
             .finish_non_exhaustive()
-    }
-}
-
-/// An allocation of an [`IpcPool`], as another process names it (136 bytes of plain data:
-/// [`as_bytes`](BufferHandle::as_bytes) / [`from_bytes`](BufferHandle::from_bytes)). Only a
-/// process that imported the pool (which took its descriptor) can open it, with
-/// [`ImportedPool::open`].
-pub type PoolHandle<T> = BufferHandle<IpcPool, T>;
-
-impl crate::handle::BufferKind for IpcPool {
-    type Raw = RawPoolHandle;
-    const NAME: &'static str = "PoolHandle";
-    fn open(bytes: &[u8]) -> Result<RawPoolHandle> {
-        envelope::open(bytes)
-    }
-    fn len_and_generation(raw: &RawPoolHandle) -> (u64, u64) {
-        (raw.len, raw.generation)
-    }
-    fn describe(raw: &RawPoolHandle, d: &mut std::fmt::DebugStruct<'_, '_>) {
-        // The export data is left out: with the pool's descriptor it maps the memory.
-        d.field("block", &raw.index);
-    }
-}
-
-impl<T: Pod> BufferHandle<IpcPool, T> {
-    /// The checksummed handle of `len` `T`s in block `index`, generation `generation`, of pool
-    /// `token`, with the driver's export data `export`.
-    pub(super) fn sealed(
-        token: [u8; 16],
-        index: u32,
-        generation: u64,
-        len: u64,
-        export: [u8; 64],
-    ) -> Self {
-        let raw = envelope::seal(RawPoolHandle {
-            elem_size: std::mem::size_of::<T>() as u32,
-            elem_align: std::mem::align_of::<T>() as u32,
-            type_tag: type_tag_of::<T>(),
-            token,
-            index,
-            generation,
-            len,
-            export,
-            ..Zeroable::zeroed()
-        });
-        Self::from_raw(raw)
     }
 }
 
