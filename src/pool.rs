@@ -41,6 +41,11 @@
 //! views and the pool, the dead process's memory goes back to the device. A killed importer's
 //! imports die with it; the exporter frees as usual.
 //!
+//! The device's free-memory count (`cuMemGetInfo`, `nvidia-smi`) is no guide to a shared pool:
+//! measured (H100, driver 580), once another process has imported a pool, the count does not
+//! rise when the owner frees its buffers, trims the pool, or the importer destroys its import;
+//! it rises when the owning process exits.
+//!
 //! What is refused, before any view exists: a descriptor that is not a pool exported as a file
 //! descriptor ([`Error::Cuda`] naming `cuMemPoolImportFromShareableHandle`); export data that
 //! is not an allocation of this pool (a forged or stale descriptor: [`Error::Cuda`] naming

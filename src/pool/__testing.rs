@@ -17,7 +17,23 @@ pub fn look_for_room() -> LookingForRoom {
 }
 
 /// Leave every pool import refused on its checks mapped (never freed) while `on`: the
-/// defect `tests/pool_import.rs` shows its memory check would catch.
+/// defect `tests/pool_import.rs` shows its check would catch.
 pub fn leak_refused_imports(on: bool) {
     import::LEAK_REFUSED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The address of the last pool import refused on its checks since the last call, if any.
+pub fn take_refused_import() -> Option<u64> {
+    match import::LAST_REFUSED.swap(0, std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        ptr => Some(ptr),
+    }
+}
+
+/// Whether the driver maps anything at `ptr` in this process (`cuPointerGetAttributes`, in
+/// `ctx`): whether a freed import really left the address space.
+#[must_use]
+pub fn is_mapped(ctx: &GpuContext, ptr: u64) -> bool {
+    ctx.enter()
+        .is_ok_and(|_g| crate::driver::mem::address_range(ptr).is_ok())
 }
