@@ -967,7 +967,7 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 /// (`tests/arena_stress.rs`: the ledger's, `ledger/testing.rs`), and the handles' reseals for
 /// forgery tests. Not part of the API.
 #[doc(hidden)]
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing;
 
 #[cfg(all(test, not(loom)))]

@@ -584,5 +584,5 @@ mod tests;
 /// shared-memory ring through them, with the slots' contents in its own shared memory.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing;

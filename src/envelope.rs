@@ -262,7 +262,7 @@ pub(crate) fn open_message<'a>(
 
 /// Restamp a sealed message's checksum in place (fuzzing and test hooks: a mutated message
 /// then reaches the checks behind the checksum); shorter than a checksum, left alone.
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub(crate) fn reseal_message(message: &mut [u8]) {
     if let Some(at) = message.len().checked_sub(8) {
         let sum = checksum(&message[..at]);
@@ -272,7 +272,7 @@ pub(crate) fn reseal_message(message: &mut [u8]) {
 
 /// Restamp the checksum of `bytes` in place when they are an `R`'s length (fuzzing and test
 /// hooks: a mutated handle then reaches the checks behind the checksum).
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub(crate) fn reseal_bytes<R: Sealed>(bytes: &mut [u8]) {
     if bytes.len() == std::mem::size_of::<R>() {
         let at = bytes.len() - 8;

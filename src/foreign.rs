@@ -818,7 +818,7 @@ fn elements<T>(offset: u64, bytes: u64) -> Result<usize> {
 }
 
 /// Hooks for the fuzz target `foreign_message` (not API).
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing {
     use super::{FdSocket, MAX_CHUNKS, decode_head, decode_more};
 

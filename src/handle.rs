@@ -254,7 +254,7 @@ fn kind_name(kind: u16) -> &'static str {
     }
 }
 
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub(crate) use envelope::checksum;
 
 /// Refuse an element layout read from another process (size, alignment, type tag) that is
@@ -709,7 +709,7 @@ impl<K: HandleKind> std::fmt::Debug for Handle<K> {
 /// would: fuzz targets reach the checks behind the checksum with it, and tests forge handles
 /// whose checksum is valid. Not part of the API (`__private::reseal`).
 #[doc(hidden)]
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub fn reseal(bytes: &mut [u8]) {
     envelope::reseal_bytes::<Envelope>(bytes);
 }

@@ -268,7 +268,7 @@ pub use bytemuck;
 /// without a GPU, and handle forgers. Not part of the API: no stability, no documentation
 /// promises.
 #[doc(hidden)]
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __private {
     pub use crate::arena::__testing as arena;
     pub use crate::channel::__testing as channel;

@@ -658,7 +658,7 @@ pub type IpcPoolHandle = Handle<IpcPool>;
 /// Hooks for the tests of the shared pools (`tests/pool_buffer.rs`, `tests/pool_import.rs`).
 /// Not part of the API.
 #[allow(missing_debug_implementations)] // test hooks, not API
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing;
 
 impl crate::handle::sealed::Sealed for IpcPool {}

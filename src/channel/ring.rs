@@ -830,7 +830,7 @@ impl<'a> Ring<'a> {
     /// [`attach_any_with`](Self::attach_any_with) with no GPU counter, calling `pause` while
     /// the entry reads `Claiming` (the replay tests, the loom model and the stress test stall or
     /// die there).
-    #[cfg(any(test, loom, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, loom, fuzzing, cuda_ipc_test_hooks))]
     pub(crate) fn attach_any(
         &self,
         me: &ProcessIdentity,

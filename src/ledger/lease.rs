@@ -64,7 +64,7 @@ use crate::error::{Error, Result};
 use crate::ledger::cache::TableCache;
 use crate::ledger::token::{token_name, token_words};
 use crate::owned_slot::{OwnedSlot, OwnerState};
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::shm::{ShmOptions, ShmRegion};
@@ -349,7 +349,7 @@ impl ExportLeases {
         Ok(Self { region })
     }
 
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// The table's `/dev/shm` name.
     pub(crate) fn name(&self) -> &str {
         self.region.name()
@@ -398,7 +398,7 @@ impl ExportLeases {
         self.region.slots().release(i, held);
     }
 
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// Mark the table closing (from now on no new lease is granted) and scan it once, reaping
     /// the slots of holders proven dead: the live holders left. Empty means the memory may be
     /// freed: nobody maps it and nobody can start to.
@@ -409,7 +409,7 @@ impl ExportLeases {
             .holders(&|id: &ProcessIdentity| id.is_alive(), true)
     }
 
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// [`close_and_scan`](Self::close_and_scan) until no holder is left or `timeout` has
     /// passed; the holders left and the time waited.
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> (Vec<u32>, Duration) {
@@ -462,7 +462,7 @@ fn open_table(token: &[u8; 16]) -> Option<Result<ShmRegion<LeaseTable>>> {
 }
 
 impl Lease {
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// Claim a lease on the export named by `token`.
     ///
     /// # Errors
@@ -568,7 +568,7 @@ impl Drop for Lease {
 /// (`tests/lease_stress.rs`). Not part of the API.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing;
 
 #[cfg(all(test, not(loom)))]

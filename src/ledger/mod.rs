@@ -52,7 +52,7 @@ mod lease;
 mod owner;
 mod registry;
 mod table;
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
 pub mod testing;
@@ -74,5 +74,5 @@ pub(crate) use holdings::{Holding, Holdings};
 pub(crate) use lease::MAX_IMPORTERS;
 pub(crate) use registry::{Hold, enter};
 pub(crate) use table::Block;
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub use {lease::__testing as lease_testing, registry::__testing as registry_testing};

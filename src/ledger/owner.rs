@@ -102,7 +102,7 @@ impl Ledger {
         self.leases.unlink_name();
     }
 
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// The `/dev/shm` names of the tables.
     pub(crate) fn names(&self) -> Vec<String> {
         vec![

@@ -113,7 +113,7 @@ extern "C" fn unlink_ledger() {
     }
 }
 
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 /// The `/dev/shm` names of this process's export registry (none before its first export).
 pub(crate) fn names() -> Vec<String> {
     LEDGER.lock().as_ref().map_or_else(Vec::new, |l| l.names())
@@ -402,7 +402,7 @@ impl Drop for Hold {
 /// API.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)] // test hooks, not API
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing {
     use super::*;
 

@@ -125,7 +125,7 @@ pub(crate) enum Enter {
 }
 
 impl Block {
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// A retired block of generation 0 (state built outside shared memory, which starts zeroed).
     pub(crate) fn new() -> Self {
         Self {
@@ -184,7 +184,7 @@ impl Block {
     }
 
     /// [`enter_pausing`](Self::enter_pausing) without a pause.
-    #[cfg(any(test, loom, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, loom, fuzzing, cuda_ipc_test_hooks))]
     pub(crate) fn enter(&self, bit: u64, generation: u64) -> Enter {
         self.enter_pausing(bit, generation, || {})
     }
@@ -200,7 +200,7 @@ impl Block {
         self.holders.fetch_and(!bit, Ordering::Release);
     }
 
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     /// Overwrite word `field % 4` (state, holders, offset, bytes) with `value`, as a hostile
     /// process writing the shared table would (the fuzz target's hook).
     pub(crate) fn scribble(&self, field: usize, value: u64) {

@@ -28,20 +28,20 @@ use crate::error::{Error, Result, TypeConflict};
 
 /// Test hook: leave refused imports mapped, so that a test can show its check sees the leak
 /// (`pool::__testing::leak_refused_imports`).
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub(super) static LEAK_REFUSED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
 /// Whether the test hook asks refused imports to be left mapped (never, outside the tests).
 /// Test hook: the address of the last import refused on its checks (0: none yet), for a test
 /// to ask the driver whether it is still mapped (`pool::__testing::take_refused_import`).
-#[cfg(any(test, fuzzing, feature = "__testing"))]
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub(super) static LAST_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn leaks_refused() -> bool {
-    #[cfg(any(test, fuzzing, feature = "__testing"))]
+    #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
     return LEAK_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
-    #[cfg(not(any(test, fuzzing, feature = "__testing")))]
+    #[cfg(not(any(test, fuzzing, cuda_ipc_test_hooks)))]
     false
 }
 
@@ -118,7 +118,7 @@ impl PoolImport {
                 Ok((ptr, found))
             }
             Err(e) => {
-                #[cfg(any(test, fuzzing, feature = "__testing"))]
+                #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
                 LAST_REFUSED.store(ptr, std::sync::atomic::Ordering::Relaxed);
                 // SAFETY: imported above by this call, never handed out, held by no one else
                 // (checked above); freed once.
