@@ -970,7 +970,7 @@ impl<T: Pod> std::fmt::Debug for ArenaView<T> {
 #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing;
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;
 
 impl crate::handle::sealed::Sealed for IpcArena {}

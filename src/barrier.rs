@@ -68,7 +68,7 @@ const YIELD_FOR: Duration = Duration::from_micros(200);
 const MAGIC: u32 = 0x3272_6162;
 
 /// State-word polls between the slower checks (poison, clock); 1 under the model checker.
-const POLL_BATCH: u32 = if cfg!(loom) { 1 } else { 64 };
+const POLL_BATCH: u32 = if cfg!(cuda_ipc_loom) { 1 } else { 64 };
 
 const POISON_BIT: u64 = 1 << 31;
 const COUNT_MASK: u64 = POISON_BIT - 1;
@@ -159,7 +159,7 @@ struct BarrierConfig {
 
 // SAFETY: repr(C); every field is an integer atomic (in padded lines and plain arrays), so it
 // is valid for every bit pattern, zero included, and only accessed atomically. (Under
-// `--cfg loom` the atomics are loom's, which only the model checks use, on the heap: see the
+// `--cfg cuda_ipc_loom` the atomics are loom's, which only the model checks use, on the heap: see the
 // loom impls in `shm_safe.rs`.)
 unsafe impl crate::ShmSafe for BarrierState {}
 
@@ -598,7 +598,7 @@ impl<'a> ProcessBarrier<'a> {
             // Under the model checker a park is a yield (it cannot lose a wake-up), so the
             // sleep protocol below is exercised only by the multi-process tests; loom checks
             // the arrive/complete/withdraw protocol on the state word.
-            if cfg!(loom) {
+            if cfg!(cuda_ipc_loom) {
                 if check_peers && let Some(end) = self.end_if_peer_gone(generation) {
                     return end;
                 }
@@ -774,28 +774,28 @@ enum PeerCheck {
     GenerationPassed,
 }
 
-#[cfg(not(loom))]
+#[cfg(not(cuda_ipc_loom))]
 fn peer_alive(id: &ProcessIdentity) -> bool {
     id.is_alive()
 }
 /// Under the model checker, processes are threads of one process: pids at or above
 /// [`loom_support::DEAD_FROM`] stand for participants that were killed.
-#[cfg(loom)]
+#[cfg(cuda_ipc_loom)]
 fn peer_alive(id: &ProcessIdentity) -> bool {
     id.pid() < loom_support::DEAD_FROM
 }
 
-#[cfg(not(loom))]
+#[cfg(not(cuda_ipc_loom))]
 fn current_identity() -> ProcessIdentity {
     ProcessIdentity::current()
 }
-#[cfg(loom)]
+#[cfg(cuda_ipc_loom)]
 fn current_identity() -> ProcessIdentity {
     ProcessIdentity::from_parts(loom_support::pid(), 1)
 }
 
 /// Under the model checker, each thread names the process it stands for.
-#[cfg(loom)]
+#[cfg(cuda_ipc_loom)]
 pub(crate) mod loom_support {
     use std::cell::Cell;
 
@@ -859,8 +859,8 @@ impl std::fmt::Debug for ProcessBarrier<'_> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, cuda_ipc_loom))]
 mod loom_tests;

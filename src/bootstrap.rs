@@ -700,7 +700,7 @@ fn timed_out(what: &'static str, waited: Duration) -> Error {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use super::*;
     use std::net::TcpStream;

@@ -13,7 +13,9 @@
 //! `endpoint.rs` (what an end holds: its view of the region, the slots, the two counters; the
 //! GPU write of a counter), `inflight.rs` (the events that track the channel's GPU work),
 //! `drain.rs` (taking an end apart: `close` waits, a drop defers), `batch.rs` (many items per
-//! call).
+//! call), and for ends that wait on a descriptor: `listening.rs` ([`Listening`], the `async`
+//! waits), `readiness.rs` (an end's descriptor: its bell and its peer's pidfd), `bell.rs` (the
+//! sockets a ringing side tells).
 //!
 //! An item: `IpcSender::acquire` waits for the slot on the host (`ring.rs`) and enqueues the
 //! GPU wait for its release (`signal.rs`); `SendSlot::send` enqueues the GPU write of `sent`
@@ -99,6 +101,44 @@
 //! Measured against a hand-written ring of raw stream memory operations, native copies and
 //! `torch.multiprocessing` in `BENCHMARKS.md`.
 //!
+//! # Waiting without a thread: descriptors, `WaitSet`, `async`
+//!
+//! `recv` and `acquire` park the calling thread. A program that serves many channels, or an
+//! async program, makes its ends [`Listening`] instead: `rx.listening()?` (or
+//! `tx.listening()?`) gives an end whose readiness is one file descriptor (`AsFd`). Its
+//! `try_recv` / `try_acquire` that find nothing *arm* it, and the descriptor turns readable
+//! when the other side sends, releases, closes or dies. Three ways to wait on it:
+//!
+//! - **Many ends in one thread:** a [`WaitSet`](crate::wait::WaitSet) of listening ends (and
+//!   sockets, and deadlines) returns the keys of those ready.
+//! - **`async`, any runtime** (feature `async`): `rx.recv_async(&stream).await` and
+//!   `tx.acquire_async(&stream).await`, woken by one reactor thread per process: a thousand
+//!   pending awaits cost that one thread and no CPU while idle. Both are cancel-safe: dropped
+//!   before they return, they have taken nothing. Bound them with the runtime's timeout
+//!   (`tokio::time::timeout`); the peer's death ends them with `PeerGone`.
+//! - **Your own reactor:** register the descriptor (tokio's `AsyncFd`, smol's `Async`,
+//!   `poll(2)`); on readable, call `try_recv` until `None` (which arms again).
+//!
+//! ```rust,no_run
+//! # #[cfg(feature = "async")]
+//! # async fn serve(ctx: &cuda_ipc::GpuContext, handle: &cuda_ipc::channel::IpcChannelHandle<f32>) -> cuda_ipc::Result<()> {
+//! use cuda_ipc::RawStream;
+//! use cuda_ipc::channel::IpcReceiver;
+//!
+//! let mut rx = IpcReceiver::<f32>::open(ctx, handle)?.listening()?;
+//! loop {
+//!     let item = rx.recv_async(&RawStream::LEGACY).await?; // the task waits, not a thread
+//!     // ... launch kernels that read the item ...
+//!     item.release()?;
+//! }
+//! # }
+//! ```
+//!
+//! A listening end binds one socket in `/dev/shm` (`cuda-ipc-bell.<channel>.<end>`, removed
+//! with the end) and holds three descriptors. The blocking calls are unchanged and keep
+//! sleeping on the futex; a ring costs them one more branch. What each side sees when the other
+//! stops between its ring and its tell is in `channel/ring.rs`.
+//!
 //! # Broadcast: one producer, several consumers
 //!
 //! `IpcSender::broadcast(&ctx, slots, capacity, consumers)` makes a channel whose every item
@@ -163,9 +203,12 @@
 //! items. `BENCHMARKS.md` has the figures.
 
 mod batch;
+mod bell;
 mod drain;
 mod endpoint;
 mod inflight;
+mod listening;
+mod readiness;
 mod receiver;
 pub(crate) mod ring;
 mod sender;
@@ -192,6 +235,7 @@ pub use batch::{BatchItem, BatchSlot, ReceivedBatch, SendBatch};
 use drain::Role;
 use endpoint::Endpoint;
 use inflight::InFlight;
+pub use listening::Listening;
 pub use receiver::{IpcReceiver, Received};
 use ring::{Geometry, MAX_SLOTS, Ring, RingState};
 pub use sender::{IpcSender, SendSlot};
@@ -577,7 +621,7 @@ fn wait_limit(timeout: Duration) -> Duration {
     timeout.min(Duration::from_secs(365 * 24 * 3600))
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;
 
 /// Host-only ends of the channel protocol (no GPU): the random-kill stress test drives the

@@ -281,7 +281,7 @@ pub(crate) fn reseal_bytes<R: Sealed>(bytes: &mut [u8]) {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 #[allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
 mod tests {
     use bytemuck::Zeroable;

@@ -327,20 +327,53 @@ impl FdListener {
                 "fd socket accept",
                 timeout,
             )?;
+            if let Some(socket) = self.try_accept()? {
+                return Ok(socket);
+            }
+        }
+    }
+
+    /// As [`accept`](Self::accept), without waiting: the next connection if one is queued now
+    /// (`None`: none yet), its peer checked.
+    ///
+    /// # Errors
+    ///
+    /// As [`accept`](Self::accept), without [`Error::Timeout`].
+    pub fn try_accept(&self) -> Result<Option<FdSocket>> {
+        loop {
             match sys::accept(self.fd.as_fd()) {
                 Ok(fd) => {
                     let peer = check_peer(fd.as_fd(), &self.name, &self.policy)?;
-                    return Ok(FdSocket {
+                    return Ok(Some(FdSocket {
                         fd,
                         peer,
                         peer_id: crate::process::ProcessIdentity::of_pid(peer.pid),
                         name: self.name.clone(),
-                    });
+                    }));
                 }
-                // Another thread took it, or the connector went away: wait again.
-                Err(Errno::AGAIN | Errno::CONNABORTED | Errno::INTR) => {}
+                // Another thread took it, or the connector went away.
+                Err(Errno::AGAIN | Errno::CONNABORTED) => return Ok(None),
+                Err(Errno::INTR) => {}
                 Err(e) => return Err(os_error("accept", &self.name, e)),
             }
+        }
+    }
+
+    /// As [`accept`](Self::accept), awaited (feature `async`): the task waits, not a thread.
+    /// No time limit of its own: compose one with the runtime's. **Cancel-safe:** a
+    /// connection is accepted whole or stays queued for the next call.
+    ///
+    /// # Errors
+    ///
+    /// As [`accept`](Self::accept), without [`Error::Timeout`]; [`Error::Os`] if the reactor
+    /// cannot start or watch the listener.
+    #[cfg(feature = "async")]
+    pub async fn accept_async(&self) -> Result<FdSocket> {
+        loop {
+            if let Some(socket) = self.try_accept()? {
+                return Ok(socket);
+            }
+            crate::reactor::Readable::new(self.fd.as_fd()).await?;
         }
     }
 
@@ -348,6 +381,14 @@ impl FdListener {
     #[must_use]
     pub fn name(&self) -> &SocketName {
         &self.name
+    }
+}
+
+impl AsFd for FdListener {
+    /// The listening socket: readable when a connection waits (for a
+    /// [`WaitSet`](crate::wait::WaitSet) or a reactor).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -523,6 +564,23 @@ impl FdSocket {
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv(&self, timeout: Duration) -> Result<FdMessage> {
         let deadline = Deadline::after(timeout);
+        loop {
+            if let Some(message) = self.try_recv()? {
+                return Ok(message);
+            }
+            self.wait_ready(PollFlags::IN, deadline, "fd socket receive", timeout)?;
+        }
+    }
+
+    /// As [`recv`](Self::recv), without waiting: the next message if one is there now
+    /// (`None`: none yet). One `recvmsg`: a message is taken whole or not at all. With the
+    /// socket's descriptor (`AsFd`) in a reactor or a [`WaitSet`](crate::wait::WaitSet): wait
+    /// for it to turn readable, then call this until `None`.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv), without [`Error::Timeout`].
+    pub fn try_recv(&self) -> Result<Option<FdMessage>> {
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
         loop {
             match sys::recv(self.fd.as_fd(), &mut buf) {
@@ -558,19 +616,50 @@ impl FdSocket {
                             },
                         });
                     }
-                    return Ok(FdMessage {
-                        payload: buf[1..r.bytes].to_vec(),
+                    buf.truncate(r.bytes);
+                    buf.remove(0);
+                    return Ok(Some(FdMessage {
+                        payload: buf,
                         fds: r.fds,
-                    });
+                    }));
                 }
-                Err(Errno::AGAIN) => {
-                    self.wait_ready(PollFlags::IN, deadline, "fd socket receive", timeout)?
-                }
+                Err(Errno::AGAIN) => return Ok(None),
                 Err(Errno::INTR) => {}
                 Err(Errno::CONNRESET) => return Err(Error::PeerClosed { pid: self.peer.pid }),
                 Err(e) => return Err(os_error("recvmsg", &self.name, e)),
             }
         }
+    }
+
+    /// As [`recv`](Self::recv), awaited (feature `async`): the task waits, not a thread (one
+    /// reactor thread per process wakes it; any runtime). No time limit of its own: compose
+    /// one with the runtime's; a peer that closes or dies ends it with
+    /// [`Error::PeerClosed`]. **Cancel-safe:** a message is taken whole or not at all.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv), without [`Error::Timeout`]; [`Error::Os`] if the reactor
+    /// cannot start or watch the socket.
+    #[cfg(feature = "async")]
+    pub async fn recv_async(&self) -> Result<FdMessage> {
+        loop {
+            if let Some(message) = self.try_recv()? {
+                return Ok(message);
+            }
+            crate::reactor::Readable::new(self.fd.as_fd()).await?;
+        }
+    }
+
+    /// Await the socket's turning readable (a message, or the peer's close) without taking
+    /// anything (feature `async`): then any `recv_*` call with a zero timeout finds its
+    /// message. Cancel-safe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Os`] if the reactor cannot start or watch the socket.
+    #[cfg(feature = "async")]
+    pub async fn readable(&self) -> Result<()> {
+        crate::reactor::Readable::new(self.fd.as_fd()).await
     }
 }
 

@@ -97,7 +97,8 @@
 //! [`FdSocket`](crate::fd::FdSocket) and [`Error`] are `Send` and `Sync`.
 //! [`IpcSender`](crate::channel::IpcSender) and [`IpcReceiver`](crate::channel::IpcReceiver) are
 //! `Send` but not `Sync`: each end of a channel is driven by one thread at a time (move it,
-//! don't share it). Each of these statements is a
+//! don't share it), and so is a [`Listening`](crate::channel::Listening) end; a
+//! [`WaitSet`](crate::wait::WaitSet) is `Send` and `Sync`. Each of these statements is a
 //! compile-time assertion in the crate (`src/threading.rs`), so the docs cannot drift from
 //! the types. Shared memory is reached only through atomics ([`ShmSafe`]), so it can be read
 //! and written from any thread of any process.
@@ -120,6 +121,12 @@
 //!   `GpuContext::from_cudarc`, and an [`IpcBuffer`] is a kernel argument of its launch builder.
 //!   It enables no cudarc CUDA-version or linking feature: as cudarc asks, the application
 //!   picks them in its own `cudarc` dependency (`cuda-12080` and `dynamic-loading`, say).
+//! - `async`: `async` waits for any runtime — a listening channel end's `recv_async` /
+//!   `acquire_async`, [`FdSocket::recv_async`](crate::fd::FdSocket::recv_async),
+//!   [`FdListener::accept_async`](crate::fd::FdListener::accept_async) — woken by one reactor
+//!   thread per process; no runtime dependency. Without it, every waiting object still exposes
+//!   its descriptor (`AsFd`) for tokio's `AsyncFd`, smol's `Async` or a
+//!   [`WaitSet`](crate::wait::WaitSet): see the channel guide.
 //!
 //! # Examples
 //!
@@ -184,9 +191,9 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 // docs.rs (nightly, `--cfg docsrs`): a badge on every item behind a feature, and none for the
-// model checker's internal `cfg(loom)`.
+// model checker's internal `cfg(cuda_ipc_loom)`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![cfg_attr(docsrs, doc(auto_cfg(hide(loom))))]
+#![cfg_attr(docsrs, doc(auto_cfg(hide(cuda_ipc_loom))))]
 #![warn(missing_docs)]
 
 pub mod arena;
@@ -215,6 +222,8 @@ pub mod pool;
 pub mod probe;
 mod process;
 pub mod raw;
+#[cfg(feature = "async")]
+mod reactor;
 mod read_only;
 pub mod shm;
 mod shm_safe;
@@ -223,9 +232,10 @@ mod slice;
 mod socket_objects;
 mod stream;
 mod sync;
-#[cfg(not(loom))]
+#[cfg(not(cuda_ipc_loom))]
 mod threading;
 mod vmm;
+pub mod wait;
 
 pub use buffer::{ImportedBuffer, IpcBuffer, IpcMemHandle};
 pub use context::GpuContext;

@@ -150,7 +150,7 @@ impl OwnedSlot {
     ///
     /// Between the two steps the slot reads `Claiming` with `me` named, so an observer that
     /// finds `me` dead there (killed mid-claim) may reap it.
-    #[cfg(all(test, not(loom)))]
+    #[cfg(all(test, not(cuda_ipc_loom)))]
     pub(crate) fn claim(&self, me: &ProcessIdentity) -> Option<u64> {
         self.claim_pausing(me, || {})
     }
@@ -240,13 +240,13 @@ impl OwnedSlot {
     }
 
     /// Test hook: finish a claim stalled by [`claim_and_stall`](Self::claim_and_stall).
-    #[cfg(all(test, not(loom)))]
+    #[cfg(all(test, not(cuda_ipc_loom)))]
     pub(crate) fn resume_claim(&self, claiming: u64, me: &ProcessIdentity) -> Option<u64> {
         self.finish_claim(claiming, me)
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use super::*;
 

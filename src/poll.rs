@@ -138,7 +138,7 @@ impl Backoff {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use super::*;
 

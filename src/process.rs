@@ -425,7 +425,7 @@ impl Home {
     /// Whether the calling process is the one the object was made in (false in a forked
     /// child). Always true under the model checker, whose threads stand in for processes.
     pub(crate) fn is_here(self) -> bool {
-        cfg!(loom) || self.0 == current_pid()
+        cfg!(cuda_ipc_loom) || self.0 == current_pid()
     }
 
     /// The pid of the process the object was made in.

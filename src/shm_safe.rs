@@ -210,11 +210,11 @@ shm_safe_atomics!(
     AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicI8, AtomicI16, AtomicI32, AtomicI64
 );
 
-// Under `--cfg loom` the crate's protocol cores (leases, the barrier) run on loom's atomics so
+// Under `--cfg cuda_ipc_loom` the crate's protocol cores (leases, the barrier) run on loom's atomics so
 // that loom can model-check them. Those builds only run the model checks, which keep the
 // shared structures on the heap and never map a region; this impl lets the shared layouts
 // (the lease table) compile there.
-#[cfg(loom)]
+#[cfg(cuda_ipc_loom)]
 shm_safe_atomics!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU64);
 
 // SAFETY: an array of ShmSafe elements has no padding between them and inherits their contract.

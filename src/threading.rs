@@ -66,6 +66,9 @@ const _: () = {
     send_and_sync::<FdListener>();
     send_and_sync::<FdSocket>();
     send_and_sync::<Error>();
+    send_and_sync::<crate::wait::WaitSet>();
     send::<IpcSender<u8>>();
     send::<IpcReceiver<u8>>();
+    send::<crate::channel::Listening<IpcSender<u8>>>();
+    send::<crate::channel::Listening<IpcReceiver<u8>>>();
 };

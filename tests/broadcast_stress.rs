@@ -7,7 +7,9 @@
 //! finds every entry taken until another leaves or is reaped), pause at random (sometimes
 //! inside their attach, while the entry reads *claiming*), and receive, check, hold and
 //! release items. The parent `SIGKILL`s a random set of consumers, and in some runs the
-//! producer, at random times. A shadow record checks, every run:
+//! producer, at random times; each side waits on the futex or, in half the runs, on its
+//! descriptor (the path a reactor, an async task or a `WaitSet` takes). A shadow record checks,
+//! every run:
 //!
 //! - every consumer receives `start + 1, start + 2, ...` with no gap, repeat or reordering,
 //!   each with its length, and the slot holds the item's number both when received and just
@@ -134,8 +136,15 @@ fn producer(s: &Shadow, rng: &mut Rng) -> u32 {
     name[..tx.name().len()].copy_from_slice(tx.name().as_bytes());
     s.name.store(name);
     s.name_len.store(tx.name().len() as u32, Ordering::SeqCst);
+    // In half the runs the producer waits on its descriptor, not on the futex.
+    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
     for k in 1..=ITEMS {
-        let slot = match tx.acquire(WAIT) {
+        let got = if listening {
+            tx.acquire_listening(WAIT)
+        } else {
+            tx.acquire(WAIT)
+        };
+        let slot = match got {
             Ok(slot) => slot,
             Err(e) => return outcome(&e),
         };
@@ -198,11 +207,18 @@ fn consumer(s: &Shadow, rng: &mut Rng, i: usize, producer_pid: u32) -> u32 {
     let mut expected = rx.received() + 1;
     // Some leave early (a clean close frees the entry for another).
     let leave_after = rng.one_in(3).then(|| expected + rng.next() % 100);
+    // In half the runs this consumer waits on its descriptor, not on the futex.
+    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
     loop {
         if leave_after == Some(expected) {
             return DONE; // dropping `rx` closes our entry
         }
-        let (slot, len) = match rx.recv(WAIT) {
+        let got = if listening {
+            rx.recv_listening(WAIT)
+        } else {
+            rx.recv(WAIT)
+        };
+        let (slot, len) = match got {
             Ok(item) => item,
             Err(e) => {
                 let code = outcome(&e);

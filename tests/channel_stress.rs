@@ -4,7 +4,8 @@
 //! writing each item's number into its slot first; a consumer receives, checks, holds and
 //! releases them; both pause at random, the consumer sometimes inside its attach (while its
 //! owner word reads *claiming*); and the parent `SIGKILL`s one of them at a random time, or
-//! neither. A shadow record checks, every run:
+//! neither; each side waits on the futex or, in half the runs, on its descriptor (the path
+//! a reactor, an async task or a `WaitSet` takes). A shadow record checks, every run:
 //!
 //! - the consumer receives items 1, 2, 3, ... with no gap, repeat or reordering, each with its
 //!   length and its header (up to 96 bytes naming the item), and the slot holds the item's number both when received and just before it is
@@ -131,8 +132,15 @@ fn producer(s: &Shadow, rng: &mut Rng) -> u32 {
     name[..tx.name().len()].copy_from_slice(tx.name().as_bytes());
     s.name.store(name);
     s.name_len.store(tx.name().len() as u32, Ordering::SeqCst);
+    // In half the runs the producer waits on its descriptor, not on the futex.
+    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
     for k in 1..=ITEMS {
-        let slot = match tx.acquire(WAIT) {
+        let got = if listening {
+            tx.acquire_listening(WAIT)
+        } else {
+            tx.acquire(WAIT)
+        };
+        let slot = match got {
             Ok(slot) => slot,
             Err(e) => {
                 let code = outcome(&e);
@@ -176,8 +184,16 @@ fn consumer(s: &Shadow, rng: &mut Rng, producer_pid: u32) -> u32 {
         Err(e) => return outcome(&e),
     };
     s.attached.store(1, Ordering::SeqCst);
+    // In half the runs the consumer waits on its descriptor (the listening path a reactor
+    // or an async task takes), not on the futex.
+    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
     for k in 1.. {
-        let (slot, len) = match rx.recv(WAIT) {
+        let got = if listening {
+            rx.recv_listening(WAIT)
+        } else {
+            rx.recv(WAIT)
+        };
+        let (slot, len) = match got {
             Ok(item) => item,
             Err(e) => {
                 let code = outcome(&e);

@@ -189,6 +189,26 @@ impl<E: ChannelEnd> Drop for End<E> {
 type SenderEnd = Arc<End<IpcSender<u8>>>;
 type ReceiverEnd = Arc<End<IpcReceiver<u8>>>;
 
+/// Hand `item` to `use_` as a tensor with its header, then release it (also when `use_`
+/// raised); what `use_` returned.
+fn deliver<'py>(
+    end: &ReceiverEnd,
+    device: u32,
+    py: Python<'py>,
+    item: cuda_ipc::channel::Received<'_, u8>,
+    use_: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let keep: Arc<dyn std::any::Any + Send + Sync> = end.clone();
+    let tensor = Tensor::slot(item.as_raw_ptr(), item.len(), device, keep);
+    let header = PyBytes::new(py, item.header());
+    let used = use_.call1((tensor, header));
+    // Released either way (a failed `use` still hands the slot back).
+    let released = item.release().map_err(to_py);
+    let used = used?;
+    released?;
+    Ok(used)
+}
+
 /// The producing end of a GPU channel: `slots` slots of `slot_bytes` bytes each, for one
 /// consumer or — with `consumers` > 1 — up to that many (a broadcast).
 #[pyclass(module = "cuda_ipc", frozen)]
@@ -387,15 +407,35 @@ impl Receiver {
             .detach(|| rx.recv(&stream, timeout).map(SameThread))
             .map_err(to_py)?
             .0;
-        let keep: Arc<dyn std::any::Any + Send + Sync> = self.end.clone();
-        let tensor = Tensor::slot(item.as_raw_ptr(), item.len(), self.device, keep);
-        let header = PyBytes::new(py, item.header());
-        let used = use_.call1((tensor, header));
-        // Released either way (a failed `use` still hands the slot back).
-        let released = item.release().map_err(to_py);
-        let used = used?;
-        released?;
-        Ok(used)
+        deliver(&self.end, self.device, py, item, use_)
+    }
+
+    /// As `recv`, without waiting: `None` when no item is there yet (then `fileno()` turns
+    /// readable when the producer sends, closes or dies: `cuda_ipc.aio.recv_item`).
+    #[pyo3(signature = (use_, *, stream = None))]
+    fn try_recv<'py>(
+        &self,
+        py: Python<'py>,
+        use_: &Bound<'py, PyAny>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let stream = stream_of(stream)?;
+        let mut guard = lock(&self.end.0, "receiver")?;
+        let rx = guard.as_mut().ok_or_else(|| closed("receiver"))?;
+        match rx.try_recv(&stream).map_err(to_py)? {
+            Some(item) => deliver(&self.end, self.device, py, item, use_).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// A descriptor that turns readable when `try_recv` may find something: an item, the
+    /// producer's close or death (`loop.add_reader`). The first call binds it (a socket in
+    /// `/dev/shm`, removed with the receiver); it starts readable.
+    fn fileno(&self) -> PyResult<i32> {
+        use std::os::fd::AsRawFd;
+        let mut guard = lock(&self.end.0, "receiver")?;
+        let rx = guard.as_mut().ok_or_else(|| closed("receiver"))?;
+        Ok(rx.listen().map_err(to_py)?.as_raw_fd())
     }
 
     /// Items received so far.

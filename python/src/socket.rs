@@ -44,6 +44,19 @@ impl Listener {
         let socket = py.detach(|| self.listener.accept(timeout)).map_err(to_py)?;
         Ok(Socket { socket })
     }
+
+    /// The next peer if one is connecting now, else `None` (no wait): for an event loop that
+    /// watches `fileno()` (`cuda_ipc.aio.accept`).
+    fn try_accept(&self) -> PyResult<Option<Socket>> {
+        let socket = self.listener.try_accept().map_err(to_py)?;
+        Ok(socket.map(|socket| Socket { socket }))
+    }
+
+    /// The listening socket's descriptor: readable when a peer connects (`loop.add_reader`).
+    fn fileno(&self) -> i32 {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.listener.as_fd().as_raw_fd()
+    }
 }
 
 /// A connection to a peer.
@@ -81,6 +94,21 @@ impl Socket {
         let timeout = seconds(timeout)?;
         let message = py.detach(|| self.socket.recv(timeout)).map_err(to_py)?;
         Ok(PyBytes::new(py, &message.payload))
+    }
+
+    /// The next message's bytes if one is there now, else `None` (no wait): for an event
+    /// loop that watches `fileno()` (`cuda_ipc.aio.recv`). A message is taken whole or not
+    /// at all.
+    fn try_recv<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let message = self.socket.try_recv().map_err(to_py)?;
+        Ok(message.map(|m| PyBytes::new(py, &m.payload)))
+    }
+
+    /// The socket's descriptor: readable when a message or the peer's close is there
+    /// (`loop.add_reader`).
+    fn fileno(&self) -> i32 {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.socket.as_fd().as_raw_fd()
     }
 
     /// Send `arena` (its descriptor and handle): once per peer; then each tensor's handle.

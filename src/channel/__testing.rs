@@ -10,6 +10,7 @@ pub struct HostProducer {
     held: u64,
     next: u64,
     detached: Vec<usize>,
+    readiness: Option<super::readiness::Readiness>,
 }
 
 impl HostProducer {
@@ -45,6 +46,7 @@ impl HostProducer {
             held,
             next: 1,
             detached: Vec::new(),
+            readiness: None,
         })
     }
 
@@ -57,7 +59,7 @@ impl HostProducer {
     /// The pids of the consumers attached now.
     #[must_use]
     pub fn attached(&self) -> Vec<u32> {
-        Ring::new(self.region.get(), self.geometry)
+        Ring::of(&self.region, self.geometry)
             .attached()
             .into_iter()
             .map(|(_, id)| id.pid())
@@ -73,9 +75,79 @@ impl HostProducer {
     /// Wait for the next item's slot; its index.
     pub fn acquire(&mut self, timeout: Duration) -> Result<usize> {
         let detached = &mut self.detached;
-        Ring::new(self.region.get(), self.geometry)
+        Ring::of(&self.region, self.geometry)
             .acquire_detaching(self.next, timeout, |i| detached.push(i))?;
         Ok(self.geometry.slot_of(self.next))
+    }
+
+    /// Wait on a descriptor from now on: bind the producer's bell.
+    pub fn listen(&mut self) -> Result<()> {
+        self.readiness = Some(super::readiness::Readiness::new(
+            self.region.name(),
+            super::bell::End::Producer,
+        )?);
+        Ok(())
+    }
+
+    /// The descriptor that turns readable when
+    /// [`try_acquire_listening`](Self::try_acquire_listening) may find the slot free (after
+    /// [`listen`](Self::listen)).
+    #[must_use]
+    pub fn ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.readiness.as_ref().map(AsFd::as_fd)
+    }
+
+    /// The next item's slot index if it is free; else `None`, armed: the descriptor turns
+    /// readable when the consumer holding it releases, closes or dies.
+    /// In a broadcast channel, consumers found dead holding the slot are detached (as
+    /// `IpcSender::try_acquire` does) and the slot checked again.
+    pub fn try_acquire_listening(&mut self) -> Result<Option<usize>> {
+        let ring = Ring::of(&self.region, self.geometry);
+        let mut free =
+            super::readiness::try_acquire_armed(&ring, self.readiness.as_mut(), self.next)?;
+        if !free && self.geometry.is_broadcast() {
+            let before = self.detached.len();
+            let detached = &mut self.detached;
+            ring.reap_dead_consumers(|i| detached.push(i));
+            if self.detached.len() > before {
+                free =
+                    super::readiness::try_acquire_armed(&ring, self.readiness.as_mut(), self.next)?;
+            }
+        }
+        Ok(free.then(|| self.geometry.slot_of(self.next)))
+    }
+
+    /// Wait for the next item's slot on the descriptor, not the futex (listening from the
+    /// first call): its index.
+    pub fn acquire_listening(&mut self, timeout: Duration) -> Result<usize> {
+        if self.readiness.is_none() {
+            self.listen()?;
+        }
+        let deadline = crate::poll::Deadline::after(timeout);
+        loop {
+            if let Some(slot) = self.try_acquire_listening()? {
+                return Ok(slot);
+            }
+            if let Some(fd) = self.ready_fd() {
+                wait_readable(fd, deadline, "IPC channel acquire (listening)", timeout)?;
+            }
+        }
+    }
+
+    /// Await the next item's slot (its index), as `Listening::acquire_async` does.
+    #[cfg(feature = "async")]
+    pub async fn acquire_async(&mut self) -> Result<usize> {
+        loop {
+            if let Some(slot) = self.try_acquire_listening()? {
+                return Ok(slot);
+            }
+            let Some(fd) = self.ready_fd() else {
+                self.listen()?;
+                continue;
+            };
+            crate::reactor::Readable::new(fd).await?;
+        }
     }
 
     /// Publish the next item.
@@ -85,7 +157,7 @@ impl HostProducer {
 
     /// Publish the next item with a header.
     pub fn send_with_header(&mut self, len: u64, header: &[u8]) -> Result<()> {
-        Ring::new(self.region.get(), self.geometry).publish_from(self.next, 1, [(len, header)])?;
+        Ring::of(&self.region, self.geometry).publish_from(self.next, 1, [(len, header)])?;
         self.next += 1;
         Ok(())
     }
@@ -102,7 +174,28 @@ impl Drop for HostProducer {
         if !self.region.is_home() {
             return; // as `Endpoint`'s drop: a forked child's copy is the parent's
         }
-        Ring::new(self.region.get(), self.geometry).close_producer(self.held);
+        Ring::of(&self.region, self.geometry).close_producer(self.held);
+    }
+}
+
+/// Wait for `fd` to turn readable, at most until `deadline` (started `timeout` before):
+/// [`Error::Timeout`] naming `what` if it does not.
+fn wait_readable(
+    fd: std::os::fd::BorrowedFd<'_>,
+    deadline: crate::poll::Deadline,
+    what: &'static str,
+    timeout: Duration,
+) -> Result<()> {
+    let ready = crate::os::socket::wait(fd, rustix::event::PollFlags::IN, deadline)
+        .map_err(|e| Error::from_os("poll", "channel readiness", e))?;
+    if ready {
+        Ok(())
+    } else {
+        Err(Error::Timeout {
+            what,
+            waited: timeout,
+            waiting_for: None,
+        })
     }
 }
 
@@ -113,6 +206,7 @@ pub struct HostConsumer {
     index: usize,
     held: u64,
     received: u64,
+    readiness: Option<super::readiness::Readiness>,
 }
 
 /// The channel region called `name`, opened, and its geometry (`consumers` entries, 1 to
@@ -141,7 +235,7 @@ impl HostConsumer {
         pause: impl FnOnce(),
     ) -> Result<Self> {
         let (region, geometry) = open_region(name, slots, capacity, 1)?;
-        let held = Ring::new(region.get(), geometry).attach(&ProcessIdentity::current(), pause)?;
+        let held = Ring::of(&region, geometry).attach(&ProcessIdentity::current(), pause)?;
         let _ = region.unlink_shared();
         Ok(Self {
             region,
@@ -149,6 +243,7 @@ impl HostConsumer {
             index: 0,
             held,
             received: 0,
+            readiness: None,
         })
     }
 
@@ -163,13 +258,14 @@ impl HostConsumer {
     ) -> Result<Self> {
         let (region, geometry) = open_region(name, slots, capacity, consumers)?;
         let attached =
-            Ring::new(region.get(), geometry).attach_any(&ProcessIdentity::current(), pause)?;
+            Ring::of(&region, geometry).attach_any(&ProcessIdentity::current(), pause)?;
         Ok(Self {
             region,
             geometry,
             index: attached.index,
             held: attached.held,
             received: attached.start,
+            readiness: None,
         })
     }
 
@@ -180,7 +276,71 @@ impl HostConsumer {
     }
 
     fn ring(&self) -> Ring<'_> {
-        Ring::new(self.region.get(), self.geometry).at_entry(self.index)
+        Ring::of(&self.region, self.geometry).at_entry(self.index)
+    }
+
+    /// Wait on a descriptor from now on: bind this end's bell and watch the producer.
+    pub fn listen(&mut self) -> Result<()> {
+        let mut r = super::readiness::Readiness::new(
+            self.region.name(),
+            super::bell::End::Consumer(self.index),
+        )?;
+        let (_, producer) = self.region.get().producer.load_identity();
+        r.watch(&producer);
+        self.readiness = Some(r);
+        Ok(())
+    }
+
+    /// The descriptor that turns readable when [`try_recv_listening`](Self::try_recv_listening)
+    /// may find something (after [`listen`](Self::listen)).
+    #[must_use]
+    pub fn ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.readiness.as_ref().map(AsFd::as_fd)
+    }
+
+    /// The next item if there is one (its slot index and length); else `None`, armed: the
+    /// descriptor turns readable when the producer publishes, closes or dies.
+    pub fn try_recv_listening(&mut self) -> Result<Option<(usize, u64)>> {
+        let ring = Ring::of(&self.region, self.geometry).at_entry(self.index);
+        let found =
+            super::readiness::try_recv_armed(&ring, self.readiness.as_mut(), self.received)?;
+        Ok(found.map(|len| {
+            self.received += 1;
+            (self.geometry.slot_of(self.received), len)
+        }))
+    }
+
+    /// Await the next item (its slot index and length), as `Listening::recv_async` does.
+    #[cfg(feature = "async")]
+    pub async fn recv_async(&mut self) -> Result<(usize, u64)> {
+        loop {
+            if let Some(found) = self.try_recv_listening()? {
+                return Ok(found);
+            }
+            let Some(fd) = self.ready_fd() else {
+                self.listen()?;
+                continue;
+            };
+            crate::reactor::Readable::new(fd).await?;
+        }
+    }
+
+    /// Wait for the next item on the descriptor, not the futex (listening from the first
+    /// call): its slot index and length.
+    pub fn recv_listening(&mut self, timeout: Duration) -> Result<(usize, u64)> {
+        if self.readiness.is_none() {
+            self.listen()?;
+        }
+        let deadline = crate::poll::Deadline::after(timeout);
+        loop {
+            if let Some(found) = self.try_recv_listening()? {
+                return Ok(found);
+            }
+            if let Some(fd) = self.ready_fd() {
+                wait_readable(fd, deadline, "IPC channel receive (listening)", timeout)?;
+            }
+        }
     }
 
     /// Wait for the next item: its slot index and length.

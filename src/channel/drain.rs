@@ -82,13 +82,13 @@ impl<T: Pod> Drain<T> {
     }
 
     fn ring(&self) -> Ring<'_> {
-        Ring::new(self.region.get(), self.geometry).at_entry(self.entry)
+        Ring::of(&self.region, self.geometry).at_entry(self.entry)
     }
 
     /// One look, never waiting: whether every GPU operation of the end has completed (see
     /// [`Look::drained`]).
     fn drained(&mut self) -> bool {
-        let ring = Ring::new(self.region.get(), self.geometry).at_entry(self.entry);
+        let ring = Ring::of(&self.region, self.geometry).at_entry(self.entry);
         let mut look = Look {
             forced: self.forced,
             next_check: self.next_check,

@@ -10,6 +10,7 @@ use bytemuck::Pod;
 
 use super::drain::{Drain, Look, Role};
 use super::inflight::InFlight;
+use super::readiness::Readiness;
 use super::ring::{Geometry, Ring, RingState};
 use crate::buffer::Side;
 use crate::driver::sys;
@@ -86,6 +87,9 @@ pub(crate) struct Endpoint<T: Pod> {
     /// finish hands the end back, whole, for another `close` or a drop).
     pub(crate) closing: bool,
     pub(crate) drain_timeout: Duration,
+    /// This end's bell and its peer's pidfd, once it listens (`listening.rs`): then a `try_`
+    /// call that finds nothing arms it.
+    pub(crate) readiness: Option<Readiness>,
 }
 
 impl<T: Pod> Endpoint<T> {
@@ -114,11 +118,12 @@ impl<T: Pod> Endpoint<T> {
             torn_down: false,
             closing: false,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            readiness: None,
         }
     }
 
     pub(crate) fn ring(&self) -> Ring<'_> {
-        Ring::new(self.region.get(), self.geometry).at_entry(self.entry)
+        Ring::of(&self.region, self.geometry).at_entry(self.entry)
     }
 
     /// Producer: enqueue on `stream` a GPU wait for every attached consumer to have released
@@ -300,7 +305,7 @@ impl<T: Pod> Endpoint<T> {
             crate::poll::Backoff::new(timeout, Duration::from_micros(5), Duration::from_millis(1));
         let mut look = Look::new();
         loop {
-            let ring = Ring::new(self.region.get(), self.geometry).at_entry(self.entry);
+            let ring = Ring::of(&self.region, self.geometry).at_entry(self.entry);
             if look.drained(
                 &mut self.inflight,
                 ring,

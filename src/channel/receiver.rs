@@ -113,18 +113,21 @@ impl<T: Pod> IpcReceiver<T> {
             // Any free entry; its counter opened before the claim, set to where we start
             // while the entry still reads `Claiming` (see `Ring::attach_any_with`). The name
             // stays: other consumers attach later (the producer's drop removes it).
-            let (attached, released) =
-                Ring::new(s, geometry).attach_any_with(&me, open_counter, |counter, start| {
+            let (attached, released) = Ring::of(&ring, geometry).attach_any_with(
+                &me,
+                open_counter,
+                |counter, start| {
                     if start == 0 {
                         Ok(()) // a new counter reads 0 already
                     } else {
                         counter.signal_host(start)
                     }
-                })?;
+                },
+            )?;
             (attached.index, attached.held, attached.start, released)
         } else {
             let released = open_counter(0)?;
-            let held = Ring::new(s, geometry).attach(&me, || {})?;
+            let held = Ring::of(&ring, geometry).attach(&me, || {})?;
             // Attached: nobody else needs the name, and a name left behind would outlive a
             // kill.
             let _ = ring.unlink_shared();
@@ -170,7 +173,9 @@ impl<T: Pod> IpcReceiver<T> {
         self.take_item(stream, len)
     }
 
-    /// As [`recv`](Self::recv), without waiting: `Ok(None)` when no item is there yet.
+    /// As [`recv`](Self::recv), without waiting: `Ok(None)` when no item is there yet (a
+    /// [`Listening`](super::Listening) receiver is then armed: its descriptor turns readable
+    /// when the producer sends, closes or dies).
     ///
     /// # Errors
     ///
@@ -180,13 +185,13 @@ impl<T: Pod> IpcReceiver<T> {
         stream: &'a S,
     ) -> Result<Option<Received<'a, T>>> {
         self.end.check_open("IpcReceiver::try_recv")?;
-        match self.ring().try_recv(self.received)? {
+        match self.end.try_recv_armed(self.received)? {
             Some(len) => self.take_item(stream, len).map(Some),
             None => Ok(None),
         }
     }
 
-    fn take_item<'a, S: AsStream + ?Sized>(
+    pub(super) fn take_item<'a, S: AsStream + ?Sized>(
         &'a mut self,
         stream: &'a S,
         len: u64,

@@ -50,6 +50,29 @@
 //!   work matters: a producer that finds the consumer gone forces the release counter at its
 //!   own teardown, which must not free slots the consumer's GPU is still reading.
 //!
+//! # Listeners: ends that wait on a descriptor
+//!
+//! An end that waits on a descriptor (a `Listening` end: a reactor, an async task, a
+//! `WaitSet`) does not sleep on the doorbell's futex; it *arms* its bit in the doorbell's word
+//! (`ring/doorbell.rs`) against a ticket read before its last check, and the side that rings
+//! takes the armed bits in the same read-modify-write and tells each listener's bell
+//! (`channel/bell.rs`) one byte. The listener's descriptor is its bell and the pidfd of the
+//! peer it waits for (`channel/readiness.rs`). The shared words above stay the only truth: a
+//! tell says "look", and every look re-reads them.
+//!
+//! | Where it stops... | What the other side sees |
+//! |-------------------|--------------------------|
+//! | a listener, between its check and its arm (preempted) | the arm fails if a ring came since its ticket (it checks again); else the next ring takes the bit |
+//! | a listener, `SIGKILL`ed while armed | its bit stays until the next ring takes it; the tell is refused (`ECONNREFUSED`, nobody holds the bell) and ignored; its bell's file is removed by the next bind at that name or any process's first bell |
+//! | a listener that stopped waiting (a cancelled future, a `WaitSet` timeout) | its bit stays armed: the next ring tells a bell nobody drains until its next check; a spurious wake at most |
+//! | a ringer, after its publish or release, before its tell (preempted) | the listener wakes when the tell comes |
+//! | a ringer, `SIGKILL`ed between its ring and its tell | the listener is not told, but the ringer's exit makes its pidfd readable: it wakes, re-reads the words, and finds the item (or slot) and then the death |
+//! | a ringer that forks | the child's ring tells the same bells (a spurious wake at most) |
+//!
+//! A timed-out or cancelled listener leaves only its armed bit behind; the next call drains
+//! its bell and checks the words again before it arms anew, so no item, slot or message is
+//! lost or held.
+//!
 //! With one consumer nothing here is ever reaped: the channel has one producer and one
 //! consumer for its whole life, so a dead or departed party ends the channel, and no slot can
 //! be re-claimed by a process that might be mid-claim.
@@ -92,12 +115,14 @@
 
 use std::time::{Duration, Instant};
 
+use super::bell;
 use crate::error::{ArgumentDefect, Error, PeerRole, Result, StateDefect};
 use crate::handle::Envelope;
 use crate::owned_slot::{OwnedSlot, OwnerState};
 use crate::process::ProcessIdentity;
+use crate::shm::ShmRegion;
 use crate::shm_safe::{ShmCell, ShmSafe};
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// The most slots a channel can have.
 pub(crate) const MAX_SLOTS: usize = 64;
@@ -105,9 +130,9 @@ pub(crate) const MAX_SLOTS: usize = 64;
 /// 4 KiB in each of the [`MAX_SLOTS`] slots' entries, whatever the ring's slot count (256 KiB
 /// of shared memory per channel). Under loom, one word (the model checks the ordering, not
 /// the size).
-#[cfg(not(loom))]
+#[cfg(not(cuda_ipc_loom))]
 pub(crate) const HEADER_BYTES: usize = 4096;
-#[cfg(loom)]
+#[cfg(cuda_ipc_loom)]
 pub(crate) const HEADER_BYTES: usize = 8;
 const HEADER_WORDS: usize = HEADER_BYTES / 8;
 /// A `lens` word: the item's elements in the low [`LEN_BITS`] bits, its header's bytes above.
@@ -120,46 +145,6 @@ pub(crate) const CONSUMER_ENTRIES: usize = 8;
 pub(crate) const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 /// How long a waiter spins before it sleeps on the futex.
 const SPIN: Duration = Duration::from_micros(30);
-
-/// A futex word and a count of sleepers, so that the waking side makes a system call only
-/// when somebody sleeps.
-#[repr(C)]
-pub(crate) struct Doorbell {
-    word: AtomicU32,
-    sleepers: AtomicU32,
-}
-
-impl Doorbell {
-    #[cfg(test)]
-    fn new() -> Self {
-        Self {
-            word: AtomicU32::new(0),
-            sleepers: AtomicU32::new(0),
-        }
-    }
-
-    /// Ring after a store the other side waits for (the Dekker pair with [`sleep`](Self::sleep):
-    /// both sides use SeqCst, so either the sleeper sees the new word or the ringer sees the
-    /// sleeper).
-    fn ring(&self) {
-        self.word.fetch_add(1, Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) != 0 {
-            crate::sync::futex_wake_all(&self.word);
-        }
-    }
-
-    /// The word to sleep on, read before the caller's last check of its condition.
-    fn ticket(&self) -> u32 {
-        self.word.load(Ordering::SeqCst)
-    }
-
-    /// Sleep while the word still reads `ticket`, at most `timeout`.
-    fn sleep(&self, ticket: u32, timeout: Duration) {
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        crate::sync::futex_wait(&self.word, ticket, timeout);
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// One consumer's entry: who it is, how far it has released, and its GPU release counter.
 #[repr(C)]
@@ -207,11 +192,11 @@ pub(crate) struct RingState {
 
 // SAFETY: repr(C); every field is an integer atomic, an `OwnedSlot` (two AtomicU64), a
 // `Doorbell` (two AtomicU32), an `ItemHeader` (AtomicU64s) or a `ShmCell` of plain data, each valid for any bits and
-// accessed only atomically. Under `--cfg loom` (model checks only, never mapped) the atomics
+// accessed only atomically. Under `--cfg cuda_ipc_loom` (model checks only, never mapped) the atomics
 // are loom's.
 unsafe impl ShmSafe for RingState {
     fn type_tag() -> u64 {
-        u64::from_le_bytes(*b"chanrg02")
+        u64::from_le_bytes(*b"chanrg03")
     }
 }
 
@@ -307,11 +292,11 @@ fn write_header(h: &ItemHeader, header: &[u8]) {
 }
 
 /// Whether a process is alive, for the protocol (threads stand in for processes under loom).
-#[cfg(not(loom))]
+#[cfg(not(cuda_ipc_loom))]
 fn alive(id: &ProcessIdentity) -> bool {
     crate::process::is_alive_cached(id)
 }
-#[cfg(loom)]
+#[cfg(cuda_ipc_loom)]
 fn alive(id: &ProcessIdentity) -> bool {
     id.pid() < crate::barrier::loom_support::DEAD_FROM
 }
@@ -358,6 +343,9 @@ pub(crate) struct Ring<'a> {
     /// The consumer entry this side is (a consumer's own; 0 for the producer, which reads
     /// every entry).
     index: usize,
+    /// The channel's region name, whose bells the side that rings tells (`channel/bell.rs`);
+    /// `None` where nobody listens (the loom models).
+    bells: Option<&'a str>,
 }
 
 /// A consumer that attached to a broadcast channel: its entry, its owner word, and the items
@@ -376,11 +364,43 @@ enum Step<T> {
 }
 
 impl<'a> Ring<'a> {
+    /// The protocol on the channel region `region`, telling its listeners' bells when it
+    /// rings (every ring must: a ring takes the armed bits, and a bit taken untold is a
+    /// listener never woken).
+    pub(crate) fn of(region: &'a ShmRegion<RingState>, geometry: Geometry) -> Self {
+        Self {
+            state: region.get(),
+            geometry,
+            index: 0,
+            bells: Some(region.name()),
+        }
+    }
+
+    /// The protocol on `state` with no bells: for the loom models and unit tests, where
+    /// nobody listens.
+    #[cfg(test)]
     pub(crate) fn new(state: &'a RingState, geometry: Geometry) -> Self {
         Self {
             state,
             geometry,
             index: 0,
+            bells: None,
+        }
+    }
+
+    /// Ring the doorbell of items sent, and tell the consumers it found listening.
+    fn ring_sent(&self) {
+        let told = self.state.sent_bell.ring();
+        if let Some(channel) = self.bells {
+            bell::tell_consumers(channel, told);
+        }
+    }
+
+    /// Ring entry `i`'s doorbell of items released, and tell the producer if it listened.
+    fn ring_released(&self, i: usize) {
+        let told = self.state.consumer[i].released_bell.ring();
+        if let Some(channel) = self.bells {
+            bell::tell_producer(channel, told);
         }
     }
 
@@ -433,7 +453,7 @@ impl<'a> Ring<'a> {
             // Under the model checker every step must be deterministic: the peer is checked at
             // every turn and the waiter yields, with no clock in any decision.
             let now = Instant::now();
-            if cfg!(loom) || now >= next_check {
+            if cfg!(cuda_ipc_loom) || now >= next_check {
                 if let Err(e) = peer() {
                     return match poll()? {
                         Step::Ready(v) => Ok(v),
@@ -442,7 +462,7 @@ impl<'a> Ring<'a> {
                 }
                 next_check = now + LIVENESS_CHECK;
             }
-            if cfg!(loom) {
+            if cfg!(cuda_ipc_loom) {
                 crate::sync::yield_now();
                 continue;
             }
@@ -572,6 +592,48 @@ impl<'a> Ring<'a> {
         self.slot_free(k).map(|(free, _)| free)
     }
 
+    /// Producer: [`try_acquire`](Self::try_acquire), and when the slot is not free, arm the
+    /// producer as the listener of the doorbell of the entry that holds it (bit 0), so that
+    /// the entry's next release, attach or close tells the producer's bell: `None` when the
+    /// slot is free, else the entry armed on. The arm is made against a ticket of that
+    /// doorbell read before the last check, so a release between the check and the arm fails
+    /// the arm and the check runs again: no free slot is missed.
+    pub(crate) fn try_acquire_or_arm(&self, k: u64) -> Result<Option<usize>> {
+        let mut holder = self.slot_holder(k)?;
+        loop {
+            let Some(i) = holder else {
+                return Ok(None);
+            };
+            let bell = &self.state.consumer[i].released_bell;
+            let ticket = bell.ticket();
+            holder = self.slot_holder(k)?;
+            if holder == Some(i) && bell.arm(1, ticket) {
+                return Ok(Some(i));
+            }
+        }
+    }
+
+    /// Entry `i`'s consumer while it is attached or attaching.
+    pub(crate) fn consumer_identity(&self, i: usize) -> Option<ProcessIdentity> {
+        let (owner, id) = self.state.consumer.get(i)?.owner.load_identity();
+        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
+    }
+
+    /// The producer while it has not closed.
+    pub(crate) fn producer_identity(&self) -> Option<ProcessIdentity> {
+        let (owner, id) = self.state.producer.load_identity();
+        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
+    }
+
+    /// Producer: the entry whose consumer holds item `k`'s slot, if any ([`try_acquire`]'s
+    /// check, naming who blocks it).
+    fn slot_holder(&self, k: u64) -> Result<Option<usize>> {
+        if !self.geometry.is_broadcast() && self.entry().owner.load().state == OwnerState::Left {
+            return self.consumer_status().map(|()| Some(0));
+        }
+        self.slot_free(k).map(|(free, i)| (!free).then_some(i))
+    }
+
     /// Producer: wait until item `k` may be written, at most `timeout` (the tests' shorthand
     /// for [`acquire_detaching`](Self::acquire_detaching)).
     #[cfg(test)]
@@ -676,14 +738,14 @@ impl<'a> Ring<'a> {
         // starts after this item, or this producer's next check sees the attacher's claim
         // (see `attach_any`).
         self.state.sent.swap(first + count - 1, Ordering::AcqRel);
-        self.state.sent_bell.ring();
+        self.ring_sent();
         Ok(())
     }
 
     /// Producer: no more items (`Held → Left`), then wake a sleeping consumer.
     pub(crate) fn close_producer(&self, held: u64) {
         self.state.producer.transition(held, OwnerState::Left);
-        self.state.sent_bell.ring();
+        self.ring_sent();
     }
 
     // ---- consumer side ----
@@ -800,6 +862,23 @@ impl<'a> Ring<'a> {
         })
     }
 
+    /// Consumer: [`try_recv`](Self::try_recv), and when nothing is there, arm this entry as a
+    /// listener of the doorbell of items sent (its bit), so that the producer's next publish
+    /// or close tells this entry's bell (`Ok(None)`: armed, wait for the bell). The arm is made
+    /// against a ticket read before the check, so a publish between the check and the arm
+    /// fails the arm and the check runs again: no item is missed.
+    pub(crate) fn try_recv_or_arm(&self, received: u64) -> Result<Option<u64>> {
+        loop {
+            let ticket = self.state.sent_bell.ticket();
+            if let Some(len) = self.try_recv(received)? {
+                return Ok(Some(len));
+            }
+            if self.state.sent_bell.arm(1 << self.index, ticket) {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Consumer: hand item `k` back (its GPU release signal already enqueued).
     pub(crate) fn release(&self, k: u64) -> Result<()> {
         let e = self.entry();
@@ -812,7 +891,7 @@ impl<'a> Ring<'a> {
             }));
         }
         e.released.store(k, Ordering::Release);
-        e.released_bell.ring();
+        self.ring_released(self.index);
         Ok(())
     }
 
@@ -820,7 +899,15 @@ impl<'a> Ring<'a> {
     /// `pause` while the word reads `Claiming` (the stress test stalls or dies there).
     pub(crate) fn attach(&self, me: &ProcessIdentity, pause: impl FnOnce()) -> Result<u64> {
         let entry = self.entry();
-        if let Some(held) = entry.owner.claim_pausing(me, pause) {
+        // Rung once the entry reads `Claiming`: a producer listening for this entry's releases
+        // (it blocks on a free entry once the ring is full) learns that a consumer is there,
+        // and watches it from then on — else a consumer killed before its first release
+        // would never wake it.
+        let claiming = || {
+            self.ring_released(self.index);
+            pause();
+        };
+        if let Some(held) = entry.owner.claim_pausing(me, claiming) {
             return Ok(held);
         }
         let owner = entry.owner.load();
@@ -830,7 +917,7 @@ impl<'a> Ring<'a> {
     /// [`attach_any_with`](Self::attach_any_with) with no GPU counter, calling `pause` while
     /// the entry reads `Claiming` (the replay tests, the loom model and the stress test stall or
     /// die there).
-    #[cfg(any(test, loom, fuzzing, cuda_ipc_test_hooks))]
+    #[cfg(any(test, cuda_ipc_loom, fuzzing, cuda_ipc_test_hooks))]
     pub(crate) fn attach_any(
         &self,
         me: &ProcessIdentity,
@@ -905,7 +992,7 @@ impl<'a> Ring<'a> {
                 return Err(e);
             }
             if let Some(held) = claimed {
-                entry.released_bell.ring();
+                self.ring_released(index);
                 return Ok((Attached { index, held, start }, prepared));
             }
         }
@@ -930,12 +1017,16 @@ impl<'a> Ring<'a> {
     /// Consumer: no more receives (`Held → Left`), then wake a sleeping producer.
     pub(crate) fn close_consumer(&self, held: u64) {
         self.entry().owner.transition(held, OwnerState::Left);
-        self.entry().released_bell.ring();
+        self.ring_released(self.index);
     }
 }
 
-#[cfg(all(test, not(loom)))]
+mod doorbell;
+
+pub(crate) use doorbell::Doorbell;
+
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, cuda_ipc_loom))]
 mod loom_tests;

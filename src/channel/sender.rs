@@ -309,7 +309,9 @@ impl<T: Pod> IpcSender<T> {
             .collect()
     }
 
-    /// As [`acquire`](Self::acquire), without waiting: `Ok(None)` when the ring is full.
+    /// As [`acquire`](Self::acquire), without waiting: `Ok(None)` when the ring is full (a
+    /// [`Listening`](super::Listening) sender is then armed: its descriptor turns readable
+    /// when the consumer holding the slot releases, closes or dies).
     ///
     /// # Errors
     ///
@@ -319,19 +321,27 @@ impl<T: Pod> IpcSender<T> {
         stream: &'a S,
     ) -> Result<Option<SendSlot<'a, T>>> {
         self.end.check_open("IpcSender::try_acquire")?;
-        if !self.ring().try_acquire(self.next)? {
-            if !self.end.geometry.is_broadcast() {
-                return Ok(None);
-            }
-            // Full: a dead consumer may be what holds it (a poller never waits, so detach here).
-            let mut detached = Vec::new();
-            self.ring().reap_dead_consumers(|i| detached.push(i));
-            self.end.force_detached(&detached);
-            if detached.is_empty() || !self.ring().try_acquire(self.next)? {
-                return Ok(None);
-            }
+        if !self.try_acquire_host()? {
+            return Ok(None);
         }
         self.take_slot(stream).map(Some)
+    }
+
+    /// The host half of a try-acquire of the next item: whether its slot is free (a listening
+    /// sender armed if not); in a broadcast channel, dead consumers that hold it are detached
+    /// and it is checked again.
+    pub(super) fn try_acquire_host(&mut self) -> Result<bool> {
+        if self.end.try_acquire_armed(self.next)? {
+            return Ok(true);
+        }
+        if !self.end.geometry.is_broadcast() {
+            return Ok(false);
+        }
+        // Full: a dead consumer may be what holds it (a poller never waits, so detach here).
+        let mut detached = Vec::new();
+        self.ring().reap_dead_consumers(|i| detached.push(i));
+        self.end.force_detached(&detached);
+        Ok(!detached.is_empty() && self.end.try_acquire_armed(self.next)?)
     }
 
     /// A slot or batch dropped unsent after its GPU wait for a release was enqueued on
@@ -367,7 +377,10 @@ impl<T: Pod> IpcSender<T> {
         Ok(())
     }
 
-    fn take_slot<'a, S: AsStream + ?Sized>(&'a mut self, stream: &'a S) -> Result<SendSlot<'a, T>> {
+    pub(super) fn take_slot<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+    ) -> Result<SendSlot<'a, T>> {
         let k = self.next;
         let slots = self.end.geometry.slots;
         let waited = k > slots;

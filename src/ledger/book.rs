@@ -211,7 +211,7 @@ impl Book {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use super::*;
     use crate::ledger::table::Enter;

@@ -168,13 +168,13 @@ impl<K: Ord + Clone, V> ImportCache<K, V> {
     }
 
     /// How many keys have entries (for tests).
-    #[cfg(all(test, not(loom)))]
+    #[cfg(all(test, not(cuda_ipc_loom)))]
     fn keys(&self) -> usize {
         self.entries.lock().len()
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 

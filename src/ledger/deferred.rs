@@ -257,7 +257,7 @@ fn sweep<E: Entry>(list: &mut Vec<E>, free: impl Fn(&E) -> Result<()>) -> Deferr
     report
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use std::cell::Cell;
 

@@ -262,7 +262,7 @@ impl<E> Holdings<E> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use super::*;
 

@@ -84,7 +84,7 @@ pub(crate) struct LeaseTable {
 }
 
 // SAFETY: repr(C), all fields integer atomics (valid for any bits, accessed atomically).
-// Under `--cfg loom` (model checks only, where no region is ever mapped) the atomics are
+// Under `--cfg cuda_ipc_loom` (model checks only, where no region is ever mapped) the atomics are
 // loom's; see `shm_safe.rs`.
 unsafe impl ShmSafe for LeaseTable {
     fn type_tag() -> u64 {
@@ -571,8 +571,8 @@ impl Drop for Lease {
 #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub mod __testing;
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, cuda_ipc_loom))]
 mod loom_tests;

@@ -484,7 +484,7 @@ pub mod __testing {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     //! Replay tests of the registry's own steps, in one process that exports and imports
     //! (as an exporter opening its own POSIX-fd handle does). The enter/retire core has its

@@ -184,7 +184,7 @@ impl Block {
     }
 
     /// [`enter_pausing`](Self::enter_pausing) without a pause.
-    #[cfg(any(test, loom, fuzzing, cuda_ipc_test_hooks))]
+    #[cfg(any(test, cuda_ipc_loom, fuzzing, cuda_ipc_test_hooks))]
     pub(crate) fn enter(&self, bit: u64, generation: u64) -> Enter {
         self.enter_pausing(bit, generation, || {})
     }
@@ -235,7 +235,7 @@ pub(crate) struct BlockTable {
 }
 
 // SAFETY: repr(C), all fields integer atomics (valid for any bits, accessed atomically).
-// Under `--cfg loom` (model checks only, where no region is ever mapped) the atomics are
+// Under `--cfg cuda_ipc_loom` (model checks only, where no region is ever mapped) the atomics are
 // loom's; see `shm_safe.rs`.
 unsafe impl ShmSafe for BlockTable {
     fn type_tag() -> u64 {
@@ -307,7 +307,7 @@ impl BlockTable {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     //! Replay tests: each interleaving of the module docs' table, played step by step.
     use super::*;
@@ -484,7 +484,7 @@ mod tests {
     }
 }
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, cuda_ipc_loom))]
 mod loom_tests {
     //! Model check of retire-and-reuse against importers. The block's contents are a loom
     //! `UnsafeCell`: the owner writes it when it reuses the range, an importer reads it while it

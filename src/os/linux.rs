@@ -187,7 +187,7 @@ pub(crate) fn random_u64() -> Result<u64> {
 ///
 /// Returns on wake-up, timeout, signal, or a value mismatch alike: the caller re-checks its
 /// condition in every case.
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(cuda_ipc_loom, allow(dead_code))]
 pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = rustix::time::Timespec {
         tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
@@ -198,7 +198,7 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 }
 
 /// Wake every process sleeping on `word` (a shared futex).
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(cuda_ipc_loom, allow(dead_code))]
 pub(crate) fn futex_wake_all(word: &AtomicU32) {
     // FUTEX_WAKE on a valid mapped address cannot fail in a way the caller could act on.
     let _ = futex::wake(word, futex::Flags::empty(), i32::MAX.unsigned_abs());

@@ -10,6 +10,10 @@ mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) use linux::*;
 #[cfg(target_os = "linux")]
+pub(crate) mod datagram;
+#[cfg(target_os = "linux")]
+pub(crate) mod epoll;
+#[cfg(target_os = "linux")]
 pub(crate) mod socket;
 
 #[cfg(not(target_os = "linux"))]

@@ -33,9 +33,14 @@ fn unix_addr(addr: &Address<'_>) -> Result<SocketAddrUnix, Errno> {
 }
 
 fn seqpacket() -> Result<OwnedFd, Errno> {
+    unix(SocketType::SEQPACKET)
+}
+
+/// A Unix-domain socket of `kind`, non-blocking and close-on-exec.
+pub(crate) fn unix(kind: SocketType) -> Result<OwnedFd, Errno> {
     rustix::net::socket_with(
         AddressFamily::UNIX,
-        SocketType::SEQPACKET,
+        kind,
         SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
         None,
     )
@@ -255,6 +260,14 @@ pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Received, Errno
 pub(crate) fn file_id(path: &std::path::Path) -> Result<(u64, u64), Errno> {
     let st = rustix::fs::lstat(path)?;
     Ok((st.st_dev, st.st_ino))
+}
+
+/// Whether `path` is a socket file of this process's effective user (not following a link).
+pub(crate) fn owned_by_me(path: &std::path::Path) -> bool {
+    rustix::fs::lstat(path).is_ok_and(|st| {
+        st.st_uid == rustix::process::geteuid().as_raw()
+            && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
+    })
 }
 
 /// Remove the socket file at `path` if it is still the file `id` ([`file_id`] at the bind);

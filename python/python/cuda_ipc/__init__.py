@@ -79,11 +79,11 @@ __all__ = [
 import atexit as _atexit  # noqa: E402
 
 from . import _native  # noqa: E402
-from . import cuda_core, shared_weights, weights  # noqa: E402  (torch, cuda.core: when used)
+from . import aio, cuda_core, shared_weights, weights  # noqa: E402  (torch, cuda.core: when used)
 
 # Tensors' memory is given back after the GPU's queued work (see `wait_released`): at exit,
 # let what is queued (and what finalisation drops) be released before the process ends.
 _atexit.register(_native.exiting)
 
-__all__ += ["cuda_core", "shared_weights", "weights"]
+__all__ += ["aio", "cuda_core", "shared_weights", "weights"]
 __version__ = "0.2.0"

@@ -179,6 +179,14 @@ class Receiver:
     ) -> _R:
         """Wait for the next item, call ``use(item, header)`` (enqueue reads on ``stream``),
         then release it there; returns what ``use`` returned."""
+    def try_recv(
+        self, use: Callable[[Tensor, bytes], _R], *, stream: Any = None
+    ) -> Optional[_R]:
+        """As ``recv``, without waiting: ``None`` when no item is there yet (then
+        ``fileno()`` turns readable when the producer sends, closes or dies)."""
+    def fileno(self) -> int:
+        """A descriptor that turns readable when ``try_recv`` may find something
+        (``loop.add_reader``; ``cuda_ipc.aio.recv_item``). Starts readable."""
     @property
     def received(self) -> int: ...
     @property
@@ -199,6 +207,10 @@ class Listener:
 
     def __init__(self, socket_name: str) -> None: ...
     def accept(self, timeout: float = 30.0) -> Socket: ...
+    def try_accept(self) -> Optional[Socket]:
+        """The next peer if one is connecting now, else ``None``."""
+    def fileno(self) -> int:
+        """Readable when a peer connects (``cuda_ipc.aio.accept``)."""
 
 class Socket:
     """A connection to a peer: bytes, arenas (their descriptor), and tensors of other
@@ -206,6 +218,10 @@ class Socket:
 
     def send(self, payload: bytes, timeout: float = 30.0) -> None: ...
     def recv(self, timeout: float = 30.0) -> bytes: ...
+    def try_recv(self) -> Optional[bytes]:
+        """The next message if one is there now, else ``None`` (taken whole or not at all)."""
+    def fileno(self) -> int:
+        """Readable when a message or the peer's close is there (``cuda_ipc.aio.recv``)."""
     def send_arena(self, arena: Arena, timeout: float = 30.0) -> None: ...
     def recv_arena(
         self, ctx: Context, *, read_only: bool = False, timeout: float = 30.0

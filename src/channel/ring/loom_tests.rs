@@ -2,6 +2,7 @@
 //! with the slots' contents as relaxed atomics standing in for GPU memory.
 use super::*;
 use crate::barrier::loom_support;
+use crate::channel::bell::Listeners;
 use loom::sync::Arc;
 
 use crate::sync::model;
@@ -131,5 +132,61 @@ fn a_closing_consumer_ends_the_producers_wait() {
         let e = r.acquire(2, Duration::from_secs(3600)).unwrap_err();
         assert!(matches!(e, Error::ChannelClosed { .. }), "{e}");
         consumer.join().unwrap();
+    });
+}
+
+/// A listener arms after a failed check while the other side publishes and rings: either
+/// the listener sees the ring (it checks again) or the ring takes its bit (it is told) —
+/// never a listener that waits on its descriptor while nobody will tell it. A second ring
+/// after the first takes nothing the first took.
+#[test]
+fn an_armed_listener_is_told_or_sees_the_ring() {
+    model(|| {
+        let bell = Arc::new(Doorbell::new());
+        let sent = Arc::new(AtomicU64::new(0));
+        let producer = {
+            let (bell, sent) = (bell.clone(), sent.clone());
+            loom::thread::spawn(move || {
+                sent.store(1, Ordering::Release);
+                let first = bell.ring();
+                let second = bell.ring();
+                assert_eq!(first.0 & second.0, 0, "a bit is taken by one ring");
+                Listeners(first.0 | second.0)
+            })
+        };
+        let ticket = bell.ticket();
+        let waits = sent.load(Ordering::Acquire) == 0 && bell.arm(1, ticket);
+        let told = producer.join().unwrap();
+        if waits {
+            assert_eq!(told.0 & 1, 1, "the listener waits, so a ring must tell it");
+        }
+    });
+}
+
+/// Two listeners (two broadcast consumers) arm while the producer publishes and rings once:
+/// each that waits is told by that ring, and the ring's clearing of the bits it took leaves a
+/// bit armed after it in place.
+#[test]
+fn two_armed_listeners_are_each_told_or_see_the_ring() {
+    model(|| {
+        let bell = Arc::new(Doorbell::new());
+        let sent = Arc::new(AtomicU64::new(0));
+        let listener = |bit: u32| {
+            let (bell, sent) = (bell.clone(), sent.clone());
+            loom::thread::spawn(move || {
+                let ticket = bell.ticket();
+                sent.load(Ordering::Acquire) == 0 && bell.arm(bit, ticket)
+            })
+        };
+        let (a, b) = (listener(1), listener(2));
+        sent.store(1, Ordering::Release);
+        let told = bell.ring();
+        let later = bell.ring();
+        for (bit, waits) in [(1, a.join().unwrap()), (2, b.join().unwrap())] {
+            if waits {
+                assert_eq!(told.0 & bit, bit, "listener {bit} waits untold");
+                assert_eq!(later.0 & bit, 0, "told once");
+            }
+        }
     });
 }
