@@ -65,6 +65,19 @@ fn child_process() {
             }
             0 // dropping `tx` closes the channel
         }
+        // Once the consumer has armed (the file `args[1]` exists), publish one item as a
+        // producer killed between its ring and its tell does (the ring takes the consumer's
+        // armed bit, nobody tells it), say so in `args[2]`, then wait to be killed.
+        "untold" => {
+            let mut tx = producer_for(&args[0]);
+            while !std::path::Path::new(&args[1]).exists() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            tx.send_untold(7).unwrap();
+            std::fs::write(&args[2], b"sent").unwrap();
+            std::thread::sleep(Duration::from_secs(60));
+            1
+        }
         // Attached to, then wait to be killed.
         "idle" => {
             let tx = producer_for(&args[0]);
@@ -291,4 +304,61 @@ fn one_wait_set_serves_eight_producers() {
         c.expect_success(Duration::from_secs(20));
     }
     eprintln!("readiness: {N} channels x {ITEMS} items through one wait set, {wakes} wakes");
+}
+
+/// Replay of a producer `SIGKILL`ed between its ring and its tell: the ring takes the armed
+/// consumer's bit and nobody tells its bell, so its descriptor stays quiet with an item there
+/// — until the producer's death makes the pidfd in its set readable; the consumer then finds
+/// the item, and after it `PeerGone`.
+#[test]
+fn a_producer_killed_between_its_ring_and_its_tell_still_wakes_the_consumer() {
+    let _dog = watchdog("readiness_untold", Duration::from_secs(60));
+    let path = mailbox("ready-untold");
+    let (armed, sent) = (mailbox("ready-armed"), mailbox("ready-sent"));
+    let child = spawn(
+        "untold",
+        &[
+            path.to_str().unwrap(),
+            armed.to_str().unwrap(),
+            sent.to_str().unwrap(),
+        ],
+    );
+    let name = read_mailbox(&path);
+    let mut rx = HostConsumer::open_pausing(&name, SLOTS, 100, || {}).unwrap();
+    rx.listen().unwrap();
+    assert!(rx.try_recv_listening().unwrap().is_none(), "armed");
+    std::fs::write(&armed, b"armed").unwrap();
+    let start = Instant::now();
+    while !sent.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the producer never published"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = std::fs::remove_file(&sent);
+    let _ = std::fs::remove_file(&armed);
+    assert!(
+        !readable(rx.ready_fd().unwrap(), Duration::from_millis(100)),
+        "told after all: this replay shows nothing"
+    );
+    child.signal(libc::SIGKILL);
+    assert!(
+        readable(rx.ready_fd().unwrap(), Duration::from_secs(5)),
+        "the producer's death did not wake the descriptor"
+    );
+    assert_eq!(
+        rx.try_recv_listening().unwrap().map(|(_, len)| len),
+        Some(7),
+        "the item published before the death"
+    );
+    rx.release().unwrap();
+    match rx.try_recv_listening() {
+        Err(Error::PeerGone {
+            role: PeerRole::Exporter,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    child.expect_exit_or_kill(Duration::from_secs(10));
 }

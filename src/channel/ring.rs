@@ -66,7 +66,7 @@
 //! | a listener, `SIGKILL`ed while armed | its bit stays until the next ring takes it; the tell is refused (`ECONNREFUSED`, nobody holds the bell) and ignored; its bell's file is removed by the next bind at that name or any process's first bell |
 //! | a listener that stopped waiting (a cancelled future, a `WaitSet` timeout) | its bit stays armed: the next ring tells a bell nobody drains until its next check; a spurious wake at most |
 //! | a ringer, after its publish or release, before its tell (preempted) | the listener wakes when the tell comes |
-//! | a ringer, `SIGKILL`ed between its ring and its tell | the listener is not told, but the ringer's exit makes its pidfd readable: it wakes, re-reads the words, and finds the item (or slot) and then the death |
+//! | a ringer, `SIGKILL`ed between its ring and its tell | the listener is not told, but the ringer's exit makes its pidfd readable: it wakes, re-reads the words, and finds the item (or slot) and then the death (replayed in `tests/readiness.rs`) |
 //! | a ringer that forks | the child's ring tells the same bells (a spurious wake at most) |
 //!
 //! A timed-out or cancelled listener leaves only its armed bit behind; the next call drains
@@ -377,8 +377,9 @@ impl<'a> Ring<'a> {
     }
 
     /// The protocol on `state` with no bells: for the loom models and unit tests, where
-    /// nobody listens.
-    #[cfg(test)]
+    /// nobody listens, and the replay of a ringer killed between its ring and its tells
+    /// (`channel::__testing`).
+    #[cfg(any(test, cuda_ipc_test_hooks))]
     pub(crate) fn new(state: &'a RingState, geometry: Geometry) -> Self {
         Self {
             state,
