@@ -17,6 +17,12 @@
 //! - `stream_1MiB_grouped`: as `stream_1MiB` with 16 slots, the producer sending and the
 //!   consumer receiving in groups of 8 (`acquire_batch` / `recv_batch`: one GPU wait and one
 //!   write per group on each side), against the same native copy.
+//! - `ping_async` (feature `async`): the `ping` round trip with the consumer a tokio task
+//!   awaiting each item (`Listening::recv_async`, woken through its descriptor) instead of a
+//!   thread blocked in `recv`, against the blocking `ping` in the same run.
+//! - `ping_wait_set`: the `ping` round trip through one of 64 channels in turn, the consumer
+//!   one thread waiting on a `WaitSet` of all 64 listening receivers, against the one-channel
+//!   blocking `ping` in the same run.
 //! - `torch.multiprocessing`: a CUDA tensor of the ping item's size put on a queue and rebuilt
 //!   by another Python process (`examples/interop/cuda_ipc_peer.py torch-mp-bench`), against
 //!   the one-GPU ping round trip.
@@ -49,6 +55,12 @@ const CMD_RAW: u32 = 2;
 const CMD_STREAM: u32 = 3;
 const CMD_NATIVE: u32 = 4;
 const CMD_STREAM_BATCH: u32 = 5;
+/// The consumer a tokio task on a listening receiver (`recv_async`).
+const CMD_CHANNEL_ASYNC: u32 = 6;
+/// The consumer one thread on a `WaitSet` of [`MANY`] listening receivers.
+const CMD_WAIT_SET: u32 = 7;
+/// Channels in the `WaitSet` ping.
+const MANY: usize = 64;
 /// Batched streaming: slots in the ring, items per batch on each side.
 const BATCH_SLOTS: usize = 16;
 const BATCH: usize = 8;
@@ -58,6 +70,8 @@ const CMD_EXIT: u32 = 9;
 #[repr(C)]
 struct Shared {
     chan: ShmCell<IpcChannelHandle<u32>>,
+    /// The `WaitSet` ping's channels.
+    many: [ShmCell<IpcChannelHandle<u32>>; MANY],
     raw_data: ShmCell<[u8; 64]>,
     raw_sent: ShmCell<[u8; 64]>,
     raw_released: ShmCell<[u8; 64]>,
@@ -214,6 +228,65 @@ fn consumer(device: u32, region: &str) {
                 // SAFETY: allocated above, nothing queued on it (synchronised).
                 unsafe { common::ok("cuMemFree", sys::cuMemFree_v2(dst)) };
             }
+            CMD_CHANNEL_ASYNC => {
+                #[cfg(feature = "async")]
+                {
+                    let mut rx = IpcReceiver::<u32>::open(&ctx, &s.chan.load())
+                        .unwrap()
+                        .listening()
+                        .unwrap();
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        loop {
+                            match rx.recv_async(&rs).await {
+                                Ok(item) => item.release().unwrap(),
+                                Err(Error::ChannelClosed { .. }) => break,
+                                Err(e) => panic!("consumer recv_async: {e}"),
+                            }
+                        }
+                    });
+                    sync(stream);
+                }
+            }
+            CMD_WAIT_SET => {
+                let mut set = cuda_ipc::wait::WaitSet::new().unwrap();
+                let mut rxs: Vec<_> = s
+                    .many
+                    .iter()
+                    .map(|h| {
+                        let rx = IpcReceiver::<u32>::open(&ctx, &h.load())
+                            .unwrap()
+                            .listening()
+                            .unwrap();
+                        set.attach(&rx).unwrap();
+                        Some(rx)
+                    })
+                    .collect();
+                let mut open = MANY;
+                while open > 0 {
+                    for key in set.wait(Some(WAIT)).unwrap() {
+                        let Some(rx) = rxs[key.index()].as_mut() else {
+                            continue;
+                        };
+                        let closed = loop {
+                            match rx.try_recv(&rs) {
+                                Ok(Some(item)) => item.release().unwrap(),
+                                Ok(None) => break false,
+                                Err(Error::ChannelClosed { .. }) => break true,
+                                Err(e) => panic!("consumer try_recv: {e}"),
+                            }
+                        };
+                        if closed {
+                            set.detach(key);
+                            rxs[key.index()] = None;
+                            open -= 1;
+                        }
+                    }
+                }
+                sync(stream);
+            }
             CMD_RAW => {
                 let (sent, released) =
                     (ipc_open(s.raw_sent.load()), ipc_open(s.raw_released.load()));
@@ -319,6 +392,25 @@ impl Bench<'_> {
         self.command(cmd, elems * 4, batch);
         spin("the consumer to attach", || tx.consumer().is_some());
         tx
+    }
+
+    /// [`MANY`] one-slot ping channels for the `WaitSet` consumer, once it has attached to all.
+    fn many_channels(&self) -> Vec<IpcSender<u32>> {
+        let txs: Vec<_> = self
+            .s
+            .many
+            .iter()
+            .map(|h| {
+                let tx = IpcSender::<u32>::new(self.ctx, 1, PING_ELEMS).unwrap();
+                h.store(tx.handle());
+                tx
+            })
+            .collect();
+        self.command(CMD_WAIT_SET, PING_ELEMS * 4, 0);
+        spin("the consumer to attach to every channel", || {
+            txs.iter().all(|tx| tx.consumer().is_some())
+        });
+        txs
     }
 
     /// One ping round trip through the channel.
@@ -521,6 +613,42 @@ fn main() {
             if device == 0 {
                 ping_1gpu = ours;
             }
+            // The consumer waiting on its descriptor: a tokio task, then one thread over 64
+            // channels, each against the blocking consumer in alternating phases.
+            let blocking = |n: usize| {
+                let mut tx = b.channel(1, PING_ELEMS, CMD_CHANNEL, 0);
+                let v = common::sample(n, 200, || b.ping(&mut tx));
+                drop(tx);
+                v
+            };
+            #[cfg(feature = "async")]
+            {
+                let (mut waited, mut base) = (Vec::new(), Vec::new());
+                for _ in 0..9 {
+                    let mut tx = b.channel(1, PING_ELEMS, CMD_CHANNEL_ASYNC, 0);
+                    waited.extend(common::sample(10, 200, || b.ping(&mut tx)));
+                    drop(tx);
+                    base.extend(blocking(10));
+                }
+                waited.sort_by(f64::total_cmp);
+                base.sort_by(f64::total_cmp);
+                common::row("tokio recv_async vs recv", &waited, &base);
+            }
+            let (mut waited, mut base) = (Vec::new(), Vec::new());
+            for _ in 0..5 {
+                let mut txs = b.many_channels();
+                let mut i = 0;
+                waited.extend(common::sample(10, 200, || {
+                    i = (i + 37) % MANY; // every channel in turn, not in order
+                    b.ping(&mut txs[i]);
+                }));
+                drop(txs);
+                base.extend(blocking(10));
+            }
+            b.command(CMD_IDLE, 0, 0);
+            waited.sort_by(f64::total_cmp);
+            base.sort_by(f64::total_cmp);
+            common::row("WaitSet of 64 vs one recv", &waited, &base);
         }
 
         // Streaming: one item at a time (4 slots), and 1 MiB items in groups of [`BATCH`] on
