@@ -369,12 +369,7 @@ impl FdListener {
     /// cannot start or watch the listener.
     #[cfg(feature = "async")]
     pub async fn accept_async(&self) -> Result<FdSocket> {
-        loop {
-            if let Some(socket) = self.try_accept()? {
-                return Ok(socket);
-            }
-            crate::reactor::Readable::new(self.fd.as_fd()).await?;
-        }
+        crate::reactor::until(self.fd.as_fd(), || self.try_accept()).await
     }
 
     /// Where this listener listens.
@@ -642,12 +637,7 @@ impl FdSocket {
     /// cannot start or watch the socket.
     #[cfg(feature = "async")]
     pub async fn recv_async(&self) -> Result<FdMessage> {
-        loop {
-            if let Some(message) = self.try_recv()? {
-                return Ok(message);
-            }
-            crate::reactor::Readable::new(self.fd.as_fd()).await?;
-        }
+        crate::reactor::until(self.fd.as_fd(), || self.try_recv()).await
     }
 
     /// Await the socket's turning readable (a message, or the peer's close) without taking

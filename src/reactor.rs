@@ -135,5 +135,20 @@ impl Drop for Readable<'_> {
     }
 }
 
+/// Call `attempt` until it finds something, awaiting `fd`'s turning readable between tries:
+/// the loop of every `async` wait on a descriptor whose `try_` call never waits. Cancel-safe
+/// when `attempt` takes its find whole or not at all.
+pub(crate) async fn until<T>(
+    fd: BorrowedFd<'_>,
+    mut attempt: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    loop {
+        if let Some(found) = attempt()? {
+            return Ok(found);
+        }
+        Readable::new(fd).await?;
+    }
+}
+
 #[cfg(test)]
 mod tests;
