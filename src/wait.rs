@@ -57,6 +57,30 @@ impl Key {
 }
 
 /// Many descriptors and deadlines, waited for at once in one thread: see the module docs.
+///
+/// # Examples
+///
+/// Any descriptor (`AsFd`) can be attached; here two sockets, one of which has a message:
+///
+/// ```
+/// use std::os::unix::net::UnixDatagram;
+/// use std::time::{Duration, Instant};
+/// use cuda_ipc::wait::WaitSet;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (quiet, _a) = UnixDatagram::pair()?;
+/// let (busy, b) = UnixDatagram::pair()?;
+/// let mut set = WaitSet::new()?;
+/// let _ = set.attach(&quiet)?;
+/// let key = set.attach(&busy)?;
+/// let soon = set.attach_deadline(Instant::now() + Duration::from_secs(5));
+/// b.send(b"hello")?;
+/// assert_eq!(set.wait(None)?, vec![key]); // readable: named until the message is read
+/// busy.recv(&mut [0; 8])?;
+/// assert!(set.wait(Some(Duration::ZERO))?.is_empty());
+/// assert!(set.detach(soon));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct WaitSet {
     set: OwnedFd,
