@@ -416,6 +416,7 @@ impl RingState {
         // (killed before a consumer attached, or a broadcast producer, whose consumers leave
         // the name for later ones). Consumers still attached keep their mappings.
         crate::shm::reclaim_stale_once(crate::shm::CHANNELS);
+        bell::sweep_once(); // and the bells of listeners killed since
         let ring = ShmOptions::new(crate::shm::CHANNELS)
             .random_suffix(true)
             .create_with(|s: &Self| {

@@ -30,6 +30,7 @@ impl HostProducer {
         let me = ProcessIdentity::current();
         let mut held = 0;
         crate::shm::reclaim_stale_once(crate::shm::CHANNELS);
+        super::bell::sweep_once();
         let region = ShmOptions::new(crate::shm::CHANNELS)
             .random_suffix(true)
             .create_with(|s: &RingState| {

@@ -17,8 +17,8 @@
 //!   finds the item (or the slot) in the ring and the death in its owner word.
 //! - A listener `SIGKILL`ed while armed: its bit stays until the next ring takes it; the tell
 //!   to its bell is refused (`ECONNREFUSED`, nobody holds the socket) and ignored. Its socket
-//!   file stays in `/dev/shm` until the next bind at that name (or any process's first bell)
-//!   finds it refusing connections and removes it.
+//!   file stays in `/dev/shm` until the next bind at that name, or any process's first bell or
+//!   first channel, finds it refusing connections and removes it.
 //! - A listener that times out (its future dropped, its wait set's deadline passed) leaves its
 //!   bit armed: the next ring takes it and tells a bell that may already be drained or gone —
 //!   a spurious wake at most, never a lost one.
@@ -139,8 +139,10 @@ pub(crate) fn tell_producer(channel: &str, listeners: Listeners) {
     }
 }
 
-/// Remove, once per process, every bell file in `/dev/shm` of this user that nobody holds.
-fn sweep_once() {
+/// Remove, once per process, every bell file in `/dev/shm` of this user that nobody holds:
+/// before a process's first bell, and when it creates its first channel (as stale channel
+/// regions are reclaimed).
+pub(crate) fn sweep_once() {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(|| {
         let Ok(dir) = std::fs::read_dir(os::SHM_DIR) else {
