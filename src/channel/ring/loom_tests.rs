@@ -19,6 +19,18 @@ const BROADCAST: Geometry = Geometry {
     consumers: 2,
 };
 
+/// A ring whose producer (pid 1) has claimed it, a word standing for a slot's contents, and
+/// the producer's held owner word.
+#[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
+fn claimed() -> (Arc<RingState>, Arc<AtomicU64>, u64) {
+    let s = Arc::new(*RingState::boxed());
+    let held = s
+        .producer
+        .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
+        .unwrap();
+    (s, Arc::new(AtomicU64::new(0)), held)
+}
+
 /// Broadcast, the race behind a late attach: a consumer attaches while the producer
 /// writes two items through one slot (nobody attached before), takes the next item if it
 /// is there yet, and closes. Whatever it received is the item right after its start, and
@@ -27,11 +39,7 @@ const BROADCAST: Geometry = Geometry {
 #[test]
 fn a_late_consumer_never_sees_an_overwritten_slot() {
     model(|| {
-        let s = Arc::new(*RingState::boxed());
-        let data = Arc::new(AtomicU64::new(0));
-        s.producer
-            .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
-            .unwrap();
+        let (s, data, _) = claimed();
         let consumer = {
             let (s, data) = (s.clone(), data.clone());
             loom::thread::spawn(move || {
@@ -66,12 +74,7 @@ fn a_late_consumer_never_sees_an_overwritten_slot() {
 #[test]
 fn items_arrive_whole_in_order_then_closed() {
     model(|| {
-        let s = Arc::new(*RingState::boxed());
-        let data = Arc::new(AtomicU64::new(0));
-        let held = s
-            .producer
-            .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
-            .unwrap();
+        let (s, data, held) = claimed();
         let consumer = {
             let (s, data) = (s.clone(), data.clone());
             loom::thread::spawn(move || {
