@@ -122,8 +122,7 @@
 //!   It enables no cudarc CUDA-version or linking feature: as cudarc asks, the application
 //!   picks them in its own `cudarc` dependency (`cuda-12080` and `dynamic-loading`, say).
 //! - `async`: `async` waits for any runtime — a listening channel end's `recv_async` /
-//!   `acquire_async`, [`FdSocket::recv_async`](crate::fd::FdSocket::recv_async),
-//!   [`FdListener::accept_async`](crate::fd::FdListener::accept_async) — woken by one reactor
+//!   `acquire_async`, `FdSocket::recv_async`, `FdListener::accept_async` — woken by one reactor
 //!   thread per process; no runtime dependency. Without it, every waiting object still exposes
 //!   its descriptor (`AsFd`) for tokio's `AsyncFd`, smol's `Async` or a
 //!   [`WaitSet`](crate::wait::WaitSet): see the channel guide.

@@ -94,7 +94,7 @@ impl AsFd for Readiness {
 /// Consumer: the length of item `received + 1` if it was published. If not and the end
 /// listens (`readiness`), it is armed — and the producer watched — before `None` is
 /// returned; a dead producer with nothing left to receive is
-/// [`Error::PeerGone`](crate::Error::PeerGone) at once (no exit would wake the descriptor).
+/// [`Error::PeerGone`] at once (no exit would wake the descriptor).
 pub(crate) fn try_recv_armed(
     ring: &Ring<'_>,
     readiness: Option<&mut Readiness>,

@@ -174,7 +174,7 @@ impl<T: Pod> IpcReceiver<T> {
     }
 
     /// As [`recv`](Self::recv), without waiting: `Ok(None)` when no item is there yet (a
-    /// [`Listening`](super::Listening) receiver is then armed: its descriptor turns readable
+    /// [`Listening`] receiver is then armed: its descriptor turns readable
     /// when the producer sends, closes or dies).
     ///
     /// # Errors

@@ -310,7 +310,7 @@ impl<T: Pod> IpcSender<T> {
     }
 
     /// As [`acquire`](Self::acquire), without waiting: `Ok(None)` when the ring is full (a
-    /// [`Listening`](super::Listening) sender is then armed: its descriptor turns readable
+    /// [`Listening`] sender is then armed: its descriptor turns readable
     /// when the consumer holding the slot releases, closes or dies).
     ///
     /// # Errors

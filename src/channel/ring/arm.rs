@@ -59,8 +59,8 @@ impl Ring<'_> {
         matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
     }
 
-    /// Producer: the entry whose consumer holds item `k`'s slot, if any ([`try_acquire`]'s
-    /// check, naming who blocks it).
+    /// Producer: the entry whose consumer holds item `k`'s slot, if any (the check of
+    /// [`try_acquire`](Self::try_acquire), naming who blocks it).
     fn slot_holder(&self, k: u64) -> Result<Option<usize>> {
         if !self.geometry.is_broadcast() && self.entry().owner.load().state == OwnerState::Left {
             return self.consumer_status().map(|()| Some(0));
