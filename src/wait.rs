@@ -127,7 +127,7 @@ impl WaitSet {
             source: e,
         })?;
         let key = self.key();
-        os::epoll::add_keyed(self.set.as_fd(), fd.as_fd(), key.0)
+        os::epoll::add(self.set.as_fd(), fd.as_fd(), key.0)
             .map_err(|e| Error::from_os("epoll_ctl", "wait set", e))?;
         self.fds.push((key, fd));
         Ok(key)

@@ -37,7 +37,7 @@ impl Readiness {
         let bell = Bell::bind(channel, end)?;
         let os_err = |call, e| Error::from_os(call, channel, e);
         let set = os::epoll::set().map_err(|e| os_err("epoll_create1", e))?;
-        os::epoll::add(set.as_fd(), bell.as_fd()).map_err(|e| os_err("epoll_ctl", e))?;
+        os::epoll::add(set.as_fd(), bell.as_fd(), 0).map_err(|e| os_err("epoll_ctl", e))?;
         // Readable to begin with: a first wait returns at once, and the `try_` call after it
         // arms the end (nothing is armed yet, so nothing else would wake it).
         bell.tell();
@@ -66,7 +66,7 @@ impl Readiness {
             os::epoll::remove(self.set.as_fd(), old.as_fd());
         }
         let pidfd = os::pidfd_open(peer.pid())
-            .filter(|fd| os::epoll::add(self.set.as_fd(), fd.as_fd()).is_ok());
+            .filter(|fd| os::epoll::add(self.set.as_fd(), fd.as_fd(), 0).is_ok());
         self.peer = Some((*peer, pidfd));
         // Checked after the pidfd is open: alive now, so the pidfd is that process's (a pid
         // reused before the open reads as dead here), and its exit from now on wakes the set.

@@ -10,18 +10,14 @@ pub(crate) fn set() -> Result<OwnedFd, Errno> {
     epoll::create(epoll::CreateFlags::CLOEXEC)
 }
 
-/// Add `fd` to `set`, watched for being readable (level-triggered).
-pub(crate) fn add(set: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-    epoll::add(set, fd, epoll::EventData::new_u64(0), epoll::EventFlags::IN)
-}
-
 /// Remove `fd` from `set` (one that was never added, or is closed, is no error).
 pub(crate) fn remove(set: BorrowedFd<'_>, fd: BorrowedFd<'_>) {
     let _ = epoll::delete(set, fd);
 }
 
-/// Add `fd` to `set` for being readable, reported with `key` by [`wait`].
-pub(crate) fn add_keyed(set: BorrowedFd<'_>, fd: BorrowedFd<'_>, key: u64) -> Result<(), Errno> {
+/// Add `fd` to `set`, watched for being readable (level-triggered) and reported with `key` by
+/// [`wait`].
+pub(crate) fn add(set: BorrowedFd<'_>, fd: BorrowedFd<'_>, key: u64) -> Result<(), Errno> {
     epoll::add(
         set,
         fd,
@@ -39,13 +35,7 @@ pub(crate) fn wait(
     let deadline = timeout.map(crate::poll::Deadline::after);
     let mut events = Vec::with_capacity(64);
     loop {
-        let left = deadline.map(|d| {
-            let left = d.remaining();
-            rustix::time::Timespec {
-                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
-                tv_nsec: i64::from(left.subsec_nanos()),
-            }
-        });
+        let left = deadline.map(|d| super::timespec(d.remaining()));
         events.clear();
         match epoll::wait(
             set,
@@ -75,11 +65,6 @@ pub(crate) fn watch_once(set: BorrowedFd<'_>, fd: BorrowedFd<'_>, key: u64) -> R
 /// Whether `fd` is readable (or hung up) now, without waiting.
 #[cfg(feature = "async")]
 pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> bool {
-    use rustix::event::{PollFd, PollFlags, poll};
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let zero = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+    let now = crate::poll::Deadline::after(std::time::Duration::ZERO);
+    super::socket::wait(fd, rustix::event::PollFlags::IN, now).unwrap_or(false)
 }

@@ -183,16 +183,21 @@ pub(crate) fn random_u64() -> Result<u64> {
     Ok(u64::from_ne_bytes(buf))
 }
 
+/// `d` as the kernel's timespec (a duration past `i64::MAX` seconds saturates).
+pub(crate) fn timespec(d: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
 /// Sleep on a shared (not `FUTEX_PRIVATE`) futex while `*word == expected`, at most `timeout`.
 ///
 /// Returns on wake-up, timeout, signal, or a value mismatch alike: the caller re-checks its
 /// condition in every case.
 #[cfg_attr(cuda_ipc_loom, allow(dead_code))]
 pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = rustix::time::Timespec {
-        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(timeout.subsec_nanos()),
-    };
+    let ts = timespec(timeout);
     // Every outcome (woken, ETIMEDOUT, EAGAIN on mismatch, EINTR) means "look again".
     let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
 }

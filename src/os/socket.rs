@@ -123,11 +123,7 @@ pub(crate) fn wait(
     deadline: Deadline,
 ) -> Result<bool, Errno> {
     loop {
-        let left = deadline.remaining();
-        let timeout = rustix::time::Timespec {
-            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(left.subsec_nanos()),
-        };
+        let timeout = super::timespec(deadline.remaining());
         let mut fds = [PollFd::new(&fd, flags)];
         match poll(&mut fds, Some(&timeout)) {
             Ok(0) => return Ok(false),
