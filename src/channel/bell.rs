@@ -149,13 +149,13 @@ pub(crate) fn sweep_once() {
             return;
         };
         for entry in dir.flatten() {
-            let ours = entry
-                .file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(BELLS));
-            let path = entry.path();
-            if ours && os::socket::owned_by_me(&path) && os::datagram::is_stale(&path) {
-                let _ = std::fs::remove_file(&path);
+            let name = entry.file_name();
+            let ours = name.to_str().is_some_and(|n| {
+                n.starts_with(BELLS)
+                    && os::shm_lstat(n).is_ok_and(|f| f.uid == os::euid() && f.is_socket())
+            });
+            if ours && os::datagram::is_stale(&entry.path()) {
+                let _ = std::fs::remove_file(entry.path());
             }
         }
     });

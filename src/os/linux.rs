@@ -47,6 +47,11 @@ impl FileInfo {
     pub(crate) fn is_regular(&self) -> bool {
         FileType::from_raw_mode(self.file_type) == FileType::RegularFile
     }
+
+    /// `S_IFSOCK`.
+    pub(crate) fn is_socket(&self) -> bool {
+        FileType::from_raw_mode(self.file_type) == FileType::Socket
+    }
 }
 
 fn info_of(st: &fs::Stat) -> FileInfo {

@@ -258,14 +258,6 @@ pub(crate) fn file_id(path: &std::path::Path) -> Result<(u64, u64), Errno> {
     Ok((st.st_dev, st.st_ino))
 }
 
-/// Whether `path` is a socket file of this process's effective user (not following a link).
-pub(crate) fn owned_by_me(path: &std::path::Path) -> bool {
-    rustix::fs::lstat(path).is_ok_and(|st| {
-        st.st_uid == rustix::process::geteuid().as_raw()
-            && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
-    })
-}
-
 /// Remove the socket file at `path` if it is still the file `id` ([`file_id`] at the bind);
 /// returns whether it did. A file someone put there since (after unlinking ours) is theirs.
 /// (A window remains between the `lstat` and the `unlink`; only a process that can write the
