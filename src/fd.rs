@@ -559,8 +559,9 @@ impl FdSocket {
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv(&self, timeout: Duration) -> Result<FdMessage> {
         let deadline = Deadline::after(timeout);
+        let mut buf = vec![0u8; MAX_PAYLOAD + 1];
         loop {
-            if let Some(message) = self.try_recv()? {
+            if let Some(message) = self.recv_into(&mut buf)? {
                 return Ok(message);
             }
             self.wait_ready(PollFlags::IN, deadline, "fd socket receive", timeout)?;
@@ -576,9 +577,14 @@ impl FdSocket {
     ///
     /// As [`recv`](Self::recv), without [`Error::Timeout`].
     pub fn try_recv(&self) -> Result<Option<FdMessage>> {
-        let mut buf = vec![0u8; MAX_PAYLOAD + 1];
+        self.recv_into(&mut vec![0u8; MAX_PAYLOAD + 1])
+    }
+
+    /// [`try_recv`](Self::try_recv) into `buf` (at least `MAX_PAYLOAD + 1` bytes): one buffer
+    /// for all the tries of a waiting [`recv`](Self::recv).
+    fn recv_into(&self, buf: &mut [u8]) -> Result<Option<FdMessage>> {
         loop {
-            match sys::recv(self.fd.as_fd(), &mut buf) {
+            match sys::recv(self.fd.as_fd(), buf) {
                 // End of file, or an empty record (which no sender of this crate makes: every
                 // frame has its version byte) while the connection stays up.
                 Ok(r) if r.bytes == 0 && sys::peer_hung_up(self.fd.as_fd()) => {
@@ -611,10 +617,8 @@ impl FdSocket {
                             },
                         });
                     }
-                    buf.truncate(r.bytes);
-                    buf.remove(0);
                     return Ok(Some(FdMessage {
-                        payload: buf,
+                        payload: buf[1..r.bytes].to_vec(),
                         fds: r.fds,
                     }));
                 }
