@@ -630,8 +630,13 @@ impl<'a> Ring<'a> {
 
     /// The pid of entry `i`'s consumer while it is attached or attaching.
     fn holder(&self, i: usize) -> Option<u32> {
-        let owner = self.state.consumer.get(i)?.owner.load();
-        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(owner.pid)
+        self.consumer_identity(i).map(|id| id.pid())
+    }
+
+    /// Entry `i`'s consumer while it is attached or attaching.
+    pub(crate) fn consumer_identity(&self, i: usize) -> Option<ProcessIdentity> {
+        let (owner, id) = self.state.consumer.get(i)?.owner.load_identity();
+        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
     }
 
     /// Producer: publish item `k` of `len` elements with no header (its GPU signal already
@@ -691,8 +696,13 @@ impl<'a> Ring<'a> {
 
     /// Consumer: whether the producer died (as opposed to running or closed).
     pub(crate) fn producer_dead(&self) -> bool {
+        self.producer_identity().is_some_and(|id| !alive(&id))
+    }
+
+    /// The producer while it has not closed.
+    pub(crate) fn producer_identity(&self) -> Option<ProcessIdentity> {
         let (owner, id) = self.state.producer.load_identity();
-        matches!(owner.state, OwnerState::Claiming | OwnerState::Held) && !alive(&id)
+        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
     }
 
     /// Consumer: fail if the producer is gone and no item after `received` is left.

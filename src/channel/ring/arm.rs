@@ -1,6 +1,6 @@
 //! Listeners: channel ends that wait on a descriptor (a reactor, an async task, a
 //! `WaitSet`) rather than the futex. The ring's half of it: arming an end against a ticket
-//! (`try_recv_or_arm`, `try_acquire_or_arm`) and naming the peer it waits for.
+//! (`try_recv_or_arm`; `try_acquire_or_arm`, which names the entry the producer waits for).
 //!
 //! An end that waits on a descriptor (a `Listening` end: a reactor, an async task, a
 //! `WaitSet`) does not sleep on the doorbell's futex; it *arms* its bit in the doorbell's word
@@ -45,18 +45,6 @@ impl Ring<'_> {
                 return Ok(Some(i));
             }
         }
-    }
-
-    /// Entry `i`'s consumer while it is attached or attaching.
-    pub(crate) fn consumer_identity(&self, i: usize) -> Option<ProcessIdentity> {
-        let (owner, id) = self.state.consumer.get(i)?.owner.load_identity();
-        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
-    }
-
-    /// The producer while it has not closed.
-    pub(crate) fn producer_identity(&self) -> Option<ProcessIdentity> {
-        let (owner, id) = self.state.producer.load_identity();
-        matches!(owner.state, OwnerState::Claiming | OwnerState::Held).then_some(id)
     }
 
     /// Producer: the entry whose consumer holds item `k`'s slot, if any (the check of
