@@ -288,15 +288,13 @@ impl HostConsumer {
         Ring::of(&self.region, self.geometry).at_entry(self.index)
     }
 
-    /// Wait on a descriptor from now on: bind this end's bell and watch the producer.
+    /// Wait on a descriptor from now on: bind this end's bell (its first try watches the
+    /// producer, as a `Listening` receiver's does).
     pub fn listen(&mut self) -> Result<()> {
-        let mut r = super::readiness::Readiness::new(
+        self.readiness = Some(super::readiness::Readiness::new(
             self.region.name(),
             super::bell::End::Consumer(self.index),
-        )?;
-        let (_, producer) = self.region.get().producer.load_identity();
-        r.watch(&producer);
-        self.readiness = Some(r);
+        )?);
         Ok(())
     }
 

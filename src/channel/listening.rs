@@ -113,8 +113,7 @@ impl<T: Pod> IpcReceiver<T> {
     /// consumer's bell; [`Error::Os`](crate::Error::Os) for a failed `socket`, `bind` or
     /// `epoll_create1`.
     pub fn listening(mut self) -> Result<Listening<Self>> {
-        let end = End::Consumer(self.end.entry);
-        let fd = self.end.listen(end)?;
+        let fd = self.listen()?.as_raw_fd();
         Ok(Listening { end: self, fd })
     }
 }
@@ -140,7 +139,7 @@ impl<T: Pod> IpcSender<T> {
     ///
     /// As [`IpcReceiver::listening`].
     pub fn listening(mut self) -> Result<Listening<Self>> {
-        let fd = self.end.listen(End::Producer)?;
+        let fd = self.listen()?.as_raw_fd();
         Ok(Listening { end: self, fd })
     }
 }
