@@ -44,22 +44,23 @@ async def readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
+async def _until(fd: int, attempt: Callable[[], Optional[_R]]) -> _R:
+    """``attempt()`` until it finds something (not ``None``), awaiting ``fd`` between tries."""
+    while True:
+        found = attempt()
+        if found is not None:
+            return found
+        await readable(fd)
+
+
 async def recv(socket: Any) -> bytes:
     """The next message of ``socket`` (a ``cuda_ipc.Socket``)."""
-    while True:
-        message = socket.try_recv()
-        if message is not None:
-            return message
-        await readable(socket.fileno())
+    return await _until(socket.fileno(), socket.try_recv)
 
 
 async def accept(listener: Any) -> Any:
     """The next peer of ``listener`` (a ``cuda_ipc.Listener``), as a ``cuda_ipc.Socket``."""
-    while True:
-        socket = listener.try_accept()
-        if socket is not None:
-            return socket
-        await readable(listener.fileno())
+    return await _until(listener.fileno(), listener.try_accept)
 
 
 async def recv_item(
@@ -67,11 +68,11 @@ async def recv_item(
 ) -> _R:
     """The next item of ``receiver`` (a ``cuda_ipc.Receiver``), handed to ``use(item,
     header)`` as ``Receiver.recv`` does; what ``use`` returned."""
-    fd = receiver.fileno()
-    while True:
+    def attempt() -> Optional[list]:
         # ``try_recv`` returns None only when nothing was there; ``use`` may return None too.
         got: list = []
         receiver.try_recv(lambda item, header: got.append(use(item, header)), stream=stream)
-        if got:
-            return got[0]
-        await readable(fd)
+        return got or None
+
+    found = await _until(receiver.fileno(), attempt)
+    return found[0]
