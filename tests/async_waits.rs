@@ -9,10 +9,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{Rng, spawn, unique_name, watchdog};
+use common::{Rng, mailbox, read_mailbox, spawn, watchdog};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
 use cuda_ipc::Error;
 use cuda_ipc::error::PeerRole;
@@ -28,29 +27,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 const ITEMS: u64 = 2_000;
-
-fn mailbox(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(unique_name(tag))
-}
-
-/// The lines a child wrote to `path` once it wrote `n` of them.
-fn read_lines(path: &PathBuf, n: usize) -> Vec<String> {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.lines().count() >= n
-            && text.ends_with('\n')
-        {
-            let _ = std::fs::remove_file(path);
-            return text.lines().map(str::to_owned).collect();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no channel names"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 #[test]
 fn child_process() {
@@ -132,7 +108,7 @@ fn child_process() {
 fn consumer_of(role: &str) -> (HostConsumer, common::Child) {
     let path = mailbox("async");
     let child = spawn(role, &[path.to_str().unwrap()]);
-    let name = read_lines(&path, 1).remove(0);
+    let name = read_mailbox(&path, 1, Duration::from_secs(60)).remove(0);
     let mut rx = HostConsumer::open_pausing(&name, SLOTS, 100, || {}).unwrap();
     rx.listen().unwrap();
     (rx, child)
@@ -309,7 +285,7 @@ fn a_thousand_pending_receives_cost_no_thread_each_and_no_cpu_idle() {
                 go.to_str().unwrap(),
             ],
         ));
-        names.extend(read_lines(&path, PER));
+        names.extend(read_mailbox(&path, PER, Duration::from_secs(60)));
     }
     let mut consumers: Vec<HostConsumer> = names
         .iter()

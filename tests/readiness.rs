@@ -8,35 +8,15 @@
 mod common;
 
 use std::os::fd::BorrowedFd;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{spawn, unique_name, watchdog};
+use common::{mailbox, read_mailbox, spawn, watchdog};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
 use cuda_ipc::Error;
 use cuda_ipc::error::PeerRole;
 
 const SLOTS: usize = 4;
 const ITEMS: u64 = 2_000;
-
-/// Where a producer child writes its channel's name for the parent.
-fn mailbox(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(unique_name(tag))
-}
-
-fn read_mailbox(path: &PathBuf) -> String {
-    let start = Instant::now();
-    loop {
-        if let Ok(name) = std::fs::read_to_string(path)
-            && name.ends_with('\n')
-        {
-            let _ = std::fs::remove_file(path);
-            return name.trim_end().to_owned();
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "no channel name");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 /// Whether `fd` polls readable within `within`.
 fn readable(fd: BorrowedFd<'_>, within: Duration) -> bool {
@@ -125,7 +105,7 @@ fn a_consumer_on_its_descriptor_is_woken_by_every_item_and_the_close() {
     let _dog = watchdog("readiness_items", Duration::from_secs(60));
     let path = mailbox("ready-items");
     let child = spawn("producer", &[path.to_str().unwrap()]);
-    let name = read_mailbox(&path);
+    let name = read_mailbox(&path, 1, Duration::from_secs(20)).remove(0);
     let mut rx = HostConsumer::open_pausing(&name, SLOTS, 100, || {}).unwrap();
     rx.listen().unwrap();
     let (mut got, mut waits, mut empty_wakes) = (0u64, 0u32, 0u32);
@@ -168,7 +148,7 @@ fn a_producer_killed_while_the_consumer_waits_wakes_it() {
     let _dog = watchdog("readiness_kill", Duration::from_secs(60));
     let path = mailbox("ready-kill");
     let child = spawn("idle", &[path.to_str().unwrap()]);
-    let name = read_mailbox(&path);
+    let name = read_mailbox(&path, 1, Duration::from_secs(20)).remove(0);
     let mut rx = HostConsumer::open_pausing(&name, SLOTS, 100, || {}).unwrap();
     rx.listen().unwrap();
     assert!(rx.try_recv_listening().unwrap().is_none(), "armed");
@@ -262,7 +242,7 @@ fn one_wait_set_serves_eight_producers() {
     for i in 0..N {
         let path = mailbox(&format!("ready-set-{i}"));
         children.push(spawn("producer", &[path.to_str().unwrap()]));
-        let name = read_mailbox(&path);
+        let name = read_mailbox(&path, 1, Duration::from_secs(20)).remove(0);
         let mut rx = HostConsumer::open_pausing(&name, SLOTS, 100, || {}).unwrap();
         rx.listen().unwrap();
         let key = set.attach(&rx.ready_fd().unwrap()).unwrap();
@@ -323,7 +303,7 @@ fn a_producer_killed_between_its_ring_and_its_tell_still_wakes_the_consumer() {
             sent.to_str().unwrap(),
         ],
     );
-    let name = read_mailbox(&path);
+    let name = read_mailbox(&path, 1, Duration::from_secs(20)).remove(0);
     let mut rx = HostConsumer::open_pausing(&name, SLOTS, 100, || {}).unwrap();
     rx.listen().unwrap();
     assert!(rx.try_recv_listening().unwrap().is_none(), "armed");

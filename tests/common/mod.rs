@@ -44,6 +44,34 @@ pub fn unique_name(test: &str) -> String {
     )
 }
 
+/// A file of its own in the temporary directory, for a child to write lines to the parent
+/// (a channel's name, say) with [`read_mailbox`].
+pub fn mailbox(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(unique_name(tag))
+}
+
+/// The lines a child wrote to `path` once it has written `n` whole ones (then the file is
+/// removed); fails the test after `within`.
+pub fn read_mailbox(path: &std::path::Path, n: usize, within: Duration) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.lines().count() >= n
+            && text.ends_with('\n')
+        {
+            let _ = std::fs::remove_file(path);
+            return text.lines().map(str::to_owned).collect();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{} lines in {} within {within:?}",
+            n,
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// In a child or helper: its role and arguments; `None` in the process that started it.
 pub fn helper_role() -> Option<(String, Vec<String>)> {
     let role = std::env::var(ROLE_ENV).ok()?;
