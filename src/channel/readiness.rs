@@ -104,11 +104,10 @@ pub(crate) fn try_recv_armed(
         return ring.try_recv(received);
     };
     r.drain();
-    if let Some(producer) = ring.producer_identity() {
-        r.watch(&producer);
-    }
+    // The watch's answer is the liveness check: no second one on the way to `None`.
+    let producer_alive = ring.producer_identity().map(|p| r.watch(&p));
     match ring.try_recv_or_arm(received)? {
-        None if ring.producer_dead() => ring.producer_status(received).map(|()| None),
+        None if producer_alive == Some(false) => ring.producer_status(received).map(|()| None),
         found => Ok(found),
     }
 }
