@@ -8,33 +8,34 @@ fn never() -> impl FnMut() -> bool {
     || false
 }
 
+/// Run `f` on another thread (another process, to the model) over the same barrier state.
+fn beside<R: Send + 'static>(
+    s: &Arc<BarrierState>,
+    f: impl FnOnce(&BarrierState) -> R + Send + 'static,
+) -> loom::thread::JoinHandle<R> {
+    let s = s.clone();
+    loom::thread::spawn(move || f(&s))
+}
+
+/// Join, wait for two generations, and count the ones this participant led.
+fn lead_two_generations(s: &BarrierState) -> u32 {
+    let b = ProcessBarrier::join(s).unwrap();
+    let mut leads = 0;
+    for g in 0..2 {
+        let r = b.wait_until(&mut never(), false).unwrap();
+        assert_eq!(r.generation(), g);
+        leads += u32::from(r.is_leader());
+    }
+    std::mem::forget(b);
+    leads
+}
+
 #[test]
 fn two_parties_two_generations() {
     model(|| {
         let s = Arc::new(BarrierState::new(2).unwrap());
-        let t = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                let b = ProcessBarrier::join(&s).unwrap();
-                let mut leads = 0;
-                for g in 0..2 {
-                    let r = b.wait_until(&mut never(), false).unwrap();
-                    assert_eq!(r.generation(), g);
-                    leads += u32::from(r.is_leader());
-                }
-                std::mem::forget(b);
-                leads
-            })
-        };
-        let b = ProcessBarrier::join(&s).unwrap();
-        let mut leads = 0;
-        for g in 0..2 {
-            let r = b.wait_until(&mut never(), false).unwrap();
-            assert_eq!(r.generation(), g);
-            leads += u32::from(r.is_leader());
-        }
-        std::mem::forget(b);
-        assert_eq!(leads + t.join().unwrap(), 2);
+        let t = beside(&s, lead_two_generations);
+        assert_eq!(lead_two_generations(&s) + t.join().unwrap(), 2);
     });
 }
 
@@ -44,13 +45,10 @@ fn two_parties_two_generations() {
 fn a_participant_that_leaves_ends_the_others_wait() {
     model(|| {
         let s = Arc::new(BarrierState::new(2).unwrap());
-        let leaver = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                loom_support::set_pid(2);
-                drop(ProcessBarrier::join(&s).unwrap());
-            })
-        };
+        let leaver = beside(&s, move |s| {
+            loom_support::set_pid(2);
+            drop(ProcessBarrier::join(&s).unwrap());
+        });
         let b = ProcessBarrier::join(&s).unwrap();
         let r = b.wait_until(&mut never(), true);
         leaver.join().unwrap();
@@ -75,26 +73,20 @@ fn a_participant_that_leaves_ends_the_others_wait() {
 fn a_joiner_killed_mid_join_is_seen_dead_or_replaced() {
     model(|| {
         let s = Arc::new(BarrierState::new(2).unwrap());
-        let victim = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                loom_support::set_pid(loom_support::DEAD_FROM);
-                let me = current_identity();
-                let _ = s.slots[..2]
-                    .iter()
-                    .find_map(|slot| slot.claim_and_stall(&me));
-            })
-        };
-        let other = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                loom_support::set_pid(2);
-                let b = ProcessBarrier::join(&s)?;
-                let r = b.wait_until(&mut never(), true);
-                std::mem::forget(b);
-                r.map_err(|e| e.into_error(std::time::Duration::ZERO))
-            })
-        };
+        let victim = beside(&s, move |s| {
+            loom_support::set_pid(loom_support::DEAD_FROM);
+            let me = current_identity();
+            let _ = s.slots[..2]
+                .iter()
+                .find_map(|slot| slot.claim_and_stall(&me));
+        });
+        let other = beside(&s, move |s| {
+            loom_support::set_pid(2);
+            let b = ProcessBarrier::join(&s)?;
+            let r = b.wait_until(&mut never(), true);
+            std::mem::forget(b);
+            r.map_err(|e| e.into_error(std::time::Duration::ZERO))
+        });
         loom_support::set_pid(3);
         let mine = ProcessBarrier::join(&s).map(|b| {
             let r = b.wait_until(&mut never(), true);
@@ -111,6 +103,14 @@ fn a_joiner_killed_mid_join_is_seen_dead_or_replaced() {
     });
 }
 
+/// A deadline that expires at its `polls`-th check.
+fn expires_after(mut polls: u32) -> impl FnMut() -> bool {
+    move || {
+        polls -= 1;
+        polls == 0
+    }
+}
+
 /// A waiter that gives up races the arrival that would complete the generation: either
 /// both complete (the withdrawal lost) or the waiter times out and the count is exactly the
 /// other's arrival, never a false completion or a lost arrival.
@@ -118,31 +118,14 @@ fn a_joiner_killed_mid_join_is_seen_dead_or_replaced() {
 fn withdrawal_races_completion() {
     model(|| {
         let s = Arc::new(BarrierState::new(2).unwrap());
-        let impatient = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                let b = ProcessBarrier::join(&s).unwrap();
-                let mut patience = 2;
-                let r = b.wait_until(
-                    &mut || {
-                        patience -= 1;
-                        patience == 0
-                    },
-                    false,
-                );
-                std::mem::forget(b);
-                r.is_ok()
-            })
-        };
+        let impatient = beside(&s, move |s| {
+            let b = ProcessBarrier::join(&s).unwrap();
+            let r = b.wait_until(&mut expires_after(2), false);
+            std::mem::forget(b);
+            r.is_ok()
+        });
         let b = ProcessBarrier::join(&s).unwrap();
-        let mut patience = 3;
-        let mine = b.wait_until(
-            &mut || {
-                patience -= 1;
-                patience == 0
-            },
-            false,
-        );
+        let mine = b.wait_until(&mut expires_after(3), false);
         std::mem::forget(b);
         let theirs = impatient.join().unwrap();
         // Both complete (the withdrawal lost the race) or both time out with every arrival

@@ -122,33 +122,13 @@ impl HostProducer {
     /// Wait for the next item's slot on the descriptor, not the futex (listening from the
     /// first call): its index.
     pub fn acquire_listening(&mut self, timeout: Duration) -> Result<usize> {
-        if self.readiness.is_none() {
-            self.listen()?;
-        }
-        let deadline = crate::poll::Deadline::after(timeout);
-        loop {
-            if let Some(slot) = self.try_acquire_listening()? {
-                return Ok(slot);
-            }
-            if let Some(fd) = self.ready_fd() {
-                wait_readable(fd, deadline, "IPC channel acquire (listening)", timeout)?;
-            }
-        }
+        wait_listening(self, timeout, "IPC channel acquire (listening)")
     }
 
     /// Await the next item's slot (its index), as `Listening::acquire_async` does.
     #[cfg(feature = "async")]
     pub async fn acquire_async(&mut self) -> Result<usize> {
-        loop {
-            if let Some(slot) = self.try_acquire_listening()? {
-                return Ok(slot);
-            }
-            let Some(fd) = self.ready_fd() else {
-                self.listen()?;
-                continue;
-            };
-            crate::reactor::Readable::new(fd).await?;
-        }
+        await_listening(self).await
     }
 
     /// Publish the next item.
@@ -187,24 +167,84 @@ impl Drop for HostProducer {
     }
 }
 
-/// Wait for `fd` to turn readable, at most until `deadline` (started `timeout` before):
-/// [`Error::Timeout`] naming `what` if it does not.
-fn wait_readable(
-    fd: std::os::fd::BorrowedFd<'_>,
-    deadline: crate::poll::Deadline,
-    what: &'static str,
+/// An end that waits on its bell's descriptor: the producer for a free slot, a consumer for
+/// an item.
+trait Listens {
+    /// What a successful try yields.
+    type Found;
+    fn listen(&mut self) -> Result<()>;
+    fn ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
+    /// One try; `None` leaves the descriptor armed.
+    fn try_listening(&mut self) -> Result<Option<Self::Found>>;
+}
+
+impl Listens for HostProducer {
+    type Found = usize;
+    fn listen(&mut self) -> Result<()> {
+        HostProducer::listen(self)
+    }
+    fn ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        HostProducer::ready_fd(self)
+    }
+    fn try_listening(&mut self) -> Result<Option<usize>> {
+        self.try_acquire_listening()
+    }
+}
+
+impl Listens for HostConsumer {
+    type Found = (usize, u64);
+    fn listen(&mut self) -> Result<()> {
+        HostConsumer::listen(self)
+    }
+    fn ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        HostConsumer::ready_fd(self)
+    }
+    fn try_listening(&mut self) -> Result<Option<(usize, u64)>> {
+        self.try_recv_listening()
+    }
+}
+
+/// Try `end` until it finds what it waits for, sleeping on its descriptor between tries
+/// (listening from the first call): [`Error::Timeout`] naming `what` after `timeout`.
+fn wait_listening<E: Listens>(
+    end: &mut E,
     timeout: Duration,
-) -> Result<()> {
-    let ready = crate::os::socket::wait(fd, rustix::event::PollFlags::IN, deadline)
-        .map_err(|e| Error::from_os("poll", "channel readiness", e))?;
-    if ready {
-        Ok(())
-    } else {
-        Err(Error::Timeout {
-            what,
-            waited: timeout,
-            waiting_for: None,
-        })
+    what: &'static str,
+) -> Result<E::Found> {
+    if end.ready_fd().is_none() {
+        end.listen()?;
+    }
+    let deadline = crate::poll::Deadline::after(timeout);
+    loop {
+        if let Some(found) = end.try_listening()? {
+            return Ok(found);
+        }
+        if let Some(fd) = end.ready_fd() {
+            let ready = crate::os::socket::wait(fd, rustix::event::PollFlags::IN, deadline)
+                .map_err(|e| Error::from_os("poll", "channel readiness", e))?;
+            if !ready {
+                return Err(Error::Timeout {
+                    what,
+                    waited: timeout,
+                    waiting_for: None,
+                });
+            }
+        }
+    }
+}
+
+/// Await what `end` waits for, as the `Listening` ends' async calls do.
+#[cfg(feature = "async")]
+async fn await_listening<E: Listens>(end: &mut E) -> Result<E::Found> {
+    loop {
+        if let Some(found) = end.try_listening()? {
+            return Ok(found);
+        }
+        let Some(fd) = end.ready_fd() else {
+            end.listen()?;
+            continue;
+        };
+        crate::reactor::Readable::new(fd).await?;
     }
 }
 
@@ -321,33 +361,13 @@ impl HostConsumer {
     /// Await the next item (its slot index and length), as `Listening::recv_async` does.
     #[cfg(feature = "async")]
     pub async fn recv_async(&mut self) -> Result<(usize, u64)> {
-        loop {
-            if let Some(found) = self.try_recv_listening()? {
-                return Ok(found);
-            }
-            let Some(fd) = self.ready_fd() else {
-                self.listen()?;
-                continue;
-            };
-            crate::reactor::Readable::new(fd).await?;
-        }
+        await_listening(self).await
     }
 
     /// Wait for the next item on the descriptor, not the futex (listening from the first
     /// call): its slot index and length.
     pub fn recv_listening(&mut self, timeout: Duration) -> Result<(usize, u64)> {
-        if self.readiness.is_none() {
-            self.listen()?;
-        }
-        let deadline = crate::poll::Deadline::after(timeout);
-        loop {
-            if let Some(found) = self.try_recv_listening()? {
-                return Ok(found);
-            }
-            if let Some(fd) = self.ready_fd() {
-                wait_readable(fd, deadline, "IPC channel receive (listening)", timeout)?;
-            }
-        }
+        wait_listening(self, timeout, "IPC channel receive (listening)")
     }
 
     /// Wait for the next item: its slot index and length.

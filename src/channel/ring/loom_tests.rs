@@ -31,6 +31,21 @@ fn claimed() -> (Arc<RingState>, Arc<AtomicU64>, u64) {
     (s, Arc::new(AtomicU64::new(0)), held)
 }
 
+/// Run `f` on another thread (pid 2, to the model) with its own view of the ring and the
+/// word standing for a slot's contents.
+fn consumer<R: Send + 'static>(
+    s: &Arc<RingState>,
+    data: &Arc<AtomicU64>,
+    geometry: Geometry,
+    f: impl FnOnce(Ring<'_>, &AtomicU64) -> R + Send + 'static,
+) -> loom::thread::JoinHandle<R> {
+    let (s, data) = (s.clone(), data.clone());
+    loom::thread::spawn(move || {
+        loom_support::set_pid(2);
+        f(Ring::new(&s, geometry), &data)
+    })
+}
+
 /// Broadcast, the race behind a late attach: a consumer attaches while the producer
 /// writes two items through one slot (nobody attached before), takes the next item if it
 /// is there yet, and closes. Whatever it received is the item right after its start, and
@@ -40,25 +55,20 @@ fn claimed() -> (Arc<RingState>, Arc<AtomicU64>, u64) {
 fn a_late_consumer_never_sees_an_overwritten_slot() {
     model(|| {
         let (s, data, _) = claimed();
-        let consumer = {
-            let (s, data) = (s.clone(), data.clone());
-            loom::thread::spawn(move || {
-                loom_support::set_pid(2);
-                let r = Ring::new(&s, BROADCAST);
-                let a = r
-                    .attach_any(&ProcessIdentity::from_parts(2, 1), || {})
-                    .unwrap();
-                let r = r.at_entry(a.index);
-                let k = a.start + 1;
-                if r.try_recv(a.start).unwrap().is_some() {
-                    assert_eq!(data.load(Ordering::Relaxed), k, "on receipt");
-                    assert_eq!(data.load(Ordering::Relaxed), k, "while held");
-                    r.release(k).unwrap();
-                }
-                r.close_consumer(a.held);
-                a.start
-            })
-        };
+        let consumer = consumer(&s, &data, BROADCAST, move |r, data| {
+            let a = r
+                .attach_any(&ProcessIdentity::from_parts(2, 1), || {})
+                .unwrap();
+            let r = r.at_entry(a.index);
+            let k = a.start + 1;
+            if r.try_recv(a.start).unwrap().is_some() {
+                assert_eq!(data.load(Ordering::Relaxed), k, "on receipt");
+                assert_eq!(data.load(Ordering::Relaxed), k, "while held");
+                r.release(k).unwrap();
+            }
+            r.close_consumer(a.held);
+            a.start
+        });
         let r = Ring::new(&s, BROADCAST);
         for k in 1..=2 {
             r.acquire(k, Duration::from_secs(3600)).unwrap();
@@ -75,30 +85,25 @@ fn a_late_consumer_never_sees_an_overwritten_slot() {
 fn items_arrive_whole_in_order_then_closed() {
     model(|| {
         let (s, data, held) = claimed();
-        let consumer = {
-            let (s, data) = (s.clone(), data.clone());
-            loom::thread::spawn(move || {
-                loom_support::set_pid(2);
-                let r = Ring::new(&s, GEOMETRY);
-                let mut got = Vec::new();
-                let mut received = 0;
-                loop {
-                    match r.recv(received, Duration::from_secs(3600)) {
-                        Ok(len) => {
-                            received += 1;
-                            assert_eq!(data.load(Ordering::Relaxed), received);
-                            let header = r.header(received).unwrap();
-                            assert_eq!(header, [received as u8; 1], "item {received}");
-                            got.push(len);
-                            r.release(received).unwrap();
-                        }
-                        Err(Error::ChannelClosed { .. }) => break,
-                        Err(e) => panic!("{e}"),
+        let consumer = consumer(&s, &data, GEOMETRY, move |r, data| {
+            let mut got = Vec::new();
+            let mut received = 0;
+            loop {
+                match r.recv(received, Duration::from_secs(3600)) {
+                    Ok(len) => {
+                        received += 1;
+                        assert_eq!(data.load(Ordering::Relaxed), received);
+                        let header = r.header(received).unwrap();
+                        assert_eq!(header, [received as u8; 1], "item {received}");
+                        got.push(len);
+                        r.release(received).unwrap();
                     }
+                    Err(Error::ChannelClosed { .. }) => break,
+                    Err(e) => panic!("{e}"),
                 }
-                got
-            })
-        };
+            }
+            got
+        });
         let r = Ring::new(&s, GEOMETRY);
         for k in 1..=3 {
             r.acquire(k, Duration::from_secs(3600)).unwrap();
@@ -115,20 +120,12 @@ fn items_arrive_whole_in_order_then_closed() {
 #[test]
 fn a_closing_consumer_ends_the_producers_wait() {
     model(|| {
-        let s = Arc::new(*RingState::boxed());
-        s.producer
-            .claim_pausing(&ProcessIdentity::from_parts(1, 1), || {})
-            .unwrap();
-        let consumer = {
-            let s = s.clone();
-            loom::thread::spawn(move || {
-                loom_support::set_pid(2);
-                let r = Ring::new(&s, GEOMETRY);
-                let held = r.attach(&ProcessIdentity::from_parts(2, 1), || {}).unwrap();
-                r.recv(0, Duration::from_secs(3600)).unwrap();
-                r.close_consumer(held);
-            })
-        };
+        let (s, data, _) = claimed();
+        let consumer = consumer(&s, &data, GEOMETRY, move |r, _| {
+            let held = r.attach(&ProcessIdentity::from_parts(2, 1), || {}).unwrap();
+            r.recv(0, Duration::from_secs(3600)).unwrap();
+            r.close_consumer(held);
+        });
         let r = Ring::new(&s, GEOMETRY);
         r.acquire(1, Duration::from_secs(3600)).unwrap();
         r.publish(1, 1).unwrap();

@@ -29,6 +29,12 @@ fn me() -> ProcessIdentity {
     ProcessIdentity::current()
 }
 
+/// A consumer of this process attached to `p` without a pause.
+#[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
+fn attach(p: &Ring<'_>) -> Attached {
+    p.attach_any(&me(), || {}).unwrap()
+}
+
 /// A consumer that attaches after items were sent starts at the next item; the producer
 /// never waited for it before it attached, and waits for it from then on.
 #[test]
@@ -43,7 +49,7 @@ fn a_late_consumer_starts_at_the_next_item_and_holds_the_producer_from_then_on()
         );
         p.publish(k, k).unwrap();
     }
-    let a = p.attach_any(&me(), || {}).unwrap();
+    let a = attach(&p);
     assert_eq!((a.index, a.start), (0, 5));
     let c = broadcast(&s, 2, 3).at_entry(a.index);
     assert_eq!(
@@ -70,8 +76,8 @@ fn a_slot_comes_back_only_when_every_attached_consumer_released_it() {
     let s = RingState::boxed();
     let p = broadcast(&s, 1, 2);
     producer(&s);
-    let a = p.attach_any(&me(), || {}).unwrap();
-    let b = p.attach_any(&me(), || {}).unwrap();
+    let a = attach(&p);
+    let b = attach(&p);
     assert_eq!((a.index, b.index), (0, 1));
     let (ca, cb) = (p_at(&s, 1, 2, a.index), p_at(&s, 1, 2, b.index));
     p.publish(1, 10).unwrap();
@@ -91,8 +97,8 @@ fn a_stalled_live_consumer_is_named_by_the_producers_time_out() {
     let s = RingState::boxed();
     let p = broadcast(&s, 1, 3);
     producer(&s);
-    let fast = p.attach_any(&me(), || {}).unwrap();
-    let slow = p.attach_any(&me(), || {}).unwrap();
+    let fast = attach(&p);
+    let slow = attach(&p);
     p.publish(1, 10).unwrap();
     p_at(&s, 1, 3, fast.index).release(1).unwrap();
     let mut detached = Vec::new();
@@ -137,7 +143,7 @@ fn a_consumer_killed_mid_attach_holds_the_producer_only_until_it_is_reaped() {
         "a claimer never attached: nothing to detach"
     );
     assert_eq!(s.consumer[0].owner.load().state, OwnerState::Free);
-    let again = p.attach_any(&me(), || {}).unwrap();
+    let again = attach(&p);
     assert_eq!(again.index, 0);
 }
 
@@ -148,7 +154,7 @@ fn a_dead_consumer_is_detached_and_the_others_carry_on() {
     let s = RingState::boxed();
     let p = broadcast(&s, 1, 3);
     producer(&s);
-    let live = p.attach_any(&me(), || {}).unwrap();
+    let live = attach(&p);
     // A dead process's attached entry, as one killed while holding item 1.
     let word = s.consumer[1].owner.claim_pausing(&dead(), || {}).unwrap();
     assert_eq!(Owner::decode(word).state, OwnerState::Held);
@@ -175,8 +181,8 @@ fn a_left_entry_is_taken_again_by_a_new_consumer_starting_at_the_next_item() {
     let s = RingState::boxed();
     let p = broadcast(&s, 1, 2);
     producer(&s);
-    let first = p.attach_any(&me(), || {}).unwrap();
-    let _other = p.attach_any(&me(), || {}).unwrap();
+    let first = attach(&p);
+    let _other = attach(&p);
     p.publish(1, 1).unwrap();
     p_at(&s, 1, 2, first.index).close_consumer(first.held);
     assert!(
@@ -189,7 +195,7 @@ fn a_left_entry_is_taken_again_by_a_new_consumer_starting_at_the_next_item() {
         "the closed one is not waited for"
     );
     p.publish(2, 2).unwrap();
-    let again = p.attach_any(&me(), || {}).unwrap();
+    let again = attach(&p);
     assert_eq!((again.index, again.start), (first.index, 2));
     assert!(matches!(
         p.attach_any(&me(), || {}),
@@ -210,7 +216,7 @@ fn an_attach_between_the_producers_check_and_its_publish_starts_after_the_overwr
     p.publish(1, 1).unwrap();
     p.publish(2, 2).unwrap();
     assert!(p.try_acquire(3).unwrap(), "nobody attached");
-    let a = p.attach_any(&me(), || {}).unwrap();
+    let a = attach(&p);
     assert_eq!(
         a.start, 2,
         "item 2's slot is being overwritten: not received"
