@@ -31,6 +31,9 @@ use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
+mod watch;
+pub use watch::EventWatch;
+
 /// A handle of an [`IpcEvent`], opened with
 /// [`ImportedEvent::open`](crate::ImportedEvent::open).
 pub type IpcEventHandle = crate::handle::Handle<IpcEvent>;
@@ -253,16 +256,8 @@ impl GpuEvent {
             .spinning_below(Duration::from_micros(50));
         let mut last_check = Instant::now();
         loop {
-            if self.query()? {
+            if self.look(&mut last_check)? {
                 return Ok(());
-            }
-            if let Some(exporter) = self.exporter
-                && last_check.elapsed() >= Duration::from_millis(10)
-            {
-                last_check = Instant::now();
-                if !crate::process::is_alive_cached(&exporter) {
-                    return Err(Error::exporter_gone(exporter.pid()));
-                }
             }
             if let Err(waited) = wait.pause() {
                 return Err(Error::Timeout {
@@ -272,6 +267,24 @@ impl GpuEvent {
                 });
             }
         }
+    }
+
+    /// One look of a host wait: whether the work before the last record has completed; if not,
+    /// for an opened event whose `last_check` is 10 ms old, the exporter's liveness checked
+    /// (and `last_check` set to now).
+    fn look(&self, last_check: &mut Instant) -> Result<bool> {
+        if self.query()? {
+            return Ok(true);
+        }
+        if let Some(exporter) = self.exporter
+            && last_check.elapsed() >= Duration::from_millis(10)
+        {
+            *last_check = Instant::now();
+            if !crate::process::is_alive_cached(&exporter) {
+                return Err(Error::exporter_gone(exporter.pid()));
+            }
+        }
+        Ok(false)
     }
 
     /// The context the event lives in.

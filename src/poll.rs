@@ -1,6 +1,7 @@
 //! Bounded waiting: one poll-and-back-off loop for every wait of the crate that has a deadline
 //! (an event's host synchronize, a signal's host wait, an export's close waiting for its
-//! importers, a region's open waiting for its creator).
+//! importers, a region's open waiting for its creator), and its twin on a descriptor
+//! ([`Pacer`]) for the watches a reactor or a [`WaitSet`](crate::wait::WaitSet) waits on.
 //!
 //! Each caller checks its own condition (and its peers' liveness), then calls
 //! [`Backoff::pause`], which either reports that the deadline has passed or waits a little:
@@ -9,7 +10,11 @@
 //! spin instead of sleeping (a sleep's granularity would otherwise set the latency of short
 //! waits).
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::os;
 
 /// The moment a bounded wait ends, or never: a timeout too large for an [`Instant`]
 /// (`Duration::MAX`, say) waits without end instead of panicking as `Instant::now() + timeout`
@@ -138,6 +143,59 @@ impl Backoff {
     }
 }
 
+/// The back-off schedule of a wait on something that tells nobody when it changes (a GPU
+/// word, an event's completion), as a timer descriptor: readable when it is time to look
+/// again. Readable at once when made; each [`later`](Self::later) (a look that found nothing)
+/// makes it readable after the current pause, which doubles up to a cap. No thread and no
+/// CPU between looks; a dropped pacer leaves nothing behind.
+#[derive(Debug)]
+pub(crate) struct Pacer {
+    timer: OwnedFd,
+    pause: Duration,
+    max: Duration,
+    what: &'static str,
+}
+
+impl Pacer {
+    /// A pacer for the wait `what`, readable at once, then pausing `first`, doubling up to
+    /// `max`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Os`] naming `timerfd_create` or `timerfd_settime`.
+    pub(crate) fn new(what: &'static str, first: Duration, max: Duration) -> Result<Self> {
+        let timer = os::timer::timer().map_err(|e| Error::from_os("timerfd_create", what, e))?;
+        os::timer::set_after(timer.as_fd(), Duration::ZERO)
+            .map_err(|e| Error::from_os("timerfd_settime", what, e))?;
+        Ok(Self {
+            timer,
+            pause: first,
+            max,
+            what,
+        })
+    }
+
+    /// After a look that found nothing: unreadable until the current pause has passed, and
+    /// the next pause twice as long (up to the cap).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Os`] naming `timerfd_settime`.
+    pub(crate) fn later(&mut self) -> Result<()> {
+        os::timer::drain(self.timer.as_fd());
+        os::timer::set_after(self.timer.as_fd(), self.pause)
+            .map_err(|e| Error::from_os("timerfd_settime", self.what, e))?;
+        self.pause = (self.pause * 2).min(self.max);
+        Ok(())
+    }
+}
+
+impl AsFd for Pacer {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.timer.as_fd()
+    }
+}
+
 #[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests {
     use super::*;
@@ -193,5 +251,30 @@ mod tests {
             start.elapsed()
         );
         assert!(b.waited() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_pacer_is_ready_at_once_then_after_each_pause() {
+        let readable = |p: &Pacer, within: Duration| {
+            let end = Deadline::after(within);
+            crate::os::socket::wait(p.as_fd(), rustix::event::PollFlags::IN, end).unwrap()
+        };
+        let mut p = Pacer::new("test", ms(20), ms(40)).unwrap();
+        assert!(readable(&p, Duration::ZERO), "ready at once");
+        p.later().unwrap();
+        assert!(!readable(&p, ms(5)), "not before its first pause");
+        assert!(readable(&p, ms(2000)), "after it");
+        let t = Instant::now();
+        p.later().unwrap(); // 40 ms
+        assert!(readable(&p, ms(2000)));
+        assert!(
+            t.elapsed() >= ms(39),
+            "the pause doubled: {:?}",
+            t.elapsed()
+        );
+        let t = Instant::now();
+        p.later().unwrap(); // still 40 ms: the cap
+        assert!(readable(&p, ms(2000)));
+        assert!(t.elapsed() < ms(1000));
     }
 }

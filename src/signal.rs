@@ -25,6 +25,9 @@ use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
+mod watch;
+pub use watch::SignalWatch;
+
 /// How often a host wait checks that the signal's other processes are alive.
 const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 
@@ -636,20 +639,8 @@ impl GpuSignal {
         let mut wait = Backoff::new(timeout, Duration::from_micros(2), Duration::from_millis(1));
         let mut next_check = Instant::now();
         loop {
-            let now_value = match self.value() {
-                Ok(v) => v,
-                // A read that fails because a party died is reported as that death.
-                Err(e) => {
-                    self.check_parties()?;
-                    return Err(e);
-                }
-            };
-            if reached(now_value, value) {
+            if let Some(now_value) = self.look(value, &mut next_check)? {
                 return Ok(now_value);
-            }
-            if Instant::now() >= next_check {
-                self.check_parties()?;
-                next_check = Instant::now() + LIVENESS_CHECK;
             }
             if let Err(waited) = wait.pause() {
                 return Err(Error::Timeout {
@@ -659,6 +650,28 @@ impl GpuSignal {
                 });
             }
         }
+    }
+
+    /// One look of a host wait for `value`: the value read if the counter reached it; else
+    /// `None`, having checked the parties' liveness if `next_check` has come (and set the
+    /// next one).
+    fn look(&self, value: u64, next_check: &mut Instant) -> Result<Option<u64>> {
+        let now_value = match self.value() {
+            Ok(v) => v,
+            // A read that fails because a party died is reported as that death.
+            Err(e) => {
+                self.check_parties()?;
+                return Err(e);
+            }
+        };
+        if reached(now_value, value) {
+            return Ok(Some(now_value));
+        }
+        if Instant::now() >= *next_check {
+            self.check_parties()?;
+            *next_check = Instant::now() + LIVENESS_CHECK;
+        }
+        Ok(None)
     }
 
     /// The error for a party already seen dead, if any.

@@ -1,7 +1,10 @@
 //! Many waits in one thread: a [`WaitSet`] holds any number of descriptors — listening channel
 //! ends ([`Listening`](crate::channel::Listening)), sockets ([`FdSocket`](crate::fd::FdSocket)),
-//! anything `AsFd` — and deadlines, and [`wait`](WaitSet::wait) returns when one is ready,
-//! naming which.
+//! a signal's host wait ([`SignalWatch`]), an event's completion ([`EventWatch`]), anything
+//! `AsFd` — and deadlines, and [`wait`](WaitSet::wait) returns when one is ready, naming which.
+//! A channel end or a socket is *told* (its descriptor turns readable when the other side
+//! acts or dies); a signal or an event, which the GPU writes and nothing announces, is
+//! *looked at* on a back-off from 10 µs to 1 ms (its watch's descriptor is a timer).
 //!
 //! The set keeps its own copy of each descriptor (`dup`), not a borrow, so the objects stay
 //! free to be used (`try_recv` takes `&mut`) while attached. A ready entry stays ready until
@@ -42,6 +45,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::os;
+
+pub use crate::event::EventWatch;
+pub use crate::signal::SignalWatch;
 
 /// What a [`WaitSet`] names an attachment by: given in order from 0 by
 /// [`attach`](WaitSet::attach) and [`attach_deadline`](WaitSet::attach_deadline), never reused.

@@ -208,3 +208,127 @@ fn an_event_cannot_be_opened_by_its_exporter_or_reexported() {
     assert!(event.query().unwrap());
     event.synchronize(Duration::from_secs(1)).unwrap();
 }
+
+/// A current-thread tokio runtime with timers (the crate's reactor wakes its tasks).
+#[cfg(feature = "async")]
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// The wait for an event without a thread (feature `async`), on the slow writer's three
+/// rounds: an awaited wait cancelled while the 300 ms kernel runs leaves nothing, and the next
+/// one ends only when the kernel has written (round 1); a watch in a `WaitSet` (round 2);
+/// the blocking wait after them (round 3).
+#[cfg(feature = "async")]
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_event_is_awaited_and_watched_and_a_cancelled_wait_leaves_nothing() {
+    use cuda_ipc::wait::WaitSet;
+
+    let _dog = watchdog("awaited event", Duration::from_secs(120));
+    let ctx = gpu();
+    let shared = region();
+    let writer = spawn("slow_writer", &[shared.name(), "300000000"]);
+    wait_for("writer ready", Duration::from_secs(60), || {
+        shared.ready.load(Ordering::Acquire) == 1
+    });
+    let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
+    let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
+    let rt = runtime();
+    let mut host = vec![0u8; LEN];
+    let written = |host: &mut Vec<u8>, round: u64| {
+        buf.copy_to_host(host).unwrap();
+        host.iter().all(|&b| u64::from(b) == round)
+    };
+    for round in 1..=ROUNDS {
+        wait_for("round enqueued", Duration::from_secs(30), || {
+            shared.seq.load(Ordering::Acquire) == round
+        });
+        let t = Instant::now();
+        match round {
+            1 => {
+                let cancelled = rt.block_on(tokio::time::timeout(
+                    Duration::from_millis(20),
+                    event.synchronize_async(),
+                ));
+                assert!(cancelled.is_err(), "the 300 ms kernel ended in 20 ms?");
+                rt.block_on(event.synchronize_async()).unwrap();
+            }
+            2 => {
+                let mut watch = event.watch().unwrap();
+                let mut set = WaitSet::new().unwrap();
+                let key = set.attach(&watch).unwrap();
+                let mut looks = 0;
+                loop {
+                    assert_eq!(set.wait(Some(Duration::from_secs(30))).unwrap(), vec![key]);
+                    looks += 1;
+                    if watch.check().unwrap() {
+                        break;
+                    }
+                }
+                // Paced: at most one look per pause (10 µs doubling to 1 ms) over ~300 ms.
+                assert!(looks < 600, "{looks} looks in {:?}", t.elapsed());
+                eprintln!("event: watched in {:?}, {looks} looks", t.elapsed());
+            }
+            _ => event.synchronize(Duration::from_secs(10)).unwrap(),
+        }
+        assert!(
+            written(&mut host, round),
+            "round {round}: the wait ended before the kernel wrote"
+        );
+        eprintln!("event: round {round} waited {:?}", t.elapsed());
+        shared.ack.store(round, Ordering::Release);
+    }
+    assert_eq!(
+        writer.expect_success(Duration::from_secs(60)),
+        vec!["writer_done"]
+    );
+}
+
+/// An awaited wait for an event of a killed exporter ends (completed as its context died, or
+/// `PeerGone` (exporter)) well before the 60 s kernel could.
+#[cfg(feature = "async")]
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_awaited_event_notices_a_dead_exporter() {
+    let _dog = watchdog("awaited dead exporter", Duration::from_secs(120));
+    let ctx = gpu();
+    let shared = region();
+    let writer = spawn("slow_writer", &[shared.name(), "60000000000"]);
+    wait_for("writer ready", Duration::from_secs(60), || {
+        shared.ready.load(Ordering::Acquire) == 1
+    });
+    let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
+    wait_for("recorded", Duration::from_secs(30), || {
+        shared.seq.load(Ordering::Acquire) == 1
+    });
+    let pid = writer.pid();
+    let rt = runtime();
+    let t = Instant::now();
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            writer.signal(libc::SIGKILL);
+        });
+        rt.block_on(tokio::time::timeout(
+            Duration::from_secs(40),
+            event.synchronize_async(),
+        ))
+    });
+    let waited = t.elapsed();
+    let _ = writer.wait(Duration::from_secs(30));
+    match outcome {
+        Ok(Ok(())) => eprintln!("event: completed when its exporter died, after {waited:?}"),
+        Ok(Err(Error::PeerGone {
+            pid: p,
+            role: PeerRole::Exporter,
+        })) => {
+            assert_eq!(p, pid);
+            eprintln!("event: awaited wait saw the dead exporter after {waited:?}");
+        }
+        other => panic!("expected completion or PeerGone (exporter) before 40 s, got {other:?}"),
+    }
+}

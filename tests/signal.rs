@@ -576,3 +576,161 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     stream.synchronize().unwrap();
     sig.close(Duration::ZERO).unwrap();
 }
+
+/// A current-thread tokio runtime with timers (the crate's reactor wakes its tasks).
+#[cfg(feature = "async")]
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// The host waits without a thread (feature `async`): an awaited wait cancelled before the
+/// value comes leaves nothing (the next await and the blocking wait see the value); a value
+/// a GPU stream writes is awaited, then found through a watch in a `WaitSet`; a watch is
+/// readable at once, then only after its pause; a value out of range is refused.
+#[cfg(feature = "async")]
+#[test]
+#[ignore = "requires a CUDA device"]
+fn host_waits_are_awaited_and_watched_and_a_cancelled_one_leaves_nothing() {
+    use std::os::fd::AsFd;
+
+    use cuda_ipc::wait::WaitSet;
+
+    let _serial = serial();
+    let _dog = watchdog("awaited host waits", Duration::from_secs(120));
+    let ctx = gpu();
+    let sig = IpcSignal::new(&ctx).unwrap();
+    let rt = runtime();
+    // Cancelled: nothing came within 30 ms.
+    let cancelled = rt.block_on(tokio::time::timeout(
+        Duration::from_millis(30),
+        sig.wait_host_async(1),
+    ));
+    assert!(cancelled.is_err(), "{cancelled:?}");
+    // Signalled by another thread after 50 ms: awaited.
+    let t = Instant::now();
+    let got = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            sig.signal_host(1).unwrap();
+        });
+        rt.block_on(sig.wait_host_async(1)).unwrap()
+    });
+    assert_eq!(got, 1);
+    assert!(
+        t.elapsed() >= Duration::from_millis(45),
+        "{:?}",
+        t.elapsed()
+    );
+    eprintln!("signal: awaited a host signal in {:?}", t.elapsed());
+    assert_eq!(sig.wait_host(1, Duration::ZERO).unwrap(), 1);
+    // A GPU stream writes 2 after a 50 ms host sleep; a WaitSet finds it through the watch.
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
+    let mut watch = sig.watch(2).unwrap();
+    assert_eq!(watch.value(), 2);
+    let mut set = WaitSet::new().unwrap();
+    let key = set.attach(&watch).unwrap();
+    let _deadline = set.attach_deadline(Instant::now() + Duration::from_secs(30));
+    assert_eq!(
+        set.wait(Some(Duration::ZERO)).unwrap(),
+        vec![key],
+        "ready at once"
+    );
+    assert_eq!(watch.check().unwrap(), None);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: `sig` outlives the stream's work (synchronised below).
+            unsafe { sig.signal(&stream, 2).unwrap() };
+        });
+        let mut looks = 0;
+        let found = loop {
+            let ready = set.wait(None).unwrap();
+            assert_eq!(ready, vec![key], "the deadline is 30 s away");
+            looks += 1;
+            if let Some(v) = watch.check().unwrap() {
+                break v;
+            }
+        };
+        assert_eq!(found, 2);
+        // Paced: at most one look per pause (10 µs doubling to 1 ms) over ~50 ms.
+        assert!(looks < 200, "{looks} looks in {:?}", t.elapsed());
+        eprintln!(
+            "signal: watched a GPU write in {:?}, {looks} looks",
+            t.elapsed()
+        );
+    });
+    stream.synchronize().unwrap();
+    // The watch's descriptor is idle after a look that found nothing.
+    let mut later = sig.watch(3).unwrap();
+    assert_eq!(later.check().unwrap(), None);
+    assert!(!rustix_readable(later.as_fd()));
+    assert!(matches!(
+        sig.watch(GpuSignal::MAX_VALUE + 1),
+        Err(Error::InvalidArgument {
+            defect: ArgumentDefect::OutOfRange { .. },
+            ..
+        })
+    ));
+    drop((watch, later, set));
+    sig.close(Duration::ZERO).unwrap();
+}
+
+/// Whether `fd` is readable now (poll with a zero timeout).
+#[cfg(feature = "async")]
+fn rustix_readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut p = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one valid pollfd, a zero timeout.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 0) };
+    n == 1
+}
+
+/// An awaited host wait ends with `PeerGone` (exporter) when the exporter is killed, within
+/// the blocking wait's bound.
+#[cfg(feature = "async")]
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_awaited_host_wait_notices_a_dead_exporter() {
+    let _serial = serial();
+    let _dog = watchdog("awaited dead exporter", Duration::from_secs(120));
+    let ctx = gpu();
+    let shared = region();
+    let child = spawn("idle_exporter", &[shared.name()]);
+    wait_for("exporter", Duration::from_secs(60), || {
+        shared.producer_up.load(Ordering::Acquire) == 1
+    });
+    let sig = ImportedSignal::open(&ctx, &shared.ready.load()).unwrap();
+    let pid = child.pid();
+    let rt = runtime();
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            child.signal(libc::SIGKILL);
+        });
+        let t = Instant::now();
+        let r = rt.block_on(tokio::time::timeout(
+            Duration::from_secs(30),
+            sig.wait_host_async(1),
+        ));
+        eprintln!(
+            "signal: awaited wait saw the dead exporter after {:?}",
+            t.elapsed()
+        );
+        r
+    });
+    let _ = child.wait(Duration::from_secs(30));
+    match outcome {
+        Ok(Err(Error::PeerGone {
+            pid: p,
+            role: PeerRole::Exporter,
+        })) => assert_eq!(p, pid),
+        other => panic!("expected PeerGone (exporter), got {other:?}"),
+    }
+}

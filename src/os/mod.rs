@@ -15,6 +15,8 @@ pub(crate) mod datagram;
 pub(crate) mod epoll;
 #[cfg(target_os = "linux")]
 pub(crate) mod socket;
+#[cfg(target_os = "linux")]
+pub(crate) mod timer;
 
 #[cfg(not(target_os = "linux"))]
 compile_error!("cuda-ipc supports Linux only (CUDA legacy IPC is Linux-only)");

@@ -29,6 +29,12 @@ fn me() -> ProcessIdentity {
     ProcessIdentity::current()
 }
 
+/// A broadcast ring whose producer (this process) has claimed it.
+fn broadcasting(state: &RingState, slots: u64, consumers: u64) -> Ring<'_> {
+    producer(state);
+    broadcast(state, slots, consumers)
+}
+
 /// A consumer of this process attached to `p` without a pause.
 #[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
 fn attach(p: &Ring<'_>) -> Attached {
@@ -40,8 +46,7 @@ fn attach(p: &Ring<'_>) -> Attached {
 #[test]
 fn a_late_consumer_starts_at_the_next_item_and_holds_the_producer_from_then_on() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 2, 3);
-    producer(&s);
+    let p = broadcasting(&s, 2, 3);
     for k in 1..=5 {
         assert!(
             p.try_acquire(k).unwrap(),
@@ -74,8 +79,7 @@ fn a_late_consumer_starts_at_the_next_item_and_holds_the_producer_from_then_on()
 #[test]
 fn a_slot_comes_back_only_when_every_attached_consumer_released_it() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 1, 2);
-    producer(&s);
+    let p = broadcasting(&s, 1, 2);
     let a = attach(&p);
     let b = attach(&p);
     assert_eq!((a.index, b.index), (0, 1));
@@ -95,8 +99,7 @@ fn a_slot_comes_back_only_when_every_attached_consumer_released_it() {
 #[test]
 fn a_stalled_live_consumer_is_named_by_the_producers_time_out() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 1, 3);
-    producer(&s);
+    let p = broadcasting(&s, 1, 3);
     let fast = attach(&p);
     let slow = attach(&p);
     p.publish(1, 10).unwrap();
@@ -131,8 +134,7 @@ fn p_at(s: &RingState, slots: u64, consumers: u64, index: usize) -> Ring<'_> {
 #[test]
 fn a_consumer_killed_mid_attach_holds_the_producer_only_until_it_is_reaped() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 1, 2);
-    producer(&s);
+    let p = broadcasting(&s, 1, 2);
     let _stalled = s.consumer[0].owner.claim_and_stall(&dead()).unwrap();
     assert!(!p.try_acquire(1).unwrap(), "a claim in progress blocks");
     let mut detached = Vec::new();
@@ -152,8 +154,7 @@ fn a_consumer_killed_mid_attach_holds_the_producer_only_until_it_is_reaped() {
 #[test]
 fn a_dead_consumer_is_detached_and_the_others_carry_on() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 1, 3);
-    producer(&s);
+    let p = broadcasting(&s, 1, 3);
     let live = attach(&p);
     // A dead process's attached entry, as one killed while holding item 1.
     let word = s.consumer[1].owner.claim_pausing(&dead(), || {}).unwrap();
@@ -179,8 +180,7 @@ fn a_dead_consumer_is_detached_and_the_others_carry_on() {
 #[test]
 fn a_left_entry_is_taken_again_by_a_new_consumer_starting_at_the_next_item() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 1, 2);
-    producer(&s);
+    let p = broadcasting(&s, 1, 2);
     let first = attach(&p);
     let _other = attach(&p);
     p.publish(1, 1).unwrap();
@@ -211,8 +211,7 @@ fn a_left_entry_is_taken_again_by_a_new_consumer_starting_at_the_next_item() {
 #[test]
 fn an_attach_between_the_producers_check_and_its_publish_starts_after_the_overwritten_item() {
     let s = RingState::boxed();
-    let p = broadcast(&s, 1, 2);
-    producer(&s);
+    let p = broadcasting(&s, 1, 2);
     p.publish(1, 1).unwrap();
     p.publish(2, 2).unwrap();
     assert!(p.try_acquire(3).unwrap(), "nobody attached");
