@@ -16,8 +16,14 @@
 //! | exporter, while an importer's stream waits on it (`wait_on`) | nothing on the host: the GPU cannot notice a dead recorder; bound it by synchronising with a deadline, as for [`GpuSignal::wait`](crate::GpuSignal::wait) |
 //! | importer, at any point                            | nothing: an exported event keeps no per-importer state, and destroying it is always allowed |
 //!
-//! Covered by tests: a dead exporter at `open` and during `synchronize` (tests/event.rs,
-//! GPU); the others follow from the table's reasoning and are not replayed.
+//! Where the table says `synchronize`, an [`EventWatch`]'s `check` and
+//! [`synchronize_async`](GpuEvent::synchronize_async) see the same: they make the same look
+//! (`cuEventQuery`, then the exporter's liveness every 10 ms), paced by a timer instead of a
+//! sleeping thread; a watch dropped at any point leaves nothing in the event.
+//!
+//! Covered by tests: a dead exporter at `open` and during `synchronize` and
+//! `synchronize_async` (tests/event.rs, GPU); the others follow from the table's reasoning and
+//! are not replayed.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -6,7 +6,9 @@
 //! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its write
 //! leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
 //! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder
-//! within 10 ms and remembers it, after which GPU-side waits are refused;
+//! within 10 ms and remembers it (as do a [`SignalWatch`]'s looks and
+//! [`wait_host_async`](crate::GpuSignal::wait_host_async), which read the counter on the same
+//! back-off), after which GPU-side waits are refused;
 //! [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this process's parked
 //! streams. A signal that fails leaves its value unused (retry with it). Tested in
 //! `tests/signal.rs` (dead exporter, dead importer, blocked streams).
