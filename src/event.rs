@@ -16,7 +16,7 @@
 //! | exporter, while an importer's stream waits on it (`wait_on`) | nothing on the host: the GPU cannot notice a dead recorder; bound it by synchronising with a deadline, as for [`GpuSignal::wait`](crate::GpuSignal::wait) |
 //! | importer, at any point                            | nothing: an exported event keeps no per-importer state, and destroying it is always allowed |
 //!
-//! Where the table says `synchronize`, an [`EventWatch`]'s `check` and
+//! Where the table says `synchronize`, an [`EventWatch`](crate::wait::EventWatch)'s `check` and
 //! [`synchronize_async`](GpuEvent::synchronize_async) see the same: they make the same look
 //! (`cuEventQuery`, then the exporter's liveness every 10 ms), paced by a timer instead of a
 //! sleeping thread; a watch dropped at any point leaves nothing in the event.
@@ -37,8 +37,8 @@ use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
-mod watch;
-pub use watch::EventWatch;
+/// How often a host wait checks that an opened event's exporter is alive.
+pub(crate) const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 
 /// A handle of an [`IpcEvent`], opened with
 /// [`ImportedEvent::open`](crate::ImportedEvent::open).
@@ -260,9 +260,9 @@ impl GpuEvent {
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         let mut wait = Backoff::new(timeout, Duration::from_micros(1), Duration::from_millis(1))
             .spinning_below(Duration::from_micros(50));
-        let mut last_check = Instant::now();
+        let mut next_check = Instant::now() + LIVENESS_CHECK;
         loop {
-            if self.look(&mut last_check)? {
+            if self.look(&mut next_check)?.is_some() {
                 return Ok(());
             }
             if let Err(waited) = wait.pause() {
@@ -275,22 +275,22 @@ impl GpuEvent {
         }
     }
 
-    /// One look of a host wait: whether the work before the last record has completed; if not,
-    /// for an opened event whose `last_check` is 10 ms old, the exporter's liveness checked
-    /// (and `last_check` set to now).
-    fn look(&self, last_check: &mut Instant) -> Result<bool> {
+    /// One look of a host wait: `Some` if the work before the last record has completed;
+    /// else `None`, having checked an opened event's exporter if `next_check` has come (and
+    /// set the next one, [`LIVENESS_CHECK`] later).
+    pub(crate) fn look(&self, next_check: &mut Instant) -> Result<Option<()>> {
         if self.query()? {
-            return Ok(true);
+            return Ok(Some(()));
         }
         if let Some(exporter) = self.exporter
-            && last_check.elapsed() >= Duration::from_millis(10)
+            && Instant::now() >= *next_check
         {
-            *last_check = Instant::now();
+            *next_check = Instant::now() + LIVENESS_CHECK;
             if !crate::process::is_alive_cached(&exporter) {
                 return Err(Error::exporter_gone(exporter.pid()));
             }
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// The context the event lives in.

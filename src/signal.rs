@@ -6,7 +6,7 @@
 //! The counter is an [`IpcBuffer`] (leases, stale-handle checks). A writer killed before its write
 //! leaves GPU-side waits for that value blocked for good (the GPU cannot notice);
 //! [`IpcSignal::wait_host`](crate::GpuSignal::wait_host) notices a dead exporter or lease holder
-//! within 10 ms and remembers it (as do a [`SignalWatch`]'s looks and
+//! within 10 ms and remembers it (as do a [`SignalWatch`](crate::wait::SignalWatch)'s looks and
 //! [`wait_host_async`](crate::GpuSignal::wait_host_async), which read the counter on the same
 //! back-off), after which GPU-side waits are refused;
 //! [`IpcSignal::signal_host`](crate::GpuSignal::signal_host) releases this process's parked
@@ -27,11 +27,8 @@ use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
 
-mod watch;
-pub use watch::SignalWatch;
-
 /// How often a host wait checks that the signal's other processes are alive.
-const LIVENESS_CHECK: Duration = Duration::from_millis(10);
+pub(crate) const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 
 /// `lost` encodings: which kind of party was found dead, in the high word; its pid below.
 const LOST_EXPORTER: u64 = 1 << 32;
@@ -401,7 +398,7 @@ fn require_stream_mem_ops(ctx: &GpuContext) -> Result<()> {
 }
 
 /// Refuse a value outside `0..=MAX_VALUE`.
-fn check_value(call: &'static str, value: u64) -> Result<()> {
+pub(crate) fn check_value(call: &'static str, value: u64) -> Result<()> {
     ArgumentDefect::check_range(call, "signal value", value, 0, GpuSignal::MAX_VALUE)
 }
 
@@ -657,7 +654,7 @@ impl GpuSignal {
     /// One look of a host wait for `value`: the value read if the counter reached it; else
     /// `None`, having checked the parties' liveness if `next_check` has come (and set the
     /// next one).
-    fn look(&self, value: u64, next_check: &mut Instant) -> Result<Option<u64>> {
+    pub(crate) fn look(&self, value: u64, next_check: &mut Instant) -> Result<Option<u64>> {
         let now_value = match self.value() {
             Ok(v) => v,
             // A read that fails because a party died is reported as that death.

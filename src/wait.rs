@@ -11,6 +11,21 @@
 //! its object is served (a channel end's `try_` call drains it): the set is level-triggered,
 //! so an entry not served is reported again by the next `wait`.
 //!
+//! # Signals and events: watches that look
+//!
+//! Nothing tells the host when a GPU word changes or an event completes, except a thread
+//! blocked in the driver or a host callback behind a stream of ours waiting on the word or the
+//! event — and such a stream cannot be called off: parked on a value nobody writes, or on
+//! recorded work that never ends (the very cases of a cancelled wait), it stays parked, and
+//! every later `cuMemFree` of the process waits for it. So a watch *looks*, as the blocking
+//! waits do, on their back-off (10 µs doubling to 1 ms), paced by a timer descriptor instead
+//! of a sleeping thread: between looks it costs no thread and no CPU. Each look is what one
+//! round of the blocking wait does: a read of the counter (a copy on the signal's own stream)
+//! or a `cuEventQuery`, and every 10 ms the other processes' liveness.
+//!
+//! A watch holds no state in what it watches: dropped at any point (a cancelled future), it
+//! leaves nothing for the next wait.
+//!
 //! # Examples
 //!
 //! ```no_run
@@ -46,8 +61,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::os;
 
-pub use crate::event::EventWatch;
-pub use crate::signal::SignalWatch;
+mod watch;
+pub use watch::{EventWatch, SignalWatch};
 
 /// What a [`WaitSet`] names an attachment by: given in order from 0 by
 /// [`attach`](WaitSet::attach) and [`attach_deadline`](WaitSet::attach_deadline), never reused.
