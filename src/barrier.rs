@@ -524,14 +524,7 @@ impl<'a> ProcessBarrier<'a> {
     /// - [`Error::InvalidState`] ([`ObjectState::Inherited`]) in
     ///   a child forked from the process that joined: the slot is the parent's.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<BarrierWaitResult> {
-        if !self.home.is_here() {
-            return Err(Error::InvalidState {
-                call: "ProcessBarrier::wait",
-                state: crate::error::ObjectState::Inherited {
-                    made_in: self.home.pid(),
-                },
-            });
-        }
+        self.check_home("ProcessBarrier::wait")?;
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let mut clock = || deadline.is_some_and(|d| Instant::now() >= d);
@@ -551,6 +544,20 @@ impl<'a> ProcessBarrier<'a> {
         self.state.is_poisoned()
     }
 
+    /// [`Error::InvalidState`] ([`ObjectState::Inherited`]) in a child forked from the
+    /// process that joined.
+    pub(crate) fn check_home(&self, call: &'static str) -> Result<()> {
+        if self.home.is_here() {
+            return Ok(());
+        }
+        Err(Error::InvalidState {
+            call,
+            state: ObjectState::Inherited {
+                made_in: self.home.pid(),
+            },
+        })
+    }
+
     /// The core wait. `expired` is polled now and then; `check_peers` enables the liveness
     /// checks (the model checker turns them off: its threads are one process).
     fn wait_until(
@@ -560,7 +567,7 @@ impl<'a> ProcessBarrier<'a> {
     ) -> std::result::Result<BarrierWaitResult, WaitError> {
         let st = self.state;
         let word = &st.state.0;
-        let (generation, arrived) = self.arrive()?;
+        let (generation, arrived) = self.arrive_counted()?;
         let parties = u64::from(self.parties);
         if arrived == parties
             && let Some(done) = self.try_complete(generation)
@@ -624,7 +631,7 @@ impl<'a> ProcessBarrier<'a> {
 
     /// Count this party in: the generation it waits in and how many have arrived with it
     /// (an arrival past the party count means a corrupt word: poisoned).
-    fn arrive(&self) -> std::result::Result<(u32, u64), WaitError> {
+    fn arrive_counted(&self) -> std::result::Result<(u32, u64), WaitError> {
         let st = self.state;
         let prev = st.state.0.fetch_add(1, Ordering::AcqRel);
         if poisoned(prev) {
@@ -858,6 +865,11 @@ impl std::fmt::Debug for ProcessBarrier<'_> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(not(cuda_ipc_loom))]
+mod arrival;
+#[cfg(not(cuda_ipc_loom))]
+pub use arrival::BarrierArrival;
 
 #[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;

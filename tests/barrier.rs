@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Child, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
@@ -501,5 +501,54 @@ fn a_thousand_random_kills_never_hang_or_complete_falsely() {
     });
     eprintln!(
         "{rounds} random kills (seed {seed:#x}): {generations} generations completed before them"
+    );
+}
+
+/// An awaited wait (feature `async`) learns of a participant killed while it waits, within
+/// the blocking wait's bound, and the barrier stays poisoned.
+#[cfg(feature = "async")]
+#[test]
+fn an_awaited_wait_learns_of_a_killed_peer() {
+    let _dog = watchdog("awaited kill", Duration::from_secs(60));
+    let region = create("await-kill", 2);
+    let victim = spawn("join_and_sleep", &[region.name(), "0"]);
+    wait_for("victim joined", Duration::from_secs(20), || {
+        region.joined.load(Ordering::Acquire) == 1
+    });
+    let me = ProcessBarrier::join(&region.barrier).expect("join");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let victim_pid = victim.pid();
+    let (outcome, latency) = std::thread::scope(|s| {
+        let killer = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(150));
+            let at = Instant::now();
+            victim.signal(libc::SIGKILL);
+            at
+        });
+        let outcome = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), me.wait_async()).await
+        });
+        (outcome, killer.join().unwrap().elapsed())
+    });
+    let _ = victim.wait(Duration::from_secs(10));
+    match outcome {
+        Ok(Err(Error::PeerGone {
+            pid,
+            role: PeerRole::BarrierParty { left: false, .. },
+        })) => assert_eq!(pid, victim_pid),
+        other => panic!("expected PeerGone (barrier participant), got {other:?}"),
+    }
+    assert!(
+        latency < Duration::from_secs(1),
+        "PeerGone after {latency:?}"
+    );
+    assert!(region.barrier.is_poisoned());
+    assert_eq!(
+        region.barrier.arrived(),
+        1,
+        "the poisoned word keeps its count"
     );
 }

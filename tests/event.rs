@@ -250,10 +250,9 @@ fn an_event_is_awaited_and_watched_and_a_cancelled_wait_leaves_nothing() {
         let t = Instant::now();
         match round {
             1 => {
-                let cancelled = rt.block_on(tokio::time::timeout(
-                    Duration::from_millis(20),
-                    event.synchronize_async(),
-                ));
+                let cancelled = rt.block_on(async {
+                    tokio::time::timeout(Duration::from_millis(20), event.synchronize_async()).await
+                });
                 assert!(cancelled.is_err(), "the 300 ms kernel ended in 20 ms?");
                 rt.block_on(event.synchronize_async()).unwrap();
             }
@@ -313,10 +312,9 @@ fn an_awaited_event_notices_a_dead_exporter() {
             std::thread::sleep(Duration::from_millis(200));
             writer.signal(libc::SIGKILL);
         });
-        rt.block_on(tokio::time::timeout(
-            Duration::from_secs(40),
-            event.synchronize_async(),
-        ))
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(40), event.synchronize_async()).await
+        })
     });
     let waited = t.elapsed();
     let _ = writer.wait(Duration::from_secs(30));
