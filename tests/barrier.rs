@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Child, report, spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
@@ -524,7 +524,7 @@ fn an_awaited_wait_learns_of_a_killed_peer() {
     let (outcome, latency) = std::thread::scope(|s| {
         let killer = s.spawn(|| {
             std::thread::sleep(Duration::from_millis(150));
-            let at = Instant::now();
+            let at = std::time::Instant::now();
             victim.signal(libc::SIGKILL);
             at
         });
