@@ -35,9 +35,19 @@
 //! | right after completing, then exiting or dropping | waiters that had not seen the completion find it gone: the poison records the state word as it was, and a generation that had moved on is success |
 //! | stopped (`SIGSTOP`) | alive: `Timeout` at the deadline, arrival withdrawn, barrier usable |
 //!
+//! A wait without a thread ([`arrive`](ProcessBarrier::arrive), whose [`BarrierArrival`] is a
+//! descriptor, and [`wait_async`](ProcessBarrier::wait_async)) makes the same checks as the
+//! blocking wait, paced by a timer (10 µs doubling to 1 ms) instead of sleeping on the futex,
+//! so it sees each row above as a waiter does, up to one pause later. An arrival dropped
+//! before its generation completed (a cancelled future) withdraws itself with the timed-out
+//! wait's compare-exchange; a participant killed while an arrival of it is counted is one
+//! killed "after its arrival" (row four).
+//!
 //! Tested by the loom models below (arrive/complete/withdraw, leave, a joiner killed mid-join),
 //! the replay unit tests of the completer-exits and killed-joiner cases, and
-//! `tests/barrier.rs` (kills before, during and after waits; 1,000 random kills).
+//! `tests/barrier.rs` (kills before, during and after waits, an awaited wait included; 1,000
+//! random kills), and the arrival's unit tests (completion beside a blocking wait, withdrawal
+//! on drop at each poll, pacing, poison).
 
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,12 @@
 //! Many waits in one thread: a [`WaitSet`] holds any number of descriptors — listening channel
 //! ends ([`Listening`](crate::channel::Listening)), sockets ([`FdSocket`](crate::fd::FdSocket)),
-//! a signal's host wait ([`SignalWatch`]), an event's completion ([`EventWatch`]), anything
-//! `AsFd` — and deadlines, and [`wait`](WaitSet::wait) returns when one is ready, naming which.
-//! A channel end or a socket is *told* (its descriptor turns readable when the other side
-//! acts or dies); a signal or an event, which the GPU writes and nothing announces, is
-//! *looked at* on a back-off from 10 µs to 1 ms (its watch's descriptor is a timer).
+//! a signal's host wait ([`SignalWatch`]), an event's completion ([`EventWatch`]), a barrier
+//! arrival ([`BarrierArrival`](crate::barrier::BarrierArrival)), anything `AsFd` — and
+//! deadlines, and [`wait`](WaitSet::wait) returns when one is ready, naming which. A channel
+//! end or a socket is *told* (its descriptor turns readable when the other side acts or
+//! dies); a signal or an event, which the GPU writes and nothing announces, and a barrier,
+//! whose completion wakes a futex no reactor can poll, are *looked at* on a back-off from
+//! 10 µs to 1 ms (their descriptor is a timer).
 //!
 //! The set keeps its own copy of each descriptor (`dup`), not a borrow, so the objects stay
 //! free to be used (`try_recv` takes `&mut`) while attached. A ready entry stays ready until
