@@ -21,13 +21,18 @@ fn check_until_done(arrival: &mut BarrierArrival<'_, '_>, limit: Duration) -> Ba
     }
 }
 
+/// Both participants of a two-party barrier.
+fn two(state: &BarrierState) -> (ProcessBarrier<'_>, ProcessBarrier<'_>) {
+    (
+        ProcessBarrier::join(state).unwrap(),
+        ProcessBarrier::join(state).unwrap(),
+    )
+}
+
 #[test]
 fn an_arrival_completes_beside_a_blocking_wait_and_keeps_its_result() {
     let state = BarrierState::new(2).unwrap();
-    let (a, b) = (
-        ProcessBarrier::join(&state).unwrap(),
-        ProcessBarrier::join(&state).unwrap(),
-    );
+    let (a, b) = two(&state);
     for generation in 0..3 {
         let mut arrival = a.arrive().unwrap();
         assert_eq!(arrival.generation(), generation);
@@ -58,10 +63,7 @@ fn an_arrival_completes_beside_a_blocking_wait_and_keeps_its_result() {
 #[test]
 fn the_last_arrival_completes_at_once() {
     let state = BarrierState::new(2).unwrap();
-    let (a, b) = (
-        ProcessBarrier::join(&state).unwrap(),
-        ProcessBarrier::join(&state).unwrap(),
-    );
+    let (a, b) = two(&state);
     std::thread::scope(|s| {
         let t = s.spawn(|| b.wait().unwrap());
         while state.arrived() != 1 {
@@ -77,10 +79,7 @@ fn the_last_arrival_completes_at_once() {
 #[test]
 fn a_dropped_arrival_is_withdrawn_and_the_barrier_stays_usable() {
     let state = BarrierState::new(2).unwrap();
-    let (a, b) = (
-        ProcessBarrier::join(&state).unwrap(),
-        ProcessBarrier::join(&state).unwrap(),
-    );
+    let (a, b) = two(&state);
     let mut arrival = a.arrive().unwrap();
     assert_eq!(arrival.check().unwrap(), None);
     assert_eq!(state.arrived(), 1);
@@ -98,8 +97,7 @@ fn a_dropped_arrival_is_withdrawn_and_the_barrier_stays_usable() {
 #[test]
 fn an_arrival_paces_its_looks() {
     let state = BarrierState::new(2).unwrap();
-    let a = ProcessBarrier::join(&state).unwrap();
-    let _b = ProcessBarrier::join(&state).unwrap();
+    let (a, _b) = two(&state);
     let mut arrival = a.arrive().unwrap();
     let mut set = WaitSet::new().unwrap();
     let key = set.attach(&arrival).unwrap();
@@ -122,10 +120,7 @@ fn an_arrival_paces_its_looks() {
 #[test]
 fn a_poisoned_barrier_ends_an_arrival_and_stays_poisoned() {
     let state = BarrierState::new(2).unwrap();
-    let (a, b) = (
-        ProcessBarrier::join(&state).unwrap(),
-        ProcessBarrier::join(&state).unwrap(),
-    );
+    let (a, b) = two(&state);
     let mut arrival = a.arrive().unwrap();
     assert_eq!(arrival.check().unwrap(), None);
     b.poison();
@@ -142,10 +137,7 @@ fn a_poisoned_barrier_ends_an_arrival_and_stays_poisoned() {
 #[test]
 fn an_awaited_wait_completes_and_a_cancelled_one_is_withdrawn() {
     let state = BarrierState::new(2).unwrap();
-    let (a, b) = (
-        ProcessBarrier::join(&state).unwrap(),
-        ProcessBarrier::join(&state).unwrap(),
-    );
+    let (a, b) = two(&state);
     // Cancelled at every poll count from 1 to 5: withdrawn each time.
     for polls in 1..=5 {
         let mut fut = std::pin::pin!(a.wait_async());
