@@ -120,11 +120,14 @@
 //!   `poll(2)`); on readable, call `try_recv` until `None` (which arms again).
 //!
 //! What each costs per hand-off (`BENCHMARKS.md`, one H100): the blocking `recv` 12.6 µs for a
-//! ping round trip; a `WaitSet` of 64 channels 14.2 µs (the bell and the re-arm); `recv_async`
-//! 31.5 µs, because its wake crosses two threads — the crate's reactor thread, then the
-//! runtime's. Where that matters, register the listening end with the runtime's own reactor
-//! (tokio's `AsyncFd`, which takes it: it is `AsRawFd`) and call `try_recv` when it is
-//! readable: one thread fewer on the way.
+//! ping round trip; a `WaitSet` of 64 channels 14.2 µs (the bell and the re-arm). `recv_async`
+//! and `acquire_async` first look again for 30 µs, cooperatively (the task re-polls itself;
+//! other tasks run between its polls), as the blocking calls spin before they sleep; a wait
+//! longer than that parks the task, and its wake crosses two threads — the crate's reactor
+//! thread, then the runtime's — about 19 µs more than the blocking `recv`'s. Where that
+//! matters, register the listening end with the runtime's own reactor (tokio's `AsyncFd`,
+//! which takes it: it is `AsRawFd`) and call `try_recv` when it is readable: one thread fewer
+//! on the way.
 //!
 //! ```rust,no_run
 //! # #[cfg(feature = "async")]

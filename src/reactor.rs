@@ -4,10 +4,12 @@
 //! and no CPU while idle, in any runtime (tokio, smol, a hand-rolled executor: only `std`'s
 //! `Future` and `Waker`).
 //!
-//! A [`Readable`] future registers its descriptor once-only (`EPOLLONESHOT`) with the waker of
-//! its last poll and is re-armed at each `Pending`; dropped, it removes its descriptor, so a
-//! cancelled wait leaves nothing behind (the object it waited for holds no state of the wait:
-//! a channel end's arm is a bit the next ring takes).
+//! A channel wait first spins for a few microseconds, cooperatively ([`Spin`], [`yield_now`]:
+//! the task re-polls itself, the runtime running its other tasks between polls), as a blocking
+//! wait spins before it sleeps. Then a [`Readable`] future registers its descriptor once-only
+//! (`EPOLLONESHOT`) with the waker of its last poll and is re-armed at each `Pending`; dropped,
+//! it removes its descriptor, so a cancelled wait leaves nothing behind (the object it waited
+//! for holds no state of the wait: a channel end's arm is a bit the next ring takes).
 //!
 //! The thread is started by the first `async` wait of a process. A forked child has no copy
 //! of it: its waits start their own.
@@ -133,6 +135,40 @@ impl Drop for Readable<'_> {
             r.wakers.lock().by_key.remove(&key);
         }
     }
+}
+
+/// The first moments of an `async` wait, in which it looks again at once rather than park
+/// its task on a descriptor — as a blocking wait spins before it sleeps, and for the same
+/// reason: a hand-off between GPUs often completes within microseconds, sooner than a wake
+/// through this reactor's thread and then the runtime's (two thread wake-ups).
+#[derive(Debug)]
+pub(crate) struct Spin(std::time::Instant);
+
+impl Spin {
+    /// A spin of `length` from now.
+    pub(crate) fn new(length: std::time::Duration) -> Self {
+        Self(std::time::Instant::now() + length)
+    }
+
+    /// Whether the spin is still on.
+    pub(crate) fn on(&self) -> bool {
+        std::time::Instant::now() < self.0
+    }
+}
+
+/// Let the runtime run its other tasks once, then go on: a cooperative spin's pause (the task
+/// wakes itself; no thread blocks).
+pub(crate) async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
 }
 
 /// Call `attempt` until it finds something, awaiting `fd`'s turning readable between tries:

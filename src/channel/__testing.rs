@@ -119,6 +119,13 @@ impl HostProducer {
         Ok(free.then(|| self.geometry.slot_of(self.next)))
     }
 
+    /// The next item's slot index if it is free, looked at without arming anything (an
+    /// `async` wait's spin, as `Listening::acquire_async` spins).
+    pub fn peek_acquire(&mut self) -> Result<Option<usize>> {
+        let free = Ring::of(&self.region, self.geometry).try_acquire(self.next)?;
+        Ok(free.then(|| self.geometry.slot_of(self.next)))
+    }
+
     /// Wait for the next item's slot on the descriptor, not the futex (listening from the
     /// first call): its index.
     pub fn acquire_listening(&mut self, timeout: Duration) -> Result<usize> {
@@ -176,6 +183,9 @@ trait Listens {
     fn ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
     /// One try; `None` leaves the descriptor armed.
     fn try_listening(&mut self) -> Result<Option<Self::Found>>;
+    /// One try that arms nothing (a spin's).
+    #[cfg(feature = "async")]
+    fn peek(&mut self) -> Result<Option<Self::Found>>;
 }
 
 impl Listens for HostProducer {
@@ -189,6 +199,10 @@ impl Listens for HostProducer {
     fn try_listening(&mut self) -> Result<Option<usize>> {
         self.try_acquire_listening()
     }
+    #[cfg(feature = "async")]
+    fn peek(&mut self) -> Result<Option<usize>> {
+        self.peek_acquire()
+    }
 }
 
 impl Listens for HostConsumer {
@@ -201,6 +215,10 @@ impl Listens for HostConsumer {
     }
     fn try_listening(&mut self) -> Result<Option<(usize, u64)>> {
         self.try_recv_listening()
+    }
+    #[cfg(feature = "async")]
+    fn peek(&mut self) -> Result<Option<(usize, u64)>> {
+        self.peek_recv()
     }
 }
 
@@ -233,9 +251,17 @@ fn wait_listening<E: Listens>(
     }
 }
 
-/// Await what `end` waits for, as the `Listening` ends' async calls do.
+/// Await what `end` waits for, as the `Listening` ends' async calls do: a cooperative spin
+/// that arms nothing, then tries that arm, parked on the descriptor between them.
 #[cfg(feature = "async")]
 async fn await_listening<E: Listens>(end: &mut E) -> Result<E::Found> {
+    let spin = crate::reactor::Spin::new(ring::SPIN);
+    while spin.on() {
+        if let Some(found) = end.peek()? {
+            return Ok(found);
+        }
+        crate::reactor::yield_now().await;
+    }
     loop {
         if let Some(found) = end.try_listening()? {
             return Ok(found);
@@ -352,6 +378,16 @@ impl HostConsumer {
         let ring = Ring::of(&self.region, self.geometry).at_entry(self.index);
         let found =
             super::readiness::try_recv_armed(&ring, self.readiness.as_mut(), self.received)?;
+        Ok(found.map(|len| {
+            self.received += 1;
+            (self.geometry.slot_of(self.received), len)
+        }))
+    }
+
+    /// The next item if there is one (its slot index and length), looked at without arming
+    /// anything (an `async` wait's spin, as `Listening::recv_async` spins).
+    pub fn peek_recv(&mut self) -> Result<Option<(usize, u64)>> {
+        let found = self.ring().try_recv(self.received)?;
         Ok(found.map(|len| {
             self.received += 1;
             (self.geometry.slot_of(self.received), len)

@@ -19,6 +19,8 @@ use super::bell::End;
 use super::endpoint::Endpoint;
 use super::readiness::{self, Readiness};
 use super::ring::Ring;
+#[cfg(feature = "async")]
+use super::ring::SPIN;
 use super::{IpcReceiver, IpcSender};
 #[cfg(feature = "async")]
 use super::{Received, SendSlot};
@@ -161,6 +163,23 @@ impl<T: Pod> Endpoint<T> {
         readiness::try_recv_armed(&ring, self.readiness.as_mut(), received)
     }
 
+    /// Consumer: the length of item `received + 1` if it was published, looked at without
+    /// arming anything (an `async` wait's spin).
+    #[cfg(feature = "async")]
+    pub(super) fn peek_recv(&self, received: u64) -> Result<Option<u64>> {
+        Ring::of(&self.region, self.geometry)
+            .at_entry(self.entry)
+            .try_recv(received)
+    }
+
+    /// Producer: whether item `k`'s slot is free, looked at without arming anything.
+    #[cfg(feature = "async")]
+    pub(super) fn peek_acquire(&self, k: u64) -> Result<bool> {
+        Ring::of(&self.region, self.geometry)
+            .at_entry(self.entry)
+            .try_acquire(k)
+    }
+
     /// Producer: whether item `k`'s slot is free; if not, armed if this end listens
     /// (`readiness.rs`).
     pub(super) fn try_acquire_armed(&mut self, k: u64) -> Result<bool> {
@@ -188,13 +207,24 @@ impl<T: Pod> Listening<IpcReceiver<T>> {
         &'a mut self,
         stream: &'a S,
     ) -> Result<Received<'a, T>> {
+        let spin = crate::reactor::Spin::new(SPIN);
         loop {
             let rx = &mut self.end;
             rx.end.check_open("Listening::recv_async")?;
-            if let Some(len) = rx.end.try_recv_armed(rx.received)? {
+            let spinning = spin.on();
+            let found = if spinning {
+                rx.end.peek_recv(rx.received)?
+            } else {
+                rx.end.try_recv_armed(rx.received)?
+            };
+            if let Some(len) = found {
                 return self.end.take_item(stream, len);
             }
-            crate::reactor::Readable::new(self.as_fd()).await?;
+            if spinning {
+                crate::reactor::yield_now().await;
+            } else {
+                crate::reactor::Readable::new(self.as_fd()).await?;
+            }
         }
     }
 }
@@ -216,12 +246,23 @@ impl<T: Pod> Listening<IpcSender<T>> {
         &'a mut self,
         stream: &'a S,
     ) -> Result<SendSlot<'a, T>> {
+        let spin = crate::reactor::Spin::new(SPIN);
         loop {
             self.end.end.check_open("Listening::acquire_async")?;
-            if self.end.try_acquire_host()? {
+            let spinning = spin.on();
+            let free = if spinning {
+                self.end.end.peek_acquire(self.end.next)?
+            } else {
+                self.end.try_acquire_host()?
+            };
+            if free {
                 return self.end.take_slot(stream);
             }
-            crate::reactor::Readable::new(self.as_fd()).await?;
+            if spinning {
+                crate::reactor::yield_now().await;
+            } else {
+                crate::reactor::Readable::new(self.as_fd()).await?;
+            }
         }
     }
 }

@@ -123,8 +123,9 @@ pub(crate) const MAX_CAPACITY: u64 = (1 << LEN_BITS) - 1;
 pub(crate) const CONSUMER_ENTRIES: usize = 8;
 /// How often a waiting side checks that the other side is alive.
 pub(crate) const LIVENESS_CHECK: Duration = Duration::from_millis(10);
-/// How long a waiter spins before it sleeps on the futex.
-const SPIN: Duration = Duration::from_micros(30);
+/// How long a waiter spins before it sleeps on the futex (an `async` wait: before it parks its
+/// task on the descriptor).
+pub(crate) const SPIN: Duration = Duration::from_micros(30);
 
 /// One consumer's entry: who it is, how far it has released, and its GPU release counter.
 #[repr(C)]
