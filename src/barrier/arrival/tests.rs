@@ -70,9 +70,13 @@ fn the_last_arrival_completes_at_once() {
             std::thread::yield_now();
         }
         let mut arrival = a.arrive().unwrap();
+        // Complete at once: by this arrival, or by the waiter, which may see the full count
+        // first (whoever sees it completes).
         let done = arrival.check().unwrap().expect("complete at once");
-        assert!(done.is_leader());
-        assert!(!t.join().unwrap().is_leader());
+        assert!(
+            done.is_leader() != t.join().unwrap().is_leader(),
+            "one leader"
+        );
     });
 }
 
