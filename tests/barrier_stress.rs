@@ -16,16 +16,22 @@
 //!   is rare and never covers a death inside the join);
 //! - no join is refused as full (there are as many parties as slots, and a party that died
 //!   in its join leaves a slot the others see as a death, not as a taken seat).
+//!
+//! Each wait goes one of three ways, at random: the blocking `wait`, an arrival polled on its
+//! descriptor (`arrive`, `check`), or (feature `async`) `wait_async` driven by a small
+//! executor; a descriptor or awaited wait past its 5 s is dropped, which withdraws its arrival
+//! as a timed-out blocking wait does.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 mod common;
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Rng, die, pid_running, spawn, unique_name, watchdog};
-use cuda_ipc::barrier::{BarrierState, ProcessBarrier};
+use cuda_ipc::barrier::{BarrierState, BarrierWaitResult, ProcessBarrier};
 use cuda_ipc::error::PeerRole;
 use cuda_ipc::shm::{ShmOptions, ShmRegion};
 use cuda_ipc::{Error, ShmSafe};
@@ -71,6 +77,69 @@ fn child_process() {
     });
 }
 
+/// The deadline of every wait: deaths are seen within about `LIVENESS_TICK` (100 ms), so 5 s
+/// is a hang.
+const WAIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// One wait, the way `choice` picks: blocking, on the arrival's descriptor, or awaited.
+fn wait_one_way(barrier: &ProcessBarrier<'_>, choice: u64) -> cuda_ipc::Result<BarrierWaitResult> {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    let timed_out = || Error::Timeout {
+        what: "barrier wait (stress)",
+        waited: WAIT_LIMIT,
+        waiting_for: None,
+    };
+    match choice % 3 {
+        1 => {
+            let mut arrival = barrier.arrive()?;
+            loop {
+                if let Some(done) = arrival.check()? {
+                    return Ok(done);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(timed_out()); // the arrival, dropped, is withdrawn
+                }
+                let mut fd = libc::pollfd {
+                    fd: arrival.as_fd().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a bounded timeout.
+                unsafe { libc::poll(&mut fd, 1, left.as_millis().min(1000) as i32 + 1) };
+            }
+        }
+        #[cfg(feature = "async")]
+        2 => block_on_until(barrier.wait_async(), deadline).unwrap_or_else(|| Err(timed_out())),
+        _ => barrier.wait_timeout(WAIT_LIMIT),
+    }
+}
+
+/// Drive `f` on this thread until it is ready or `deadline` passes (then it is dropped,
+/// cancelled): a minimal executor, parked between polls until the crate's reactor wakes it.
+#[cfg(feature = "async")]
+fn block_on_until<T>(f: impl std::future::Future<Output = T>, deadline: Instant) -> Option<T> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return Some(v);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::park_timeout(left);
+    }
+}
+
 fn party(s: &Shared, seed: u64) {
     let me = std::process::id();
     let mut rng = Rng(seed | 1);
@@ -92,7 +161,7 @@ fn party(s: &Shared, seed: u64) {
     } else {
         ProcessBarrier::join(&s.barrier)
     };
-    let mut barrier = match joined {
+    let barrier = match joined {
         Ok(b) => b,
         Err(Error::PeerGone {
             role: PeerRole::BarrierParty { .. },
@@ -103,8 +172,6 @@ fn party(s: &Shared, seed: u64) {
     if !counted {
         s.claimed.fetch_add(1, Ordering::SeqCst);
     }
-    // Deaths are seen within about LIVENESS_TICK (100 ms): 5 s is a hang.
-    barrier.set_default_timeout(Duration::from_secs(5));
     let slot = barrier.slot() as usize;
     let before = s.owner[slot].swap(me, Ordering::SeqCst);
     if before != 0 && pid_running(before) {
@@ -116,7 +183,7 @@ fn party(s: &Shared, seed: u64) {
     let generations = rng.next() % MAX_GENERATIONS as u64;
     for g in 0..generations as usize {
         s.arrivals[g].fetch_add(1, Ordering::SeqCst);
-        match barrier.wait() {
+        match wait_one_way(&barrier, rng.next()) {
             Ok(r) => {
                 s.completions.fetch_add(1, Ordering::Relaxed);
                 if r.generation() as usize != g {
