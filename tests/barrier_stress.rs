@@ -84,11 +84,6 @@ const WAIT_LIMIT: Duration = Duration::from_secs(5);
 /// One wait, the way `choice` picks: blocking, on the arrival's descriptor, or awaited.
 fn wait_one_way(barrier: &ProcessBarrier<'_>, choice: u64) -> cuda_ipc::Result<BarrierWaitResult> {
     let deadline = Instant::now() + WAIT_LIMIT;
-    let timed_out = || Error::Timeout {
-        what: "barrier wait (stress)",
-        waited: WAIT_LIMIT,
-        waiting_for: None,
-    };
     match choice % 3 {
         1 => {
             let mut arrival = barrier.arrive()?;
@@ -98,7 +93,7 @@ fn wait_one_way(barrier: &ProcessBarrier<'_>, choice: u64) -> cuda_ipc::Result<B
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(timed_out()); // the arrival, dropped, is withdrawn
+                    return Err(common::stress_timeout(WAIT_LIMIT)); // the arrival, dropped, is withdrawn
                 }
                 let mut fd = libc::pollfd {
                     fd: arrival.as_fd().as_raw_fd(),
@@ -110,33 +105,9 @@ fn wait_one_way(barrier: &ProcessBarrier<'_>, choice: u64) -> cuda_ipc::Result<B
             }
         }
         #[cfg(feature = "async")]
-        2 => block_on_until(barrier.wait_async(), deadline).unwrap_or_else(|| Err(timed_out())),
+        2 => common::block_on_for(barrier.wait_async(), WAIT_LIMIT)
+            .unwrap_or_else(|| Err(common::stress_timeout(WAIT_LIMIT))),
         _ => barrier.wait_timeout(WAIT_LIMIT),
-    }
-}
-
-/// Drive `f` on this thread until it is ready or `deadline` passes (then it is dropped,
-/// cancelled): a minimal executor, parked between polls until the crate's reactor wakes it.
-#[cfg(feature = "async")]
-fn block_on_until<T>(f: impl std::future::Future<Output = T>, deadline: Instant) -> Option<T> {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return Some(v);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return None;
-        }
-        std::thread::park_timeout(left);
     }
 }
 

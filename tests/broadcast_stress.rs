@@ -7,9 +7,9 @@
 //! finds every entry taken until another leaves or is reaped), pause at random (sometimes
 //! inside their attach, while the entry reads *claiming*), and receive, check, hold and
 //! release items. The parent `SIGKILL`s a random set of consumers, and in some runs the
-//! producer, at random times; each side waits on the futex or, in half the runs, on its
-//! descriptor (the path a reactor, an async task or a `WaitSet` takes). A shadow record checks,
-//! every run:
+//! producer, at random times; each side waits on the futex, on its descriptor (the path a
+//! reactor or a `WaitSet` takes) or awaited (feature `async`), a third of the runs each. A
+//! shadow record checks, every run:
 //!
 //! - every consumer receives `start + 1, start + 2, ...` with no gap, repeat or reordering,
 //!   each with its length, and the slot holds the item's number both when received and just
@@ -28,7 +28,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Rng, pid_running, spawn, unique_name, watchdog};
+use common::{Rng, Wait, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
 use cuda_ipc::error::PeerRole;
 use cuda_ipc::shm::{ShmCell, ShmOptions};
@@ -136,13 +136,15 @@ fn producer(s: &Shadow, rng: &mut Rng) -> u32 {
     name[..tx.name().len()].copy_from_slice(tx.name().as_bytes());
     s.name.store(name);
     s.name_len.store(tx.name().len() as u32, Ordering::SeqCst);
-    // In half the runs the producer waits on its descriptor, not on the futex.
-    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
+    // The producer waits on the futex, on its descriptor or awaited (`common::Wait`).
+    let how = Wait::pick(rng);
     for k in 1..=ITEMS {
-        let got = if listening {
-            tx.acquire_listening(WAIT)
-        } else {
-            tx.acquire(WAIT)
+        let got = match how {
+            Wait::Futex => tx.acquire(WAIT),
+            Wait::Descriptor => tx.acquire_listening(WAIT),
+            #[cfg(feature = "async")]
+            Wait::Awaited => common::block_on_for(tx.acquire_async(), WAIT)
+                .unwrap_or_else(|| Err(common::stress_timeout(WAIT))),
         };
         let slot = match got {
             Ok(slot) => slot,
@@ -207,16 +209,18 @@ fn consumer(s: &Shadow, rng: &mut Rng, i: usize, producer_pid: u32) -> u32 {
     let mut expected = rx.received() + 1;
     // Some leave early (a clean close frees the entry for another).
     let leave_after = rng.one_in(3).then(|| expected + rng.next() % 100);
-    // In half the runs this consumer waits on its descriptor, not on the futex.
-    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
+    // This consumer waits on the futex, on its descriptor or awaited (`common::Wait`).
+    let how = Wait::pick(rng);
     loop {
         if leave_after == Some(expected) {
             return DONE; // dropping `rx` closes our entry
         }
-        let got = if listening {
-            rx.recv_listening(WAIT)
-        } else {
-            rx.recv(WAIT)
+        let got = match how {
+            Wait::Futex => rx.recv(WAIT),
+            Wait::Descriptor => rx.recv_listening(WAIT),
+            #[cfg(feature = "async")]
+            Wait::Awaited => common::block_on_for(rx.recv_async(), WAIT)
+                .unwrap_or_else(|| Err(common::stress_timeout(WAIT))),
         };
         let (slot, len) = match got {
             Ok(item) => item,

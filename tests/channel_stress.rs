@@ -4,8 +4,9 @@
 //! writing each item's number into its slot first; a consumer receives, checks, holds and
 //! releases them; both pause at random, the consumer sometimes inside its attach (while its
 //! owner word reads *claiming*); and the parent `SIGKILL`s one of them at a random time, or
-//! neither; each side waits on the futex or, in half the runs, on its descriptor (the path
-//! a reactor, an async task or a `WaitSet` takes). A shadow record checks, every run:
+//! neither; each side waits on the futex, on its descriptor (the path a reactor or a `WaitSet`
+//! takes) or awaited (`recv_async` / `acquire_async` on a small executor; feature `async`),
+//! a third of the runs each. A shadow record checks, every run:
 //!
 //! - the consumer receives items 1, 2, 3, ... with no gap, repeat or reordering, each with its
 //!   length and its header (up to 96 bytes naming the item), and the slot holds the item's number both when received and just before it is
@@ -24,7 +25,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Rng, pid_running, spawn, unique_name, watchdog};
+use common::{Rng, Wait, pid_running, spawn, unique_name, watchdog};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
 use cuda_ipc::error::PeerRole;
 use cuda_ipc::shm::{ShmCell, ShmOptions};
@@ -132,13 +133,15 @@ fn producer(s: &Shadow, rng: &mut Rng) -> u32 {
     name[..tx.name().len()].copy_from_slice(tx.name().as_bytes());
     s.name.store(name);
     s.name_len.store(tx.name().len() as u32, Ordering::SeqCst);
-    // In half the runs the producer waits on its descriptor, not on the futex.
-    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
+    // The producer waits on the futex, on its descriptor or awaited (`common::Wait`).
+    let how = Wait::pick(rng);
     for k in 1..=ITEMS {
-        let got = if listening {
-            tx.acquire_listening(WAIT)
-        } else {
-            tx.acquire(WAIT)
+        let got = match how {
+            Wait::Futex => tx.acquire(WAIT),
+            Wait::Descriptor => tx.acquire_listening(WAIT),
+            #[cfg(feature = "async")]
+            Wait::Awaited => common::block_on_for(tx.acquire_async(), WAIT)
+                .unwrap_or_else(|| Err(common::stress_timeout(WAIT))),
         };
         let slot = match got {
             Ok(slot) => slot,
@@ -184,14 +187,15 @@ fn consumer(s: &Shadow, rng: &mut Rng, producer_pid: u32) -> u32 {
         Err(e) => return outcome(&e),
     };
     s.attached.store(1, Ordering::SeqCst);
-    // In half the runs the consumer waits on its descriptor (the listening path a reactor
-    // or an async task takes), not on the futex.
-    let listening = rng.one_in(2) || std::env::var_os("STRESS_LISTEN").is_some();
+    // The consumer waits on the futex, on its descriptor or awaited (`common::Wait`).
+    let how = Wait::pick(rng);
     for k in 1.. {
-        let got = if listening {
-            rx.recv_listening(WAIT)
-        } else {
-            rx.recv(WAIT)
+        let got = match how {
+            Wait::Futex => rx.recv(WAIT),
+            Wait::Descriptor => rx.recv_listening(WAIT),
+            #[cfg(feature = "async")]
+            Wait::Awaited => common::block_on_for(rx.recv_async(), WAIT)
+                .unwrap_or_else(|| Err(common::stress_timeout(WAIT))),
         };
         let (slot, len) = match got {
             Ok(item) => item,

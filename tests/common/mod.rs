@@ -741,3 +741,63 @@ pub fn contents(buf: &cuda_ipc::GpuSlice<u32>) -> Vec<u32> {
     buf.copy_to_host(&mut host).unwrap();
     host
 }
+
+/// Drive `f` on this thread until it is ready or `limit` has passed (then it is dropped:
+/// cancelled), parked between polls until its waker (the crate's reactor) unparks it: a
+/// minimal executor, for the stresses' awaited waits. `None` at the limit.
+#[cfg(feature = "async")]
+pub fn block_on_for<T>(f: impl std::future::Future<Output = T>, limit: Duration) -> Option<T> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let deadline = Instant::now() + limit;
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return Some(v);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::park_timeout(left);
+    }
+}
+
+/// The `Error::Timeout` a stress reports for an awaited wait it dropped at its limit.
+pub fn stress_timeout(waited: Duration) -> cuda_ipc::Error {
+    cuda_ipc::Error::Timeout {
+        what: "awaited wait (stress)",
+        waited,
+        waiting_for: None,
+    }
+}
+
+/// How a stress's channel end waits in one run: on the futex, on its descriptor (the path a
+/// reactor takes), or awaited (`recv_async` / `acquire_async`, feature `async`).
+#[derive(Clone, Copy, Debug)]
+pub enum Wait {
+    Futex,
+    Descriptor,
+    #[cfg(feature = "async")]
+    Awaited,
+}
+
+impl Wait {
+    /// One of the ways at random, about a third each (with `STRESS_LISTEN` set, never the
+    /// futex).
+    pub fn pick(rng: &mut Rng) -> Self {
+        let listen = std::env::var_os("STRESS_LISTEN").is_some();
+        match rng.next() % 3 {
+            0 if !listen => Wait::Futex,
+            #[cfg(feature = "async")]
+            2 => Wait::Awaited,
+            _ => Wait::Descriptor,
+        }
+    }
+}
