@@ -109,8 +109,10 @@ impl<'a> ProcessBarrier<'a> {
     }
 
     /// Wait for every participant to arrive, as [`wait`](Self::wait) does, but the task, not
-    /// a thread, waits (feature `async`; any runtime). No time limit of its own: compose one
-    /// with the runtime's (`tokio::time::timeout`).
+    /// a thread, waits (feature `async`; any runtime): it looks again at once for the spin's
+    /// length ([`set_spin`](Self::set_spin); cooperatively, other tasks running between its
+    /// looks), then as a [`BarrierArrival`] does. No time limit of its own: compose one with
+    /// the runtime's (`tokio::time::timeout`).
     ///
     /// **Cancel-safe:** dropped before it returns, its arrival is withdrawn (as a timed-out
     /// wait's is) and the barrier stays usable.
@@ -122,6 +124,15 @@ impl<'a> ProcessBarrier<'a> {
     #[cfg(feature = "async")]
     pub async fn wait_async(&self) -> Result<BarrierWaitResult> {
         let mut arrival = self.arrive()?;
+        // As the blocking wait spins before it sleeps: look again at once for the spin's
+        // length (cooperatively: other tasks run between the looks).
+        let spin = crate::reactor::Spin::new(self.spin);
+        while spin.on() {
+            if let Some(done) = arrival.peek()? {
+                return Ok(done);
+            }
+            crate::reactor::yield_now().await;
+        }
         loop {
             if let Some(done) = arrival.check()? {
                 return Ok(done);
@@ -143,14 +154,20 @@ impl BarrierArrival<'_, '_> {
     /// values; [`Error::Os`](crate::Error::Os) naming `timerfd_settime`. A poisoned barrier stays poisoned:
     /// a later call reports the same error.
     pub fn check(&mut self) -> Result<Option<BarrierWaitResult>> {
+        let found = self.peek()?;
+        if found.is_none() {
+            self.pacer.later()?;
+        }
+        Ok(found)
+    }
+
+    /// [`check`](Self::check) without pacing the descriptor (a spin's look).
+    fn peek(&mut self) -> Result<Option<BarrierWaitResult>> {
         if let Some(done) = self.ended {
             return Ok(Some(done));
         }
         let found = self.look()?;
-        match found {
-            Some(done) => self.ended = Some(done),
-            None => self.pacer.later()?,
-        }
+        self.ended = found;
         Ok(found)
     }
 
