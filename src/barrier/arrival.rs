@@ -69,11 +69,18 @@ const MAX_PAUSE: Duration = Duration::from_millis(1);
 /// ```
 #[derive(Debug)]
 pub struct BarrierArrival<'b, 'a> {
+    counted: Counted<'b, 'a>,
+    pacer: Pacer,
+}
+
+/// An arrival counted in a generation, not yet paced: what both an arrival and an awaited
+/// wait's spin look at. Dropped before its generation completed, it withdraws itself.
+#[derive(Debug)]
+struct Counted<'b, 'a> {
     barrier: &'b ProcessBarrier<'a>,
     generation: u32,
     /// The result once the generation completed (then nothing is withdrawn on drop).
     ended: Option<BarrierWaitResult>,
-    pacer: Pacer,
     next_check: Instant,
     start: Instant,
 }
@@ -90,7 +97,16 @@ impl<'a> ProcessBarrier<'a> {
     /// [`Error::Os`](crate::Error::Os) if no timer descriptor can be made.
     pub fn arrive(&self) -> Result<BarrierArrival<'_, 'a>> {
         self.check_home("ProcessBarrier::arrive")?;
+        // The timer first: once counted, the arrival must not fail.
         let pacer = Pacer::new("barrier arrival", FIRST_PAUSE, MAX_PAUSE)?;
+        Ok(BarrierArrival {
+            counted: self.count_in()?,
+            pacer,
+        })
+    }
+
+    /// Count this participant in the current generation (completing it if it is the last).
+    fn count_in(&self) -> Result<Counted<'_, 'a>> {
         let start = Instant::now();
         let (generation, arrived) = self
             .arrive_counted()
@@ -98,11 +114,10 @@ impl<'a> ProcessBarrier<'a> {
         let ended = (arrived == u64::from(self.parties))
             .then(|| self.try_complete(generation))
             .flatten();
-        Ok(BarrierArrival {
+        Ok(Counted {
             barrier: self,
             generation,
             ended,
-            pacer,
             next_check: start + LIVENESS_TICK,
             start,
         })
@@ -123,16 +138,20 @@ impl<'a> ProcessBarrier<'a> {
     /// [`Error::Os`](crate::Error::Os) if the reactor cannot start or watch the timer.
     #[cfg(feature = "async")]
     pub async fn wait_async(&self) -> Result<BarrierWaitResult> {
-        let mut arrival = self.arrive()?;
+        self.check_home("ProcessBarrier::wait_async")?;
+        let mut counted = self.count_in()?;
         // As the blocking wait spins before it sleeps: look again at once for the spin's
-        // length (cooperatively: other tasks run between the looks).
+        // length (cooperatively: other tasks run between the looks), with no descriptor yet.
         let spin = crate::reactor::Spin::new(self.spin);
         while spin.on() {
-            if let Some(done) = arrival.peek()? {
+            if let Some(done) = counted.look()? {
                 return Ok(done);
             }
             crate::reactor::yield_now().await;
         }
+        // A timer that cannot be made drops `counted`, which withdraws it.
+        let pacer = Pacer::new("barrier wait", FIRST_PAUSE, MAX_PAUSE)?;
+        let mut arrival = BarrierArrival { counted, pacer };
         loop {
             if let Some(done) = arrival.check()? {
                 return Ok(done);
@@ -154,31 +173,31 @@ impl BarrierArrival<'_, '_> {
     /// values; [`Error::Os`](crate::Error::Os) naming `timerfd_settime`. A poisoned barrier stays poisoned:
     /// a later call reports the same error.
     pub fn check(&mut self) -> Result<Option<BarrierWaitResult>> {
-        let found = self.peek()?;
+        let found = self.counted.look()?;
         if found.is_none() {
             self.pacer.later()?;
         }
         Ok(found)
     }
 
-    /// [`check`](Self::check) without pacing the descriptor (a spin's look).
-    fn peek(&mut self) -> Result<Option<BarrierWaitResult>> {
-        if let Some(done) = self.ended {
-            return Ok(Some(done));
-        }
-        let found = self.look()?;
-        self.ended = found;
-        Ok(found)
-    }
-
     /// The generation this arrival is counted in.
     #[must_use]
     pub fn generation(&self) -> u32 {
-        self.generation
+        self.counted.generation
+    }
+}
+
+impl Counted<'_, '_> {
+    /// One round of the blocking wait's checks, without waiting: the generation's result
+    /// (kept, and given again by every later look) or `None`.
+    fn look(&mut self) -> Result<Option<BarrierWaitResult>> {
+        if self.ended.is_none() {
+            self.ended = self.look_once()?;
+        }
+        Ok(self.ended)
     }
 
-    /// One round of the blocking wait's checks, without waiting.
-    fn look(&mut self) -> Result<Option<BarrierWaitResult>> {
+    fn look_once(&mut self) -> Result<Option<BarrierWaitResult>> {
         let (b, generation) = (self.barrier, self.generation);
         let s = b.state.state.0.load(Ordering::Acquire);
         if generation_of(s) != generation {
@@ -211,7 +230,7 @@ impl AsFd for BarrierArrival<'_, '_> {
     }
 }
 
-impl Drop for BarrierArrival<'_, '_> {
+impl Drop for Counted<'_, '_> {
     fn drop(&mut self) {
         if self.ended.is_none() {
             // Withdrawn, or the generation completed with us: either leaves the barrier

@@ -43,17 +43,25 @@ impl Looks {
         Ok(found)
     }
 
-    /// Look until `look` finds something, the task awaiting the pacer between looks.
+    /// Look until `look` finds something, the task awaiting a pacer between looks: the first
+    /// look before the pacer is made (a wait that needs no pause makes no timer).
     #[cfg(feature = "async")]
     async fn until<T>(
-        mut self,
+        what: &'static str,
+        liveness_check: Duration,
         mut look: impl FnMut(&mut Instant) -> Result<Option<T>>,
     ) -> Result<T> {
+        let mut next_check = Instant::now() + liveness_check;
+        if let Some(found) = look(&mut next_check)? {
+            return Ok(found);
+        }
+        let mut looks = Self::new(what, liveness_check)?;
+        looks.next_check = next_check;
         loop {
-            if let Some(found) = self.once(&mut look)? {
+            if let Some(found) = looks.once(&mut look)? {
                 return Ok(found);
             }
-            crate::reactor::Readable::new(self.pacer.as_fd()).await?;
+            crate::reactor::Readable::new(looks.pacer.as_fd()).await?;
         }
     }
 }
@@ -125,8 +133,10 @@ impl GpuSignal {
     #[cfg(feature = "async")]
     pub async fn wait_host_async(&self, value: u64) -> Result<u64> {
         check_value("IpcSignal::wait_host_async", value)?;
-        let looks = Looks::new("IPC signal wait", Duration::ZERO)?;
-        looks.until(|next| self.look(value, next)).await
+        Looks::until("IPC signal wait", Duration::ZERO, |next| {
+            self.look(value, next)
+        })
+        .await
     }
 }
 
@@ -214,8 +224,12 @@ impl GpuEvent {
     /// [`Error::Os`](crate::Error::Os) if the reactor cannot start or watch the timer.
     #[cfg(feature = "async")]
     pub async fn synchronize_async(&self) -> Result<()> {
-        let looks = Looks::new("IPC event synchronize", crate::event::LIVENESS_CHECK)?;
-        looks.until(|next| self.look(next)).await
+        Looks::until(
+            "IPC event synchronize",
+            crate::event::LIVENESS_CHECK,
+            |next| self.look(next),
+        )
+        .await
     }
 }
 
