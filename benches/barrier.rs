@@ -5,6 +5,9 @@
 //!   phases busy-waiting), the floor for a barrier that never sleeps;
 //! - `pthread`: a process-shared `pthread_barrier_t` (glibc, futex-based, always sleeps).
 //!
+//! With feature `async`, the summary also times `ProcessBarrier::wait_async` (every
+//! participant awaiting on a minimal executor) against the blocking `wait` in the same run.
+//!
 //! The measuring process is one participant; the others are helper processes (this bench
 //! binary re-executed with a role) that wait in a loop until told to stop. One iteration is one
 //! barrier generation. After Criterion's groups, a summary re-times each variant (p10/p50/p90
@@ -51,6 +54,8 @@ struct Shared {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Ours,
+    /// `ProcessBarrier::wait_async` on a minimal executor (feature `async`).
+    Awaited,
     Spin,
     Pthread,
 }
@@ -59,6 +64,7 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Ours => "process_barrier",
+            Kind::Awaited => "process_barrier_async",
             Kind::Spin => "spin_simpleipc",
             Kind::Pthread => "pthread_barrier",
         }
@@ -66,6 +72,7 @@ impl Kind {
     fn parse(s: &str) -> Self {
         match s {
             "process_barrier" => Kind::Ours,
+            "process_barrier_async" => Kind::Awaited,
             "spin_simpleipc" => Kind::Spin,
             _ => Kind::Pthread,
         }
@@ -131,7 +138,7 @@ struct Participant<'a> {
 
 impl<'a> Participant<'a> {
     fn new(shared: &'a Shared, kind: Kind, n: u32) -> Self {
-        let ours = (kind == Kind::Ours).then(|| {
+        let ours = matches!(kind, Kind::Ours | Kind::Awaited).then(|| {
             let mut b = ProcessBarrier::join(&shared.ours).expect("join");
             b.set_default_timeout(Duration::from_secs(600));
             b
@@ -151,9 +158,38 @@ impl<'a> Participant<'a> {
             Kind::Ours => {
                 self.ours.as_ref().map(|b| b.wait().expect("barrier wait"));
             }
+            #[cfg(feature = "async")]
+            Kind::Awaited => {
+                self.ours
+                    .as_ref()
+                    .map(|b| block_on(b.wait_async()).expect("barrier wait_async"));
+            }
+            #[cfg(not(feature = "async"))]
+            Kind::Awaited => unreachable!("timed only with feature async"),
             Kind::Spin => spin_wait(self.shared, self.n as i32),
             Kind::Pthread => pthread_wait(self.shared),
         }
+    }
+}
+
+/// Run `f` to completion on this thread, parked between polls until its waker (the crate's
+/// reactor, or the future itself while it spins) unparks it.
+#[cfg(feature = "async")]
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
     }
 }
 
@@ -335,6 +371,41 @@ fn summary() {
             pct(&r[0], 0.5) / pct(&r[1], 0.5),
             pct(&r[2], 0.5) / pct(&r[0], 0.5),
         );
+    }
+    #[cfg(feature = "async")]
+    {
+        println!(
+            "summary: awaited barrier round trip (every participant in wait_async), ns per generation (p10 / p50 / p90 over 31 batches)"
+        );
+        println!(
+            "{:>3}  {:>26}  {:>26}  {:>13}",
+            "N", "wait_async", "wait", "async/blocking"
+        );
+        for n in PARTIES {
+            let per_batch = 4000 / n;
+            // Alternating, so that drift lands on both.
+            let (mut awaited, mut blocking) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                awaited.extend(sample(Kind::Awaited, n, 11, per_batch));
+                blocking.extend(sample(Kind::Ours, n, 11, per_batch));
+            }
+            awaited.sort_by(f64::total_cmp);
+            blocking.sort_by(f64::total_cmp);
+            let cell = |v: &[f64]| {
+                format!(
+                    "{:.0} / {:.0} / {:.0}",
+                    pct(v, 0.1),
+                    pct(v, 0.5),
+                    pct(v, 0.9)
+                )
+            };
+            println!(
+                "{n:>3}  {:>26}  {:>26}  {:>13.2}",
+                cell(&awaited),
+                cell(&blocking),
+                pct(&awaited, 0.5) / pct(&blocking, 0.5)
+            );
+        }
     }
     // A waiter blocked for one second: how much CPU does it burn?
     let region = ShmOptions::new("cuda-ipc-bench-blocked")

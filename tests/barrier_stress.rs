@@ -93,7 +93,8 @@ fn wait_one_way(barrier: &ProcessBarrier<'_>, choice: u64) -> cuda_ipc::Result<B
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(common::stress_timeout(WAIT_LIMIT)); // the arrival, dropped, is withdrawn
+                    // The arrival, dropped, is withdrawn.
+                    return Err(common::stress_timeout(WAIT_LIMIT));
                 }
                 let mut fd = libc::pollfd {
                     fd: arrival.as_fd().as_raw_fd(),

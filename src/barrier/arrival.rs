@@ -92,9 +92,10 @@ impl<'a> ProcessBarrier<'a> {
     ///
     /// # Errors
     ///
-    /// As [`wait_timeout`](Self::wait_timeout), without [`Error::Timeout`](crate::Error::Timeout) (an arrival has no
-    /// deadline: attach one to the [`WaitSet`](crate::wait::WaitSet));
-    /// [`Error::Os`](crate::Error::Os) if no timer descriptor can be made.
+    /// As [`wait_timeout`](Self::wait_timeout), without
+    /// [`Error::Timeout`](crate::Error::Timeout) (an arrival has no deadline: attach one to
+    /// the [`WaitSet`](crate::wait::WaitSet)); [`Error::Os`](crate::Error::Os) if no timer
+    /// descriptor can be made.
     pub fn arrive(&self) -> Result<BarrierArrival<'_, 'a>> {
         self.check_home("ProcessBarrier::arrive")?;
         // The timer first: once counted, the arrival must not fail.
@@ -168,10 +169,11 @@ impl BarrierArrival<'_, '_> {
     ///
     /// # Errors
     ///
-    /// [`Error::PeerGone`](crate::Error::PeerGone) (a barrier participant) when a participant died or left (the
-    /// barrier is poisoned); [`Error::Poisoned`](crate::Error::Poisoned); [`Error::Corrupt`](crate::Error::Corrupt) for impossible shared
-    /// values; [`Error::Os`](crate::Error::Os) naming `timerfd_settime`. A poisoned barrier stays poisoned:
-    /// a later call reports the same error.
+    /// [`Error::PeerGone`](crate::Error::PeerGone) (a barrier participant) when a participant
+    /// died or left (the barrier is poisoned); [`Error::Poisoned`](crate::Error::Poisoned);
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for impossible shared values;
+    /// [`Error::Os`](crate::Error::Os) naming `timerfd_settime`. A poisoned barrier stays
+    /// poisoned: a later call reports the same error.
     pub fn check(&mut self) -> Result<Option<BarrierWaitResult>> {
         let found = self.counted.look()?;
         if found.is_none() {

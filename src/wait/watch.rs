@@ -1,6 +1,7 @@
 //! Host waits on what the GPU writes — a signal's counter, an event's completion — as
 //! descriptors ([`SignalWatch`], [`EventWatch`]) and as futures
-//! ([`GpuSignal::wait_host_async`], [`GpuEvent::synchronize_async`], feature `async`); the [`wait`](super) module's docs say why a watch looks.
+//! ([`GpuSignal::wait_host_async`], [`GpuEvent::synchronize_async`], feature `async`); the
+//! [`wait`](super) module's docs say why a watch looks.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
