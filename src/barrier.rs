@@ -877,9 +877,7 @@ impl std::fmt::Debug for ProcessBarrier<'_> {
     }
 }
 
-#[cfg(not(cuda_ipc_loom))]
 mod arrival;
-#[cfg(not(cuda_ipc_loom))]
 pub use arrival::BarrierArrival;
 
 #[cfg(all(test, not(cuda_ipc_loom)))]

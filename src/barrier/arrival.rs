@@ -242,5 +242,5 @@ impl Drop for Counted<'_, '_> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(cuda_ipc_loom)))]
 mod tests;

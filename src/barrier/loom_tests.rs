@@ -18,6 +18,7 @@ fn beside<R: Send + 'static>(
 }
 
 /// Join, wait for two generations, and count the ones this participant led.
+#[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
 fn lead_two_generations(s: &BarrierState) -> u32 {
     let b = ProcessBarrier::join(s).unwrap();
     let mut leads = 0;
@@ -47,7 +48,7 @@ fn a_participant_that_leaves_ends_the_others_wait() {
         let s = Arc::new(BarrierState::new(2).unwrap());
         let leaver = beside(&s, move |s| {
             loom_support::set_pid(2);
-            drop(ProcessBarrier::join(&s).unwrap());
+            drop(ProcessBarrier::join(s).unwrap());
         });
         let b = ProcessBarrier::join(&s).unwrap();
         let r = b.wait_until(&mut never(), true);
@@ -82,7 +83,7 @@ fn a_joiner_killed_mid_join_is_seen_dead_or_replaced() {
         });
         let other = beside(&s, move |s| {
             loom_support::set_pid(2);
-            let b = ProcessBarrier::join(&s)?;
+            let b = ProcessBarrier::join(s)?;
             let r = b.wait_until(&mut never(), true);
             std::mem::forget(b);
             r.map_err(|e| e.into_error(std::time::Duration::ZERO))
@@ -119,7 +120,7 @@ fn withdrawal_races_completion() {
     model(|| {
         let s = Arc::new(BarrierState::new(2).unwrap());
         let impatient = beside(&s, move |s| {
-            let b = ProcessBarrier::join(&s).unwrap();
+            let b = ProcessBarrier::join(s).unwrap();
             let r = b.wait_until(&mut expires_after(2), false);
             std::mem::forget(b);
             r.is_ok()

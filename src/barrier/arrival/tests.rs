@@ -4,6 +4,7 @@ use crate::barrier::BarrierState;
 use crate::wait::WaitSet;
 
 /// Check `arrival` whenever its descriptor says, at most `limit`: its result.
+#[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
 fn check_until_done(arrival: &mut BarrierArrival<'_, '_>, limit: Duration) -> BarrierWaitResult {
     let mut set = WaitSet::new().unwrap();
     let key = set.attach(&*arrival).unwrap();
@@ -22,6 +23,7 @@ fn check_until_done(arrival: &mut BarrierArrival<'_, '_>, limit: Duration) -> Ba
 }
 
 /// Both participants of a two-party barrier.
+#[allow(clippy::unwrap_used)] // a test helper: failing loudly is the point
 fn two(state: &BarrierState) -> (ProcessBarrier<'_>, ProcessBarrier<'_>) {
     (
         ProcessBarrier::join(state).unwrap(),
