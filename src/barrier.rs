@@ -36,7 +36,7 @@
 //! | stopped (`SIGSTOP`) | alive: `Timeout` at the deadline, arrival withdrawn, barrier usable |
 //!
 //! A wait without a thread ([`arrive`](ProcessBarrier::arrive), whose [`BarrierArrival`] is a
-//! descriptor, and [`wait_async`](ProcessBarrier::wait_async), which first spins as the
+//! descriptor, and `wait_async` (feature `async`), which first spins as the
 //! blocking wait does) makes the same checks as the blocking wait, paced by a timer (10 µs
 //! doubling to 1 ms) instead of sleeping on the futex,
 //! so it sees each row above as a waiter does, up to one pause later. An arrival dropped

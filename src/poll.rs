@@ -80,7 +80,7 @@ impl Backoff {
     }
 
     /// Pause until `unheld()` says no importer holds an export any more; past the time,
-    /// [`Error::LeasesOutstanding`](crate::Error::LeasesOutstanding) naming `holders()` and the
+    /// [`Error::LeasesOutstanding`] naming `holders()` and the
     /// time waited.
     pub(crate) fn until_unheld(
         mut self,

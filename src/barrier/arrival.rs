@@ -7,7 +7,9 @@
 //! blocking wait — on a back-off of 10 µs doubling to 1 ms paced by a timer descriptor, and
 //! every [`LIVENESS_TICK`] checks the other participants as the blocking wait does. Between
 //! looks it costs no thread and no CPU; the price is a wake-up up to 1 ms after the completion
-//! (a blocking wait on a thread wakes within microseconds).
+//! (a blocking wait on a thread wakes within microseconds). [`ProcessBarrier::wait_async`]
+//! first spins as the blocking wait does (cooperatively, with no descriptor yet), so a
+//! generation that completes within the spin costs no timer.
 //!
 //! An arrival is counted when made. Dropped before its generation completed (a cancelled
 //! future), it withdraws itself with the same compare-exchange as a timed-out blocking wait:
