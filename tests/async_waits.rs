@@ -135,10 +135,7 @@ fn a_tokio_task_receives_every_item() {
     let _serial = serial();
     let _dog = watchdog("async_tokio", Duration::from_secs(60));
     let (mut rx, child) = consumer_of("producer");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     assert_eq!(rt.block_on(receive_all(&mut rx)), ITEMS);
     child.expect_success(Duration::from_secs(20));
 }
@@ -231,10 +228,7 @@ fn a_tokio_task_sends_every_item() {
     let mut tx = HostProducer::create(SLOTS, 100).unwrap();
     tx.listen().unwrap();
     let child = spawn("consumer", &[tx.name()]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     rt.block_on(async {
         for k in 1..=ITEMS {
             tx.acquire_async().await.unwrap();
@@ -295,10 +289,7 @@ fn a_thousand_pending_receives_cost_no_thread_each_and_no_cpu_idle() {
             rx
         })
         .collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     let before = threads();
     let (threads_pending, idle_cpu, received) = rt.block_on(async {
         let local = tokio::task::LocalSet::new();
@@ -355,10 +346,7 @@ fn socket_messages_awaited_and_cancelled_arrive_in_order() {
     let _dog = watchdog("async_socket", Duration::from_secs(60));
     let (l, name) = common::fd_listener("async-socket");
     let child = spawn("sender", &[&name]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     let cancelled = rt.block_on(async {
         let s = l.accept_async().await.unwrap();
         let (mut got, mut cancelled) = (0u64, 0u32);

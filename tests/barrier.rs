@@ -516,10 +516,7 @@ fn an_awaited_wait_learns_of_a_killed_peer() {
         region.joined.load(Ordering::Acquire) == 1
     });
     let me = ProcessBarrier::join(&region.barrier).expect("join");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = common::tokio_runtime();
     let victim_pid = victim.pid();
     let (outcome, latency) = std::thread::scope(|s| {
         let killer = s.spawn(|| {

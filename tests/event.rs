@@ -209,15 +209,6 @@ fn an_event_cannot_be_opened_by_its_exporter_or_reexported() {
     event.synchronize(Duration::from_secs(1)).unwrap();
 }
 
-/// A current-thread tokio runtime with timers (the crate's reactor wakes its tasks).
-#[cfg(feature = "async")]
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
 /// The wait for an event without a thread (feature `async`), on the slow writer's three
 /// rounds: an awaited wait cancelled while the 300 ms kernel runs leaves nothing, and the next
 /// one ends only when the kernel has written (round 1); a watch in a `WaitSet` (round 2);
@@ -237,7 +228,7 @@ fn an_event_is_awaited_and_watched_and_a_cancelled_wait_leaves_nothing() {
     });
     let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
     let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
-    let rt = runtime();
+    let rt = common::tokio_runtime();
     let mut host = vec![0u8; LEN];
     let written = |host: &mut Vec<u8>, round: u64| {
         buf.copy_to_host(host).unwrap();
@@ -305,7 +296,7 @@ fn an_awaited_event_notices_a_dead_exporter() {
         shared.seq.load(Ordering::Acquire) == 1
     });
     let pid = writer.pid();
-    let rt = runtime();
+    let rt = common::tokio_runtime();
     let t = Instant::now();
     let outcome = std::thread::scope(|s| {
         s.spawn(|| {

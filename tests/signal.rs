@@ -577,15 +577,6 @@ fn host_reads_writes_and_waits_do_not_queue_behind_a_blocked_stream() {
     sig.close(Duration::ZERO).unwrap();
 }
 
-/// A current-thread tokio runtime with timers (the crate's reactor wakes its tasks).
-#[cfg(feature = "async")]
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
 /// The host waits without a thread (feature `async`): an awaited wait cancelled before the
 /// value comes leaves nothing (the next await and the blocking wait see the value); a value
 /// a GPU stream writes is found through a watch in a `WaitSet` (readable at once, then paced);
@@ -600,7 +591,7 @@ fn host_waits_are_awaited_and_watched_and_a_cancelled_one_leaves_nothing() {
     let _dog = watchdog("awaited host waits", Duration::from_secs(120));
     let ctx = gpu();
     let sig = IpcSignal::new(&ctx).unwrap();
-    let rt = runtime();
+    let rt = common::tokio_runtime();
     // Cancelled: nothing came within 30 ms.
     let cancelled = rt.block_on(async {
         tokio::time::timeout(Duration::from_millis(30), sig.wait_host_async(1)).await
@@ -689,7 +680,7 @@ fn an_awaited_host_wait_notices_a_dead_exporter() {
     });
     let sig = ImportedSignal::open(&ctx, &shared.ready.load()).unwrap();
     let pid = child.pid();
-    let rt = runtime();
+    let rt = common::tokio_runtime();
     let outcome = std::thread::scope(|s| {
         s.spawn(|| {
             std::thread::sleep(Duration::from_millis(100));

@@ -801,3 +801,13 @@ impl Wait {
         }
     }
 }
+
+/// A current-thread tokio runtime with its timers and I/O driver, for the tests' awaited waits
+/// (the crate's own reactor wakes the tasks of its waits).
+#[cfg(feature = "async")]
+pub fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
