@@ -28,6 +28,8 @@ const ROUNDS: u64 = 3;
 struct Shared {
     mem: ShmCell<IpcMemHandle<u8>>,
     event: ShmCell<IpcEventHandle>,
+    /// 1 once the writer has exported (its handles are in place), 2 once the reader has
+    /// opened them.
     ready: AtomicU32,
     /// Rounds the writer has enqueued (kernel + record).
     seq: AtomicU64,
@@ -37,6 +39,11 @@ struct Shared {
 
 fn region() -> ShmRegion<Shared> {
     ShmOptions::new(unique_name("gpu-evt")).create().unwrap()
+}
+
+/// The reader has opened what it needs: the slow writer may start its first round.
+fn opened(shared: &Shared) {
+    shared.ready.store(2, Ordering::Release);
 }
 
 #[test]
@@ -60,6 +67,11 @@ fn child_process() {
             // recorded; the reader must see the new value only through the event.
             "slow_writer" => {
                 let ptr = buf.as_raw_ptr();
+                // The first kernel starts once the reader has opened the buffer and the event
+                // (a first open can take longer than the kernel).
+                while shared.ready.load(Ordering::Acquire) != 2 {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
                 for round in 1..=ROUNDS {
                     while shared.ack.load(Ordering::Acquire) != round - 1 {
                         std::thread::sleep(Duration::from_micros(100));
@@ -97,6 +109,7 @@ fn an_event_orders_a_slow_kernel_before_the_readers_copy() {
     });
     let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
     let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
+    opened(&shared);
     ctx.make_current().unwrap();
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None).unwrap();
     let mut host = vec![0u8; LEN];
@@ -145,6 +158,7 @@ fn synchronize_notices_a_dead_exporter() {
         shared.ready.load(Ordering::Acquire) == 1
     });
     let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
+    opened(&shared);
     wait_for("recorded", Duration::from_secs(30), || {
         shared.seq.load(Ordering::Acquire) == 1
     });
@@ -228,6 +242,7 @@ fn an_event_is_awaited_and_watched_and_a_cancelled_wait_leaves_nothing() {
     });
     let buf = ImportedBuffer::open(&ctx, &shared.mem.load()).unwrap();
     let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
+    opened(&shared);
     let rt = common::tokio_runtime();
     let mut host = vec![0u8; LEN];
     let written = |host: &mut Vec<u8>, round: u64| {
@@ -244,7 +259,11 @@ fn an_event_is_awaited_and_watched_and_a_cancelled_wait_leaves_nothing() {
                 let cancelled = rt.block_on(async {
                     tokio::time::timeout(Duration::from_millis(20), event.synchronize_async()).await
                 });
-                assert!(cancelled.is_err(), "the 300 ms kernel ended in 20 ms?");
+                assert!(
+                    cancelled.is_err(),
+                    "the 300 ms kernel ended in 20 ms? the wait returned {cancelled:?} after {:?}",
+                    t.elapsed()
+                );
                 rt.block_on(event.synchronize_async()).unwrap();
             }
             2 => {
@@ -292,6 +311,7 @@ fn an_awaited_event_notices_a_dead_exporter() {
         shared.ready.load(Ordering::Acquire) == 1
     });
     let event = ImportedEvent::open(&ctx, &shared.event.load()).unwrap();
+    opened(&shared);
     wait_for("recorded", Duration::from_secs(30), || {
         shared.seq.load(Ordering::Acquire) == 1
     });
