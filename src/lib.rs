@@ -45,8 +45,8 @@
 //! and [`ShmSafe`]. Each subsystem is a module named after it: [`arena`], [`pool`], [`channel`],
 //! [`fd`] (descriptor passing), [`shm`] (named shared memory), [`barrier`], [`raw`] (foreign
 //! peers' handles), [`foreign`] (memory another allocator owns), [`bootstrap`] and [`nccl`]
-//! (across hosts), [`device`], [`probe`], [`error`] (the reasons an [`Error`] carries) and
-//! [`driver`] (raw driver calls).
+//! (across hosts), [`device`], [`probe`], [`inspect`] (who holds what now), [`error`] (the
+//! reasons an [`Error`] carries) and [`driver`] (raw driver calls).
 //!
 //! # Guides
 //!
@@ -55,7 +55,8 @@
 //! (stream-ordered pools, also with NVIDIA's cuda.core), [`channel`] (the GPU channel and
 //! broadcast), [`raw`] and [`foreign`] (PyTorch, CuPy and C++
 //! peers), [`bootstrap`] and [`nccl`] (across machines), [`shm`] and [`barrier`] (the host
-//! side), [`error`] (freeing, and what errors say), [`probe`] (what a machine allows).
+//! side), [`error`] (freeing, and what errors say), [`probe`] (what a machine allows),
+//! [`inspect`] (what is holding my memory?).
 //!
 //! # Lifetime model
 //!
@@ -210,6 +211,7 @@ pub mod fd;
 pub mod foreign;
 mod handle;
 mod handle_type;
+pub mod inspect;
 mod interop;
 mod ledger;
 mod memory;
@@ -285,6 +287,7 @@ pub mod __private {
     pub use crate::channel::fuzz_reseal_channel as reseal_channel;
     pub use crate::foreign::__testing as foreign;
     pub use crate::handle::reseal;
+    pub use crate::inspect::parse::parse_for_fuzzing as inspect_region;
     pub use crate::ledger::lease_testing as lease;
     pub use crate::ledger::registry_testing as registry;
     pub use crate::pool::__testing as pool;

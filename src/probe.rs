@@ -171,7 +171,7 @@ impl fmt::Display for Probe {
 }
 
 /// A JSON string literal for `s`.
-fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for ch in s.chars() {

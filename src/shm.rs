@@ -287,22 +287,7 @@ impl ShmOptions {
         region.header().write_creator(me.pid(), me.start_time());
         // On error the region drops here, and as owner it unlinks the name.
         init(region.get())?;
-        let mut fields = HeaderFields {
-            magic: MAGIC,
-            version: VERSION,
-            header_len: HEADER_LEN as u32,
-            payload_offset: offset as u32,
-            payload_align: std::mem::align_of::<T>() as u32,
-            payload_size: std::mem::size_of::<T>() as u64,
-            type_tag: T::type_tag(),
-            total_len: total as u64,
-            creator_pid: me.pid(),
-            creator_start: me.start_time(),
-            boot_id: os::boot_id(),
-            checksum: 0,
-            reserved: 0,
-        };
-        fields.checksum = fields.compute_checksum();
+        let fields = header_of::<T>(offset, total, (me.pid(), me.start_time()), os::boot_id());
         region.header().publish(&fields);
         Ok(region)
     }
@@ -337,16 +322,7 @@ impl ShmOptions {
         // Map the header alone, wait for publication, validate; only then map the payload.
         let head = map(&file, HEADER_LEN, &name)?;
         let fields = wait_published(raw_header(&head), &name, start, self.open_timeout)?;
-        fields.validate(
-            &name,
-            &Expected {
-                payload_offset: offset as u32,
-                payload_align: std::mem::align_of::<T>() as u32,
-                payload_size: std::mem::size_of::<T>() as u64,
-                type_tag: T::type_tag(),
-                total_len: total as u64,
-            },
-        )?;
+        fields.validate(&name, &expected_of::<T>(offset, total))?;
         if info.size != total as u64 {
             return Err(Error::SizeMismatch {
                 name,
@@ -676,6 +652,93 @@ impl<T: ShmSafe> Drop for ShmRegion<T> {
             let _ = os::shm_unlink_if_same(&self.name, self.dev, self.ino);
         }
     }
+}
+
+/// A copy of a region's bytes (the inspector's read, `inspect.rs`), checked as a region of `T`
+/// the way an open checks a mapping: its header published, valid and describing `T`, and
+/// long enough. Returns the payload's bytes.
+pub(crate) fn payload_of_copy<'a, T: ShmSafe>(name: &str, bytes: &'a [u8]) -> Result<&'a [u8]> {
+    let (offset, total) = layout_of::<T>()?;
+    let fields = header_of_copy(bytes).ok_or_else(|| Error::SizeMismatch {
+        name: name.to_owned(),
+        expected: total as u64,
+        found: bytes.len() as u64,
+    })?;
+    fields.validate(name, &expected_of::<T>(offset, total))?;
+    bytes.get(offset..total).ok_or_else(|| Error::SizeMismatch {
+        name: name.to_owned(),
+        expected: total as u64,
+        found: bytes.len() as u64,
+    })
+}
+
+/// What an open of a region of `T` expects its header to say, the payload at `offset` in a
+/// file of `total` bytes.
+fn expected_of<T: ShmSafe>(offset: usize, total: usize) -> Expected {
+    Expected {
+        payload_offset: offset as u32,
+        payload_align: std::mem::align_of::<T>() as u32,
+        payload_size: std::mem::size_of::<T>() as u64,
+        type_tag: T::type_tag(),
+        total_len: total as u64,
+    }
+}
+
+/// The published header of a region of `T` whose payload starts at `offset` in a file of
+/// `total` bytes, created by `creator` (pid, start time) on the machine `boot_id`.
+fn header_of<T: ShmSafe>(
+    offset: usize,
+    total: usize,
+    creator: (u32, u64),
+    boot_id: [u8; 16],
+) -> HeaderFields {
+    let mut fields = HeaderFields {
+        magic: MAGIC,
+        version: VERSION,
+        header_len: HEADER_LEN as u32,
+        payload_offset: offset as u32,
+        payload_align: std::mem::align_of::<T>() as u32,
+        payload_size: std::mem::size_of::<T>() as u64,
+        type_tag: T::type_tag(),
+        total_len: total as u64,
+        creator_pid: creator.0,
+        creator_start: creator.1,
+        boot_id,
+        checksum: 0,
+        reserved: 0,
+    };
+    fields.checksum = fields.compute_checksum();
+    fields
+}
+
+/// The bytes of a published region of `T` whose payload is `payload` (cut or zero-padded to
+/// `T`'s size), created by `creator`: a file image for the inspector's tests and fuzz target.
+#[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
+pub(crate) fn image_of<T: ShmSafe>(payload: &[u8], creator: (u32, u64)) -> Vec<u8> {
+    let Ok((offset, total)) = layout_of::<T>() else {
+        return Vec::new();
+    };
+    let fields = header_of::<T>(offset, total, creator, [0; 16]);
+    let mut bytes = fields.encode().to_vec();
+    bytes.resize(offset, 0);
+    bytes.extend_from_slice(&payload[..payload.len().min(total - offset)]);
+    bytes.resize(total, 0);
+    bytes
+}
+
+/// The header at the start of a copy of a region's bytes, decoded (not validated); `None` if
+/// the copy is shorter than a header.
+pub(crate) fn header_of_copy(bytes: &[u8]) -> Option<HeaderFields> {
+    let head: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
+    Some(HeaderFields::decode(head))
+}
+
+/// Whether `fields` is a header this crate published (its magic and checksum right): the
+/// file is a region of this crate, of whatever type.
+pub(crate) fn is_our_header(fields: &HeaderFields) -> bool {
+    fields.magic == MAGIC
+        && fields.version == VERSION
+        && fields.checksum == fields.compute_checksum()
 }
 
 /// Remove `name` from `/dev/shm` if it is a region of ours whose creator has died. Returns

@@ -38,6 +38,8 @@ impl HostProducer {
                     .store(geometry.slots, crate::sync::Ordering::Relaxed);
                 s.consumers
                     .store(geometry.consumers, crate::sync::Ordering::Relaxed);
+                s.capacity
+                    .store(geometry.capacity, crate::sync::Ordering::Relaxed);
                 held = s.producer.claim_pausing(&me, || {}).unwrap_or(0);
                 Ok(())
             })?;

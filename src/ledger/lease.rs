@@ -92,6 +92,27 @@ unsafe impl ShmSafe for LeaseTable {
     }
 }
 
+/// Where a lease table's fields lie in its payload, in bytes: for the inspector
+/// (`inspect/parse.rs`), which reads a copy of a table's bytes and trusts none of them.
+pub(crate) struct LeaseLayout {
+    pub(crate) size: usize,
+    pub(crate) closing: usize,
+    pub(crate) exporter_pid: usize,
+    pub(crate) exporter_start: usize,
+    pub(crate) slots: usize,
+    pub(crate) slot_size: usize,
+}
+
+/// The lease table's [`LeaseLayout`].
+pub(crate) const LEASE_LAYOUT: LeaseLayout = LeaseLayout {
+    size: std::mem::size_of::<LeaseTable>(),
+    closing: std::mem::offset_of!(LeaseTable, closing),
+    exporter_pid: std::mem::offset_of!(LeaseTable, exporter_pid),
+    exporter_start: std::mem::offset_of!(LeaseTable, exporter_start),
+    slots: std::mem::offset_of!(LeaseTable, slots),
+    slot_size: std::mem::size_of::<OwnedSlot>(),
+};
+
 fn region_name(token: &[u8; 16]) -> String {
     token_name(crate::shm::LEASE_TABLES, token)
 }

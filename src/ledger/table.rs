@@ -243,6 +243,33 @@ unsafe impl ShmSafe for BlockTable {
     }
 }
 
+/// Where a block table's fields lie in its payload, in bytes: for the inspector
+/// (`inspect/parse.rs`), which reads a copy of a table's bytes and trusts none of them.
+pub(crate) struct TableLayout {
+    pub(crate) size: usize,
+    pub(crate) capacity: usize,
+    pub(crate) closing: usize,
+    pub(crate) blocks: usize,
+    pub(crate) block_size: usize,
+    pub(crate) state: usize,
+    pub(crate) holders: usize,
+    pub(crate) offset: usize,
+    pub(crate) bytes: usize,
+}
+
+/// The block table's [`TableLayout`].
+pub(crate) const TABLE_LAYOUT: TableLayout = TableLayout {
+    size: std::mem::size_of::<BlockTable>(),
+    capacity: std::mem::offset_of!(BlockTable, capacity),
+    closing: std::mem::offset_of!(BlockTable, closing),
+    blocks: std::mem::offset_of!(BlockTable, blocks),
+    block_size: std::mem::size_of::<Block>(),
+    state: std::mem::offset_of!(Block, state),
+    holders: std::mem::offset_of!(Block, holders),
+    offset: std::mem::offset_of!(Block, offset),
+    bytes: std::mem::offset_of!(Block, bytes),
+};
+
 impl BlockTable {
     /// Create the block table of export `token` (an arena of `capacity` bytes, or a pool with
     /// 0), after removing, once per process, tables whose owners died.

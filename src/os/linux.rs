@@ -117,6 +117,47 @@ pub(crate) fn shm_open(name: &str) -> Result<(File, FileInfo)> {
     Ok((File::from(fd), info))
 }
 
+/// The names in `/dev/shm` (those that are not UTF-8 cannot be the crate's and are skipped).
+pub(crate) fn shm_names() -> Result<Vec<String>> {
+    let dir = std::fs::read_dir(SHM_DIR).map_err(|source| Error::Os {
+        call: "opendir",
+        name: SHM_DIR.to_owned(),
+        source,
+    })?;
+    Ok(dir
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect())
+}
+
+/// Open an existing `/dev/shm/<name>` **read-only** without following a symbolic link (the
+/// inspector's open: it can neither write a peer's region nor keep it from being unlinked).
+pub(crate) fn shm_open_read_only(name: &str) -> Result<(File, FileInfo)> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let fd = fs::open(shm_path(name), flags, Mode::empty())
+        .map_err(|e| Error::from_os("open", name, e))?;
+    let info = file_info(&fd, name)?;
+    Ok((File::from(fd), info))
+}
+
+/// Read `len` bytes from the start of `file` into a new buffer (`pread`, so the bytes are a
+/// copy: a peer's later writes do not reach it, and a file that shrank ends the read short
+/// instead of raising `SIGBUS` as a mapping would). Returns the bytes read.
+pub(crate) fn read_copy(file: &File, len: usize, name: &str) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match rustix::io::pread(file, &mut buf[done..], done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(Error::from_os("pread", name, e)),
+        }
+    }
+    buf.truncate(done);
+    Ok(buf)
+}
+
 /// `fstat` of an open shared-memory file.
 pub(crate) fn shm_fstat(file: &File, name: &str) -> Result<FileInfo> {
     let st = fs::fstat(file).map_err(|e| Error::from_os("fstat", name, e))?;
@@ -292,6 +333,19 @@ pub(crate) fn proc_task_count(pid: u32) -> std::io::Result<Option<usize>> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// A process's command line from `/proc/<pid>/cmdline`, its arguments joined by spaces and cut
+/// to `max` characters; `None` when unreadable or empty (a kernel thread, a zombie).
+pub(crate) fn command_line(pid: u32, max: usize) -> Option<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let line: String = String::from_utf8_lossy(&bytes)
+        .split('\0')
+        .filter(|arg| !arg.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let cut: String = line.chars().take(max).collect();
+    (!cut.is_empty()).then_some(cut)
 }
 
 /// What `/proc/<pid>/stat` says about a process: its state letter and start time.

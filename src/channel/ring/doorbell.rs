@@ -23,6 +23,9 @@ pub(crate) struct Doorbell {
     sleepers: AtomicU32,
 }
 
+/// Where a [`Doorbell`]'s count of sleepers lies, in bytes (for the inspector).
+pub(crate) const SLEEPERS: usize = std::mem::offset_of!(Doorbell, sleepers);
+
 /// The listener bits of a [`Doorbell`]'s word.
 const LISTENING: u32 = 0xff;
 /// One ring, in a [`Doorbell`]'s word.

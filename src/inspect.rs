@@ -1,0 +1,530 @@
+//! What is holding my memory? A live view of what this user's processes share on the machine:
+//! each exporter and its exports, who imports them, which frees wait for whom, each channel's
+//! producer, consumers and items in flight, and the names in `/dev/shm` a sweep would remove.
+//!
+//! When GPU memory is not freed, `nvidia-smi` tells how much each process holds, not why. The
+//! crate already records the why — checksummed, owner-checked tables in `/dev/shm` — and
+//! [`snapshot`] reads them:
+//!
+//! ```no_run
+//! let snap = cuda_ipc::inspect::snapshot()?;
+//! print!("{snap}"); // the tree below; `snap.to_json()` for programs
+//! for table in snap.exporters.iter().flat_map(|e| &e.tables) {
+//!     for export in table.exports.iter().filter(|x| x.is_deferred()) {
+//!         println!("block {} of {} waits for slots {:?}", export.block, table.token, export.holders);
+//!     }
+//! }
+//! # Ok::<(), cuda_ipc::Error>(())
+//! ```
+//!
+//! or, from a shell, `cargo run --example doctor -- --live` (`--json`, `--watch`) and
+//! `python -m cuda_ipc inspect`:
+//!
+//! ```text
+//! cuda-ipc on this machine: 2 exporters, 1 channel, 1 other region
+//! exporter pid 4021 (alive): trainer --shards 8
+//!   arena of 64.0 MiB 9c3e…41d0: 3 exports, 2 importers
+//!     export 0 (generation 1): 1.0 MiB at 0, held by slot 0
+//!     export 1 (generation 1): 4.0 KiB at 1048576
+//!     export 2 (generation 3, freed; the free waits for slot 1): 2.0 MiB at 2097152
+//!     importer slot 0: pid 4107 (alive): engine --rank 0
+//!     importer slot 1: pid 4109 (DEAD: the exporter's next collect reaps it)
+//! exporter pid 3990 (DEAD); the next export on this machine removes its tables
+//!   export registry 77aa…0000: 1 export, 0 importers
+//!     export 0 (generation 1)
+//! channel cuda-ipc-chan.5f1b02c4a9e7d310: 4 slots of 1024 elements (4 bytes each), 9 items sent, broadcast
+//!   producer pid 4021 (alive): trainer --shards 8 — asleep until a consumer releases
+//!   consumer entry 0: pid 4107 (alive): engine --rank 0: released 5, 4 in flight (the ring is full)
+//! region my-app.3f9a (4.1 KiB): created by pid 3870 (DEAD): shm::reclaim_stale removes it
+//! ```
+//!
+//! # What it reads, and what it does not touch
+//!
+//! Only this user's files in `/dev/shm`, opened **read-only** and copied out with `pread` (no
+//! mapping a peer could shrink under us, no lock or word a peer waits on): a snapshot cannot
+//! slow, block or change anything it looks at. Each file is read twice; if the two copies
+//! differ (a peer wrote in between), again, up to four times, and a table still changing is
+//! shown as last read with `changing` set. Every word in a copy is a peer's and is treated so:
+//! a file with the crate's table names whose bytes do not decode (a bad header, a wrong size,
+//! a count out of range) is listed in [`Snapshot::unreadable`] with the reason; files that
+//! are not the crate's (no header of ours: the driver's `cuda.shm.*`, PyTorch's `torch_*`)
+//! are left out.
+//!
+//! # What each table tells
+//!
+//! - An **export table** is a pair of files named after one random token: the block table
+//!   (`cuda-ipc-arena.<token>`: per export a generation, odd while live, and a 64-bit mask of
+//!   the importers holding it) and the lease table (`cuda-ipc-lease.<token>`: one slot per
+//!   importing process, naming it). A process has one **export registry** for every
+//!   [`IpcBuffer`](crate::IpcBuffer) and [`IpcSignal`](crate::IpcSignal) it exports (its token
+//!   ends in four zero bytes), and one table per [`IpcArena`](crate::arena::IpcArena) (it has
+//!   a capacity) and per [`IpcPool`](crate::pool::IpcPool). The tables do not record which
+//!   kind of buffer (legacy, POSIX fd, pool) or signal a registry export is, nor its device.
+//! - An export whose generation is even was **freed** by its exporter; if importers' bits are
+//!   still set, its free is **deferred** ([`Export::is_deferred`]) until they let go — or, for
+//!   importers that died, until the exporter's next collect reaps them.
+//! - A **channel** (`cuda-ipc-chan…`) tells its producer and consumer entries (each a process),
+//!   the items sent and each consumer's items released — the difference is in flight — and
+//!   whether a thread sleeps on either side: a producer asleep with a full ring waits for a
+//!   consumer's release. A broadcast channel keeps its name for its whole life; a channel with
+//!   one consumer shows until that consumer attaches, which removes the name (nobody else may
+//!   attach), so an attached one-consumer channel is not in the snapshot.
+//! - Any other region of the crate (a [`ProcessBarrier`](crate::barrier::ProcessBarrier), a
+//!   user's [`ShmRegion`](crate::shm::ShmRegion)) tells its creator only.
+//!
+//! A process is named by pid and start time (so a reused pid is not mistaken for it), with its
+//! command line and whether it is alive now.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::error::Result;
+use crate::os;
+use crate::owned_slot::OwnerState;
+use crate::process::ProcessIdentity;
+
+pub(crate) mod parse;
+mod render;
+
+use parse::Parsed;
+
+/// How many times a file is read before a table still changing is reported as read last.
+const READS: usize = 4;
+/// The longest command line a snapshot keeps, in characters.
+const COMMAND_MAX: usize = 160;
+
+/// What this user's processes share on the machine, read at one moment (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// Every process with an export table, by pid.
+    pub exporters: Vec<Exporter>,
+    /// Every channel, by name.
+    pub channels: Vec<Channel>,
+    /// The crate's other regions (barriers, users' regions), by name.
+    pub regions: Vec<Region>,
+    /// Files named as the crate's tables whose bytes do not decode, with the reason.
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// A process, as a table names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Process {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (clock ticks after boot): with the pid, which process this is.
+    pub start_time: u64,
+    /// Its command line (arguments joined by spaces, cut to 160 characters), if readable.
+    pub command: Option<String>,
+    /// Whether it is alive now (the same pid started at the same time).
+    pub alive: bool,
+}
+
+/// A process that exports, and its export tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Exporter {
+    /// The exporting process.
+    pub process: Process,
+    /// Its export tables (a registry, arenas, pools), by token.
+    pub tables: Vec<ExportTable>,
+}
+
+/// What an export table belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum TableKind {
+    /// A process's export registry: its [`IpcBuffer`](crate::IpcBuffer)s and
+    /// [`IpcSignal`](crate::IpcSignal)s.
+    Registry,
+    /// An [`IpcArena`](crate::arena::IpcArena)'s buffers.
+    Arena,
+    /// An [`IpcPool`](crate::pool::IpcPool)'s buffers.
+    Pool,
+}
+
+/// One export table: a block table and its lease table, named after one token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExportTable {
+    /// The token in hex (the tables are `cuda-ipc-arena.<token>` and `cuda-ipc-lease.<token>`).
+    pub token: String,
+    /// What the table belongs to.
+    pub kind: TableKind,
+    /// An arena's size in bytes (0 for a registry or a pool).
+    pub capacity: u64,
+    /// The owner has closed the table: nothing more is exported through it.
+    pub closing: bool,
+    /// Every export published in the table, live or freed, by block.
+    pub exports: Vec<Export>,
+    /// Every importer holding (or claiming) a lease, by slot.
+    pub importers: Vec<Importer>,
+    /// Whether the block table and the lease table were found (`false`: that file is gone).
+    pub files: (bool, bool),
+    /// A peer wrote while the table was read, four times over: shown as last read.
+    pub changing: bool,
+}
+
+/// One export in a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Export {
+    /// Its block index (a handle names the table, the block and the generation).
+    pub block: u32,
+    /// The generation its handles carry (odd).
+    pub generation: u64,
+    /// Whether it is live (openable); `false`: its exporter freed it.
+    pub live: bool,
+    /// An arena buffer's byte offset in the arena (0 otherwise).
+    pub offset: u64,
+    /// An arena buffer's size in bytes (0 otherwise: the registry and pools book no sizes).
+    pub bytes: u64,
+    /// The lease slots of the importers holding it ([`ExportTable::importers`]).
+    pub holders: Vec<u32>,
+}
+
+impl Export {
+    /// Whether its exporter freed it while importers still hold it: the memory stays until
+    /// they let go, or until the exporter reaps those that died.
+    #[must_use]
+    pub fn is_deferred(&self) -> bool {
+        !self.live && !self.holders.is_empty()
+    }
+}
+
+/// An importing process's lease on an export table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Importer {
+    /// Its slot: its bit in every export's holders.
+    pub slot: u32,
+    /// The importing process.
+    pub process: Process,
+    /// Still claiming (between taking the slot and holding it).
+    pub claiming: bool,
+}
+
+/// A channel's ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Channel {
+    /// The region's name.
+    pub name: String,
+    /// The process that created it.
+    pub creator: Process,
+    /// Slots in the ring.
+    pub slots: u64,
+    /// Elements a slot holds.
+    pub capacity: u64,
+    /// Bytes an element takes.
+    pub elem_size: u64,
+    /// Whether consumers attach and leave (a broadcast channel).
+    pub broadcast: bool,
+    /// The producer, if one holds the channel.
+    pub producer: Option<Process>,
+    /// Items sent so far.
+    pub sent: u64,
+    /// Consumer threads asleep waiting for an item.
+    pub consumers_waiting: u32,
+    /// Every consumer entry in use, by entry.
+    pub consumers: Vec<Consumer>,
+    /// A peer wrote while the ring was read, four times over: shown as last read.
+    pub changing: bool,
+}
+
+/// A consumer's entry in a channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Consumer {
+    /// The entry's index.
+    pub entry: u32,
+    /// The consuming process.
+    pub process: Process,
+    /// It left (a broadcast consumer that detached; the entry still names it).
+    pub left: bool,
+    /// Items it has released.
+    pub released: u64,
+    /// Items sent and not yet released by it.
+    pub in_flight: u64,
+    /// Producer threads asleep waiting for this consumer's release.
+    pub producer_waiting: u32,
+}
+
+/// Another region of the crate: a barrier, a user's region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Region {
+    /// Its name in `/dev/shm`.
+    pub name: String,
+    /// The process that created it.
+    pub creator: Process,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// A file named as one of the crate's tables whose bytes do not decode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unreadable {
+    /// Its name in `/dev/shm`.
+    pub name: String,
+    /// Why it does not decode.
+    pub reason: String,
+}
+
+/// Read what this user's processes share on the machine (see the module docs): every region
+/// of the crate in `/dev/shm`, copied read-only, decoded, and joined by token and process.
+///
+/// # Errors
+///
+/// [`Error::Os`](crate::Error::Os) if `/dev/shm` cannot be listed. A file that cannot be
+/// read or does not decode is not an error: it is listed in [`Snapshot::unreadable`] (or, if
+/// it is not the crate's, left out).
+///
+/// # Examples
+///
+/// ```no_run
+/// let snap = cuda_ipc::inspect::snapshot()?;
+/// let deferred = snap
+///     .exporters
+///     .iter()
+///     .flat_map(|e| &e.tables)
+///     .flat_map(|t| &t.exports)
+///     .filter(|x| x.is_deferred())
+///     .count();
+/// println!("{deferred} frees wait for importers");
+/// # Ok::<(), cuda_ipc::Error>(())
+/// ```
+pub fn snapshot() -> Result<Snapshot> {
+    let mut names = os::shm_names()?;
+    names.sort();
+    let mut people = People::default();
+    let mut snap = Snapshot::default();
+    // Export tables by token: (block table, lease table), each with its creator.
+    let mut tables: BTreeMap<String, Pair> = BTreeMap::new();
+    for name in names {
+        let Some((copy, changing, size)) = read(&name) else {
+            continue;
+        };
+        let Some(head) = parse::our_header(&copy) else {
+            continue;
+        };
+        let creator = ProcessIdentity::from_parts(head.creator_pid, head.creator_start);
+        match parse::parse(&name, &copy) {
+            Parsed::NotOurs => {}
+            Parsed::Foreign(reason) => snap.unreadable.push(Unreadable { name, reason }),
+            Parsed::Blocks(blocks) => {
+                let token = token_of(&name, crate::shm::BLOCK_TABLES);
+                let pair = tables.entry(token).or_default();
+                pair.blocks = Some((creator, blocks));
+                pair.changing |= changing;
+            }
+            Parsed::Leases(leases) => {
+                let token = token_of(&name, crate::shm::LEASE_TABLES);
+                let pair = tables.entry(token).or_default();
+                pair.leases = Some((creator, leases));
+                pair.changing |= changing;
+            }
+            Parsed::Ring(ring) => {
+                snap.channels
+                    .push(channel(name, &creator, &ring, changing, &mut people))
+            }
+            Parsed::Other => snap.regions.push(Region {
+                name,
+                creator: people.get(&creator),
+                bytes: size,
+            }),
+        }
+    }
+    let mut exporters: BTreeMap<(u32, u64), Exporter> = BTreeMap::new();
+    for (token, pair) in tables {
+        let (owner, table) = export_table(token, pair, &mut people);
+        exporters
+            .entry((owner.pid(), owner.start_time()))
+            .or_insert_with(|| Exporter {
+                process: people.get(&owner),
+                tables: Vec::new(),
+            })
+            .tables
+            .push(table);
+    }
+    snap.exporters = exporters.into_values().collect();
+    Ok(snap)
+}
+
+impl Snapshot {
+    /// The snapshot as one JSON object: `exporters`, `channels`, `regions`, `unreadable`, each
+    /// an array of objects with the fields of the types here (`kind` in lower case).
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        render::json(self)
+    }
+}
+
+impl fmt::Display for Snapshot {
+    /// The snapshot as a tree, one line per process, table, export, importer, channel end and
+    /// region (the module docs show one).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        render::tree(self, f)
+    }
+}
+
+/// A block table and a lease table of one token, as found.
+#[derive(Default)]
+struct Pair {
+    blocks: Option<(ProcessIdentity, parse::Blocks)>,
+    leases: Option<(ProcessIdentity, parse::Leases)>,
+    changing: bool,
+}
+
+/// The table of one token and the process that owns it (the block table's creator, else the
+/// exporter the lease table names).
+fn export_table(token: String, pair: Pair, people: &mut People) -> (ProcessIdentity, ExportTable) {
+    let owner = match (&pair.blocks, &pair.leases) {
+        (Some((creator, _)), _) => *creator,
+        (None, Some((_, leases))) => leases.exporter,
+        (None, None) => ProcessIdentity::from_parts(0, 0),
+    };
+    let (capacity, closing, exports) = match &pair.blocks {
+        Some((_, b)) => (b.capacity, b.closing, b.blocks.iter().map(export).collect()),
+        None => (0, false, Vec::new()),
+    };
+    let importers = pair.leases.as_ref().map_or_else(Vec::new, |(_, leases)| {
+        leases
+            .slots
+            .iter()
+            .map(|&(slot, state, id)| Importer {
+                slot,
+                process: people.get(&id),
+                claiming: state == OwnerState::Claiming,
+            })
+            .collect()
+    });
+    let kind = if token.ends_with("00000000") {
+        TableKind::Registry
+    } else if capacity > 0 {
+        TableKind::Arena
+    } else {
+        TableKind::Pool
+    };
+    let table = ExportTable {
+        token,
+        kind,
+        capacity,
+        closing: closing || pair.leases.as_ref().is_some_and(|(_, l)| l.closing),
+        exports,
+        importers,
+        files: (pair.blocks.is_some(), pair.leases.is_some()),
+        changing: pair.changing,
+    };
+    (owner, table)
+}
+
+/// One block's words as an export.
+fn export(&(block, state, holders, offset, bytes): &(u32, u64, u64, u64, u64)) -> Export {
+    let live = crate::ledger::names_a_live_export(state);
+    Export {
+        block,
+        generation: if live { state } else { state.saturating_sub(1) },
+        live,
+        offset,
+        bytes,
+        holders: (0..64u32).filter(|bit| holders >> bit & 1 == 1).collect(),
+    }
+}
+
+fn channel(
+    name: String,
+    creator: &ProcessIdentity,
+    ring: &parse::Ring,
+    changing: bool,
+    people: &mut People,
+) -> Channel {
+    Channel {
+        name,
+        creator: people.get(creator),
+        slots: ring.slots,
+        capacity: ring.capacity,
+        elem_size: ring.elem_size,
+        broadcast: ring.entries > 1,
+        producer: ring.producer.map(|(_, id)| people.get(&id)),
+        sent: ring.sent,
+        consumers_waiting: ring.sent_sleepers,
+        consumers: ring
+            .consumers
+            .iter()
+            .map(|&(entry, state, id, released, sleepers)| Consumer {
+                entry,
+                process: people.get(&id),
+                left: state == OwnerState::Left,
+                released,
+                in_flight: ring.sent.saturating_sub(released),
+                producer_waiting: sleepers,
+            })
+            .collect(),
+        changing,
+    }
+}
+
+/// The token part of a table's name.
+fn token_of(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_owned()
+}
+
+/// A copy of file `name` (this user's regular files only), read until two reads agree or
+/// [`READS`] times: the bytes, whether they were still changing, and the file's size. `None`
+/// for a file that is not this user's, not a regular file, or gone.
+fn read(name: &str) -> Option<(Vec<u8>, bool, u64)> {
+    let (file, info) = os::shm_open_read_only(name).ok()?;
+    if !info.is_regular() || info.uid != os::euid() {
+        return None;
+    }
+    // Never more than the largest table (a block table) and its header, whatever the size.
+    let len = usize::try_from(info.size).ok()?.min(READ_MAX);
+    let mut last = os::read_copy(&file, len, name).ok()?;
+    for _ in 1..READS {
+        let again = os::read_copy(&file, len, name).ok()?;
+        if again == last {
+            return Some((last, false, info.size));
+        }
+        last = again;
+    }
+    Some((last, true, info.size))
+}
+
+/// The most bytes read of one file: the largest of the crate's tables, with its header and
+/// alignment.
+const READ_MAX: usize = 4096
+    + max(
+        crate::ledger::TABLE_LAYOUT.size,
+        max(
+            crate::ledger::LEASE_LAYOUT.size,
+            crate::channel::ring::RING_LAYOUT.size,
+        ),
+    );
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
+
+/// The processes named so far, each looked up once per snapshot.
+#[derive(Default)]
+struct People(BTreeMap<(u32, u64, u64), Process>);
+
+impl People {
+    fn get(&mut self, id: &ProcessIdentity) -> Process {
+        self.0
+            .entry((id.pid(), id.start_time(), id.pidfs_ino()))
+            .or_insert_with(|| Process {
+                pid: id.pid(),
+                start_time: id.start_time(),
+                command: os::command_line(id.pid(), COMMAND_MAX).filter(|_| id.is_alive()),
+                alive: id.pid() != 0 && id.is_alive(),
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

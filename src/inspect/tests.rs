@@ -1,0 +1,182 @@
+use super::*;
+
+fn proc(pid: u32, alive: bool, command: Option<&str>) -> Process {
+    Process {
+        pid,
+        start_time: 10,
+        command: command.map(str::to_owned),
+        alive,
+    }
+}
+
+fn picture() -> Snapshot {
+    Snapshot {
+        exporters: vec![Exporter {
+            process: proc(100, true, Some("trainer \"a\"")),
+            tables: vec![ExportTable {
+                token: "00112233445566778899aabbccddeeff".to_owned(),
+                kind: TableKind::Arena,
+                capacity: 64 << 20,
+                closing: false,
+                exports: vec![
+                    export(&(0, 1, 0b1, 0, 1 << 20)),
+                    export(&(1, 4, 0b10, 1 << 20, 4096)),
+                    export(&(2, 6, 0, 0, 0)),
+                ],
+                importers: vec![
+                    Importer {
+                        slot: 0,
+                        process: proc(101, true, Some("engine")),
+                        claiming: false,
+                    },
+                    Importer {
+                        slot: 1,
+                        process: proc(102, false, None),
+                        claiming: false,
+                    },
+                ],
+                files: (true, true),
+                changing: false,
+            }],
+        }],
+        channels: vec![Channel {
+            name: "cuda-ipc-chan.x".to_owned(),
+            creator: proc(100, true, None),
+            slots: 2,
+            capacity: 8,
+            elem_size: 4,
+            broadcast: false,
+            producer: Some(proc(100, true, None)),
+            sent: 5,
+            consumers_waiting: 0,
+            consumers: vec![Consumer {
+                entry: 0,
+                process: proc(101, true, None),
+                left: false,
+                released: 3,
+                in_flight: 2,
+                producer_waiting: 1,
+            }],
+            changing: true,
+        }],
+        regions: vec![Region {
+            name: "mine".to_owned(),
+            creator: proc(99, false, None),
+            bytes: 4200,
+        }],
+        unreadable: vec![Unreadable {
+            name: "cuda-ipc-arena.bad".to_owned(),
+            reason: "header field \"type_tag\"\n".to_owned(),
+        }],
+    }
+}
+
+#[test]
+fn a_block_becomes_an_export_with_its_generation_and_holders() {
+    let live = export(&(3, 7, 0b1001, 64, 128));
+    assert_eq!(
+        (live.generation, live.live, live.holders.clone()),
+        (7, true, vec![0, 3])
+    );
+    assert!(!live.is_deferred());
+    let deferred = export(&(3, 8, 1 << 63, 0, 0));
+    assert_eq!(
+        (deferred.generation, deferred.live, deferred.holders.clone()),
+        (7, false, vec![63])
+    );
+    assert!(deferred.is_deferred());
+    assert!(!export(&(3, 8, 0, 0, 0)).is_deferred());
+}
+
+#[test]
+fn the_tree_says_who_holds_what() {
+    let text = picture().to_string();
+    for line in [
+        "cuda-ipc on this machine: 1 exporter, 1 channel, 1 other region",
+        "exporter pid 100 (alive): trainer \"a\"",
+        "  arena of 64.0 MiB 0011…eeff: 3 exports, 2 importers",
+        "    export 0 (generation 1): 1.0 MiB at 0, held by slot 0",
+        "    export 1 (generation 3, freed; the free waits for slot 1): 4.0 KiB at 1048576",
+        "    export 2 (generation 5, freed)",
+        "    importer slot 0: pid 101 (alive): engine",
+        "    importer slot 1: pid 102 (DEAD: the exporter's next collect reaps it)",
+        "channel cuda-ipc-chan.x: 2 slots of 8 elements (4 bytes each), 5 items sent (changing while read)",
+        "  producer pid 100 (alive) — asleep until a consumer releases",
+        "  consumer entry 0: pid 101 (alive): released 3, 2 in flight (the ring is full)",
+        "region mine (4.1 KiB): created by pid 99 (DEAD): shm::reclaim_stale removes it",
+        "unreadable cuda-ipc-arena.bad: header field \"type_tag\"",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}
+
+#[test]
+fn the_json_is_one_object_with_every_field_escaped() {
+    let json = picture().to_json();
+    assert!(
+        json.starts_with("{\"exporters\":[{\"process\":{\"pid\":100,"),
+        "{json}"
+    );
+    assert!(json.contains("\"command\":\"trainer \\\"a\\\"\""), "{json}");
+    assert!(
+        json.contains("\"kind\":\"arena\",\"capacity\":67108864"),
+        "{json}"
+    );
+    assert!(
+        json.contains("{\"block\":1,\"generation\":3,\"live\":false,\"deferred\":true,\"offset\":1048576,\"bytes\":4096,\"holders\":[1]}"),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"reason\":\"header field \\\"type_tag\\\"\\n\""),
+        "{json}"
+    );
+    assert!(json.ends_with("]}"), "{json}");
+    // Balanced, and no raw control character inside.
+    let opens = json.matches(['{', '[']).count();
+    let closes = json.matches(['}', ']']).count();
+    assert_eq!(opens, closes);
+    assert!(!json.chars().any(char::is_control));
+}
+
+#[test]
+fn a_registry_is_told_by_its_token_an_arena_by_its_capacity() {
+    let mut people = People::default();
+    let blocks = |capacity| parse::Blocks {
+        capacity,
+        closing: false,
+        blocks: Vec::new(),
+    };
+    let me = ProcessIdentity::current();
+    let kind = |token: &str, capacity, people: &mut People| {
+        let pair = Pair {
+            blocks: Some((me, blocks(capacity))),
+            leases: None,
+            changing: false,
+        };
+        export_table(token.to_owned(), pair, people).1.kind
+    };
+    assert_eq!(
+        kind("0123456789abcdef0123456700000000", 0, &mut people),
+        TableKind::Registry
+    );
+    assert_eq!(
+        kind("0123456789abcdef0123456789abcdef", 4096, &mut people),
+        TableKind::Arena
+    );
+    assert_eq!(
+        kind("0123456789abcdef0123456789abcdef", 0, &mut people),
+        TableKind::Pool
+    );
+    // Without its lease table the table still shows, with the file named missing.
+    let pair = Pair {
+        blocks: Some((me, blocks(0))),
+        leases: None,
+        changing: false,
+    };
+    let (owner, table) = export_table("ab".to_owned(), pair, &mut people);
+    assert_eq!((owner.pid(), table.files), (me.pid(), (true, false)));
+    assert!(picture().to_string().contains("0011…eeff"));
+}
