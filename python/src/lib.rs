@@ -61,6 +61,15 @@ fn reclaim_stale_lease_tables() -> usize {
     cuda_ipc::shm::reclaim_stale_lease_tables()
 }
 
+/// What this user's processes share on the machine, from one read
+/// (`cuda_ipc::inspect::snapshot`): the tree as text and the same as JSON. The GIL is
+/// released while the tables are read.
+#[pyfunction]
+fn inspect_snapshot(py: Python<'_>) -> PyResult<(String, String)> {
+    let snap = py.detach(cuda_ipc::inspect::snapshot).map_err(to_py)?;
+    Ok((snap.to_string(), snap.to_json()))
+}
+
 /// The extension module.
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -78,6 +87,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<socket::Socket>()?;
     m.add_function(wrap_pyfunction!(socket::connect, m)?)?;
     m.add_function(wrap_pyfunction!(reclaim_stale_lease_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(release::wait_released, m)?)?;
     m.add_function(wrap_pyfunction!(release::leaked_releases, m)?)?;
     m.add_function(wrap_pyfunction!(release::exiting, m)?)?;

@@ -75,8 +75,10 @@ __all__ = [
     "leaked_releases",
     "reclaim_stale_lease_tables",
     "wait_released",
+    "inspect",
 ]
 import atexit as _atexit  # noqa: E402
+import json as _json  # noqa: E402
 
 from . import _native  # noqa: E402
 from . import aio, cuda_core, shared_weights, weights  # noqa: E402  (torch, cuda.core: when used)
@@ -84,6 +86,20 @@ from . import aio, cuda_core, shared_weights, weights  # noqa: E402  (torch, cud
 # Tensors' memory is given back after the GPU's queued work (see `wait_released`): at exit,
 # let what is queued (and what finalisation drops) be released before the process ends.
 _atexit.register(_native.exiting)
+
+
+
+def inspect() -> dict:
+    """What this user's processes share on the machine, read without disturbing them: a dict
+    with ``exporters`` (each a ``process`` — ``pid``, ``start_time``, ``alive``, ``command`` —
+    and its ``tables``: ``kind`` registry / arena / pool, ``exports`` with ``generation``,
+    ``live``, ``deferred``, ``bytes`` and the lease ``holders``, ``importers`` by ``slot``),
+    ``channels`` (``producer``, ``consumers`` with ``released`` and ``in_flight``), ``regions``
+    and ``unreadable`` (tables that do not decode, with the reason). ``python -m cuda_ipc
+    inspect`` prints it as a tree. See the Rust crate's ``cuda_ipc::inspect`` for what each
+    table tells."""
+    return _json.loads(_native.inspect_snapshot()[1])
+
 
 __all__ += ["aio", "cuda_core", "shared_weights", "weights"]
 __version__ = "0.2.0"

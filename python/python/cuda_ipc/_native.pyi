@@ -247,6 +247,10 @@ def connect(socket_name: str, timeout: float = 30.0) -> Socket:
 def reclaim_stale_lease_tables() -> int:
     """Remove the shared-memory tables dead exporters left behind; how many."""
 
+def inspect_snapshot() -> tuple[str, str]:
+    """What this user's processes share on the machine, from one read: the tree as text and
+    the same as JSON (``cuda_ipc.inspect`` parses it)."""
+
 def wait_released(timeout: float = 10.0) -> bool:
     """Wait (at most ``timeout`` seconds) until the memory of every tensor dropped so far is
     given back — after the GPU finished the work queued before each drop. ``True`` if it was,
