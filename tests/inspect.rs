@@ -13,9 +13,9 @@ use std::time::Duration;
 use common::{spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::__private::arena::{Importer, Owner};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
-use cuda_ipc::ShmSafe;
-use cuda_ipc::inspect::{self, ExportTable, Snapshot, TableKind};
+use cuda_ipc::inspect::{self, Export, ExportTable, Snapshot, TableKind};
 use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
+use cuda_ipc::{ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
 
 const CAPACITY: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
@@ -34,6 +34,13 @@ struct Shared {
     stop: AtomicU32,
 }
 
+#[derive(ShmSafe)]
+#[repr(C)]
+struct GpuShared {
+    handle: ShmCell<IpcMemHandle<u8>>,
+    opened: AtomicU32,
+}
+
 fn open(name: &str) -> ShmRegion<Shared> {
     ShmOptions::new(name).open::<Shared>().unwrap()
 }
@@ -47,6 +54,16 @@ fn until_stopped(s: &Shared) {
 #[test]
 fn child_process() {
     common::child_main(|role, args| {
+        if role == "gpu_importer" {
+            // Map the buffer this test exports, say so, and hold it until killed.
+            let s = ShmOptions::new(&args[0]).open::<GpuShared>().unwrap();
+            let ctx = common::gpu();
+            let _mapped = ImportedBuffer::open(&ctx, &s.handle.load()).unwrap();
+            s.opened.store(1, Ordering::Release);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
         let s = open(&args[0]);
         match role {
             // Exporter `which`: an arena's tables with three 4 KiB buffers.
@@ -292,6 +309,75 @@ fn a_known_picture_is_read_field_by_field_and_after_its_kills() {
         c.consumers.iter().all(|x| x.left && !x.process.alive),
         "{snap}"
     );
+}
+
+/// On a GPU: a buffer this process exports (through its export registry) and a child maps
+/// shows as a live export of this process's registry held by the child's lease slot; with the
+/// child `SIGKILL`ed and the buffer dropped, its free waits for the dead slot; a collect reaps
+/// it and the memory is freed.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn a_registry_export_its_importer_and_a_deferred_free_show_on_a_gpu() {
+    let _dog = watchdog("inspect on a GPU", Duration::from_secs(120));
+    let ctx = common::gpu();
+    let shared: ShmRegion<GpuShared> = ShmOptions::new(unique_name("inspect-gpu"))
+        .create()
+        .unwrap();
+    let buf = IpcBuffer::<u8>::zeroed(&ctx, 1 << 20).unwrap();
+    shared.handle.store(buf.handle().unwrap());
+    let importer = spawn("gpu_importer", &[shared.name()]);
+    wait_for("the import", Duration::from_secs(60), || {
+        shared.opened.load(Ordering::Acquire) == 1
+    });
+    let me = std::process::id();
+    let registry = |s: &Snapshot| -> Option<ExportTable> {
+        let e = s.exporters.iter().find(|e| e.process.pid == me)?;
+        e.tables
+            .iter()
+            .find(|t| t.kind == TableKind::Registry)
+            .cloned()
+    };
+    let snap = snapshot_until("the importer's hold", |s| {
+        registry(s).is_some_and(|t| t.exports.iter().any(|x| x.live && !x.holders.is_empty()))
+    });
+    let t = registry(&snap).unwrap();
+    let slot = t
+        .importers
+        .iter()
+        .find(|i| i.process.pid == importer.pid())
+        .unwrap()
+        .slot;
+    let held: Vec<_> = t.exports.iter().filter(|x| x.live).collect();
+    assert_eq!(held.len(), 1, "{snap}");
+    assert_eq!(held[0].holders, vec![slot], "{snap}");
+    let block = held[0].block;
+
+    importer.signal(libc::SIGKILL);
+    let _ = importer.wait(Duration::from_secs(30));
+    drop(buf); // retired; its free waits for the dead importer's bit
+    let snap = inspect::snapshot().unwrap();
+    let t = registry(&snap).unwrap();
+    let x = t.exports.iter().find(|x| x.block == block).unwrap();
+    assert!(
+        !x.live && x.is_deferred() && x.holders == vec![slot],
+        "{snap}"
+    );
+    assert!(
+        t.importers
+            .iter()
+            .any(|i| i.slot == slot && !i.process.alive),
+        "{snap}"
+    );
+    eprintln!("{snap}");
+    // A collect reaps the dead importer and frees the memory: nothing waits any more.
+    let left = cuda_ipc::collect_deferred();
+    let snap = inspect::snapshot().unwrap();
+    let t = registry(&snap).unwrap();
+    assert!(
+        !t.exports.iter().any(Export::is_deferred),
+        "{left:?}\n{snap}"
+    );
+    assert!(t.importers.iter().all(|i| i.slot != slot), "{snap}");
 }
 
 /// The one export table of the exporter `pid`.
