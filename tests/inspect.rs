@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::__private::arena::{Importer, Owner};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
-use cuda_ipc::inspect::{self, Export, ExportTable, Snapshot, TableKind};
+use cuda_ipc::inspect::{self, ExportTable, Snapshot, TableKind};
 use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
 
@@ -312,9 +312,9 @@ fn a_known_picture_is_read_field_by_field_and_after_its_kills() {
 }
 
 /// On a GPU: a buffer this process exports (through its export registry) and a child maps
-/// shows as a live export of this process's registry held by the child's lease slot; with the
-/// child `SIGKILL`ed and the buffer dropped, its free waits for the dead slot; a collect reaps
-/// it and the memory is freed.
+/// shows as a live export of this process's registry held by the child's lease slot; dropped
+/// while the child holds it, its free is deferred behind that slot; with the child
+/// `SIGKILL`ed the slot shows dead until a collect reaps it and frees the memory.
 #[test]
 #[ignore = "requires a CUDA device"]
 fn a_registry_export_its_importer_and_a_deferred_free_show_on_a_gpu() {
@@ -351,17 +351,23 @@ fn a_registry_export_its_importer_and_a_deferred_free_show_on_a_gpu() {
     assert_eq!(held.len(), 1, "{snap}");
     assert_eq!(held[0].holders, vec![slot], "{snap}");
     let block = held[0].block;
+    let export_of =
+        |s: &Snapshot| registry(s).and_then(|t| t.exports.into_iter().find(|x| x.block == block));
 
-    importer.signal(libc::SIGKILL);
-    let _ = importer.wait(Duration::from_secs(30));
-    drop(buf); // retired; its free waits for the dead importer's bit
+    // Dropped while the importer maps it: retired, its free deferred behind the live slot.
+    drop(buf);
     let snap = inspect::snapshot().unwrap();
-    let t = registry(&snap).unwrap();
-    let x = t.exports.iter().find(|x| x.block == block).unwrap();
+    let x = export_of(&snap).unwrap();
     assert!(
         !x.live && x.is_deferred() && x.holders == vec![slot],
         "{snap}"
     );
+    // The importer killed: the slot shows dead; nothing has reaped it yet.
+    importer.signal(libc::SIGKILL);
+    let _ = importer.wait(Duration::from_secs(30));
+    let snap = inspect::snapshot().unwrap();
+    assert!(export_of(&snap).unwrap().is_deferred(), "{snap}");
+    let t = registry(&snap).unwrap();
     assert!(
         t.importers
             .iter()
@@ -372,12 +378,18 @@ fn a_registry_export_its_importer_and_a_deferred_free_show_on_a_gpu() {
     // A collect reaps the dead importer and frees the memory: nothing waits any more.
     let left = cuda_ipc::collect_deferred();
     let snap = inspect::snapshot().unwrap();
-    let t = registry(&snap).unwrap();
     assert!(
-        !t.exports.iter().any(Export::is_deferred),
+        !export_of(&snap).is_some_and(|x| x.is_deferred()),
         "{left:?}\n{snap}"
     );
-    assert!(t.importers.iter().all(|i| i.slot != slot), "{snap}");
+    assert!(
+        registry(&snap)
+            .unwrap()
+            .importers
+            .iter()
+            .all(|i| i.slot != slot),
+        "{snap}"
+    );
 }
 
 /// The one export table of the exporter `pid`.
