@@ -480,7 +480,9 @@ fn read(name: &str) -> Option<(Vec<u8>, bool, u64)> {
     if !info.is_regular() || info.uid != os::euid() {
         return None;
     }
-    // Never more than the largest table (a block table) and its header, whatever the size.
+    // A file without the crate's header (the driver's, PyTorch's) is left after 128 bytes;
+    // of the crate's, never more than the largest table (a block table) and its header.
+    parse::our_header(&os::read_copy(&file, crate::shm::HEADER_LEN, name).ok()?)?;
     let len = usize::try_from(info.size).ok()?.min(READ_MAX);
     let mut last = os::read_copy(&file, len, name).ok()?;
     for _ in 1..READS {
@@ -516,11 +518,15 @@ impl People {
     fn get(&mut self, id: &ProcessIdentity) -> Process {
         self.0
             .entry((id.pid(), id.start_time(), id.pidfs_ino()))
-            .or_insert_with(|| Process {
-                pid: id.pid(),
-                start_time: id.start_time(),
-                command: os::command_line(id.pid(), COMMAND_MAX).filter(|_| id.is_alive()),
-                alive: id.pid() != 0 && id.is_alive(),
+            .or_insert_with(|| {
+                let alive = id.pid() != 0 && id.is_alive();
+                Process {
+                    pid: id.pid(),
+                    start_time: id.start_time(),
+                    // Only a live process's: a dead one's pid may name another process now.
+                    command: os::command_line(id.pid(), COMMAND_MAX).filter(|_| alive),
+                    alive,
+                }
             })
             .clone()
     }

@@ -68,8 +68,9 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+pub(crate) use header::HEADER_LEN;
 pub use header::HeaderFields;
-use header::{Expected, HEADER_LEN, MAGIC, RawHeader, VERSION};
+use header::{Expected, MAGIC, RawHeader, VERSION};
 
 use crate::error::{ArgumentDefect, CloseError, Error, NameDefect, Result};
 use crate::os::{self, FileInfo};
