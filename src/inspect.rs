@@ -36,6 +36,9 @@
 //!   producer pid 4021 (alive): trainer --shards 8 — asleep until a consumer releases
 //!   consumer entry 0: pid 4107 (alive): engine --rank 0: released 5, 4 in flight (the ring is full)
 //! region my-app.3f9a (4.1 KiB): created by pid 3870 (DEAD): shm::reclaim_stale removes it
+//! unlinked cuda-ipc-chan.0b77d1e2c3a49f10 (its name removed), mapped by:
+//!   pid 4021 (alive): trainer --shards 8
+//!   pid 4108 (alive): engine --rank 1
 //! ```
 //!
 //! # What it reads, and what it does not touch
@@ -67,8 +70,9 @@
 //!   the items sent and each consumer's items released — the difference is in flight — and
 //!   whether a thread sleeps on either side: a producer asleep with a full ring waits for a
 //!   consumer's release. A broadcast channel keeps its name for its whole life; a channel with
-//!   one consumer shows until that consumer attaches, which removes the name (nobody else may
-//!   attach), so an attached one-consumer channel is not in the snapshot.
+//!   one consumer is read by name until that consumer attaches, which removes the name (nobody
+//!   else may attach): from then on it is listed under [`Snapshot::unlinked`] with the
+//!   processes that map it (from `/proc/<pid>/maps`), its contents no longer readable.
 //! - Any other region of the crate (a [`ProcessBarrier`](crate::barrier::ProcessBarrier), a
 //!   user's [`ShmRegion`](crate::shm::ShmRegion)) tells its creator only.
 //!
@@ -105,6 +109,9 @@ pub struct Snapshot {
     pub regions: Vec<Region>,
     /// Files named as the crate's tables whose bytes do not decode, with the reason.
     pub unreadable: Vec<Unreadable>,
+    /// The crate's regions whose names are gone from `/dev/shm` but which processes still map,
+    /// by name.
+    pub unlinked: Vec<Unlinked>,
 }
 
 /// A process, as a table names it.
@@ -263,6 +270,19 @@ pub struct Region {
     pub bytes: u64,
 }
 
+/// A region of the crate whose name was removed while processes still map it: a channel with
+/// one consumer once that consumer attached (the consumer removes the name, so nobody else
+/// attaches), or the tables of an exporter whose last importer removed them. Its bytes cannot
+/// be read by name any more; `/proc/<pid>/maps` tells who maps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unlinked {
+    /// Its former name in `/dev/shm`.
+    pub name: String,
+    /// This user's processes that map it, by pid.
+    pub mapped_by: Vec<Process>,
+}
+
 /// A file named as one of the crate's tables whose bytes do not decode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -274,7 +294,8 @@ pub struct Unreadable {
 }
 
 /// Read what this user's processes share on the machine (see the module docs): every region
-/// of the crate in `/dev/shm`, copied read-only, decoded, and joined by token and process.
+/// of the crate in `/dev/shm`, copied read-only, decoded, and joined by token and process; and
+/// the crate's regions whose names are gone, from this user's processes' `/proc/<pid>/maps`.
 ///
 /// # Errors
 ///
@@ -350,12 +371,14 @@ pub fn snapshot() -> Result<Snapshot> {
             .push(table);
     }
     snap.exporters = exporters.into_values().collect();
+    snap.unlinked = unlinked(&mut people);
     Ok(snap)
 }
 
 impl Snapshot {
-    /// The snapshot as one JSON object: `exporters`, `channels`, `regions`, `unreadable`, each
-    /// an array of objects with the fields of the types here (`kind` in lower case).
+    /// The snapshot as one JSON object: `exporters`, `channels`, `regions`, `unreadable`,
+    /// `unlinked`, each an array of objects with the fields of the types here (`kind` in lower
+    /// case).
     #[must_use]
     pub fn to_json(&self) -> String {
         render::json(self)
@@ -466,6 +489,29 @@ fn channel(
         changing,
     }
 }
+
+/// The crate's regions this user's processes map with their names removed, from
+/// `/proc/<pid>/maps` (a process whose maps cannot be read is left out).
+fn unlinked(people: &mut People) -> Vec<Unlinked> {
+    let mut by_name: BTreeMap<String, Vec<Process>> = BTreeMap::new();
+    let mut pids = os::own_pids();
+    pids.sort_unstable();
+    for pid in pids {
+        for name in os::unlinked_shm_mappings(pid) {
+            if name.starts_with(CRATE_PREFIX) {
+                let id = ProcessIdentity::of_pid(pid);
+                by_name.entry(name).or_default().push(people.get(&id));
+            }
+        }
+    }
+    by_name
+        .into_iter()
+        .map(|(name, mapped_by)| Unlinked { name, mapped_by })
+        .collect()
+}
+
+/// What the names of the crate's own regions start with (tables, channels).
+const CRATE_PREFIX: &str = "cuda-ipc-";
 
 /// The token part of a table's name.
 fn token_of(name: &str, prefix: &str) -> String {

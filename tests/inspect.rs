@@ -105,6 +105,13 @@ fn child_process() {
                 until_stopped(&s);
                 0
             }
+            // A one-consumer channel's consumer: attaching removes the channel's name.
+            "single_consumer" => {
+                let _rx = HostConsumer::open_pausing(&args[1], SLOTS, 8, || {}).unwrap();
+                s.consumer_ready.store(1, Ordering::Release);
+                until_stopped(&s);
+                0
+            }
             // A broadcast channel's consumer that receives nothing and releases nothing.
             "consumer" => {
                 let _rx = HostConsumer::attach_pausing(&args[1], SLOTS, 8, 2, || {}).unwrap();
@@ -309,6 +316,48 @@ fn a_known_picture_is_read_field_by_field_and_after_its_kills() {
         c.consumers.iter().all(|x| x.left && !x.process.alive),
         "{snap}"
     );
+}
+
+/// A channel with one consumer removes its name once the consumer attaches (nobody else may):
+/// before, the snapshot reads it by name; after, it names it under `unlinked`, mapped by both
+/// ends' processes.
+#[test]
+fn an_attached_one_consumer_channel_shows_as_unlinked_mapped_by_both_ends() {
+    let _dog = watchdog("inspect unlinked", Duration::from_secs(60));
+    let shared: ShmRegion<Shared> = ShmOptions::new(unique_name("inspect-one"))
+        .create()
+        .unwrap();
+    let tx = HostProducer::create(SLOTS, 8).unwrap();
+    let channel = tx.name().to_owned();
+    let me = std::process::id();
+    let snap = inspect::snapshot().unwrap();
+    let c = snap.channels.iter().find(|c| c.name == channel).unwrap();
+    assert!(!c.broadcast && c.consumers.is_empty(), "{snap}");
+    assert_eq!(c.producer.as_ref().map(|p| p.pid), Some(me));
+    assert!(!snap.unlinked.iter().any(|u| u.name == channel), "{snap}");
+
+    let consumer = spawn("single_consumer", &[shared.name(), &channel]);
+    wait_for("consumer", Duration::from_secs(20), || {
+        shared.consumer_ready.load(Ordering::Acquire) == 1
+    });
+    let snap = snapshot_until("the channel unlinked", |s| {
+        s.unlinked.iter().any(|u| u.name == channel)
+    });
+    assert!(!snap.channels.iter().any(|c| c.name == channel), "{snap}");
+    let u = snap.unlinked.iter().find(|u| u.name == channel).unwrap();
+    let mut pids: Vec<u32> = u.mapped_by.iter().map(|p| p.pid).collect();
+    pids.sort_unstable();
+    let mut want = vec![me, consumer.pid()];
+    want.sort_unstable();
+    assert_eq!(pids, want, "{snap}");
+    assert!(u.mapped_by.iter().all(|p| p.alive), "{snap}");
+    assert!(
+        snap.to_string()
+            .contains(&format!("unlinked {channel} (its name removed)"))
+    );
+    shared.stop.store(1, Ordering::Release);
+    assert!(consumer.wait(Duration::from_secs(20)).0.success());
+    drop(tx);
 }
 
 /// On a GPU: a buffer this process exports (through its export registry) and a child maps

@@ -10,7 +10,7 @@ import cuda_ipc
 from conftest import unique
 
 
-def test_a_snapshot_has_its_four_lists_and_leaves_out_files_that_are_not_ours():
+def test_a_snapshot_has_its_five_lists_and_leaves_out_files_that_are_not_ours():
     # A file under a table's name with bytes of no header of ours is not the crate's: left out.
     path = f"/dev/shm/cuda-ipc-arena.{unique('inspect')}"
     with open(path, "wb") as f:
@@ -19,7 +19,7 @@ def test_a_snapshot_has_its_four_lists_and_leaves_out_files_that_are_not_ours():
         snap = cuda_ipc.inspect()
     finally:
         os.unlink(path)
-    assert set(snap) == {"exporters", "channels", "regions", "unreadable"}, snap
+    assert set(snap) == {"exporters", "channels", "regions", "unreadable", "unlinked"}, snap
     assert all(isinstance(snap[k], list) for k in snap)
     names = [u["name"] for u in snap["unreadable"]] + [r["name"] for r in snap["regions"]]
     assert os.path.basename(path) not in names
@@ -41,7 +41,7 @@ def test_the_command_prints_the_tree_or_json_and_refuses_bad_arguments():
     assert text.stdout.startswith("cuda-ipc on this machine: "), text.stdout
     js = run("inspect", "--json")
     assert js.returncode == 0, js.stderr
-    assert set(json.loads(js.stdout)) == {"exporters", "channels", "regions", "unreadable"}
+    assert set(json.loads(js.stdout)) == {"exporters", "channels", "regions", "unreadable", "unlinked"}
     for bad in (["inspect", "--watch", "0"], ["inspect", "--frob"], []):
         r = run(*bad)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)

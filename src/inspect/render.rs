@@ -31,6 +31,14 @@ pub(super) fn tree(s: &Snapshot, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     for u in &s.unreadable {
         writeln!(f, "unreadable {}: {}", u.name, u.reason)?;
     }
+    for u in &s.unlinked {
+        writeln!(f, "unlinked {} (its name removed), mapped by:", u.name)?;
+        for p in &u.mapped_by {
+            write!(f, "  ")?;
+            process(p, f)?;
+            writeln!(f)?;
+        }
+    }
     Ok(())
 }
 
@@ -268,6 +276,17 @@ pub(super) fn json(s: &Snapshot) -> String {
             "{{\"name\":{},\"reason\":{}}}",
             json_string(&u.name),
             json_string(&u.reason)
+        );
+    }
+    o.push_str("],\"unlinked\":[");
+    for (i, u) in s.unlinked.iter().enumerate() {
+        sep(&mut o, i);
+        let mapped: Vec<String> = u.mapped_by.iter().map(process_json).collect();
+        let _ = write!(
+            o,
+            "{{\"name\":{},\"mapped_by\":[{}]}}",
+            json_string(&u.name),
+            mapped.join(",")
         );
     }
     o.push_str("]}");

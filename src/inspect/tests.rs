@@ -68,6 +68,10 @@ fn picture() -> Snapshot {
             name: "cuda-ipc-arena.bad".to_owned(),
             reason: "header field \"type_tag\"\n".to_owned(),
         }],
+        unlinked: vec![Unlinked {
+            name: "cuda-ipc-chan.gone".to_owned(),
+            mapped_by: vec![proc(100, true, None), proc(101, true, None)],
+        }],
     }
 }
 
@@ -105,6 +109,8 @@ fn the_tree_says_who_holds_what() {
         "  consumer entry 0: pid 101 (alive): released 3, 2 in flight (the ring is full)",
         "region mine (4.1 KiB): created by pid 99 (DEAD): shm::reclaim_stale removes it",
         "unreadable cuda-ipc-arena.bad: header field \"type_tag\"",
+        "unlinked cuda-ipc-chan.gone (its name removed), mapped by:",
+        "  pid 101 (alive)",
     ] {
         assert!(
             text.lines().any(|l| l == line),
@@ -133,7 +139,10 @@ fn the_json_is_one_object_with_every_field_escaped() {
         json.contains("\"reason\":\"header field \\\"type_tag\\\"\\n\""),
         "{json}"
     );
-    assert!(json.ends_with("]}"), "{json}");
+    assert!(
+        json.ends_with("\"unlinked\":[{\"name\":\"cuda-ipc-chan.gone\",\"mapped_by\":[{\"pid\":100,\"start_time\":10,\"alive\":true,\"command\":null},{\"pid\":101,\"start_time\":10,\"alive\":true,\"command\":null}]}]}"),
+        "{json}"
+    );
     // Balanced, and no raw control character inside.
     let opens = json.matches(['{', '[']).count();
     let closes = json.matches(['}', ']']).count();

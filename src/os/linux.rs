@@ -335,6 +335,37 @@ pub(crate) fn proc_task_count(pid: u32) -> std::io::Result<Option<usize>> {
     }
 }
 
+/// The pids of this user's processes (`/proc/<pid>` owned by our euid).
+pub(crate) fn own_pids() -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let euid = euid();
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| fs::stat(format!("/proc/{pid}")).is_ok_and(|st| st.st_uid == euid))
+        .collect()
+}
+
+/// The `/dev/shm` names process `pid` maps whose files were removed (`(deleted)` in
+/// `/proc/<pid>/maps`), each once; empty when the maps cannot be read.
+pub(crate) fn unlinked_shm_mappings(pid: u32) -> Vec<String> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let prefix = format!("{SHM_DIR}/");
+    let mut names: Vec<String> = maps
+        .lines()
+        .filter_map(|line| {
+            let path = line.split_once(&prefix)?.1;
+            Some(path.strip_suffix(" (deleted)")?.to_owned())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// A process's command line from `/proc/<pid>/cmdline`, its arguments joined by spaces and cut
 /// to `max` characters; `None` when unreadable or empty (a kernel thread, a zombie).
 pub(crate) fn command_line(pid: u32, max: usize) -> Option<String> {

@@ -94,8 +94,9 @@ def inspect() -> dict:
     with ``exporters`` (each a ``process`` — ``pid``, ``start_time``, ``alive``, ``command`` —
     and its ``tables``: ``kind`` registry / arena / pool, ``exports`` with ``generation``,
     ``live``, ``deferred``, ``bytes`` and the lease ``holders``, ``importers`` by ``slot``),
-    ``channels`` (``producer``, ``consumers`` with ``released`` and ``in_flight``), ``regions``
-    and ``unreadable`` (tables that do not decode, with the reason). ``python -m cuda_ipc
+    ``channels`` (``producer``, ``consumers`` with ``released`` and ``in_flight``), ``regions``,
+    ``unreadable`` (tables that do not decode, with the reason) and ``unlinked`` (regions whose
+    names are gone but which processes still map: ``name``, ``mapped_by``). ``python -m cuda_ipc
     inspect`` prints it as a tree. See the Rust crate's ``cuda_ipc::inspect`` for what each
     table tells."""
     return _json.loads(_native.inspect_snapshot()[1])
