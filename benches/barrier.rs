@@ -342,6 +342,16 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// A sample's p10 / p50 / p90 in whole nanoseconds, for the summary tables.
+fn cell(v: &[f64]) -> String {
+    format!(
+        "{:.0} / {:.0} / {:.0}",
+        pct(v, 0.1),
+        pct(v, 0.5),
+        pct(v, 0.9)
+    )
+}
+
 fn summary() {
     println!();
     println!("summary: barrier round trip, ns per generation (p10 / p50 / p90 over 31 batches)");
@@ -355,14 +365,6 @@ fn summary() {
             .into_iter()
             .map(|k| sample(k, n, 31, per_batch))
             .collect();
-        let cell = |v: &[f64]| {
-            format!(
-                "{:.0} / {:.0} / {:.0}",
-                pct(v, 0.1),
-                pct(v, 0.5),
-                pct(v, 0.9)
-            )
-        };
         println!(
             "{n:>3}  {:>26}  {:>26}  {:>26}  {:>9.2}  {:>11.1}",
             cell(&r[0]),
@@ -391,14 +393,6 @@ fn summary() {
             }
             awaited.sort_by(f64::total_cmp);
             blocking.sort_by(f64::total_cmp);
-            let cell = |v: &[f64]| {
-                format!(
-                    "{:.0} / {:.0} / {:.0}",
-                    pct(v, 0.1),
-                    pct(v, 0.5),
-                    pct(v, 0.9)
-                )
-            };
             println!(
                 "{n:>3}  {:>26}  {:>26}  {:>13.2}",
                 cell(&awaited),

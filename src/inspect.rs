@@ -497,11 +497,16 @@ fn unlinked(people: &mut People) -> Vec<Unlinked> {
     let mut pids = os::own_pids();
     pids.sort_unstable();
     for pid in pids {
-        for name in os::unlinked_shm_mappings(pid) {
-            if name.starts_with(CRATE_PREFIX) {
-                let id = ProcessIdentity::of_pid(pid);
-                by_name.entry(name).or_default().push(people.get(&id));
-            }
+        let names: Vec<String> = os::unlinked_shm_mappings(pid)
+            .into_iter()
+            .filter(|name| name.starts_with(CRATE_PREFIX))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let process = people.get(&ProcessIdentity::of_pid(pid));
+        for name in names {
+            by_name.entry(name).or_default().push(process.clone());
         }
     }
     by_name

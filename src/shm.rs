@@ -785,15 +785,10 @@ pub fn reclaim_stale_lease_tables() -> usize {
 /// [`reclaim_stale`] for every `/dev/shm` entry whose name starts with `prefix` (one of the
 /// kinds above); returns how many were removed.
 fn reclaim_stale_prefixed(prefix: &str) -> usize {
-    let Ok(dir) = std::fs::read_dir(os::SHM_DIR) else {
-        return 0;
-    };
-    dir.flatten()
-        .filter(|entry| {
-            entry.file_name().to_str().is_some_and(|name| {
-                name.starts_with(prefix) && reclaim_stale(name).unwrap_or(false)
-            })
-        })
+    os::shm_names()
+        .unwrap_or_default()
+        .iter()
+        .filter(|name| name.starts_with(prefix) && reclaim_stale(name).unwrap_or(false))
         .count()
 }
 

@@ -136,13 +136,7 @@ fn producer(s: &Shadow, rng: &mut Rng) -> u32 {
     // The producer waits on the futex, on its descriptor or awaited (`common::Wait`).
     let how = Wait::pick(rng);
     for k in 1..=ITEMS {
-        let got = match how {
-            Wait::Futex => tx.acquire(WAIT),
-            Wait::Descriptor => tx.acquire_listening(WAIT),
-            #[cfg(feature = "async")]
-            Wait::Awaited => common::block_on_for(tx.acquire_async(), WAIT)
-                .unwrap_or_else(|| Err(common::stress_timeout(WAIT))),
-        };
+        let got = how.acquire(&mut tx, WAIT);
         let slot = match got {
             Ok(slot) => slot,
             Err(e) => {
@@ -190,13 +184,7 @@ fn consumer(s: &Shadow, rng: &mut Rng, producer_pid: u32) -> u32 {
     // The consumer waits on the futex, on its descriptor or awaited (`common::Wait`).
     let how = Wait::pick(rng);
     for k in 1.. {
-        let got = match how {
-            Wait::Futex => rx.recv(WAIT),
-            Wait::Descriptor => rx.recv_listening(WAIT),
-            #[cfg(feature = "async")]
-            Wait::Awaited => common::block_on_for(rx.recv_async(), WAIT)
-                .unwrap_or_else(|| Err(common::stress_timeout(WAIT))),
-        };
+        let got = how.recv(&mut rx, WAIT);
         let (slot, len) = match got {
             Ok(item) => item,
             Err(e) => {

@@ -145,17 +145,12 @@ pub(crate) fn tell_producer(channel: &str, listeners: Listeners) {
 pub(crate) fn sweep_once() {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(|| {
-        let Ok(dir) = std::fs::read_dir(os::SHM_DIR) else {
-            return;
-        };
-        for entry in dir.flatten() {
-            let name = entry.file_name();
-            let ours = name.to_str().is_some_and(|n| {
-                n.starts_with(BELLS)
-                    && os::shm_lstat(n).is_ok_and(|f| f.uid == os::euid() && f.is_socket())
-            });
-            if ours && os::datagram::is_stale(&entry.path()) {
-                let _ = std::fs::remove_file(entry.path());
+        for name in os::shm_names().unwrap_or_default() {
+            let ours = name.starts_with(BELLS)
+                && os::shm_lstat(&name).is_ok_and(|f| f.uid == os::euid() && f.is_socket());
+            let path = std::path::Path::new(os::SHM_DIR).join(&name);
+            if ours && os::datagram::is_stale(&path) {
+                let _ = std::fs::remove_file(path);
             }
         }
     });

@@ -117,7 +117,8 @@ pub(crate) fn shm_open(name: &str) -> Result<(File, FileInfo)> {
     Ok((File::from(fd), info))
 }
 
-/// The names in `/dev/shm` (those that are not UTF-8 cannot be the crate's and are skipped).
+/// The names in `/dev/shm` (those that are not UTF-8 cannot be the crate's and are skipped):
+/// what the sweeps and the inspector walk.
 pub(crate) fn shm_names() -> Result<Vec<String>> {
     let dir = std::fs::read_dir(SHM_DIR).map_err(|source| Error::Os {
         call: "opendir",

@@ -802,6 +802,39 @@ impl Wait {
     }
 }
 
+impl Wait {
+    /// The host producer's acquire of its next slot, waited this way, at most `limit`.
+    pub fn acquire(
+        self,
+        tx: &mut cuda_ipc::__private::channel::HostProducer,
+        limit: Duration,
+    ) -> cuda_ipc::Result<usize> {
+        match self {
+            Wait::Futex => tx.acquire(limit),
+            Wait::Descriptor => tx.acquire_listening(limit),
+            #[cfg(feature = "async")]
+            Wait::Awaited => block_on_for(tx.acquire_async(), limit)
+                .unwrap_or_else(|| Err(stress_timeout(limit))),
+        }
+    }
+
+    /// The host consumer's receive of its next item, waited this way, at most `limit`.
+    pub fn recv(
+        self,
+        rx: &mut cuda_ipc::__private::channel::HostConsumer,
+        limit: Duration,
+    ) -> cuda_ipc::Result<(usize, u64)> {
+        match self {
+            Wait::Futex => rx.recv(limit),
+            Wait::Descriptor => rx.recv_listening(limit),
+            #[cfg(feature = "async")]
+            Wait::Awaited => {
+                block_on_for(rx.recv_async(), limit).unwrap_or_else(|| Err(stress_timeout(limit)))
+            }
+        }
+    }
+}
+
 /// A current-thread tokio runtime with its timers and I/O driver, for the tests' awaited waits
 /// (the crate's own reactor wakes the tasks of its waits).
 #[cfg(feature = "async")]
