@@ -171,8 +171,8 @@ use crate::handle::{
     Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_ARENA, check_buffer_of, type_tag_of,
 };
 use crate::ledger::Ledger;
-use crate::ledger::Placed;
 use crate::ledger::{Dying, Entry, ImportCache};
+use crate::ledger::{ExportKind, Label, Placed};
 use crate::ledger::{Holding, Holdings};
 use crate::os;
 use crate::process::ProcessIdentity;
@@ -357,13 +357,21 @@ impl IpcArena {
         ArgumentDefect::check_range(call, "element alignment", align, 1, ARENA_ALIGN)?;
         let bytes = crate::memory::allocation_bytes::<T>(call, len)? as u64;
         let owner = &self.owner;
-        let placed = owner.ledger.alloc(bytes).map_err(|full| Error::ArenaFull {
-            requested: bytes,
-            free: full.free,
-            quarantined: full.quarantined,
-            buffers: full.buffers,
-            max_buffers: owner.ledger.max_buffers(),
-        })?;
+        let label = Label::new(
+            ExportKind::Arena,
+            &owner.uuid,
+            owner.read_only.load(StdOrdering::Relaxed),
+        );
+        let placed = owner
+            .ledger
+            .alloc(bytes, label)
+            .map_err(|full| Error::ArenaFull {
+                requested: bytes,
+                free: full.free,
+                quarantined: full.quarantined,
+                buffers: full.buffers,
+                max_buffers: owner.ledger.max_buffers(),
+            })?;
         Ok(ArenaBuffer {
             slice: GpuSlice::new(owner.ctx.clone(), owner.memory.ptr() + placed.offset, len),
             owner: owner.clone(),

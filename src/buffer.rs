@@ -72,6 +72,7 @@ pub use import::ImportedBuffer;
 
 use crate::error::{Error, ObjectState, Result};
 use crate::handle::{Handle, HandleKind};
+use crate::ledger::ExportKind;
 use crate::process::ProcessIdentity;
 use crate::slice::GpuSlice;
 
@@ -99,11 +100,16 @@ impl<T: Pod> Side<T> {
     /// The owner's handle of kind `K` (`call` names the public method that asked, for the
     /// errors: an import cannot be exported again, and an owner a failed close released — an
     /// [`IpcSignal`](crate::IpcSignal) handed back by its `close` — has nothing left to export).
-    pub(crate) fn export_handle<K: HandleKind>(&self, call: &'static str) -> Result<Handle<K>> {
+    /// `shared_as`: what the inspector calls the export where `K` does not say.
+    pub(crate) fn export_handle<K: HandleKind>(
+        &self,
+        call: &'static str,
+        shared_as: Option<ExportKind>,
+    ) -> Result<Handle<K>> {
         match self {
             Self::Owner(b) => {
                 b.check_unreleased(call)?;
-                b.export_handle()
+                b.export_handle(shared_as)
             }
             Self::Importer(_) => Err(Error::InvalidState {
                 call,

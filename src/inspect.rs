@@ -24,14 +24,14 @@
 //! cuda-ipc on this machine: 2 exporters, 1 channel, 1 other region
 //! exporter pid 4021 (alive): trainer --shards 8
 //!   arena of 64.0 MiB 9c3e…41d0: 3 exports, 2 importers
-//!     export 0 (generation 1): 1.0 MiB at 0, held by slot 0
-//!     export 1 (generation 1): 4.0 KiB at 1048576
-//!     export 2 (generation 3, freed; the free waits for slot 1): 2.0 MiB at 2097152
+//!     export 0 (generation 1): arena on GPU-4a3b00ff, 1.0 MiB at 0, held by slot 0
+//!     export 1 (generation 1): arena on GPU-4a3b00ff, 4.0 KiB at 1048576
+//!     export 2 (generation 3, freed; the free waits for slot 1): arena on GPU-4a3b00ff, 2.0 MiB at 2097152
 //!     importer slot 0: pid 4107 (alive): engine --rank 0
 //!     importer slot 1: pid 4109 (DEAD: the exporter's next collect reaps it)
 //! exporter pid 3990 (DEAD); the next export on this machine removes its tables
 //!   export registry 77aa…0000: 1 export, 0 importers
-//!     export 0 (generation 1)
+//!     export 0 (generation 1): legacy on GPU-4a3b00ff, 256.0 MiB, read-only
 //! channel cuda-ipc-chan.5f1b02c4a9e7d310: 4 slots of 1024 elements (4 bytes each), 9 items sent, broadcast
 //!   producer pid 4021 (alive): trainer --shards 8 — asleep until a consumer releases
 //!   consumer entry 0: pid 4107 (alive): engine --rank 0: released 5, 4 in flight (the ring is full)
@@ -61,8 +61,10 @@
 //!   importing process, naming it). A process has one **export registry** for every
 //!   [`IpcBuffer`](crate::IpcBuffer) and [`IpcSignal`](crate::IpcSignal) it exports (its token
 //!   ends in four zero bytes), and one table per [`IpcArena`](crate::arena::IpcArena) (it has
-//!   a capacity) and per [`IpcPool`](crate::pool::IpcPool). The tables do not record which
-//!   kind of buffer (legacy, POSIX fd, pool) or signal a registry export is, nor its device.
+//!   a capacity) and per [`IpcPool`](crate::pool::IpcPool). Each export says its
+//!   [kind](ExportKind) (legacy, fd, pool, arena, a channel's slots, a signal), the device
+//!   that holds it, its size and whether importers may only read it. [`IpcEvent`](crate::IpcEvent)s
+//!   are not listed: the driver's event handles carry no lifetime an exporter could book.
 //! - An export whose generation is even was **freed** by its exporter; if importers' bits are
 //!   still set, its free is **deferred** ([`Export::is_deferred`]) until they let go — or, for
 //!   importers that died, until the exporter's next collect reaps them.
@@ -83,6 +85,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::Result;
+pub use crate::ledger::ExportKind;
+use crate::ledger::Label;
 use crate::os;
 use crate::owned_slot::OwnerState;
 use crate::process::ProcessIdentity;
@@ -183,9 +187,16 @@ pub struct Export {
     pub generation: u64,
     /// Whether it is live (openable); `false`: its exporter freed it.
     pub live: bool,
+    /// What it is; `None` where its block's label does not decode (a peer wrote it).
+    pub kind: Option<ExportKind>,
+    /// The device holding it, as `nvidia-smi -L` begins its UUID (`GPU-` and 8 hex digits);
+    /// `None` with `kind`.
+    pub device: Option<String>,
+    /// Whether importers may only read it (as marked when it was published, or since).
+    pub read_only: bool,
     /// An arena buffer's byte offset in the arena (0 otherwise).
     pub offset: u64,
-    /// An arena buffer's size in bytes (0 otherwise: the registry and pools book no sizes).
+    /// Its size in bytes (an arena buffer's rounded up to the arena's alignment).
     pub bytes: u64,
     /// The lease slots of the importers holding it ([`ExportTable::importers`]).
     pub holders: Vec<u32>,
@@ -445,15 +456,23 @@ fn export_table(token: String, pair: Pair, people: &mut People) -> (ProcessIdent
 }
 
 /// One block's words as an export.
-fn export(&(block, state, holders, offset, bytes): &(u32, u64, u64, u64, u64)) -> Export {
-    let live = crate::ledger::names_a_live_export(state);
+fn export(w: &parse::BlockWords) -> Export {
+    let live = crate::ledger::names_a_live_export(w.state);
+    let label = Label::of_word(w.label);
     Export {
-        block,
-        generation: if live { state } else { state.saturating_sub(1) },
+        block: w.index,
+        generation: if live {
+            w.state
+        } else {
+            w.state.saturating_sub(1)
+        },
         live,
-        offset,
-        bytes,
-        holders: (0..64u32).filter(|bit| holders >> bit & 1 == 1).collect(),
+        kind: label.map(|l| l.kind),
+        device: label.map(|l| l.device_name()),
+        read_only: label.is_some_and(|l| l.read_only),
+        offset: w.offset,
+        bytes: w.bytes,
+        holders: (0..64u32).filter(|bit| w.holders >> bit & 1 == 1).collect(),
     }
 }
 

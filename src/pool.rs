@@ -175,10 +175,10 @@ use crate::handle::{
     Admitted, BufferHandle, Envelope, Handle, HandleType, KIND_POOL, check_buffer_of, type_tag_of,
 };
 use crate::ledger::Holdings;
-use crate::ledger::Placed;
 use crate::ledger::{Block, MAX_BLOCKS};
 use crate::ledger::{DeferredFrees, Pending, register_pending};
 use crate::ledger::{Dying, Entry, ImportCache};
+use crate::ledger::{ExportKind, Label, Placed};
 use crate::ledger::{Ledger, Reap};
 use crate::os;
 use crate::poll::Backoff;
@@ -606,9 +606,14 @@ fn alloc_from(owner: &Arc<Owner>, bytes: usize, stream: sys::CUstream) -> Result
     });
     // The block is published before the memory exists; no handle names it until `handle`,
     // which waits for the allocation.
+    let label = Label::new(
+        ExportKind::Pool,
+        &owner.uuid,
+        owner.read_only.load(StdOrdering::Relaxed),
+    );
     let placed = owner
         .ledger
-        .alloc(bytes as u64)
+        .alloc(bytes as u64, label)
         .map_err(|_| Error::TooManyBuffers {
             max: MAX_POOL_BUFFERS,
         })?;

@@ -501,7 +501,7 @@ impl GpuSignal {
 
     /// The work of [`IpcSignal::handle`].
     pub(crate) fn handle(&self) -> Result<IpcSignalHandle> {
-        self.counter.export_handle("IpcSignal::handle")
+        self.counter.export_handle("IpcSignal::handle", None)
     }
 
     /// The work of [`ImportedSignal::open`].

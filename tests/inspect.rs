@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{spawn, unique_name, wait_for, watchdog};
 use cuda_ipc::__private::arena::{Importer, Owner};
 use cuda_ipc::__private::channel::{HostConsumer, HostProducer};
-use cuda_ipc::inspect::{self, ExportTable, Snapshot, TableKind};
+use cuda_ipc::inspect::{self, ExportKind, ExportTable, Snapshot, TableKind};
 use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
 
@@ -210,6 +210,11 @@ fn a_known_picture_is_read_field_by_field_and_after_its_kills() {
             );
             assert!(x.live && !x.is_deferred());
             assert_eq!((x.offset, x.bytes), (i as u64 * BLOCK, BLOCK));
+            // The test owner labels its blocks as an arena's on no device.
+            assert_eq!(
+                (x.kind, x.device.as_deref(), x.read_only),
+                (Some(ExportKind::Arena), Some("GPU-00000000"), false)
+            );
         }
     }
     // The importers: each holds what it entered, by the slot its lease names.
@@ -373,7 +378,20 @@ fn a_registry_export_its_importer_and_a_deferred_free_show_on_a_gpu() {
         .create()
         .unwrap();
     let buf = IpcBuffer::<u8>::zeroed(&ctx, 1 << 20).unwrap();
-    shared.handle.store(buf.handle().unwrap());
+    let handle = buf.handle().unwrap();
+    shared.handle.store(handle);
+    // A signal's counter: a second export of the registry, held by nobody.
+    let signal = cuda_ipc::IpcSignal::new(&ctx).unwrap();
+    let _ = signal.handle().unwrap();
+    let uuid = handle.device_uuid();
+    let device = format!(
+        "GPU-{:02x}{:02x}{:02x}{:02x}",
+        uuid[0], uuid[1], uuid[2], uuid[3]
+    );
+    let buffer_kind = match buf.handle_type() {
+        cuda_ipc::HandleType::PosixFd => ExportKind::PosixFd,
+        _ => ExportKind::Legacy,
+    };
     let importer = spawn("gpu_importer", &[shared.name()]);
     wait_for("the import", Duration::from_secs(60), || {
         shared.opened.load(Ordering::Acquire) == 1
@@ -396,9 +414,36 @@ fn a_registry_export_its_importer_and_a_deferred_free_show_on_a_gpu() {
         .find(|i| i.process.pid == importer.pid())
         .unwrap()
         .slot;
-    let held: Vec<_> = t.exports.iter().filter(|x| x.live).collect();
+    let held: Vec<_> = t
+        .exports
+        .iter()
+        .filter(|x| x.live && !x.holders.is_empty())
+        .collect();
     assert_eq!(held.len(), 1, "{snap}");
     assert_eq!(held[0].holders, vec![slot], "{snap}");
+    // What each export is: the buffer (its kind, device and size) and the signal.
+    assert_eq!(
+        (
+            held[0].kind,
+            held[0].device.as_deref(),
+            held[0].bytes,
+            held[0].read_only
+        ),
+        (Some(buffer_kind), Some(device.as_str()), 1 << 20, false),
+        "{snap}"
+    );
+    let signals: Vec<_> = t
+        .exports
+        .iter()
+        .filter(|x| x.live && x.kind == Some(ExportKind::Signal))
+        .collect();
+    assert_eq!(signals.len(), 1, "{snap}");
+    assert_eq!(
+        (signals[0].device.as_deref(), signals[0].bytes),
+        (Some(device.as_str()), 8),
+        "{snap}"
+    );
+    drop(signal);
     let block = held[0].block;
     let export_of =
         |s: &Snapshot| registry(s).and_then(|t| t.exports.into_iter().find(|x| x.block == block));

@@ -2,6 +2,7 @@
 its capacity, and a tensor in it as a live export of its size, freed once released."""
 
 import os
+import re
 
 import pytest
 
@@ -27,6 +28,11 @@ def test_an_arena_and_its_tensor_show_under_this_process():
     assert len(arenas) == 1, arenas
     live = [x for x in arenas[0]["exports"] if x["live"]]
     assert len(live) == 1 and live[0]["bytes"] >= 4 << 20, arenas[0]
+    assert live[0]["kind"] == "arena" and not live[0]["read_only"], live[0]
+    device = live[0]["device"]
+    assert re.fullmatch(r"GPU-[0-9a-f]{8}", device), device
+    uuid = str(torch.cuda.get_device_properties(0).uuid).lower().removeprefix("gpu-")
+    assert uuid.replace("-", "").startswith(device[4:]), (device, uuid)
     assert live[0]["holders"] == [] and arenas[0]["importers"] == []
     del t
     assert cuda_ipc.wait_released(30)

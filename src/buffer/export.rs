@@ -12,7 +12,7 @@ use crate::device;
 use crate::driver;
 use crate::error::{Capability, CloseError, Error, ObjectState, Result, TypeConflict};
 use crate::handle::{Envelope, Handle, HandleKind, HandleType, type_tag_of};
-use crate::ledger::{self, Record};
+use crate::ledger::{self, ExportKind, Label, Record};
 use crate::memory::allocation_bytes;
 use crate::poll::Backoff;
 use crate::pool::{IpcPoolHandle, PoolAlloc, PoolHandle};
@@ -225,7 +225,7 @@ impl<T: Pod> IpcBuffer<T> {
     pub fn handle(&self) -> Result<IpcMemHandle<T>> {
         self.check_unreleased("IpcBuffer::handle")?;
         self.check_read_only_shareable()?;
-        let handle: IpcMemHandle<T> = self.export_handle()?;
+        let handle: IpcMemHandle<T> = self.export_handle(None)?;
         Ok(handle.marked_read_only_if(self.read_only))
     }
 
@@ -326,7 +326,7 @@ impl<T: Pod> IpcBuffer<T> {
                 });
             }
         };
-        let handle: IpcMemHandle<T> = self.export_handle()?;
+        let handle: IpcMemHandle<T> = self.export_handle(None)?;
         let fd = memory.export_fd()?;
         Ok((handle.marked_read_only_if(self.read_only), fd))
     }
@@ -608,13 +608,17 @@ impl Published {
         self.uuid
     }
 
-    /// The token and generation of the export's block, published now if this is the first
-    /// export.
-    fn token(&self) -> Result<([u8; 16], u64)> {
+    /// The token and generation of the export's block, published now (`bytes` bytes of
+    /// `kind`) if this is the first export, else relabelled if it became read-only since.
+    fn token(&self, bytes: u64, kind: ExportKind, read_only: bool) -> Result<([u8; 16], u64)> {
+        let label = Label::new(kind, &self.uuid, read_only);
         let mut record = self.record.lock();
         let record = match &mut *record {
-            Some(r) => r,
-            None => record.insert(Record::publish()?),
+            Some(r) => {
+                r.relabel(label);
+                r
+            }
+            None => record.insert(Record::publish(bytes, label)?),
         };
         Ok((record.token(), record.generation()))
     }
@@ -727,16 +731,25 @@ impl<T: Pod> IpcBuffer<T> {
     }
 
     /// The handle of kind `K` (whose elements are `T`s: a buffer's, a signal's counter, a
-    /// channel's slots) that exports this buffer.
-    pub(crate) fn export_handle<K: HandleKind>(&self) -> Result<Handle<K>> {
+    /// channel's slots) that exports this buffer; `shared_as` says what the inspector calls
+    /// it where `K` does not (a channel's slots are an `IpcBuffer` handle).
+    pub(crate) fn export_handle<K: HandleKind>(
+        &self,
+        shared_as: Option<ExportKind>,
+    ) -> Result<Handle<K>> {
         let published = match &self.export {
             Export::Pooled(_) => return Err(pooled()),
             Export::Vmm { published, .. } | Export::Legacy { published, .. } => published,
         };
+        let kind = shared_as.unwrap_or(match (&self.export, K::CODE) {
+            (_, crate::handle::KIND_SIGNAL) => ExportKind::Signal,
+            (Export::Vmm { .. }, _) => ExportKind::PosixFd,
+            _ => ExportKind::Legacy,
+        });
         // The ledger first (deferred frees collected, the block published before any handle
         // exists: every importer finds it), then the driver.
         crate::ledger::collect_if_pending();
-        let (token, generation) = published.token()?;
+        let (token, generation) = published.token(self.byte_len() as u64, kind, self.read_only)?;
         let (cuda, handle_type) = match &self.export {
             Export::Vmm { memory, .. } => {
                 let mut cuda = [0u8; 64];

@@ -226,7 +226,11 @@ impl<T: Pod> IpcSender<T> {
             .map(|_| GpuSignal::new(ctx))
             .collect::<Result<Vec<_>>>()?;
         let (data_env, sent_env) = (
-            data.export_handle::<crate::IpcBuffer<T>>(call)?.env,
+            data.export_handle::<crate::IpcBuffer<T>>(
+                call,
+                Some(crate::ledger::ExportKind::Channel),
+            )?
+            .env,
             sent.handle()?.env,
         );
         let released_envs = released

@@ -31,9 +31,19 @@ pub(crate) enum Parsed {
 pub(crate) struct Blocks {
     pub(crate) capacity: u64,
     pub(crate) closing: bool,
-    /// Every block ever published (its words not all zero): index, state, holders, offset,
-    /// bytes.
-    pub(crate) blocks: Vec<(u32, u64, u64, u64, u64)>,
+    /// Every block ever published (its words not all zero).
+    pub(crate) blocks: Vec<BlockWords>,
+}
+
+/// One block's words, as read (a peer's: `label` may not decode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BlockWords {
+    pub(crate) index: u32,
+    pub(crate) state: u64,
+    pub(crate) holders: u64,
+    pub(crate) offset: u64,
+    pub(crate) bytes: u64,
+    pub(crate) label: u64,
 }
 
 /// A decoded lease table.
@@ -120,14 +130,20 @@ fn blocks(p: &[u8]) -> Option<Blocks> {
     let mut blocks = Vec::new();
     for i in 0..count.min(crate::ledger::MAX_BLOCKS) {
         let at = l.blocks + i * l.block_size;
-        let words = (
-            u64_at(p, at + l.state)?,
-            u64_at(p, at + l.holders)?,
-            u64_at(p, at + l.offset)?,
-            u64_at(p, at + l.bytes)?,
-        );
-        if words != (0, 0, 0, 0) {
-            blocks.push((u32::try_from(i).ok()?, words.0, words.1, words.2, words.3));
+        let words = BlockWords {
+            index: u32::try_from(i).ok()?,
+            state: u64_at(p, at + l.state)?,
+            holders: u64_at(p, at + l.holders)?,
+            offset: u64_at(p, at + l.offset)?,
+            bytes: u64_at(p, at + l.bytes)?,
+            label: u64_at(p, at + l.label)?,
+        };
+        let never_published = BlockWords {
+            index: words.index,
+            ..BlockWords::default()
+        };
+        if words != never_published {
+            blocks.push(words);
         }
     }
     Some(Blocks {

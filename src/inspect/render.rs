@@ -88,9 +88,17 @@ fn table(t: &ExportTable, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         } else if !x.live {
             write!(f, ", freed; the free waits for {}", slots(&x.holders))?;
         }
-        write!(f, ")")?;
-        if x.bytes > 0 {
-            write!(f, ": {} at {}", size(x.bytes), x.offset)?;
+        write!(f, "): ")?;
+        match (x.kind, &x.device) {
+            (Some(kind), Some(device)) => write!(f, "{kind} on {device}, ")?,
+            _ => write!(f, "unlabelled, ")?,
+        }
+        write!(f, "{}", size(x.bytes))?;
+        if t.kind == TableKind::Arena {
+            write!(f, " at {}", x.offset)?;
+        }
+        if x.read_only {
+            write!(f, ", read-only")?;
         }
         if x.live && !x.holders.is_empty() {
             write!(f, ", held by {}", slots(&x.holders))?;
@@ -314,11 +322,17 @@ fn table_json(o: &mut String, t: &ExportTable) {
         let holders: Vec<String> = x.holders.iter().map(u32::to_string).collect();
         let _ = write!(
             o,
-            "{{\"block\":{},\"generation\":{},\"live\":{},\"deferred\":{},\"offset\":{},\"bytes\":{},\"holders\":[{}]}}",
+            "{{\"block\":{},\"generation\":{},\"live\":{},\"deferred\":{},\"kind\":{},\"device\":{},\"read_only\":{},\"offset\":{},\"bytes\":{},\"holders\":[{}]}}",
             x.block,
             x.generation,
             x.live,
             x.is_deferred(),
+            x.kind
+                .map_or_else(|| "null".to_owned(), |k| json_string(k.name())),
+            x.device
+                .as_deref()
+                .map_or_else(|| "null".to_owned(), json_string),
+            x.read_only,
             x.offset,
             x.bytes,
             holders.join(",")

@@ -1,5 +1,21 @@
 use super::*;
 
+/// An arena export's label on device `GPU-4a3b00ff`.
+const ARENA: u64 = 0x4a3b_00ff_0000_0004;
+/// The same, read-only.
+const ARENA_READ_ONLY: u64 = ARENA | 0x100;
+
+fn block(index: u32, state: u64, holders: u64, offset: u64, bytes: u64, label: u64) -> Export {
+    export(&parse::BlockWords {
+        index,
+        state,
+        holders,
+        offset,
+        bytes,
+        label,
+    })
+}
+
 fn proc(pid: u32, alive: bool, command: Option<&str>) -> Process {
     Process {
         pid,
@@ -19,9 +35,9 @@ fn picture() -> Snapshot {
                 capacity: 64 << 20,
                 closing: false,
                 exports: vec![
-                    export(&(0, 1, 0b1, 0, 1 << 20)),
-                    export(&(1, 4, 0b10, 1 << 20, 4096)),
-                    export(&(2, 6, 0, 0, 0)),
+                    block(0, 1, 0b1, 0, 1 << 20, ARENA),
+                    block(1, 4, 0b10, 1 << 20, 4096, ARENA_READ_ONLY),
+                    block(2, 6, 0, 0, 0, 0),
                 ],
                 importers: vec![
                     Importer {
@@ -77,19 +93,28 @@ fn picture() -> Snapshot {
 
 #[test]
 fn a_block_becomes_an_export_with_its_generation_and_holders() {
-    let live = export(&(3, 7, 0b1001, 64, 128));
+    let live = block(3, 7, 0b1001, 64, 128, ARENA_READ_ONLY);
     assert_eq!(
         (live.generation, live.live, live.holders.clone()),
         (7, true, vec![0, 3])
     );
+    assert_eq!(
+        (live.kind, live.device.as_deref(), live.read_only),
+        (Some(ExportKind::Arena), Some("GPU-4a3b00ff"), true)
+    );
     assert!(!live.is_deferred());
-    let deferred = export(&(3, 8, 1 << 63, 0, 0));
+    let deferred = block(3, 8, 1 << 63, 0, 0, 0);
     assert_eq!(
         (deferred.generation, deferred.live, deferred.holders.clone()),
         (7, false, vec![63])
     );
+    assert_eq!(
+        (deferred.kind, deferred.device.clone(), deferred.read_only),
+        (None, None, false),
+        "a block without a label's word says no kind"
+    );
     assert!(deferred.is_deferred());
-    assert!(!export(&(3, 8, 0, 0, 0)).is_deferred());
+    assert!(!block(3, 8, 0, 0, 0, 0).is_deferred());
 }
 
 #[test]
@@ -99,9 +124,9 @@ fn the_tree_says_who_holds_what() {
         "cuda-ipc on this machine: 1 exporter, 1 channel, 1 other region",
         "exporter pid 100 (alive): trainer \"a\"",
         "  arena of 64.0 MiB 0011…eeff: 3 exports, 2 importers",
-        "    export 0 (generation 1): 1.0 MiB at 0, held by slot 0",
-        "    export 1 (generation 3, freed; the free waits for slot 1): 4.0 KiB at 1048576",
-        "    export 2 (generation 5, freed)",
+        "    export 0 (generation 1): arena on GPU-4a3b00ff, 1.0 MiB at 0, held by slot 0",
+        "    export 1 (generation 3, freed; the free waits for slot 1): arena on GPU-4a3b00ff, 4.0 KiB at 1048576, read-only",
+        "    export 2 (generation 5, freed): unlabelled, 0 bytes at 0",
         "    importer slot 0: pid 101 (alive): engine",
         "    importer slot 1: pid 102 (DEAD: the exporter's next collect reaps it)",
         "channel cuda-ipc-chan.x: 2 slots of 8 elements (4 bytes each), 5 items sent (changing while read)",
@@ -132,7 +157,11 @@ fn the_json_is_one_object_with_every_field_escaped() {
         "{json}"
     );
     assert!(
-        json.contains("{\"block\":1,\"generation\":3,\"live\":false,\"deferred\":true,\"offset\":1048576,\"bytes\":4096,\"holders\":[1]}"),
+        json.contains("{\"block\":1,\"generation\":3,\"live\":false,\"deferred\":true,\"kind\":\"arena\",\"device\":\"GPU-4a3b00ff\",\"read_only\":true,\"offset\":1048576,\"bytes\":4096,\"holders\":[1]}"),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"kind\":null,\"device\":null,\"read_only\":false"),
         "{json}"
     );
     assert!(

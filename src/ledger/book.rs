@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use super::label::Label;
 use super::table::{Block, MAX_BLOCKS};
 
 /// Every range starts and ends on this many bytes
@@ -89,8 +90,13 @@ impl Book {
     }
 
     /// Place `bytes` (rounded up to [`ALIGN`]) in the first free range that holds it, take a
-    /// block index, and publish it in `blocks` with its next (odd) generation.
-    pub(crate) fn alloc(&mut self, blocks: &[Block], bytes: u64) -> Result<Placed, Full> {
+    /// block index, and publish it in `blocks` with its next (odd) generation, labelled `label`.
+    pub(crate) fn alloc(
+        &mut self,
+        blocks: &[Block],
+        bytes: u64,
+        label: Label,
+    ) -> Result<Placed, Full> {
         let full = |book: &Self| Full {
             free: book.free_bytes(),
             quarantined: book.quarantined_bytes(),
@@ -125,7 +131,7 @@ impl Book {
         self.free_blocks.pop();
         let generation = self.generations[index as usize] + 1; // odd: live
         self.generations[index as usize] = generation;
-        block.publish(generation, offset, rounded);
+        block.publish(generation, offset, rounded, label);
         Ok(Placed {
             index,
             generation,
@@ -224,9 +230,9 @@ mod tests {
     fn ranges_are_aligned_disjoint_and_coalesce_back() {
         let t = blocks(8);
         let mut book = Book::new(4096, 8);
-        let a = book.alloc(&t, 1).unwrap();
-        let b = book.alloc(&t, 300).unwrap();
-        let c = book.alloc(&t, 256).unwrap();
+        let a = book.alloc(&t, 1, Label::FOR_TESTS).unwrap();
+        let b = book.alloc(&t, 300, Label::FOR_TESTS).unwrap();
+        let c = book.alloc(&t, 256, Label::FOR_TESTS).unwrap();
         assert_eq!((a.offset, a.bytes), (0, 256));
         assert_eq!((b.offset, b.bytes), (256, 512));
         assert_eq!((c.offset, c.bytes), (768, 256));
@@ -247,16 +253,16 @@ mod tests {
     fn a_viewed_block_is_quarantined_until_its_importer_leaves() {
         let t = blocks(2);
         let mut book = Book::new(512, 2);
-        let a = book.alloc(&t, 512).unwrap();
+        let a = book.alloc(&t, 512, Label::FOR_TESTS).unwrap();
         assert_eq!(t[a.index as usize].enter(1, a.generation), Enter::Held);
         book.free(&t, a);
         assert_eq!(book.quarantined_bytes(), 512);
-        let full = book.alloc(&t, 256).unwrap_err();
+        let full = book.alloc(&t, 256, Label::FOR_TESTS).unwrap_err();
         assert_eq!((full.free, full.quarantined, full.buffers), (0, 512, 1));
         assert_eq!(book.reclaim(&t, 0), 1, "still held");
         t[a.index as usize].leave(1);
         assert_eq!(book.reclaim(&t, 0), 0);
-        let b = book.alloc(&t, 512).unwrap();
+        let b = book.alloc(&t, 512, Label::FOR_TESTS).unwrap();
         assert_eq!(b.offset, 0);
         assert_eq!(
             t[a.index as usize].enter(2, a.generation),
@@ -269,11 +275,11 @@ mod tests {
     fn a_dead_importers_bits_are_reclaimed() {
         let t = blocks(1);
         let mut book = Book::new(256, 1);
-        let a = book.alloc(&t, 256).unwrap();
+        let a = book.alloc(&t, 256, Label::FOR_TESTS).unwrap();
         assert_eq!(t[0].enter(1 << 7, a.generation), Enter::Held);
         book.free(&t, a);
         assert_eq!(book.reclaim(&t, 1 << 7), 0, "proven dead: reclaimed");
-        let b = book.alloc(&t, 256).unwrap();
+        let b = book.alloc(&t, 256, Label::FOR_TESTS).unwrap();
         assert_eq!(b.generation, a.generation + 2);
     }
 
@@ -283,15 +289,19 @@ mod tests {
     fn books_of_indexes_only_place_no_bytes() {
         let t = blocks(3);
         let mut book = Book::indexes(3);
-        let a = book.alloc(&t, 1).unwrap();
-        let b = book.alloc(&t, 5_000).unwrap();
-        let c = book.alloc(&t, u64::MAX).unwrap();
+        let a = book.alloc(&t, 1, Label::FOR_TESTS).unwrap();
+        let b = book.alloc(&t, 5_000, Label::FOR_TESTS).unwrap();
+        let c = book.alloc(&t, u64::MAX, Label::FOR_TESTS).unwrap();
         assert_eq!((a.offset, a.bytes, b.offset, b.bytes), (0, 1, 0, 5_000));
         assert_eq!(c.bytes, u64::MAX);
         assert_eq!(book.free_bytes(), 0);
-        assert_eq!(book.alloc(&t, 1).unwrap_err().buffers, 3, "indexes run out");
+        assert_eq!(
+            book.alloc(&t, 1, Label::FOR_TESTS).unwrap_err().buffers,
+            3,
+            "indexes run out"
+        );
         assert!(
-            book.alloc(&t, 0).is_err(),
+            book.alloc(&t, 0, Label::FOR_TESTS).is_err(),
             "zero bytes is not an allocation"
         );
         assert_eq!(t[b.index as usize].enter(1, b.generation), Enter::Held);
@@ -302,7 +312,7 @@ mod tests {
         t[b.index as usize].leave(1);
         assert_eq!(book.reclaim(&t, 0), 0);
         assert_eq!(book.buffers(), 1);
-        let again = book.alloc(&t, 7).unwrap();
+        let again = book.alloc(&t, 7, Label::FOR_TESTS).unwrap();
         assert_eq!(again.generation % 2, 1);
     }
 
@@ -310,14 +320,17 @@ mod tests {
     fn block_indexes_run_out_before_bytes_do() {
         let t = blocks(2);
         let mut book = Book::new(1 << 20, 2);
-        let _a = book.alloc(&t, 256).unwrap();
-        let _b = book.alloc(&t, 256).unwrap();
-        assert_eq!(book.alloc(&t, 256).unwrap_err().buffers, 2);
+        let _a = book.alloc(&t, 256, Label::FOR_TESTS).unwrap();
+        let _b = book.alloc(&t, 256, Label::FOR_TESTS).unwrap();
+        assert_eq!(
+            book.alloc(&t, 256, Label::FOR_TESTS).unwrap_err().buffers,
+            2
+        );
         assert!(
-            book.alloc(&t, 0).is_err(),
+            book.alloc(&t, 0, Label::FOR_TESTS).is_err(),
             "zero bytes is not an allocation"
         );
-        assert!(book.alloc(&t, u64::MAX).is_err());
+        assert!(book.alloc(&t, u64::MAX, Label::FOR_TESTS).is_err());
     }
 
     #[test]
@@ -334,7 +347,7 @@ mod tests {
         };
         for _ in 0..20_000 {
             if live.is_empty() || next() % 3 != 0 {
-                if let Ok(p) = book.alloc(&t, 1 + next() % 4000) {
+                if let Ok(p) = book.alloc(&t, 1 + next() % 4000, Label::FOR_TESTS) {
                     for q in &live {
                         assert!(
                             p.offset + p.bytes <= q.offset || q.offset + q.bytes <= p.offset,

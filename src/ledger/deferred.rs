@@ -277,7 +277,7 @@ mod tests {
 
     #[allow(clippy::unwrap_used)] // test helper: failing loudly is the point
     fn retired() -> (Record, [u8; 16], u64) {
-        let r = Record::publish().unwrap();
+        let r = Record::publish(1, crate::ledger::label::Label::FOR_TESTS).unwrap();
         let (t, g) = (r.token(), r.generation());
         (r, t, g)
     }

@@ -271,7 +271,7 @@ mod tests {
         let mut token = [tag; 16];
         token[..8].copy_from_slice(&crate::os::random_u64().unwrap().to_le_bytes());
         let table = BlockTable::create(&token, 0).unwrap();
-        table.blocks[3].publish(1, 0, 64);
+        table.blocks[3].publish(1, 0, 64, crate::ledger::label::Label::FOR_TESTS);
         Holdings::new(Arc::new(table), 1 << 5)
     }
 

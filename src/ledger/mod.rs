@@ -17,6 +17,7 @@
 //! | [`deferred`] | frees of exports dropped while held, and the quarantines of other owners (pools) registered with it, collected together | — |
 //! | [`cache`] | the one process-wide cache of imports (buffers, arenas, pools, exporters' ledgers), and the one cache of tables mapped | — |
 //! | [`holdings`] | the importer side, opened in one step: its lease slot, its bit in an exporter's block table and the blocks it holds, with each kind's record (used by the registry's imports, arenas and pools) | no (the importer's lock) |
+//! | [`label`] | what an export is (kind, device, read-only), one word of its block that only the inspector reads | yes (in the block table) |
 //! | [`token`] | an export token's `/dev/shm` name and its two table words (below both tables) | — |
 //!
 //! The owned-slot word a lease slot is made of (state and owner identity in one atomic word)
@@ -48,6 +49,7 @@ mod book;
 mod cache;
 mod deferred;
 mod holdings;
+mod label;
 mod lease;
 mod owner;
 mod registry;
@@ -64,6 +66,8 @@ mod token;
 pub(crate) use book::{ALIGN, Placed};
 pub use deferred::{DeferredFrees, collect_deferred};
 pub(crate) use deferred::{Pending, collect_if_pending, free_or_defer, register_pending};
+pub use label::ExportKind;
+pub(crate) use label::Label;
 pub(crate) use owner::{Ledger, Reap};
 pub(crate) use registry::{MAX_EXPORTS, Record, collect as collect_exports};
 pub(crate) use table::MAX_BLOCKS;

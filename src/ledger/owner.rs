@@ -4,6 +4,7 @@
 use parking_lot::Mutex;
 
 use super::book::{Book, Full, Placed};
+use super::label::Label;
 use super::lease::{self, ExportLeases};
 use super::table::{BlockTable, MAX_BLOCKS};
 use crate::error::Result;
@@ -67,14 +68,25 @@ impl Ledger {
     ///
     /// What the books hold when nothing can be placed (for
     /// [`Error::ArenaFull`](crate::Error::ArenaFull)).
-    pub(crate) fn alloc(&self, bytes: u64) -> std::result::Result<Placed, Full> {
+    pub(crate) fn alloc(&self, bytes: u64, label: Label) -> std::result::Result<Placed, Full> {
         let mut book = self.book.lock();
-        match book.alloc(&self.table.blocks, bytes) {
+        match book.alloc(&self.table.blocks, bytes, label) {
             Ok(p) => Ok(p),
             Err(_) => {
                 self.reclaim(&mut book, false);
-                book.alloc(&self.table.blocks, bytes)
+                book.alloc(&self.table.blocks, bytes, label)
             }
+        }
+    }
+
+    /// Relabel `placed`'s block while it is live (an export marked read-only after its first
+    /// handle); a block no longer `placed`'s is left alone.
+    pub(crate) fn relabel(&self, placed: &Placed, label: Label) {
+        let Some(block) = self.table.blocks.get(placed.index as usize) else {
+            return;
+        };
+        if block.is_live(placed.generation) {
+            block.relabel(label);
         }
     }
 

@@ -64,6 +64,7 @@ use crate::error::{Error, HandleDefect, Result};
 use crate::ledger::book::Placed;
 use crate::ledger::cache::{Dying, Entry, ImportCache, TableCache};
 use crate::ledger::holdings::{Holding, Holdings};
+use crate::ledger::label::Label;
 use crate::ledger::owner::Ledger;
 use crate::ledger::table::{BlockTable, MAX_BLOCKS};
 use crate::process::ProcessIdentity;
@@ -132,26 +133,37 @@ pub(crate) fn collect() {
 pub(crate) struct Record {
     ledger: Arc<Ledger>,
     placed: Placed,
+    label: Label,
     retired: bool,
 }
 
 impl Record {
-    /// Publish a block for a new export.
+    /// Publish a block for a new export of `bytes` bytes, labelled `label`.
     ///
     /// # Errors
     ///
     /// [`Error::TooManyBuffers`] when [`MAX_EXPORTS`] are live or waiting for importers (after
     /// reclaiming); a shared-memory error creating the ledger at the first export.
-    pub(crate) fn publish() -> Result<Self> {
+    pub(crate) fn publish(bytes: u64, label: Label) -> Result<Self> {
         let ledger = ledger()?;
         let placed = ledger
-            .alloc(1) // a block per export; books of indexes place no bytes
+            .alloc(bytes.max(1), label) // books of indexes place no bytes: the size is told
             .map_err(|_| Error::TooManyBuffers { max: MAX_EXPORTS })?;
         Ok(Self {
             ledger,
             placed,
+            label,
             retired: false,
         })
+    }
+
+    /// Relabel the live export, if `label` is new (a buffer marked read-only after its first
+    /// handle).
+    pub(crate) fn relabel(&mut self, label: Label) {
+        if !self.retired && label != self.label {
+            self.label = label;
+            self.ledger.relabel(&self.placed, label);
+        }
     }
 
     /// The token a handle carries: the ledger's, with the block index in its last 4 bytes.
@@ -416,7 +428,7 @@ pub mod __testing {
         ///
         /// As [`IpcBuffer::handle`](crate::IpcBuffer::handle) for the registry.
         pub fn publish() -> Result<Self> {
-            Record::publish().map(Self)
+            Record::publish(1, Label::FOR_TESTS).map(Self)
         }
 
         /// The token a handle would carry.
@@ -501,7 +513,7 @@ mod tests {
 
     #[test]
     fn a_handle_of_a_reused_block_is_stale_and_the_new_export_opens() {
-        let mut old = Record::publish().unwrap();
+        let mut old = Record::publish(1, Label::FOR_TESTS).unwrap();
         let (token, generation) = (old.token(), old.generation());
         assert!(
             !old.retire(),
@@ -509,7 +521,7 @@ mod tests {
         );
         // Blocks are reused last-freed first: the next export in this thread most likely
         // takes the same block (other tests may take it first; then it is another block).
-        let new = Record::publish().unwrap();
+        let new = Record::publish(1, Label::FOR_TESTS).unwrap();
         assert!(
             stale(enter(&token, generation, me())),
             "the old handle must not open"
@@ -524,7 +536,7 @@ mod tests {
 
     #[test]
     fn the_exporter_waits_until_every_mapping_of_an_export_has_left() {
-        let mut record = Record::publish().unwrap();
+        let mut record = Record::publish(1, Label::FOR_TESTS).unwrap();
         let (token, generation) = (record.token(), record.generation());
         let a = enter(&token, generation, me()).unwrap();
         let b = enter(&token, generation, me()).unwrap(); // a second mapping (another context)
@@ -549,7 +561,7 @@ mod tests {
     /// finds the block free.
     #[test]
     fn an_enter_stalled_across_the_retire_defers_the_free_then_backs_off() {
-        let mut record = Record::publish().unwrap();
+        let mut record = Record::publish(1, Label::FOR_TESTS).unwrap();
         let (token, generation) = (record.token(), record.generation());
         let mut held_at_retire = None;
         let got = enter_pausing(&token, generation, me(), || {
@@ -567,7 +579,9 @@ mod tests {
 
     #[test]
     fn one_lease_serves_every_import_from_one_exporter() {
-        let records: Vec<Record> = (0..3).map(|_| Record::publish().unwrap()).collect();
+        let records: Vec<Record> = (0..3)
+            .map(|_| Record::publish(1, Label::FOR_TESTS).unwrap())
+            .collect();
         let holds: Vec<Hold> = records
             .iter()
             .map(|r| enter(&r.token(), r.generation(), me()).unwrap())
@@ -589,7 +603,7 @@ mod tests {
 
     #[test]
     fn forged_blocks_and_generations_are_refused_before_the_tables() {
-        let record = Record::publish().unwrap();
+        let record = Record::publish(1, Label::FOR_TESTS).unwrap();
         let mut token = record.token();
         token[12..].copy_from_slice(&(MAX_EXPORTS as u32).to_le_bytes());
         assert!(matches!(

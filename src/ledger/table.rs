@@ -4,8 +4,9 @@
 //! # Layout
 //!
 //! One [`BlockTable`] per arena, in a [`ShmRegion`] named after the arena's
-//! random token (`cuda-ipc-arena.<token>`), created by the owner. Each [`Block`] is four
-//! words: `state`, `holders`, `offset`, `bytes`.
+//! random token (`cuda-ipc-arena.<token>`), created by the owner. Each [`Block`] is five
+//! words: `state`, `holders`, `offset`, `bytes`, and `label` (what the export is: its kind,
+//! device and read-only mark, `ledger/label.rs`; only the inspector reads it).
 //!
 //! - `state` is the block's generation: **odd** while the block is live (allocated, its handle
 //!   openable), **even** once retired. Each reuse of a block index moves it on by two, so a
@@ -16,8 +17,8 @@
 //!
 //! # Protocol
 //!
-//! - **Publish** (owner, on allocation, with `holders == 0`): write `offset` and `bytes`, then
-//!   `state = g` (odd) with release ordering.
+//! - **Publish** (owner, on allocation, with `holders == 0`): write `offset`, `bytes` and
+//!   `label`, then `state = g` (odd) with release ordering.
 //! - **Enter** (importer, opening a view with generation `g`): `holders |= bit` (read-modify-
 //!   write), then read `state` with a read-modify-write (`fetch_add(0)`); if it is not `g`,
 //!   `holders &= !bit` and the handle is stale. Only then are `offset` and `bytes` read and
@@ -60,6 +61,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use crate::error::{Error, HandleDefect, Result};
+use crate::ledger::label::Label;
 use crate::ledger::token::{token_name, token_words};
 use crate::shm::{ShmOptions, ShmRegion};
 use crate::shm_safe::ShmSafe;
@@ -113,6 +115,8 @@ pub(crate) struct Block {
     holders: AtomicU64,
     offset: AtomicU64,
     bytes: AtomicU64,
+    /// What the export is ([`Label`](super::label::Label)'s word), for the inspector only.
+    label: AtomicU64,
 }
 
 /// What an importer's enter found.
@@ -133,14 +137,23 @@ impl Block {
             holders: AtomicU64::new(0),
             offset: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            label: AtomicU64::new(0),
         }
     }
 
-    /// Owner: make the block live as generation `generation` (odd) over `offset..offset+bytes`.
-    pub(crate) fn publish(&self, generation: u64, offset: u64, bytes: u64) {
+    /// Owner: make the block live as generation `generation` (odd) over `offset..offset+bytes`,
+    /// labelled `label` (what the export is, for the inspector).
+    pub(crate) fn publish(&self, generation: u64, offset: u64, bytes: u64, label: Label) {
         self.offset.store(offset, Ordering::Relaxed);
         self.bytes.store(bytes, Ordering::Relaxed);
+        self.label.store(label.word(), Ordering::Relaxed);
         self.state.store(generation, Ordering::Release);
+    }
+
+    /// Owner: relabel the live block (an exported buffer marked read-only after its first
+    /// handle). Only the inspector reads the word.
+    pub(crate) fn relabel(&self, label: Label) {
+        self.label.store(label.word(), Ordering::Relaxed);
     }
 
     /// Owner: retire generation `generation` (new opens of its handles are stale from here
@@ -201,14 +214,15 @@ impl Block {
     }
 
     #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
-    /// Overwrite word `field % 4` (state, holders, offset, bytes) with `value`, as a hostile
-    /// process writing the shared table would (the fuzz target's hook).
+    /// Overwrite word `field % 5` (state, holders, offset, bytes, label) with `value`, as a
+    /// hostile process writing the shared table would (the fuzz target's hook).
     pub(crate) fn scribble(&self, field: usize, value: u64) {
-        let word = match field % 4 {
+        let word = match field % 5 {
             0 => &self.state,
             1 => &self.holders,
             2 => &self.offset,
-            _ => &self.bytes,
+            3 => &self.bytes,
+            _ => &self.label,
         };
         word.store(value, Ordering::Relaxed);
     }
@@ -239,7 +253,7 @@ pub(crate) struct BlockTable {
 // loom's; see `shm_safe.rs`.
 unsafe impl ShmSafe for BlockTable {
     fn type_tag() -> u64 {
-        u64::from_le_bytes(*b"arena001")
+        u64::from_le_bytes(*b"arena002")
     }
 }
 
@@ -255,6 +269,7 @@ pub(crate) struct TableLayout {
     pub(crate) holders: usize,
     pub(crate) offset: usize,
     pub(crate) bytes: usize,
+    pub(crate) label: usize,
 }
 
 /// The block table's [`TableLayout`].
@@ -268,6 +283,7 @@ pub(crate) const TABLE_LAYOUT: TableLayout = TableLayout {
     holders: std::mem::offset_of!(Block, holders),
     offset: std::mem::offset_of!(Block, offset),
     bytes: std::mem::offset_of!(Block, bytes),
+    label: std::mem::offset_of!(Block, label),
 };
 
 impl BlockTable {
@@ -344,7 +360,7 @@ mod tests {
 
     fn live(g: u64) -> Block {
         let b = Block::new();
-        b.publish(g, 4096, 512);
+        b.publish(g, 4096, 512, Label::FOR_TESTS);
         b
     }
 
@@ -455,7 +471,7 @@ mod tests {
     fn a_reused_block_refuses_handles_of_its_old_generation() {
         let b = live(1);
         assert_eq!(b.retire(1), 0);
-        b.publish(3, 0, 256);
+        b.publish(3, 0, 256, Label::FOR_TESTS);
         assert_eq!(
             b.enter(A, 1),
             Enter::Stale,
@@ -505,9 +521,9 @@ mod tests {
 
     #[test]
     fn the_table_is_small_enough_for_dev_shm_and_indexes_are_bounded() {
-        assert_eq!(std::mem::size_of::<Block>(), 32);
-        // 16,384 blocks of 32 bytes: 512 KiB (and the header) of /dev/shm per table.
-        assert!(std::mem::size_of::<BlockTable>() <= 513 * 1024);
+        assert_eq!(std::mem::size_of::<Block>(), 40);
+        // 16,384 blocks of 40 bytes: 640 KiB (and the header) of /dev/shm per table.
+        assert!(std::mem::size_of::<BlockTable>() <= 641 * 1024);
     }
 }
 
@@ -549,7 +565,7 @@ mod loom_tests {
                 // SAFETY: no other thread exists yet.
                 unsafe { *p = 1 }
             });
-            m.block.publish(1, 0, 8);
+            m.block.publish(1, 0, 8, Label::FOR_TESTS);
 
             let importer = {
                 let m = m.clone();
@@ -586,7 +602,7 @@ mod loom_tests {
                 // SAFETY: loom checks this write against the importer's read.
                 unsafe { *p = 2 }
             });
-            m.block.publish(3, 0, 8);
+            m.block.publish(3, 0, 8, Label::FOR_TESTS);
             importer.join().unwrap();
             dying.join().unwrap();
         });

@@ -3,6 +3,7 @@
 //! lease and block entries, with no memory behind them. Not part of the API.
 
 use super::book::{Book, Placed};
+use super::label::Label;
 use super::lease::Lease;
 use super::owner::Ledger;
 use super::table::Enter;
@@ -33,7 +34,7 @@ impl Owner {
 
     /// Allocate `bytes`, reclaiming (and reaping the dead) when short, as `IpcArena::alloc`.
     pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
-        let placed = self.ledger.alloc(bytes).ok()?;
+        let placed = self.ledger.alloc(bytes, Label::FOR_TESTS).ok()?;
         Some((placed.index, placed.generation, placed.offset, placed.bytes))
     }
 
@@ -78,11 +79,13 @@ impl Books {
 
     /// Allocate `bytes`, reclaiming released ranges when short (as `IpcArena::alloc`).
     pub fn alloc(&mut self, bytes: u64) -> Option<Placement> {
-        let placed = match self.book.alloc(&self.blocks, bytes) {
+        let placed = match self.book.alloc(&self.blocks, bytes, Label::FOR_TESTS) {
             Ok(p) => p,
             Err(_) => {
                 self.book.reclaim(&self.blocks, 0);
-                self.book.alloc(&self.blocks, bytes).ok()?
+                self.book
+                    .alloc(&self.blocks, bytes, Label::FOR_TESTS)
+                    .ok()?
             }
         };
         Some((placed.index, placed.generation, placed.offset, placed.bytes))

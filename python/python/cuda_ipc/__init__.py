@@ -93,7 +93,9 @@ def inspect() -> dict:
     """What this user's processes share on the machine, read without disturbing them: a dict
     with ``exporters`` (each a ``process`` — ``pid``, ``start_time``, ``alive``, ``command`` —
     and its ``tables``: ``kind`` registry / arena / pool, ``exports`` with ``generation``,
-    ``live``, ``deferred``, ``bytes`` and the lease ``holders``, ``importers`` by ``slot``),
+    ``live``, ``deferred``, ``kind`` (legacy / fd / pool / arena / channel / signal), ``device``
+    (``GPU-`` and the first 8 hex digits of its UUID, as ``nvidia-smi -L`` prints it),
+    ``read_only``, ``bytes`` and the lease ``holders``, ``importers`` by ``slot``),
     ``channels`` (``producer``, ``consumers`` with ``released`` and ``in_flight``), ``regions``,
     ``unreadable`` (tables that do not decode, with the reason) and ``unlinked`` (regions whose
     names are gone but which processes still map: ``name``, ``mapped_by``). ``python -m cuda_ipc

@@ -7,19 +7,31 @@ fn put(bytes: &mut [u8], at: usize, value: u64) {
     bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
 }
 
-/// A block table's payload with `blocks` (index, state, holders, offset, bytes) written.
-fn block_table(capacity: u64, blocks: &[(usize, u64, u64, u64, u64)]) -> Vec<u8> {
+/// A block table's payload with `blocks` written.
+fn block_table(capacity: u64, blocks: &[BlockWords]) -> Vec<u8> {
     let l = &TABLE_LAYOUT;
     let mut p = vec![0u8; l.size];
     put(&mut p, l.capacity, capacity);
-    for &(i, state, holders, offset, bytes) in blocks {
-        let at = l.blocks + i * l.block_size;
-        put(&mut p, at + l.state, state);
-        put(&mut p, at + l.holders, holders);
-        put(&mut p, at + l.offset, offset);
-        put(&mut p, at + l.bytes, bytes);
+    for b in blocks {
+        let at = l.blocks + b.index as usize * l.block_size;
+        put(&mut p, at + l.state, b.state);
+        put(&mut p, at + l.holders, b.holders);
+        put(&mut p, at + l.offset, b.offset);
+        put(&mut p, at + l.bytes, b.bytes);
+        put(&mut p, at + l.label, b.label);
     }
     p
+}
+
+fn words(index: u32, state: u64, holders: u64, offset: u64, bytes: u64, label: u64) -> BlockWords {
+    BlockWords {
+        index,
+        state,
+        holders,
+        offset,
+        bytes,
+        label,
+    }
 }
 
 #[test]
@@ -30,7 +42,13 @@ fn a_short_or_foreign_file_is_not_ours() {
 
 #[test]
 fn a_block_table_says_its_blocks() {
-    let payload = block_table(1 << 20, &[(0, 1, 0b101, 0, 4096), (7, 4, 0b10, 8192, 512)]);
+    let written = [
+        words(0, 1, 0b101, 0, 4096, 0x4a3b_00ff_0000_0104),
+        words(7, 4, 0b10, 8192, 512, 0),
+        // A block whose only word set is its label still shows (a peer wrote it).
+        words(9, 0, 0, 0, 0, 99),
+    ];
+    let payload = block_table(1 << 20, &written);
     let image = image_of::<BlockTable>(&payload, (42, 7));
     assert_eq!(
         our_header(&image).map(|h| (h.creator_pid, h.creator_start)),
@@ -41,7 +59,7 @@ fn a_block_table_says_its_blocks() {
         Parsed::Blocks(Blocks {
             capacity: 1 << 20,
             closing: false,
-            blocks: vec![(0, 1, 0b101, 0, 4096), (7, 4, 0b10, 8192, 512)],
+            blocks: written.to_vec(),
         })
     );
 }
