@@ -751,6 +751,7 @@ impl ImportedArena {
         let Admitted {
             exporter,
             memory_device,
+            trace: _open,
         } = handle.admit(ctx, true)?;
         let env = &handle.env;
         let key: ImportKey = (env.token, ctx.as_raw() as usize, access);

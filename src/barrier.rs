@@ -326,14 +326,8 @@ impl BarrierState {
         let slot = ((info >> 32) & 0xff) as u32;
         match info >> 40 {
             KIND_EXPLICIT => Error::Poisoned { pid },
-            KIND_LEFT => Error::PeerGone {
-                pid,
-                role: PeerRole::BarrierParty { slot, left: true },
-            },
-            KIND_DIED => Error::PeerGone {
-                pid,
-                role: PeerRole::BarrierParty { slot, left: false },
-            },
+            KIND_LEFT => Error::peer_gone(pid, PeerRole::BarrierParty { slot, left: true }),
+            KIND_DIED => Error::peer_gone(pid, PeerRole::BarrierParty { slot, left: false }),
             _ => Error::Corrupt {
                 what: "barrier state",
                 defect: StateDefect::UnknownValue {
@@ -536,11 +530,14 @@ impl<'a> ProcessBarrier<'a> {
     ///   a child forked from the process that joined: the slot is the parent's.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<BarrierWaitResult> {
         self.check_home("ProcessBarrier::wait")?;
+        let waiting = crate::trace::Waiting::start("barrier: every participant to arrive");
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let mut clock = || deadline.is_some_and(|d| Instant::now() >= d);
-        self.wait_until(&mut clock, true)
-            .map_err(|e| e.into_error(start.elapsed()))
+        waiting.end(
+            self.wait_until(&mut clock, true)
+                .map_err(|e| e.into_error(start.elapsed())),
+        )
     }
 
     /// Poison the barrier on purpose (say, a participant failed and the others must stop):

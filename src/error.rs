@@ -594,10 +594,14 @@ impl Error {
     /// The exporting process `pid` (of a buffer, event, signal, arena, pool or channel) is
     /// gone: dead, or from before this boot.
     pub(crate) fn exporter_gone(pid: u32) -> Self {
-        Error::PeerGone {
-            pid,
-            role: PeerRole::Exporter,
-        }
+        Self::peer_gone(pid, PeerRole::Exporter)
+    }
+
+    /// Process `pid`, which was `role` to this one, is gone: every [`Error::PeerGone`] is made
+    /// here, so that each death seen is one trace event.
+    pub(crate) fn peer_gone(pid: u32, role: PeerRole) -> Self {
+        crate::trace::event!("peer gone", pid, role = ?role);
+        Error::PeerGone { pid, role }
     }
 
     /// Map an OS error from a call on a named region to the variant a caller branches on.

@@ -32,7 +32,7 @@ use crate::context::GpuContext;
 use crate::driver::{self, sys};
 use crate::envelope::GENERATION;
 use crate::error::{Error, Result};
-use crate::handle::{Envelope, KIND_EVENT};
+use crate::handle::{Admitted, Envelope, KIND_EVENT};
 use crate::poll::Backoff;
 use crate::process::ProcessIdentity;
 use crate::stream::AsStream;
@@ -187,7 +187,11 @@ impl ImportedEvent {
     /// `cuIpcOpenEventHandle`.
     #[doc(alias = "cuIpcOpenEventHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcEventHandle) -> Result<Self> {
-        let exporter = handle.admit(ctx, false)?.exporter;
+        let Admitted {
+            exporter,
+            trace: _open,
+            ..
+        } = handle.admit(ctx, false)?;
         let env = &handle.env;
         let _g = ctx.enter()?;
         let raw = driver::ipc::open_event_handle(env.cuda)?;
@@ -261,18 +265,21 @@ impl GpuEvent {
         let mut wait = Backoff::new(timeout, Duration::from_micros(1), Duration::from_millis(1))
             .spinning_below(Duration::from_micros(50));
         let mut next_check = Instant::now() + LIVENESS_CHECK;
-        loop {
-            if self.look(&mut next_check)?.is_some() {
-                return Ok(());
+        let waiting = crate::trace::Waiting::start("IPC event synchronize");
+        waiting.end(loop {
+            match self.look(&mut next_check) {
+                Ok(Some(_)) => break Ok(()),
+                Ok(None) => {}
+                Err(e) => break Err(e),
             }
             if let Err(waited) = wait.pause() {
-                return Err(Error::Timeout {
+                break Err(Error::Timeout {
                     what: "IPC event synchronize",
                     waited,
                     waiting_for: None,
                 });
             }
-        }
+        })
     }
 
     /// One look of a host wait: `Some` if the work before the last record has completed;

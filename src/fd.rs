@@ -317,20 +317,23 @@ impl FdListener {
     #[doc(alias = "accept4")]
     #[doc(alias = "SO_PEERCRED")]
     pub fn accept(&self, timeout: Duration) -> Result<FdSocket> {
+        let waiting = crate::trace::Waiting::start("fd socket accept");
         let deadline = Deadline::after(timeout);
-        loop {
-            wait_ready(
+        waiting.end(loop {
+            let ready = wait_ready(
                 self.fd.as_fd(),
                 PollFlags::IN,
                 &self.name,
                 deadline,
                 "fd socket accept",
                 timeout,
-            )?;
-            if let Some(socket) = self.try_accept()? {
-                return Ok(socket);
+            );
+            match ready.and_then(|()| self.try_accept()) {
+                Ok(Some(socket)) => break Ok(socket),
+                Ok(None) => {}
+                Err(e) => break Err(e),
             }
-        }
+        })
     }
 
     /// As [`accept`](Self::accept), without waiting: the next connection if one is queued now
@@ -369,7 +372,8 @@ impl FdListener {
     /// cannot start or watch the listener.
     #[cfg(feature = "async")]
     pub async fn accept_async(&self) -> Result<FdSocket> {
-        crate::reactor::until(self.fd.as_fd(), || self.try_accept()).await
+        let waiting = crate::trace::Waiting::start("fd socket accept (awaited)");
+        waiting.end(crate::reactor::until(self.fd.as_fd(), || self.try_accept()).await)
     }
 
     /// Where this listener listens.
@@ -469,6 +473,12 @@ impl FdSocket {
     /// ```
     #[doc(alias = "SO_PEERCRED")]
     pub fn connect(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
+        let waiting = crate::trace::Waiting::start("fd socket connect");
+        waiting.end(Self::connect_untraced(name, policy, timeout))
+    }
+
+    /// [`connect`](Self::connect) without its trace.
+    fn connect_untraced(name: &SocketName, policy: &PeerPolicy, timeout: Duration) -> Result<Self> {
         let fd = match sys::connect(&name.address(), timeout) {
             Ok(fd) => fd,
             Err(sys::ConnectFailure::NotYet { errno, waited }) => {
@@ -558,14 +568,19 @@ impl FdSocket {
     #[doc(alias = "recvmsg")]
     #[doc(alias = "SCM_RIGHTS")]
     pub fn recv(&self, timeout: Duration) -> Result<FdMessage> {
+        let waiting = crate::trace::Waiting::start("fd socket receive");
         let deadline = Deadline::after(timeout);
         let mut buf = vec![0u8; MAX_PAYLOAD + 1];
-        loop {
-            if let Some(message) = self.recv_into(&mut buf)? {
-                return Ok(message);
+        waiting.end(loop {
+            match self.recv_into(&mut buf) {
+                Ok(Some(message)) => break Ok(message),
+                Ok(None) => {}
+                Err(e) => break Err(e),
             }
-            self.wait_ready(PollFlags::IN, deadline, "fd socket receive", timeout)?;
-        }
+            if let Err(e) = self.wait_ready(PollFlags::IN, deadline, "fd socket receive", timeout) {
+                break Err(e);
+            }
+        })
     }
 
     /// As [`recv`](Self::recv), without waiting: the next message if one is there now
@@ -641,7 +656,8 @@ impl FdSocket {
     /// cannot start or watch the socket.
     #[cfg(feature = "async")]
     pub async fn recv_async(&self) -> Result<FdMessage> {
-        crate::reactor::until(self.fd.as_fd(), || self.try_recv()).await
+        let waiting = crate::trace::Waiting::start("fd socket receive (awaited)");
+        waiting.end(crate::reactor::until(self.fd.as_fd(), || self.try_recv()).await)
     }
 
     /// Await the socket's turning readable (a message, or the peer's close) without taking

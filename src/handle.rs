@@ -20,6 +20,7 @@ use crate::error::{Error, HandleDefect, Result, TypeConflict};
 pub use crate::handle_type::HandleType;
 use crate::process::ProcessIdentity;
 use crate::shm_safe::fnv1a64;
+use crate::trace;
 
 /// "CIPH" little-endian.
 const MAGIC: u32 = u32::from_le_bytes(*b"CIPH");
@@ -391,6 +392,8 @@ pub(crate) mod sealed {
 pub(crate) struct Admitted {
     pub(crate) exporter: ProcessIdentity,
     pub(crate) memory_device: u32,
+    /// The open's trace span: keep it (bound to a name, not `_`) until the open ends.
+    pub(crate) trace: trace::Scope,
 }
 
 /// What a [`Handle`] can name: [`IpcBuffer<T>`](crate::IpcBuffer), [`IpcEvent`](crate::IpcEvent),
@@ -621,17 +624,35 @@ impl<K: HandleKind> Handle<K> {
     /// takes its lease and maps.
     ///
     /// [`check_envelope`]: Self::check_envelope
+    ///
+    /// The open's trace span (`open`, with the kind, bytes, exporter and generation the
+    /// handle names) begins here and lasts as long as the [`Admitted`] the caller holds.
     pub(crate) fn admit(&self, ctx: &GpuContext, with_fd: bool) -> Result<Admitted> {
-        let exporter = self.check_envelope(with_fd)?;
-        crate::process::check_exporter_alive(&exporter, with_fd)?;
-        let memory_device = if K::HOLDS_MEMORY {
-            device::check_reachable(ctx, &self.env.device_uuid)?
-        } else {
-            ctx.ordinal()
-        };
+        let trace = trace::scope!(
+            "open",
+            kind = kind_name(K::CODE),
+            bytes = self.env.len.saturating_mul(u64::from(self.env.elem_size)),
+            exporter = self.env.exporter().pid(),
+            generation = self.env.generation
+        );
+        let admitted = self.check_envelope(with_fd).and_then(|exporter| {
+            crate::process::check_exporter_alive(&exporter, with_fd)?;
+            let memory_device = if K::HOLDS_MEMORY {
+                device::check_reachable(ctx, &self.env.device_uuid)?
+            } else {
+                ctx.ordinal()
+            };
+            Ok((exporter, memory_device))
+        });
+        #[cfg(feature = "tracing")]
+        if let Err(e) = &admitted {
+            trace::event!("open refused", error = %e);
+        }
+        let (exporter, memory_device) = admitted?;
         Ok(Admitted {
             exporter,
             memory_device,
+            trace,
         })
     }
 

@@ -127,6 +127,9 @@
 //!   thread per process; no runtime dependency. Without it, every waiting object still exposes
 //!   its descriptor (`AsFd`) for tokio's `AsyncFd`, smol's `Async` or a
 //!   [`WaitSet`](crate::wait::WaitSet): see the channel guide.
+//! - `tracing`: a `tracing` span or event at `DEBUG` level for every export, open (cache hit or
+//!   miss, bytes, exporter), close, deferred free, wait (what, how long, how it ended) and
+//!   peer death seen — listed in the [`inspect`] guide. Off, they compile to nothing.
 //!
 //! # Examples
 //!
@@ -235,6 +238,7 @@ mod stream;
 mod sync;
 #[cfg(not(cuda_ipc_loom))]
 mod threading;
+mod trace;
 mod vmm;
 pub mod wait;
 

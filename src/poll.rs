@@ -87,17 +87,18 @@ impl Backoff {
         mut unheld: impl FnMut() -> bool,
         holders: impl FnOnce() -> Vec<u32>,
     ) -> crate::error::Result<()> {
-        loop {
+        let waiting = crate::trace::Waiting::start("importers to let go of an export");
+        waiting.end(loop {
             if unheld() {
-                return Ok(());
+                break Ok(());
             }
             if let Err(waited) = self.pause() {
-                return Err(crate::error::Error::LeasesOutstanding {
+                break Err(crate::error::Error::LeasesOutstanding {
                     pids: holders(),
                     waited,
                 });
             }
-        }
+        })
     }
 
     /// As [`new`](Self::new), for a wait whose time started at `start` (a deadline shared by

@@ -635,20 +635,23 @@ impl GpuSignal {
     /// a value above [`MAX_VALUE`](Self::MAX_VALUE); [`Error::Cuda`] from the reads.
     pub fn wait_host(&self, value: u64, timeout: Duration) -> Result<u64> {
         check_value("IpcSignal::wait_host", value)?;
+        let waiting = crate::trace::Waiting::start("IPC signal wait (on the host)");
         let mut wait = Backoff::new(timeout, Duration::from_micros(2), Duration::from_millis(1));
         let mut next_check = Instant::now();
-        loop {
-            if let Some(now_value) = self.look(value, &mut next_check)? {
-                return Ok(now_value);
+        waiting.end(loop {
+            match self.look(value, &mut next_check) {
+                Ok(Some(now_value)) => break Ok(now_value),
+                Ok(None) => {}
+                Err(e) => break Err(e),
             }
             if let Err(waited) = wait.pause() {
-                return Err(Error::Timeout {
+                break Err(Error::Timeout {
                     what: "IPC signal wait",
                     waited,
                     waiting_for: None,
                 });
             }
-        }
+        })
     }
 
     /// One look of a host wait for `value`: the value read if the counter reached it; else
@@ -680,10 +683,7 @@ impl GpuSignal {
         match lost & !u64::from(u32::MAX) {
             0 => Ok(()),
             LOST_EXPORTER => Err(Error::exporter_gone(pid)),
-            _ => Err(Error::PeerGone {
-                pid,
-                role: PeerRole::Importer("signal"),
-            }),
+            _ => Err(Error::peer_gone(pid, PeerRole::Importer("signal"))),
         }
     }
 

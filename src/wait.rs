@@ -184,6 +184,12 @@ impl WaitSet {
     ///
     /// [`Error::Os`] for a failed `epoll_wait`.
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Vec<Key>> {
+        let waiting = crate::trace::Waiting::start("a wait set");
+        waiting.end(self.wait_untraced(timeout))
+    }
+
+    /// [`wait`](Self::wait) without its trace.
+    fn wait_untraced(&mut self, timeout: Option<Duration>) -> Result<Vec<Key>> {
         if self.fds.is_empty() && self.deadlines.is_empty() && timeout.is_none() {
             return Ok(Vec::new());
         }

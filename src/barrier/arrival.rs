@@ -141,6 +141,14 @@ impl<'a> ProcessBarrier<'a> {
     /// [`Error::Os`](crate::Error::Os) if the reactor cannot start or watch the timer.
     #[cfg(feature = "async")]
     pub async fn wait_async(&self) -> Result<BarrierWaitResult> {
+        let waiting =
+            crate::trace::Waiting::start("barrier: every participant to arrive (awaited)");
+        waiting.end(self.wait_async_untraced().await)
+    }
+
+    /// [`wait_async`](Self::wait_async) without its trace.
+    #[cfg(feature = "async")]
+    async fn wait_async_untraced(&self) -> Result<BarrierWaitResult> {
         self.check_home("ProcessBarrier::wait_async")?;
         let mut counted = self.count_in()?;
         // As the blocking wait spins before it sleeps: look again at once for the spin's

@@ -416,6 +416,7 @@ impl<T: Pod> ImportedBuffer<T> {
         let Admitted {
             exporter,
             memory_device,
+            trace: _open,
         } = handle.admit(ctx, fd.is_some())?;
         let env = &handle.env;
         let kind = K::CODE;
@@ -500,6 +501,12 @@ impl<T: Pod> ImportedBuffer<T> {
             ctx.as_raw() as usize,
             KIND_RAW,
             Access::ReadWrite,
+        );
+        let _open = crate::trace::scope!(
+            "open",
+            kind = "a raw legacy",
+            bytes = import.len.saturating_mul(std::mem::size_of::<T>()),
+            offset = import.offset
         );
         // Liveness before the cache: a re-open of a mapped handle must see the exporter's
         // death as the first open would (the one named now, and the one the mapping recorded).

@@ -207,6 +207,15 @@ impl<T: Pod> Listening<IpcReceiver<T>> {
         &'a mut self,
         stream: &'a S,
     ) -> Result<Received<'a, T>> {
+        let waiting = crate::trace::Waiting::start("IPC channel receive (awaited)");
+        waiting.end(self.recv_async_untraced(stream).await)
+    }
+
+    /// [`recv_async`](Self::recv_async) without its trace.
+    async fn recv_async_untraced<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+    ) -> Result<Received<'a, T>> {
         let spin = crate::reactor::Spin::new(SPIN);
         loop {
             let rx = &mut self.end;
@@ -243,6 +252,15 @@ impl<T: Pod> Listening<IpcSender<T>> {
     /// As [`IpcSender::acquire`], without [`Error::Timeout`](crate::Error::Timeout);
     /// [`Error::Os`](crate::Error::Os) if the reactor cannot start or watch the descriptor.
     pub async fn acquire_async<'a, S: AsStream + ?Sized>(
+        &'a mut self,
+        stream: &'a S,
+    ) -> Result<SendSlot<'a, T>> {
+        let waiting = crate::trace::Waiting::start("IPC channel acquire (awaited)");
+        waiting.end(self.acquire_async_untraced(stream).await)
+    }
+
+    /// [`acquire_async`](Self::acquire_async) without its trace.
+    async fn acquire_async_untraced<'a, S: AsStream + ?Sized>(
         &'a mut self,
         stream: &'a S,
     ) -> Result<SendSlot<'a, T>> {

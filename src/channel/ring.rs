@@ -418,6 +418,19 @@ impl<'a> Ring<'a> {
         bell: impl Fn() -> &'a Doorbell,
         timeout: Duration,
         what: &'static str,
+        poll: impl FnMut() -> Result<Step<T>>,
+        peer: impl FnMut() -> Result<()>,
+    ) -> Result<T> {
+        let waiting = crate::trace::Waiting::start(what);
+        waiting.end(self.wait_on_untraced(bell, timeout, what, poll, peer))
+    }
+
+    /// [`wait_on`](Self::wait_on) without its trace.
+    fn wait_on_untraced<T>(
+        &self,
+        bell: impl Fn() -> &'a Doorbell,
+        timeout: Duration,
+        what: &'static str,
         mut poll: impl FnMut() -> Result<Step<T>>,
         mut peer: impl FnMut() -> Result<()>,
     ) -> Result<T> {
@@ -522,10 +535,10 @@ impl<'a> Ring<'a> {
                 role: "consumer",
             }),
             OwnerState::Claiming | OwnerState::Held if alive(&id) => Ok(()),
-            OwnerState::Claiming | OwnerState::Held => Err(Error::PeerGone {
-                pid: owner.pid,
-                role: PeerRole::Importer("IPC channel (as its consumer)"),
-            }),
+            OwnerState::Claiming | OwnerState::Held => Err(Error::peer_gone(
+                owner.pid,
+                PeerRole::Importer("IPC channel (as its consumer)"),
+            )),
         }
     }
 

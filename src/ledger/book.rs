@@ -170,6 +170,12 @@ impl Book {
             };
             if holders == 0 {
                 self.quarantine.swap_remove(i);
+                crate::trace::event!(
+                    "quarantine over: the block's importers are gone",
+                    block = placed.index,
+                    generation = placed.generation,
+                    bytes = placed.bytes
+                );
                 self.give_back(placed);
             } else {
                 still |= holders;

@@ -75,6 +75,7 @@ pub(crate) struct Vacancy<'a, K: Ord + Clone, V> {
 impl<K: Ord + Clone, V> Vacancy<'_, K, V> {
     /// Register `import` under the key; later lookups share it. Returns it.
     pub(crate) fn fill(self, import: Arc<V>) -> Arc<V> {
+        crate::trace::event!("import cache miss: imported");
         self.cache
             .entries
             .lock()
@@ -103,11 +104,15 @@ impl<K: Ord + Clone, V> ImportCache<K, V> {
     /// beside it through [`vacancy`](Self::vacancy). Nothing here runs the caller's code.
     pub(crate) fn entry(&self, key: &K) -> Entry<'_, K, V> {
         if let Some(hit) = self.live(key) {
+            crate::trace::event!("import cache hit");
             return Entry::Live(hit);
         }
         let creating = self.creating.lock();
         match self.live(key) {
-            Some(hit) => Entry::Live(hit),
+            Some(hit) => {
+                crate::trace::event!("import cache hit (made meanwhile by another thread)");
+                Entry::Live(hit)
+            }
             None => Entry::Vacant(Vacancy {
                 cache: self,
                 key: key.clone(),

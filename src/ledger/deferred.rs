@@ -40,6 +40,7 @@ use crate::context::GpuContext;
 use crate::driver::sys;
 use crate::error::Result;
 use crate::ledger::registry::{self, Record};
+use crate::trace;
 
 /// An allocation whose importers had not all unmapped it when its owner dropped it.
 struct Deferred {
@@ -99,6 +100,7 @@ pub(crate) fn free_or_defer(
     if !record.is_held() {
         return free(ctx, ptr);
     }
+    trace::event!("free deferred: importers hold the buffer", bytes, importers = ?record.importers());
     let mut list = LIST.lock();
     list.push(Deferred {
         ctx: ctx.clone(),
@@ -248,10 +250,13 @@ fn sweep<E: Entry>(list: &mut Vec<E>, free: impl Fn(&E) -> Result<()>) -> Deferr
             report.pending_bytes = report.pending_bytes.saturating_add(d.bytes());
             return true;
         }
-        match free(d) {
-            Ok(()) => report.freed += 1,
-            Err(_) => report.failed += 1,
+        let freed = free(d).is_ok();
+        if freed {
+            report.freed += 1;
+        } else {
+            report.failed += 1;
         }
+        trace::event!("deferred free done", bytes = d.bytes(), freed);
         false
     });
     report

@@ -145,7 +145,7 @@ impl<E> Holdings<E> {
     }
 
     /// Holdings with bit `bit` and no lease (the lease's own tests, and [`open`](Self::open)).
-    fn new(table: Arc<ShmRegion<BlockTable>>, bit: u64) -> Self {
+    pub(crate) fn new(table: Arc<ShmRegion<BlockTable>>, bit: u64) -> Self {
         Self {
             table,
             bit,
@@ -244,9 +244,14 @@ impl<E> Holdings<E> {
         let Some(entry) = held.remove(&index) else {
             return;
         };
-        if last(entry.kept)
-            && let Some(block) = self.table.block(index)
-        {
+        let unmapped = last(entry.kept);
+        crate::trace::event!(
+            "import closed: its last view let go",
+            block = index,
+            generation = entry.generation,
+            unmapped
+        );
+        if unmapped && let Some(block) = self.table.block(index) {
             block.leave(self.bit);
         }
     }

@@ -10,6 +10,7 @@ use super::table::{BlockTable, MAX_BLOCKS};
 use crate::error::Result;
 use crate::process::ProcessIdentity;
 use crate::shm::ShmRegion;
+use crate::trace;
 
 /// When a reclaim also reaps importers proven dead (a scan of the lease table that asks the
 /// kernel about each holder).
@@ -70,13 +71,32 @@ impl Ledger {
     /// [`Error::ArenaFull`](crate::Error::ArenaFull)).
     pub(crate) fn alloc(&self, bytes: u64, label: Label) -> std::result::Result<Placed, Full> {
         let mut book = self.book.lock();
-        match book.alloc(&self.table.blocks, bytes, label) {
+        let placed = match book.alloc(&self.table.blocks, bytes, label) {
             Ok(p) => Ok(p),
             Err(_) => {
                 self.reclaim(&mut book, false);
                 book.alloc(&self.table.blocks, bytes, label)
             }
+        };
+        #[cfg(feature = "tracing")]
+        match &placed {
+            Ok(p) => trace::event!(
+                "export published",
+                kind = %label.kind,
+                device = %label.device_name(),
+                read_only = label.read_only,
+                bytes,
+                block = p.index,
+                generation = p.generation
+            ),
+            Err(full) => trace::event!(
+                "export refused: the table is full",
+                kind = %label.kind,
+                bytes,
+                buffers = full.buffers
+            ),
         }
+        placed
     }
 
     /// Relabel `placed`'s block while it is live (an export marked read-only after its first
@@ -153,7 +173,15 @@ impl Ledger {
     pub(crate) fn free(&self, placed: Placed) -> bool {
         let mut book = self.book.lock();
         book.free(&self.table.blocks, placed);
-        book.is_quarantined(&placed)
+        let held = book.is_quarantined(&placed);
+        trace::event!(
+            "export retired",
+            block = placed.index,
+            generation = placed.generation,
+            bytes = placed.bytes,
+            held
+        );
+        held
     }
 
     /// Give back quarantined blocks whose holders are gone, reaping every importer proven
@@ -258,6 +286,11 @@ pub(crate) fn reap_dead_importers(
         }
     }
     for (i, held) in taken {
+        trace::event!(
+            "dead importer reaped",
+            slot = i,
+            pid = crate::owned_slot::Owner::decode(held).pid
+        );
         leases.release_taken(i, held);
     }
     true

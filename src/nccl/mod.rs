@@ -472,6 +472,12 @@ impl Communicator {
     /// [`Error::Nccl`] with NCCL's text (`ncclCommGetAsyncError`); [`Error::Timeout`];
     /// [`Error::Cuda`] for the event calls.
     pub fn wait(&self, stream: &impl AsStream, timeout: Duration) -> Result<()> {
+        let waiting = crate::trace::Waiting::start("NCCL work");
+        waiting.end(self.wait_untraced(stream, timeout))
+    }
+
+    /// [`wait`](Self::wait) without its trace.
+    fn wait_untraced(&self, stream: &impl AsStream, timeout: Duration) -> Result<()> {
         self.check_live("Communicator::wait")?;
         let _g = self.ctx.enter()?;
         let event = driver::event::create(driver::sys::CU_EVENT_DISABLE_TIMING)?;

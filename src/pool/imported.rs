@@ -113,6 +113,7 @@ impl ImportedPool {
         let Admitted {
             exporter,
             memory_device,
+            trace: _open,
         } = handle.admit(ctx, true)?;
         let token = handle.env.token;
         let generation = handle.env.generation;

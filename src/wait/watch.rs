@@ -52,18 +52,24 @@ impl Looks {
         liveness_check: Duration,
         mut look: impl FnMut(&mut Instant) -> Result<Option<T>>,
     ) -> Result<T> {
-        let mut next_check = Instant::now() + liveness_check;
-        if let Some(found) = look(&mut next_check)? {
-            return Ok(found);
-        }
-        let mut looks = Self::new(what, liveness_check)?;
-        looks.next_check = next_check;
-        loop {
-            if let Some(found) = looks.once(&mut look)? {
-                return Ok(found);
+        let waiting = crate::trace::Waiting::start(what);
+        waiting.end(
+            async move {
+                let mut next_check = Instant::now() + liveness_check;
+                if let Some(found) = look(&mut next_check)? {
+                    return Ok(found);
+                }
+                let mut looks = Self::new(what, liveness_check)?;
+                looks.next_check = next_check;
+                loop {
+                    if let Some(found) = looks.once(&mut look)? {
+                        return Ok(found);
+                    }
+                    crate::reactor::Readable::new(looks.pacer.as_fd()).await?;
+                }
             }
-            crate::reactor::Readable::new(looks.pacer.as_fd()).await?;
-        }
+            .await,
+        )
     }
 }
 

@@ -1,0 +1,276 @@
+//! What the tracing points say, caught by a subscriber of this thread: each export, retire,
+//! quarantine and reap of a ledger, each wait (what, how long, how it ended, a cancelled one
+//! included) and each peer death seen.
+
+#![allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Metadata, Subscriber, span};
+
+use super::Waiting;
+use crate::error::{Error, PeerRole};
+use crate::ledger::testing::Importer;
+use crate::ledger::{Label, Ledger};
+use crate::poll::Backoff;
+
+/// One span opened or event raised: its name (a span's) or message (an event's), its fields,
+/// and for an event the span it was raised in.
+#[derive(Clone, Debug, Default)]
+struct Caught {
+    span: bool,
+    name: String,
+    fields: BTreeMap<String, String>,
+    within: Option<String>,
+}
+
+impl Caught {
+    fn field(&self, name: &str) -> &str {
+        self.fields.get(name).map_or("", String::as_str)
+    }
+}
+
+impl Visit for Caught {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.fields
+            .insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let mut text = String::new();
+        let _ = write!(text, "{value:?}");
+        if field.name() == "message" {
+            self.name = text;
+        } else {
+            self.fields.insert(field.name().to_owned(), text);
+        }
+    }
+}
+
+/// A subscriber that keeps everything, for one thread (`with_default`).
+#[derive(Clone, Default)]
+struct Catch {
+    caught: Arc<Mutex<Vec<Caught>>>,
+    /// Span names by id, and the spans entered now (innermost last).
+    spans: Arc<Mutex<(Vec<String>, Vec<u64>)>>,
+}
+
+impl Subscriber for Catch {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, attrs: &span::Attributes<'_>) -> span::Id {
+        let mut caught = Caught {
+            span: true,
+            name: attrs.metadata().name().to_owned(),
+            ..Caught::default()
+        };
+        attrs.record(&mut caught);
+        let mut spans = self.spans.lock().unwrap();
+        spans.0.push(caught.name.clone());
+        self.caught.lock().unwrap().push(caught);
+        span::Id::from_u64(spans.0.len() as u64)
+    }
+
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let spans = self.spans.lock().unwrap();
+        let current = spans.1.last().copied();
+        let parent = event
+            .parent()
+            .map(span::Id::into_u64)
+            .or(current)
+            .and_then(|id| spans.0.get(id as usize - 1).cloned());
+        let mut caught = Caught {
+            within: parent,
+            ..Caught::default()
+        };
+        event.record(&mut caught);
+        self.caught.lock().unwrap().push(caught);
+    }
+
+    fn enter(&self, id: &span::Id) {
+        self.spans.lock().unwrap().1.push(id.into_u64());
+    }
+
+    fn exit(&self, _: &span::Id) {
+        self.spans.lock().unwrap().1.pop();
+    }
+}
+
+/// What `f` traced, in order.
+fn catch(f: impl FnOnce()) -> Vec<Caught> {
+    let catch = Catch::default();
+    tracing::subscriber::with_default(catch.clone(), f);
+    catch.caught.lock().unwrap().clone()
+}
+
+fn events<'a>(caught: &'a [Caught], message: &str) -> Vec<&'a Caught> {
+    caught
+        .iter()
+        .filter(|c| !c.span && c.name == message)
+        .collect()
+}
+
+fn token() -> [u8; 16] {
+    let mut token = [7u8; 16];
+    token[..8].copy_from_slice(&crate::os::random_u64().unwrap().to_le_bytes());
+    token
+}
+
+#[test]
+fn a_ledger_says_each_export_retire_quarantine_and_reap() {
+    let token = token();
+    let ledger = Ledger::create(&token, 1 << 20, 8).unwrap();
+    let importer = Importer::open(&token, 1 << 20).unwrap();
+    let label = Label::new(
+        crate::ledger::ExportKind::Arena,
+        &[0x4a, 0x3b, 0, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        true,
+    );
+    let caught = catch(|| {
+        let a = ledger.alloc(4096, label).unwrap();
+        let b = ledger.alloc(512, label).unwrap();
+        assert!(
+            importer
+                .enter_pausing(a.index, a.generation, || {})
+                .is_some()
+        );
+        assert!(ledger.free(a), "held by the importer");
+        assert!(!ledger.free(b));
+        importer.leave(a.index);
+        assert_eq!(ledger.collect(), 0);
+    });
+    let published = events(&caught, "export published");
+    assert_eq!(published.len(), 2, "{caught:#?}");
+    let first = published[0];
+    assert_eq!(
+        (
+            first.field("kind"),
+            first.field("device"),
+            first.field("read_only"),
+            first.field("bytes"),
+            first.field("generation")
+        ),
+        ("arena", "GPU-4a3b00ff", "true", "4096", "1"),
+        "{first:#?}"
+    );
+    let retired = events(&caught, "export retired");
+    let held: Vec<&str> = retired.iter().map(|c| c.field("held")).collect();
+    assert_eq!(held, ["true", "false"], "{caught:#?}");
+    let over = events(&caught, "quarantine over: the block's importers are gone");
+    assert_eq!(over.len(), 1, "{caught:#?}");
+    assert_eq!(over[0].field("bytes"), "4096");
+}
+
+#[test]
+fn a_full_table_says_the_export_was_refused() {
+    let ledger = Ledger::create(&token(), 1 << 12, 1).unwrap();
+    let caught = catch(|| {
+        let _kept = ledger.alloc(256, Label::FOR_TESTS).unwrap();
+        assert!(ledger.alloc(256, Label::FOR_TESTS).is_err());
+    });
+    let refused = events(&caught, "export refused: the table is full");
+    assert_eq!(refused.len(), 1, "{caught:#?}");
+    assert_eq!(refused[0].field("buffers"), "1");
+}
+
+#[test]
+fn an_importers_last_view_says_the_import_closed() {
+    let table = crate::ledger::BlockTable::create(&token(), 0).unwrap();
+    table.blocks[3].publish(5, 0, 64, Label::FOR_TESTS);
+    let holdings = crate::ledger::Holdings::<u32>::new(Arc::new(table), 1);
+    let caught = catch(|| {
+        match holdings.enter(3, 5, || {}) {
+            Ok(crate::ledger::Holding::Entered(first)) => first.fill(1),
+            _ => panic!("a first view enters"),
+        }
+        holdings.leave(3, |_| true);
+    });
+    let closed = events(&caught, "import closed: its last view let go");
+    assert_eq!(closed.len(), 1, "{caught:#?}");
+    assert_eq!(
+        (
+            closed[0].field("block"),
+            closed[0].field("generation"),
+            closed[0].field("unmapped")
+        ),
+        ("3", "5", "true")
+    );
+}
+
+#[test]
+fn a_wait_says_what_it_waited_for_how_long_and_how_it_ended() {
+    let caught = catch(|| {
+        let timed_out =
+            Backoff::for_importers(Duration::from_millis(5)).until_unheld(|| false, || vec![7]);
+        assert!(matches!(timed_out, Err(Error::LeasesOutstanding { .. })));
+        Backoff::for_importers(Duration::from_secs(5))
+            .until_unheld(|| true, Vec::new)
+            .unwrap();
+        drop(Waiting::start("a future dropped while pending"));
+        let gone: crate::Result<()> = Waiting::start("a peer").end(Err(Error::peer_gone(
+            4_000_000,
+            PeerRole::Importer("signal"),
+        )));
+        assert!(gone.is_err());
+    });
+    let spans: Vec<&str> = caught
+        .iter()
+        .filter(|c| c.span && c.name == "wait")
+        .map(|c| c.field("what"))
+        .collect();
+    assert_eq!(
+        spans,
+        [
+            "importers to let go of an export",
+            "importers to let go of an export",
+            "a future dropped while pending",
+            "a peer"
+        ]
+    );
+    let ended = events(&caught, "wait ended");
+    let how: Vec<(&str, &str)> = ended
+        .iter()
+        .map(|c| (c.within.as_deref().unwrap_or(""), c.field("ended")))
+        .collect();
+    assert_eq!(
+        how,
+        [
+            ("wait", "error"),
+            ("wait", "done"),
+            ("wait", "cancelled"),
+            ("wait", "peer_gone")
+        ],
+        "{caught:#?}"
+    );
+    let waited: u64 = ended[0].field("waited_us").parse().unwrap();
+    assert!(waited >= 5_000, "the timed-out wait took {waited} µs");
+    let gone = events(&caught, "peer gone");
+    assert_eq!(gone.len(), 1, "{caught:#?}");
+    assert_eq!(gone[0].field("pid"), "4000000");
+    assert!(gone[0].field("role").contains("signal"), "{:?}", gone[0]);
+}
+
+#[test]
+fn a_dead_exporter_seen_is_a_peer_gone_event() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let dead = crate::ProcessIdentity::from_parts(child.id(), 1);
+    let caught = catch(|| {
+        let seen = crate::process::check_exporter_alive(&dead, false);
+        assert!(matches!(seen, Err(Error::PeerGone { .. })), "{seen:?}");
+    });
+    let gone = events(&caught, "peer gone");
+    assert_eq!(gone.len(), 1, "{caught:#?}");
+    assert_eq!(gone[0].field("pid"), child.id().to_string());
+    assert_eq!(gone[0].field("role"), "Exporter");
+}
