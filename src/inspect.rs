@@ -80,6 +80,27 @@
 //!
 //! A process is named by pid and start time (so a reused pid is not mistaken for it), with its
 //! command line and whether it is alive now.
+//!
+//! # Tracing: what happened, as it happens
+//!
+//! A snapshot tells who holds what now; the `tracing` feature tells how it came to be. With it,
+//! the crate raises a [`tracing`](https://docs.rs/tracing) span or event at `DEBUG` level at
+//! each point below, under the target of the module that raises it (all under `cuda_ipc`), so
+//! any subscriber shows them — `tracing_subscriber::fmt().with_env_filter("cuda_ipc=debug")`,
+//! say. Without the feature they compile to nothing; with it and no subscriber each costs one
+//! check of the global level (BENCHMARKS.md measures both).
+//!
+//! | Span or event | Raised | Fields |
+//! |---------------|--------|--------|
+//! | `export published` / `export refused: the table is full` | a buffer's or signal's first handle, an arena or pool allocation | `kind`, `device`, `read_only`, `bytes`, `block`, `generation` |
+//! | span `open`, and in it `import cache hit` or `import cache miss: imported`, or `open refused` | every open of a handle (buffer, signal, event, arena, pool, a raw legacy handle) | `kind`, `bytes`, `exporter` (pid), `generation`; the refusal's `error` |
+//! | `import closed: its last view let go` | an importer's last view of an export dropped | `block`, `generation`, `unmapped` |
+//! | `export retired` | an exported buffer, signal, arena buffer or pool allocation freed | `block`, `generation`, `bytes`, `held` (importers still hold it) |
+//! | `free deferred: importers hold the buffer`, then `deferred free done` | a buffer dropped while mapped elsewhere, and the collect that frees it | `bytes`, `importers` (pids); `freed` |
+//! | `quarantine over: the block's importers are gone` | a held export's last importer let go or was reaped | `block`, `generation`, `bytes` |
+//! | `dead importer reaped` | a collect took the lease of an importer proven dead | `slot`, `pid` |
+//! | `peer gone` | every [`Error::PeerGone`](crate::Error::PeerGone) this process makes | `pid`, `role` |
+//! | span `wait`, closed by `wait ended` | every wait, blocking or awaited: a channel's acquire and receive, a barrier, a signal's or event's host wait, a socket's accept, connect and receive, a [`WaitSet`](crate::wait::WaitSet), NCCL work, a close waiting for importers | `what`; `waited_us`, `ended` (`done`, `timeout`, `peer_gone`, `closed`, `error`, or `cancelled`: a future dropped while pending) |
 
 use std::collections::BTreeMap;
 use std::fmt;

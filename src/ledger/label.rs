@@ -11,12 +11,12 @@ pub enum ExportKind {
     Legacy,
     /// An [`IpcBuffer`](crate::IpcBuffer) shared as virtual memory through a file descriptor.
     PosixFd,
-    /// An allocation of an [`IpcPool`](crate::IpcPool) (or an `IpcBuffer` of
+    /// An allocation of an [`IpcPool`](crate::pool::IpcPool) (or an `IpcBuffer` of
     /// [`HandleType::Pool`](crate::HandleType::Pool)).
     Pool,
-    /// A buffer of an [`IpcArena`](crate::IpcArena).
+    /// A buffer of an [`IpcArena`](crate::arena::IpcArena).
     Arena,
-    /// The slots of an [`IpcChannel`](crate::IpcChannel).
+    /// The slots of a [channel](crate::channel) (its producer exports them).
     Channel,
     /// The counter of an [`IpcSignal`](crate::IpcSignal) (a channel's signals included).
     Signal,
