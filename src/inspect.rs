@@ -74,7 +74,9 @@
 //!   consumer's release. A broadcast channel keeps its name for its whole life; a channel with
 //!   one consumer is read by name until that consumer attaches, which removes the name (nobody
 //!   else may attach): from then on it is listed under [`Snapshot::unlinked`] with the
-//!   processes that map it (from `/proc/<pid>/maps`), its contents no longer readable.
+//!   processes that map it (from `/proc/<pid>/maps`), and its contents are read through one
+//!   of them (`/proc/<pid>/map_files`, which the kernel opens only for root or a process with
+//!   `CAP_CHECKPOINT_RESTORE`: for anyone else the channel is only listed as unlinked).
 //! - Any other region of the crate (a [`ProcessBarrier`](crate::barrier::ProcessBarrier), a
 //!   user's [`ShmRegion`](crate::shm::ShmRegion)) tells its creator only.
 //!
@@ -270,6 +272,10 @@ pub struct Channel {
     pub consumers: Vec<Consumer>,
     /// A peer wrote while the ring was read, four times over: shown as last read.
     pub changing: bool,
+    /// Its name is gone (a one-consumer channel whose consumer attached): read through a
+    /// process that maps it (`/proc/<pid>/map_files`, which the kernel opens only for root or
+    /// `CAP_CHECKPOINT_RESTORE`; without it the channel is only in [`Snapshot::unlinked`]).
+    pub unlinked: bool,
 }
 
 /// A consumer's entry in a channel.
@@ -357,7 +363,7 @@ pub fn snapshot() -> Result<Snapshot> {
     // Export tables by token: (block table, lease table), each with its creator.
     let mut tables: BTreeMap<String, Pair> = BTreeMap::new();
     for name in names {
-        let Some((copy, changing, size)) = read(&name) else {
+        let Some((copy, changing, size)) = read_named(&name) else {
             continue;
         };
         let Some(head) = parse::our_header(&copy) else {
@@ -403,7 +409,9 @@ pub fn snapshot() -> Result<Snapshot> {
             .push(table);
     }
     snap.exporters = exporters.into_values().collect();
-    snap.unlinked = unlinked(&mut people);
+    let (unlinked, channels) = unlinked(&mut people);
+    snap.unlinked = unlinked;
+    snap.channels.extend(channels);
     Ok(snap)
 }
 
@@ -527,32 +535,59 @@ fn channel(
             })
             .collect(),
         changing,
+        unlinked: false,
     }
 }
 
 /// The crate's regions this user's processes map with their names removed, from
-/// `/proc/<pid>/maps` (a process whose maps cannot be read is left out).
-fn unlinked(people: &mut People) -> Vec<Unlinked> {
+/// `/proc/<pid>/maps` (a process whose maps cannot be read is left out); and the channels
+/// among them, read through the first process found mapping each, where the kernel lets us.
+fn unlinked(people: &mut People) -> (Vec<Unlinked>, Vec<Channel>) {
     let mut by_name: BTreeMap<String, Vec<Process>> = BTreeMap::new();
+    let mut channels = Vec::new();
     let mut pids = os::own_pids();
     pids.sort_unstable();
     for pid in pids {
-        let names: Vec<String> = os::unlinked_shm_mappings(pid)
+        let names: Vec<(String, String)> = os::unlinked_shm_mappings(pid)
             .into_iter()
-            .filter(|name| name.starts_with(CRATE_PREFIX))
+            .filter(|(name, _)| name.starts_with(CRATE_PREFIX))
             .collect();
         if names.is_empty() {
             continue;
         }
         let process = people.get(&ProcessIdentity::of_pid(pid));
-        for name in names {
-            by_name.entry(name).or_default().push(process.clone());
+        for (name, range) in names {
+            let mapped_by = by_name.entry(name.clone()).or_default();
+            if mapped_by.is_empty()
+                && let Some(c) = unlinked_channel(pid, &range, &name, people)
+            {
+                channels.push(c);
+            }
+            mapped_by.push(process.clone());
         }
     }
-    by_name
+    let unlinked = by_name
         .into_iter()
         .map(|(name, mapped_by)| Unlinked { name, mapped_by })
-        .collect()
+        .collect();
+    (unlinked, channels)
+}
+
+/// The channel process `pid` maps at `range` under the removed name `name`, if its file can
+/// be opened through `/proc` and decodes as a ring.
+fn unlinked_channel(pid: u32, range: &str, name: &str, people: &mut People) -> Option<Channel> {
+    let (file, info) = os::open_mapped_file(pid, range).ok()?;
+    let (copy, changing, _) = read(&file, &info, name)?;
+    let head = parse::our_header(&copy)?;
+    let creator = ProcessIdentity::from_parts(head.creator_pid, head.creator_start);
+    match parse::parse(name, &copy) {
+        Parsed::Ring(ring) => {
+            let mut c = channel(name.to_owned(), &creator, &ring, changing, people);
+            c.unlinked = true;
+            Some(c)
+        }
+        _ => None,
+    }
 }
 
 /// What the names of the crate's own regions start with (tables, channels).
@@ -566,18 +601,23 @@ fn token_of(name: &str, prefix: &str) -> String {
 /// A copy of file `name` (this user's regular files only), read until two reads agree or
 /// [`READS`] times: the bytes, whether they were still changing, and the file's size. `None`
 /// for a file that is not this user's, not a regular file, or gone.
-fn read(name: &str) -> Option<(Vec<u8>, bool, u64)> {
+fn read_named(name: &str) -> Option<(Vec<u8>, bool, u64)> {
     let (file, info) = os::shm_open_read_only(name).ok()?;
+    read(&file, &info, name)
+}
+
+/// [`read_named`] of a file opened already.
+fn read(file: &std::fs::File, info: &os::FileInfo, name: &str) -> Option<(Vec<u8>, bool, u64)> {
     if !info.is_regular() || info.uid != os::euid() {
         return None;
     }
     // A file without the crate's header (the driver's, PyTorch's) is left after 128 bytes;
     // of the crate's, never more than the largest table (a block table) and its header.
-    parse::our_header(&os::read_copy(&file, crate::shm::HEADER_LEN, name).ok()?)?;
+    parse::our_header(&os::read_copy(file, crate::shm::HEADER_LEN, name).ok()?)?;
     let len = usize::try_from(info.size).ok()?.min(READ_MAX);
-    let mut last = os::read_copy(&file, len, name).ok()?;
+    let mut last = os::read_copy(file, len, name).ok()?;
     for _ in 1..READS {
-        let again = os::read_copy(&file, len, name).ok()?;
+        let again = os::read_copy(file, len, name).ok()?;
         if again == last {
             return Some((last, false, info.size));
         }

@@ -332,7 +332,7 @@ fn an_attached_one_consumer_channel_shows_as_unlinked_mapped_by_both_ends() {
     let shared: ShmRegion<Shared> = ShmOptions::new(unique_name("inspect-one"))
         .create()
         .unwrap();
-    let tx = HostProducer::create(SLOTS, 8).unwrap();
+    let mut tx = HostProducer::create(SLOTS, 8).unwrap();
     let channel = tx.name().to_owned();
     let me = std::process::id();
     let snap = inspect::snapshot().unwrap();
@@ -345,10 +345,32 @@ fn an_attached_one_consumer_channel_shows_as_unlinked_mapped_by_both_ends() {
     wait_for("consumer", Duration::from_secs(20), || {
         shared.consumer_ready.load(Ordering::Acquire) == 1
     });
+    // One item sent to the attached consumer, not yet released.
+    tx.acquire(Duration::from_secs(5)).unwrap();
+    tx.send(1).unwrap();
     let snap = snapshot_until("the channel unlinked", |s| {
         s.unlinked.iter().any(|u| u.name == channel)
     });
-    assert!(!snap.channels.iter().any(|c| c.name == channel), "{snap}");
+    // Its contents, through a process that maps it: the kernel opens `/proc/<pid>/map_files`
+    // only for root (or CAP_CHECKPOINT_RESTORE); for others the channel is only unlinked.
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let read: Vec<_> = snap.channels.iter().filter(|c| c.name == channel).collect();
+    if root {
+        assert_eq!(read.len(), 1, "{snap}");
+        let c = read[0];
+        assert!(c.unlinked && !c.broadcast, "{snap}");
+        assert_eq!(c.producer.as_ref().map(|p| p.pid), Some(me), "{snap}");
+        assert_eq!(c.consumers.len(), 1, "{snap}");
+        assert_eq!(c.consumers[0].process.pid, consumer.pid(), "{snap}");
+        assert_eq!((c.sent, c.consumers[0].in_flight), (1, 1), "{snap}");
+        assert!(
+            snap.to_string().contains(&format!("channel {channel}: ")),
+            "{snap}"
+        );
+    } else {
+        assert!(read.is_empty(), "{snap}");
+    }
     let u = snap.unlinked.iter().find(|u| u.name == channel).unwrap();
     let mut pids: Vec<u32> = u.mapped_by.iter().map(|p| p.pid).collect();
     pids.sort_unstable();

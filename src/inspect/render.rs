@@ -136,6 +136,9 @@ fn channel(c: &Channel, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     if c.broadcast {
         write!(f, ", broadcast")?;
     }
+    if c.unlinked {
+        write!(f, ", its name removed (its consumer attached)")?;
+    }
     if c.changing {
         write!(f, " (changing while read)")?;
     }
@@ -236,7 +239,7 @@ pub(super) fn json(s: &Snapshot) -> String {
         sep(&mut o, i);
         let _ = write!(
             o,
-            "{{\"name\":{},\"creator\":{},\"slots\":{},\"capacity\":{},\"elem_size\":{},\"broadcast\":{},\"producer\":{},\"sent\":{},\"consumers_waiting\":{},\"changing\":{},\"consumers\":[",
+            "{{\"name\":{},\"creator\":{},\"slots\":{},\"capacity\":{},\"elem_size\":{},\"broadcast\":{},\"producer\":{},\"sent\":{},\"consumers_waiting\":{},\"changing\":{},\"unlinked\":{},\"consumers\":[",
             json_string(&c.name),
             process_json(&c.creator),
             c.slots,
@@ -248,7 +251,8 @@ pub(super) fn json(s: &Snapshot) -> String {
                 .map_or_else(|| "null".to_owned(), process_json),
             c.sent,
             c.consumers_waiting,
-            c.changing
+            c.changing,
+            c.unlinked
         );
         for (j, x) in c.consumers.iter().enumerate() {
             sep(&mut o, j);

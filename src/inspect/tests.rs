@@ -74,6 +74,7 @@ fn picture() -> Snapshot {
                 producer_waiting: 1,
             }],
             changing: true,
+            unlinked: true,
         }],
         regions: vec![Region {
             name: "mine".to_owned(),
@@ -129,7 +130,7 @@ fn the_tree_says_who_holds_what() {
         "    export 2 (generation 5, freed): unlabelled, 0 bytes at 0",
         "    importer slot 0: pid 101 (alive): engine",
         "    importer slot 1: pid 102 (DEAD: the exporter's next collect reaps it)",
-        "channel cuda-ipc-chan.x: 2 slots of 8 elements (4 bytes each), 5 items sent (changing while read)",
+        "channel cuda-ipc-chan.x: 2 slots of 8 elements (4 bytes each), 5 items sent, its name removed (its consumer attached) (changing while read)",
         "  producer pid 100 (alive) — asleep until a consumer releases",
         "  consumer entry 0: pid 101 (alive): released 3, 2 in flight (the ring is full)",
         "region mine (4.1 KiB): created by pid 99 (DEAD): shm::reclaim_stale removes it",
@@ -158,6 +159,10 @@ fn the_json_is_one_object_with_every_field_escaped() {
     );
     assert!(
         json.contains("{\"block\":1,\"generation\":3,\"live\":false,\"deferred\":true,\"kind\":\"arena\",\"device\":\"GPU-4a3b00ff\",\"read_only\":true,\"offset\":1048576,\"bytes\":4096,\"holders\":[1]}"),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"changing\":true,\"unlinked\":true,\"consumers\":["),
         "{json}"
     );
     assert!(

@@ -349,22 +349,45 @@ pub(crate) fn own_pids() -> Vec<u32> {
 }
 
 /// The `/dev/shm` names process `pid` maps whose files were removed (`(deleted)` in
-/// `/proc/<pid>/maps`), each once; empty when the maps cannot be read.
-pub(crate) fn unlinked_shm_mappings(pid: u32) -> Vec<String> {
+/// `/proc/<pid>/maps`), each once, with the address range of one of its mappings
+/// (`start-end` in hex, as `/proc/<pid>/map_files/` names it); empty when the maps cannot be
+/// read.
+pub(crate) fn unlinked_shm_mappings(pid: u32) -> Vec<(String, String)> {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
     let prefix = format!("{SHM_DIR}/");
-    let mut names: Vec<String> = maps
+    let mut names: Vec<(String, String)> = maps
         .lines()
         .filter_map(|line| {
             let path = line.split_once(&prefix)?.1;
-            Some(path.strip_suffix(" (deleted)")?.to_owned())
+            let range = line.split_whitespace().next()?;
+            Some((
+                path.strip_suffix(" (deleted)")?.to_owned(),
+                range.to_owned(),
+            ))
         })
         .collect();
     names.sort();
-    names.dedup();
+    names.dedup_by(|a, b| a.0 == b.0);
     names
+}
+
+/// Open, read-only, the file behind process `pid`'s mapping at `range` (`start-end`, from
+/// [`unlinked_shm_mappings`]) through `/proc/<pid>/map_files/`: a removed file's bytes, while
+/// the process maps it. The kernel allows it only with `CAP_CHECKPOINT_RESTORE` or
+/// `CAP_SYS_ADMIN` (root): elsewhere an error.
+///
+/// # Errors
+///
+/// [`Error::Os`] naming `open` (`EPERM` without the capability, `ENOENT` once unmapped) or
+/// `fstat`.
+pub(crate) fn open_mapped_file(pid: u32, range: &str) -> Result<(File, FileInfo)> {
+    let path = format!("/proc/{pid}/map_files/{range}");
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let fd = fs::open(&path, flags, Mode::empty()).map_err(|e| Error::from_os("open", &path, e))?;
+    let info = file_info(&fd, &path)?;
+    Ok((File::from(fd), info))
 }
 
 /// A process's command line from `/proc/<pid>/cmdline`, its arguments joined by spaces and cut
