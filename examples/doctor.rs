@@ -92,10 +92,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// The snapshot, once or every `--watch` period.
+/// The snapshot, once or every `--watch` period (then with each channel's time without
+/// progress).
 fn live(args: &Args) -> ExitCode {
+    let mut watch = cuda_ipc::inspect::Watch::new();
     loop {
-        let snap = match cuda_ipc::inspect::snapshot() {
+        let snap = if args.watch.is_some() {
+            watch.snapshot()
+        } else {
+            cuda_ipc::inspect::snapshot()
+        };
+        let snap = match snap {
             Ok(snap) => snap,
             Err(e) => {
                 eprintln!("doctor: {e}");

@@ -116,6 +116,9 @@ use crate::process::ProcessIdentity;
 
 pub(crate) mod parse;
 mod render;
+mod watch;
+
+pub use watch::Watch;
 
 use parse::Parsed;
 
@@ -272,6 +275,9 @@ pub struct Channel {
     pub consumers: Vec<Consumer>,
     /// A peer wrote while the ring was read, four times over: shown as last read.
     pub changing: bool,
+    /// Under a [`Watch`]: how long its counts have stood still (since the watch first saw it
+    /// at most); `None` in a single [`snapshot`].
+    pub unchanged_for: Option<std::time::Duration>,
     /// Its name is gone (a one-consumer channel whose consumer attached): read through a
     /// process that maps it (`/proc/<pid>/map_files`, which the kernel opens only for root or
     /// `CAP_CHECKPOINT_RESTORE`; without it the channel is only in [`Snapshot::unlinked`]).
@@ -535,6 +541,7 @@ fn channel(
             })
             .collect(),
         changing,
+        unchanged_for: None,
         unlinked: false,
     }
 }

@@ -70,6 +70,34 @@ fn inspect_snapshot(py: Python<'_>) -> PyResult<(String, String)> {
     Ok((snap.to_string(), snap.to_json()))
 }
 
+/// Snapshots one after another (`cuda_ipc::inspect::Watch`): `snapshot()` is
+/// [`inspect_snapshot`]'s pair with each channel's time without progress.
+#[pyclass(module = "cuda_ipc._native", frozen)]
+struct InspectWatch(std::sync::Mutex<cuda_ipc::inspect::Watch>);
+
+#[pymethods]
+impl InspectWatch {
+    #[new]
+    fn new() -> Self {
+        Self(std::sync::Mutex::new(cuda_ipc::inspect::Watch::new()))
+    }
+
+    /// The next snapshot as (tree, JSON).
+    fn snapshot(&self, py: Python<'_>) -> PyResult<(String, String)> {
+        let snap = py
+            .detach(|| {
+                // A panic mid-`next` leaves nothing half-done worth refusing for.
+                let mut watch = self
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                watch.snapshot()
+            })
+            .map_err(to_py)?;
+        Ok((snap.to_string(), snap.to_json()))
+    }
+}
+
 /// The extension module.
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -88,6 +116,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(socket::connect, m)?)?;
     m.add_function(wrap_pyfunction!(reclaim_stale_lease_tables, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_snapshot, m)?)?;
+    m.add_class::<InspectWatch>()?;
     m.add_function(wrap_pyfunction!(release::wait_released, m)?)?;
     m.add_function(wrap_pyfunction!(release::leaked_releases, m)?)?;
     m.add_function(wrap_pyfunction!(release::exiting, m)?)?;

@@ -45,3 +45,26 @@ def test_the_command_prints_the_tree_or_json_and_refuses_bad_arguments():
     for bad in (["inspect", "--watch", "0"], ["inspect", "--frob"], []):
         r = run(*bad)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
+
+
+def test_watch_mode_refreshes_until_interrupted():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cuda_ipc", "inspect", "--json", "--watch", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = [p.stdout.readline() for _ in range(3)]
+    finally:
+        p.send_signal(2)  # SIGINT: the command ends quietly
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    for line in lines:
+        snap = json.loads(line)
+        assert set(snap) == {"exporters", "channels", "regions", "unreadable", "unlinked"}, line
+        # Under a watch every channel says how long it stood still.
+        assert all(c["unchanged_for_s"] is not None for c in snap["channels"]), line

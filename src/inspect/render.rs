@@ -139,6 +139,9 @@ fn channel(c: &Channel, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     if c.unlinked {
         write!(f, ", its name removed (its consumer attached)")?;
     }
+    if let Some(still) = c.unchanged_for.filter(|d| d.as_secs() >= 1) {
+        write!(f, ", no progress for {} s", still.as_secs())?;
+    }
     if c.changing {
         write!(f, " (changing while read)")?;
     }
@@ -239,7 +242,7 @@ pub(super) fn json(s: &Snapshot) -> String {
         sep(&mut o, i);
         let _ = write!(
             o,
-            "{{\"name\":{},\"creator\":{},\"slots\":{},\"capacity\":{},\"elem_size\":{},\"broadcast\":{},\"producer\":{},\"sent\":{},\"consumers_waiting\":{},\"changing\":{},\"unlinked\":{},\"consumers\":[",
+            "{{\"name\":{},\"creator\":{},\"slots\":{},\"capacity\":{},\"elem_size\":{},\"broadcast\":{},\"producer\":{},\"sent\":{},\"consumers_waiting\":{},\"changing\":{},\"unchanged_for_s\":{},\"unlinked\":{},\"consumers\":[",
             json_string(&c.name),
             process_json(&c.creator),
             c.slots,
@@ -252,6 +255,8 @@ pub(super) fn json(s: &Snapshot) -> String {
             c.sent,
             c.consumers_waiting,
             c.changing,
+            c.unchanged_for
+                .map_or_else(|| "null".to_owned(), |d| format!("{:.1}", d.as_secs_f64())),
             c.unlinked
         );
         for (j, x) in c.consumers.iter().enumerate() {

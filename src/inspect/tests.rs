@@ -74,6 +74,7 @@ fn picture() -> Snapshot {
                 producer_waiting: 1,
             }],
             changing: true,
+            unchanged_for: Some(std::time::Duration::from_millis(12_300)),
             unlinked: true,
         }],
         regions: vec![Region {
@@ -130,7 +131,7 @@ fn the_tree_says_who_holds_what() {
         "    export 2 (generation 5, freed): unlabelled, 0 bytes at 0",
         "    importer slot 0: pid 101 (alive): engine",
         "    importer slot 1: pid 102 (DEAD: the exporter's next collect reaps it)",
-        "channel cuda-ipc-chan.x: 2 slots of 8 elements (4 bytes each), 5 items sent, its name removed (its consumer attached) (changing while read)",
+        "channel cuda-ipc-chan.x: 2 slots of 8 elements (4 bytes each), 5 items sent, its name removed (its consumer attached), no progress for 12 s (changing while read)",
         "  producer pid 100 (alive) — asleep until a consumer releases",
         "  consumer entry 0: pid 101 (alive): released 3, 2 in flight (the ring is full)",
         "region mine (4.1 KiB): created by pid 99 (DEAD): shm::reclaim_stale removes it",
@@ -162,7 +163,9 @@ fn the_json_is_one_object_with_every_field_escaped() {
         "{json}"
     );
     assert!(
-        json.contains("\"changing\":true,\"unlinked\":true,\"consumers\":["),
+        json.contains(
+            "\"changing\":true,\"unchanged_for_s\":12.3,\"unlinked\":true,\"consumers\":["
+        ),
         "{json}"
     );
     assert!(
@@ -222,4 +225,43 @@ fn a_registry_is_told_by_its_token_an_arena_by_its_capacity() {
     let (owner, table) = export_table("ab".to_owned(), pair, &mut people);
     assert_eq!((owner.pid(), table.files), (me.pid(), (true, false)));
     assert!(picture().to_string().contains("0011…eeff"));
+}
+
+#[test]
+fn a_watch_says_how_long_each_channel_stood_still() {
+    use std::time::{Duration, Instant};
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut watch = Watch::new();
+    let mut snap = picture();
+    watch.progress(&mut snap, at(0));
+    assert_eq!(
+        snap.channels[0].unchanged_for,
+        Some(Duration::ZERO),
+        "first seen"
+    );
+    let mut snap = picture();
+    watch.progress(&mut snap, at(7));
+    assert_eq!(snap.channels[0].unchanged_for, Some(Duration::from_secs(7)));
+    // A consumer's release is progress.
+    let mut snap = picture();
+    snap.channels[0].consumers[0].released += 1;
+    watch.progress(&mut snap, at(9));
+    assert_eq!(snap.channels[0].unchanged_for, Some(Duration::ZERO));
+    let mut snap = picture();
+    snap.channels[0].consumers[0].released += 1;
+    watch.progress(&mut snap, at(12));
+    assert_eq!(snap.channels[0].unchanged_for, Some(Duration::from_secs(3)));
+    // A send is progress; a channel gone and back is seen afresh.
+    let mut snap = picture();
+    snap.channels[0].sent += 1;
+    watch.progress(&mut snap, at(13));
+    assert_eq!(snap.channels[0].unchanged_for, Some(Duration::ZERO));
+    let mut gone = picture();
+    gone.channels.clear();
+    watch.progress(&mut gone, at(14));
+    let mut snap = picture();
+    snap.channels[0].sent += 1;
+    watch.progress(&mut snap, at(20));
+    assert_eq!(snap.channels[0].unchanged_for, Some(Duration::ZERO));
 }

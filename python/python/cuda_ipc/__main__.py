@@ -24,9 +24,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.watch is not None and not 0 < args.watch <= 3600:
         parser.error("--watch takes 0 < SECONDS <= 3600")
+    watch = _native.InspectWatch() if args.watch is not None else None
     try:
         while True:
-            text, js = _native.inspect_snapshot()
+            text, js = watch.snapshot() if watch is not None else _native.inspect_snapshot()
             if args.json:
                 print(js, flush=True)
             else:

@@ -251,6 +251,14 @@ def inspect_snapshot() -> tuple[str, str]:
     """What this user's processes share on the machine, from one read: the tree as text and
     the same as JSON (``cuda_ipc.inspect`` parses it)."""
 
+class InspectWatch:
+    """Snapshots one after another: ``snapshot()`` is ``inspect_snapshot()``'s (tree, JSON) with each
+    channel's time without progress (``unchanged_for_s``) since this watch last saw it move."""
+
+    def __init__(self) -> None: ...
+    def snapshot(self) -> tuple[str, str]: ...
+
+
 def wait_released(timeout: float = 10.0) -> bool:
     """Wait (at most ``timeout`` seconds) until the memory of every tensor dropped so far is
     given back — after the GPU finished the work queued before each drop. ``True`` if it was,
