@@ -590,6 +590,17 @@ fn waiting_for_suffix(pid: Option<u32>) -> String {
         .unwrap_or_default()
 }
 
+impl crate::trace::Ending for Error {
+    fn ending(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "timeout",
+            Error::PeerGone { .. } => "peer_gone",
+            Error::ChannelClosed { .. } => "closed",
+            _ => "error",
+        }
+    }
+}
+
 impl Error {
     /// The exporting process `pid` (of a buffer, event, signal, arena, pool or channel) is
     /// gone: dead, or from before this boot.

@@ -76,14 +76,14 @@ impl Waiting {
 
     /// The wait ended with `result`; it is passed on.
     #[inline(always)]
-    pub(crate) fn end<T>(self, result: crate::Result<T>) -> crate::Result<T> {
+    pub(crate) fn end<T, E: Ending>(self, result: Result<T, E>) -> Result<T, E> {
         #[cfg(feature = "tracing")]
         {
             let mut this = self;
             if let Some((span, start)) = this.span.take() {
                 let ended = match &result {
                     Ok(_) => "done",
-                    Err(e) => ending(e),
+                    Err(e) => e.ending(),
                 };
                 waited(&span, start, ended);
             }
@@ -110,16 +110,12 @@ fn waited(span: &tracing::Span, start: std::time::Instant, ended: &'static str) 
     span.in_scope(|| tracing::debug!(waited_us, ended, "wait ended"));
 }
 
-/// How a wait that failed ended, in one word.
-#[cfg(feature = "tracing")]
-fn ending(e: &crate::Error) -> &'static str {
-    use crate::Error;
-    match e {
-        Error::Timeout { .. } => "timeout",
-        Error::PeerGone { .. } => "peer_gone",
-        Error::ChannelClosed { .. } => "closed",
-        _ => "error",
-    }
+/// An error a wait can end with, saying how in one word (`timeout`, `peer_gone`, `closed`,
+/// `error`): implemented by the crate's error (`error.rs`), which this file does not name.
+pub(crate) trait Ending {
+    /// How the wait ended.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))] // read only by the trace
+    fn ending(&self) -> &'static str;
 }
 
 #[cfg(all(test, feature = "tracing", not(cuda_ipc_loom)))]
