@@ -60,7 +60,8 @@
 //!   the importers holding it) and the lease table (`cuda-ipc-lease.<token>`: one slot per
 //!   importing process, naming it). A process has one **export registry** for every
 //!   [`IpcBuffer`](crate::IpcBuffer) and [`IpcSignal`](crate::IpcSignal) it exports (its token
-//!   ends in four zero bytes), and one table per [`IpcArena`](crate::arena::IpcArena) (it has
+//!   ends in four zero bytes; a pool's, whose exports say they are a pool's, one time in 2³²),
+//!   and one table per [`IpcArena`](crate::arena::IpcArena) (it has
 //!   a capacity) and per [`IpcPool`](crate::pool::IpcPool). Each export says its
 //!   [kind](ExportKind) (legacy, fd, pool, arena, a channel's slots, a signal), the device
 //!   that holds it, its size and whether importers may only read it. [`IpcEvent`](crate::IpcEvent)s
@@ -470,12 +471,17 @@ fn export_table(token: String, pair: Pair, people: &mut People) -> (ProcessIdent
             })
             .collect()
     });
-    let kind = if token.ends_with("00000000") {
-        TableKind::Registry
-    } else if capacity > 0 {
+    // An arena has a capacity; a pool's exports say so (where it has any); a registry's token
+    // ends in four zero bytes (a pool's does one time in 2^32).
+    let pooled = exports
+        .iter()
+        .any(|x: &Export| x.kind == Some(ExportKind::Pool));
+    let kind = if capacity > 0 {
         TableKind::Arena
-    } else {
+    } else if pooled || !token.ends_with("00000000") {
         TableKind::Pool
+    } else {
+        TableKind::Registry
     };
     let table = ExportTable {
         token,

@@ -230,7 +230,17 @@ pub fn parse_for_fuzzing(data: &[u8]) -> String {
         (_, 2) => crate::shm::image_of::<RingState>(rest, (1, 1)),
         _ => crate::shm::image_of::<crate::sync::AtomicU64>(rest, (1, 1)),
     };
-    format!("{:?}", parse(names[which], &bytes))
+    let parsed = parse(names[which], &bytes);
+    // Each block's label decoded as the snapshot decodes it (a peer's word: any bits).
+    let labels: Vec<Option<String>> = match &parsed {
+        Parsed::Blocks(b) => b
+            .blocks
+            .iter()
+            .map(|w| crate::ledger::Label::of_word(w.label).map(|l| l.device_name()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    format!("{parsed:?} {labels:?}")
 }
 
 #[cfg(test)]

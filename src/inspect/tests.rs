@@ -216,6 +216,35 @@ fn a_registry_is_told_by_its_token_an_arena_by_its_capacity() {
         kind("0123456789abcdef0123456789abcdef", 0, &mut people),
         TableKind::Pool
     );
+    // A pool whose token ends in four zero bytes is told by its exports' label.
+    let pool_label = 0x4a3b_00ff_0000_0003;
+    let pair = Pair {
+        blocks: Some((
+            me,
+            parse::Blocks {
+                capacity: 0,
+                closing: false,
+                blocks: vec![parse::BlockWords {
+                    index: 0,
+                    state: 1,
+                    label: pool_label,
+                    ..Default::default()
+                }],
+            },
+        )),
+        leases: None,
+        changing: false,
+    };
+    let table = export_table(
+        "0123456789abcdef0123456700000000".to_owned(),
+        pair,
+        &mut people,
+    )
+    .1;
+    assert_eq!(
+        (table.kind, table.exports[0].kind),
+        (TableKind::Pool, Some(ExportKind::Pool))
+    );
     // Without its lease table the table still shows, with the file named missing.
     let pair = Pair {
         blocks: Some((me, blocks(0))),
