@@ -46,6 +46,28 @@ pub(crate) struct BlockWords {
     pub(crate) label: u64,
 }
 
+#[cfg(test)]
+impl BlockWords {
+    /// Block `index`'s words, for the tests.
+    pub(crate) fn of(
+        index: u32,
+        state: u64,
+        holders: u64,
+        offset: u64,
+        bytes: u64,
+        label: u64,
+    ) -> Self {
+        Self {
+            index,
+            state,
+            holders,
+            offset,
+            bytes,
+            label,
+        }
+    }
+}
+
 /// A decoded lease table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Leases {

@@ -6,14 +6,9 @@ const ARENA: u64 = 0x4a3b_00ff_0000_0004;
 const ARENA_READ_ONLY: u64 = ARENA | 0x100;
 
 fn block(index: u32, state: u64, holders: u64, offset: u64, bytes: u64, label: u64) -> Export {
-    export(&parse::BlockWords {
-        index,
-        state,
-        holders,
-        offset,
-        bytes,
-        label,
-    })
+    export(&parse::BlockWords::of(
+        index, state, holders, offset, bytes, label,
+    ))
 }
 
 fn proc(pid: u32, alive: bool, command: Option<&str>) -> Process {

@@ -23,17 +23,6 @@ fn block_table(capacity: u64, blocks: &[BlockWords]) -> Vec<u8> {
     p
 }
 
-fn words(index: u32, state: u64, holders: u64, offset: u64, bytes: u64, label: u64) -> BlockWords {
-    BlockWords {
-        index,
-        state,
-        holders,
-        offset,
-        bytes,
-        label,
-    }
-}
-
 #[test]
 fn a_short_or_foreign_file_is_not_ours() {
     assert_eq!(parse("cuda-ipc-arena.00", &[]), Parsed::NotOurs);
@@ -43,10 +32,10 @@ fn a_short_or_foreign_file_is_not_ours() {
 #[test]
 fn a_block_table_says_its_blocks() {
     let written = [
-        words(0, 1, 0b101, 0, 4096, 0x4a3b_00ff_0000_0104),
-        words(7, 4, 0b10, 8192, 512, 0),
+        BlockWords::of(0, 1, 0b101, 0, 4096, 0x4a3b_00ff_0000_0104),
+        BlockWords::of(7, 4, 0b10, 8192, 512, 0),
         // A block whose only word set is its label still shows (a peer wrote it).
-        words(9, 0, 0, 0, 0, 99),
+        BlockWords::of(9, 0, 0, 0, 0, 99),
     ];
     let payload = block_table(1 << 20, &written);
     let image = image_of::<BlockTable>(&payload, (42, 7));
