@@ -22,7 +22,7 @@ macro_rules! event {
 pub(crate) use event;
 
 /// A span at `DEBUG` level, entered until the returned [`Scope`] drops: `scope!("name", field =
-/// value, ...)`. Events raised inside (a cache hit, a lease claimed) nest under it. Without the
+/// value, ...)`. Events raised inside (an import-cache hit or miss) nest under it. Without the
 /// feature it is a [`Scope`] of nothing.
 #[cfg(feature = "tracing")]
 macro_rules! scope {
