@@ -227,154 +227,201 @@ fn size(bytes: u64) -> String {
 }
 
 pub(super) fn json(s: &Snapshot) -> String {
-    let mut o = String::from("{\"exporters\":[");
-    for (i, e) in s.exporters.iter().enumerate() {
-        sep(&mut o, i);
-        let _ = write!(o, "{{\"process\":{},\"tables\":[", process_json(&e.process));
-        for (j, t) in e.tables.iter().enumerate() {
-            sep(&mut o, j);
-            table_json(&mut o, t);
-        }
-        o.push_str("]}");
-    }
-    o.push_str("],\"channels\":[");
-    for (i, c) in s.channels.iter().enumerate() {
-        sep(&mut o, i);
-        let _ = write!(
-            o,
-            "{{\"name\":{},\"creator\":{},\"slots\":{},\"capacity\":{},\"elem_size\":{},\"broadcast\":{},\"producer\":{},\"sent\":{},\"consumers_waiting\":{},\"changing\":{},\"unchanged_for_s\":{},\"unlinked\":{},\"consumers\":[",
-            json_string(&c.name),
-            process_json(&c.creator),
-            c.slots,
-            c.capacity,
-            c.elem_size,
-            c.broadcast,
-            c.producer
-                .as_ref()
-                .map_or_else(|| "null".to_owned(), process_json),
-            c.sent,
-            c.consumers_waiting,
-            c.changing,
-            c.unchanged_for
-                .map_or_else(|| "null".to_owned(), |d| format!("{:.1}", d.as_secs_f64())),
-            c.unlinked
-        );
-        for (j, x) in c.consumers.iter().enumerate() {
-            sep(&mut o, j);
-            let _ = write!(
-                o,
-                "{{\"entry\":{},\"process\":{},\"left\":{},\"released\":{},\"in_flight\":{},\"producer_waiting\":{}}}",
-                x.entry,
-                process_json(&x.process),
-                x.left,
-                x.released,
-                x.in_flight,
-                x.producer_waiting
-            );
-        }
-        o.push_str("]}");
-    }
-    o.push_str("],\"regions\":[");
-    for (i, r) in s.regions.iter().enumerate() {
-        sep(&mut o, i);
-        let _ = write!(
-            o,
-            "{{\"name\":{},\"creator\":{},\"bytes\":{}}}",
-            json_string(&r.name),
-            process_json(&r.creator),
-            r.bytes
-        );
-    }
-    o.push_str("],\"unreadable\":[");
-    for (i, u) in s.unreadable.iter().enumerate() {
-        sep(&mut o, i);
-        let _ = write!(
-            o,
-            "{{\"name\":{},\"reason\":{}}}",
-            json_string(&u.name),
-            json_string(&u.reason)
-        );
-    }
-    o.push_str("],\"unlinked\":[");
-    for (i, u) in s.unlinked.iter().enumerate() {
-        sep(&mut o, i);
-        let mapped: Vec<String> = u.mapped_by.iter().map(process_json).collect();
-        let _ = write!(
-            o,
-            "{{\"name\":{},\"mapped_by\":[{}]}}",
-            json_string(&u.name),
-            mapped.join(",")
-        );
-    }
-    o.push_str("]}");
+    let snapshot = Json::Obj(vec![
+        ("exporters", list(&s.exporters, exporter_json)),
+        ("channels", list(&s.channels, channel_json)),
+        (
+            "regions",
+            list(&s.regions, |r| {
+                Json::Obj(vec![
+                    ("name", r.name.as_str().into()),
+                    ("creator", process_json(&r.creator)),
+                    ("bytes", r.bytes.into()),
+                ])
+            }),
+        ),
+        (
+            "unreadable",
+            list(&s.unreadable, |u| {
+                Json::Obj(vec![
+                    ("name", u.name.as_str().into()),
+                    ("reason", u.reason.as_str().into()),
+                ])
+            }),
+        ),
+        (
+            "unlinked",
+            list(&s.unlinked, |u| {
+                Json::Obj(vec![
+                    ("name", u.name.as_str().into()),
+                    ("mapped_by", list(&u.mapped_by, process_json)),
+                ])
+            }),
+        ),
+    ]);
+    let mut o = String::new();
+    snapshot.write(&mut o);
     o
 }
 
-fn table_json(o: &mut String, t: &ExportTable) {
+fn exporter_json(e: &Exporter) -> Json {
+    Json::Obj(vec![
+        ("process", process_json(&e.process)),
+        ("tables", list(&e.tables, table_json)),
+    ])
+}
+
+fn table_json(t: &ExportTable) -> Json {
     let kind = match t.kind {
         TableKind::Registry => "registry",
         TableKind::Arena => "arena",
         TableKind::Pool => "pool",
     };
-    let _ = write!(
-        o,
-        "{{\"token\":{},\"kind\":\"{kind}\",\"capacity\":{},\"closing\":{},\"block_table\":{},\"lease_table\":{},\"changing\":{},\"exports\":[",
-        json_string(&t.token),
-        t.capacity,
-        t.closing,
-        t.files.0,
-        t.files.1,
-        t.changing
-    );
-    for (i, x) in t.exports.iter().enumerate() {
-        sep(o, i);
-        let holders: Vec<String> = x.holders.iter().map(u32::to_string).collect();
-        let _ = write!(
-            o,
-            "{{\"block\":{},\"generation\":{},\"live\":{},\"deferred\":{},\"kind\":{},\"device\":{},\"read_only\":{},\"offset\":{},\"bytes\":{},\"holders\":[{}]}}",
-            x.block,
-            x.generation,
-            x.live,
-            x.is_deferred(),
-            x.kind
-                .map_or_else(|| "null".to_owned(), |k| json_string(k.name())),
-            x.device
-                .as_deref()
-                .map_or_else(|| "null".to_owned(), json_string),
-            x.read_only,
-            x.offset,
-            x.bytes,
-            holders.join(",")
-        );
-    }
-    o.push_str("],\"importers\":[");
-    for (i, m) in t.importers.iter().enumerate() {
-        sep(o, i);
-        let _ = write!(
-            o,
-            "{{\"slot\":{},\"process\":{},\"claiming\":{}}}",
-            m.slot,
-            process_json(&m.process),
-            m.claiming
-        );
-    }
-    o.push_str("]}");
+    Json::Obj(vec![
+        ("token", t.token.as_str().into()),
+        ("kind", kind.into()),
+        ("capacity", t.capacity.into()),
+        ("closing", t.closing.into()),
+        ("block_table", t.files.0.into()),
+        ("lease_table", t.files.1.into()),
+        ("changing", t.changing.into()),
+        (
+            "exports",
+            list(&t.exports, |x| {
+                Json::Obj(vec![
+                    ("block", x.block.into()),
+                    ("generation", x.generation.into()),
+                    ("live", x.live.into()),
+                    ("deferred", x.is_deferred().into()),
+                    ("kind", x.kind.map(|k| k.name()).into()),
+                    ("device", x.device.as_deref().into()),
+                    ("read_only", x.read_only.into()),
+                    ("offset", x.offset.into()),
+                    ("bytes", x.bytes.into()),
+                    ("holders", list(&x.holders, |&h| h.into())),
+                ])
+            }),
+        ),
+        (
+            "importers",
+            list(&t.importers, |m| {
+                Json::Obj(vec![
+                    ("slot", m.slot.into()),
+                    ("process", process_json(&m.process)),
+                    ("claiming", m.claiming.into()),
+                ])
+            }),
+        ),
+    ])
 }
 
-fn process_json(p: &Process) -> String {
-    format!(
-        "{{\"pid\":{},\"start_time\":{},\"alive\":{},\"command\":{}}}",
-        p.pid,
-        p.start_time,
-        p.alive,
-        p.command
-            .as_deref()
-            .map_or_else(|| "null".to_owned(), json_string)
-    )
+fn channel_json(c: &Channel) -> Json {
+    let unchanged_for = c
+        .unchanged_for
+        .map(|d| Json::Raw(format!("{:.1}", d.as_secs_f64())));
+    Json::Obj(vec![
+        ("name", c.name.as_str().into()),
+        ("creator", process_json(&c.creator)),
+        ("slots", c.slots.into()),
+        ("capacity", c.capacity.into()),
+        ("elem_size", c.elem_size.into()),
+        ("broadcast", c.broadcast.into()),
+        ("producer", c.producer.as_ref().map(process_json).into()),
+        ("sent", c.sent.into()),
+        ("consumers_waiting", c.consumers_waiting.into()),
+        ("changing", c.changing.into()),
+        ("unchanged_for_s", unchanged_for.into()),
+        ("unlinked", c.unlinked.into()),
+        (
+            "consumers",
+            list(&c.consumers, |x| {
+                Json::Obj(vec![
+                    ("entry", x.entry.into()),
+                    ("process", process_json(&x.process)),
+                    ("left", x.left.into()),
+                    ("released", x.released.into()),
+                    ("in_flight", x.in_flight.into()),
+                    ("producer_waiting", x.producer_waiting.into()),
+                ])
+            }),
+        ),
+    ])
 }
 
-fn sep(o: &mut String, i: usize) {
-    if i > 0 {
-        o.push(',');
+fn process_json(p: &Process) -> Json {
+    Json::Obj(vec![
+        ("pid", p.pid.into()),
+        ("start_time", p.start_time.into()),
+        ("alive", p.alive.into()),
+        ("command", p.command.as_deref().into()),
+    ])
+}
+
+/// A JSON value, built from the snapshot's types and written once.
+enum Json {
+    Null,
+    /// A number or `true`/`false`, as written.
+    Raw(String),
+    Str(String),
+    List(Vec<Json>),
+    /// Fields in the order given.
+    Obj(Vec<(&'static str, Json)>),
+}
+
+impl Json {
+    fn write(&self, o: &mut String) {
+        match self {
+            Json::Null => o.push_str("null"),
+            Json::Raw(text) => o.push_str(text),
+            Json::Str(text) => o.push_str(&json_string(text)),
+            Json::List(items) => {
+                o.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        o.push(',');
+                    }
+                    item.write(o);
+                }
+                o.push(']');
+            }
+            Json::Obj(fields) => {
+                o.push('{');
+                for (i, (key, value)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        o.push(',');
+                    }
+                    let _ = write!(o, "\"{key}\":");
+                    value.write(o);
+                }
+                o.push('}');
+            }
+        }
+    }
+}
+
+fn list<T>(items: &[T], each: impl Fn(&T) -> Json) -> Json {
+    Json::List(items.iter().map(each).collect())
+}
+
+macro_rules! json_raw {
+    ($($t:ty),*) => {
+        $(impl From<$t> for Json {
+            fn from(v: $t) -> Self {
+                Json::Raw(v.to_string())
+            }
+        })*
+    };
+}
+json_raw!(bool, u32, u64);
+
+impl From<&str> for Json {
+    fn from(s: &str) -> Self {
+        Json::Str(s.to_owned())
+    }
+}
+
+impl<T: Into<Json>> From<Option<T>> for Json {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Json::Null, Into::into)
     }
 }
