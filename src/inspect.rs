@@ -108,9 +108,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::channel::ring::{RingCensus, RingState};
 use crate::error::Result;
 pub use crate::ledger::ExportKind;
-use crate::ledger::Label;
+use crate::ledger::{BlockCensus, BlockTable, BlockWords, Label, LeaseCensus, LeaseTable};
 use crate::os;
 use crate::owned_slot::OwnerState;
 use crate::process::ProcessIdentity;
@@ -443,8 +444,8 @@ impl fmt::Display for Snapshot {
 /// A block table and a lease table of one token, as found.
 #[derive(Default)]
 struct Pair {
-    blocks: Option<(ProcessIdentity, parse::Blocks)>,
-    leases: Option<(ProcessIdentity, parse::Leases)>,
+    blocks: Option<(ProcessIdentity, BlockCensus)>,
+    leases: Option<(ProcessIdentity, LeaseCensus)>,
     changing: bool,
 }
 
@@ -457,7 +458,11 @@ fn export_table(token: String, pair: Pair, people: &mut People) -> (ProcessIdent
         (None, None) => ProcessIdentity::from_parts(0, 0),
     };
     let (capacity, closing, exports) = match &pair.blocks {
-        Some((_, b)) => (b.capacity, b.closing, b.blocks.iter().map(export).collect()),
+        Some((_, b)) => (
+            b.capacity,
+            b.closing,
+            b.blocks.iter().map(|(i, w)| export(*i, w)).collect(),
+        ),
         None => (0, false, Vec::new()),
     };
     let importers = pair.leases.as_ref().map_or_else(Vec::new, |(_, leases)| {
@@ -496,12 +501,12 @@ fn export_table(token: String, pair: Pair, people: &mut People) -> (ProcessIdent
     (owner, table)
 }
 
-/// One block's words as an export.
-fn export(w: &parse::BlockWords) -> Export {
+/// Block `block`'s words as an export.
+fn export(block: u32, w: &BlockWords) -> Export {
     let live = crate::ledger::names_a_live_export(w.state);
     let label = Label::of_word(w.label);
     Export {
-        block: w.index,
+        block,
         generation: if live {
             w.state
         } else {
@@ -520,7 +525,7 @@ fn export(w: &parse::BlockWords) -> Export {
 fn channel(
     name: String,
     creator: &ProcessIdentity,
-    ring: &parse::Ring,
+    ring: &RingCensus,
     changing: bool,
     people: &mut People,
 ) -> Channel {
@@ -537,13 +542,13 @@ fn channel(
         consumers: ring
             .consumers
             .iter()
-            .map(|&(entry, state, id, released, sleepers)| Consumer {
-                entry,
-                process: people.get(&id),
-                left: state == OwnerState::Left,
-                released,
-                in_flight: ring.sent.saturating_sub(released),
-                producer_waiting: sleepers,
+            .map(|c| Consumer {
+                entry: c.entry,
+                process: people.get(&c.owner),
+                left: c.state == OwnerState::Left,
+                released: c.released,
+                in_flight: ring.sent.saturating_sub(c.released),
+                producer_waiting: c.sleepers,
             })
             .collect(),
         changing,
@@ -643,10 +648,10 @@ fn read(file: &std::fs::File, info: &os::FileInfo, name: &str) -> Option<(Vec<u8
 /// alignment.
 const READ_MAX: usize = 4096
     + max(
-        crate::ledger::TABLE_LAYOUT.size,
+        std::mem::size_of::<BlockTable>(),
         max(
-            crate::ledger::LEASE_LAYOUT.size,
-            crate::channel::ring::RING_LAYOUT.size,
+            std::mem::size_of::<LeaseTable>(),
+            std::mem::size_of::<RingState>(),
         ),
     );
 

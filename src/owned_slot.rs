@@ -122,12 +122,6 @@ pub(crate) struct OwnedSlot {
     pidfs_ino: AtomicU64,
 }
 
-/// Where an [`OwnedSlot`]'s two words lie, in bytes (for the inspector, `inspect/parse.rs`).
-pub(crate) const SLOT_WORDS: (usize, usize) = (
-    std::mem::offset_of!(OwnedSlot, owner),
-    std::mem::offset_of!(OwnedSlot, pidfs_ino),
-);
-
 impl OwnedSlot {
     /// A free slot (for state built outside shared memory, which starts zeroed anyway).
     pub(crate) fn new() -> Self {

@@ -656,21 +656,66 @@ impl<T: ShmSafe> Drop for ShmRegion<T> {
 }
 
 /// A copy of a region's bytes (the inspector's read, `inspect.rs`), checked as a region of `T`
-/// the way an open checks a mapping: its header published, valid and describing `T`, and
-/// long enough. Returns the payload's bytes.
-pub(crate) fn payload_of_copy<'a, T: ShmSafe>(name: &str, bytes: &'a [u8]) -> Result<&'a [u8]> {
+/// the way an open checks a mapping — its header published, valid and describing `T`, and long
+/// enough — then its payload copied into a `T` of this process's own: a private value, read
+/// through `T`'s own accessors and shared with no one.
+pub(crate) fn copy_of<T: ShmSafe>(name: &str, bytes: &[u8]) -> Result<Box<T>> {
     let (offset, total) = layout_of::<T>()?;
-    let fields = header_of_copy(bytes).ok_or_else(|| Error::SizeMismatch {
+    let short = || Error::SizeMismatch {
         name: name.to_owned(),
         expected: total as u64,
         found: bytes.len() as u64,
-    })?;
+    };
+    let fields = header_of_copy(bytes).ok_or_else(short)?;
     fields.validate(name, &expected_of::<T>(offset, total))?;
-    bytes.get(offset..total).ok_or_else(|| Error::SizeMismatch {
-        name: name.to_owned(),
-        expected: total as u64,
-        found: bytes.len() as u64,
-    })
+    let payload = bytes
+        .get(offset..offset + std::mem::size_of::<T>())
+        .ok_or_else(short)?;
+    boxed_copy(payload).ok_or_else(short)
+}
+
+/// `payload` (exactly `size_of::<T>()` bytes) as a `T` on the heap; `None` under the model
+/// checker, whose atomics are not plain words.
+fn boxed_copy<T: ShmSafe>(payload: &[u8]) -> Option<Box<T>> {
+    if cfg!(cuda_ipc_loom) || payload.len() != std::mem::size_of::<T>() {
+        return None;
+    }
+    let mut value = Box::<T>::new_uninit();
+    // SAFETY: the box holds `size_of::<T>()` bytes, all written here from `payload` (that
+    // long, checked above; a distinct allocation). `T: ShmSafe` is `repr(C)` of integer
+    // atomics and plain data, valid for any bits (the trait's contract; not under loom,
+    // excluded above), so the written bytes are an initialised `T`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            payload.as_ptr(),
+            value.as_mut_ptr().cast::<u8>(),
+            payload.len(),
+        );
+        Some(value.assume_init())
+    }
+}
+
+/// A zeroed `T` on the heap, every byte (padding included) written as a byte: a table a
+/// test fills through its own methods, then reads back with [`bytes_of`].
+#[cfg(all(test, not(cuda_ipc_loom)))]
+pub(crate) fn zeroed<T: ShmSafe>() -> Option<Box<T>> {
+    boxed_copy(&vec![0u8; std::mem::size_of::<T>()])
+}
+
+/// The bytes of `value`, a table made by [`zeroed`] (for [`image_of`]).
+#[cfg(all(test, not(cuda_ipc_loom)))]
+pub(crate) fn bytes_of<T: ShmSafe>(value: &T) -> &[u8] {
+    // SAFETY: `value` is a live `T` of `size_of::<T>()` bytes, borrowed for the slice's
+    // lifetime. Made by `zeroed` and changed since only through its atomics, every byte of it
+    // is initialised (padding too: written as a byte, and never moved by a typed copy, the box
+    // owning it in place); the caller's thread is the only one using it, so the reads race
+    // with nothing.
+    unsafe {
+        std::slice::from_raw_parts(
+            std::ptr::from_ref(value).cast::<u8>(),
+            std::mem::size_of::<T>(),
+        )
+    }
 }
 
 /// What an open of a region of `T` expects its header to say, the payload at `offset` in a

@@ -968,9 +968,9 @@ impl<'a> Ring<'a> {
 }
 
 mod arm;
+mod census;
 mod doorbell;
-mod layout;
-pub(crate) use layout::RING_LAYOUT;
+pub(crate) use census::RingCensus;
 
 pub(crate) use doorbell::Doorbell;
 

@@ -6,9 +6,16 @@ const ARENA: u64 = 0x4a3b_00ff_0000_0004;
 const ARENA_READ_ONLY: u64 = ARENA | 0x100;
 
 fn block(index: u32, state: u64, holders: u64, offset: u64, bytes: u64, label: u64) -> Export {
-    export(&parse::BlockWords::of(
-        index, state, holders, offset, bytes, label,
-    ))
+    export(
+        index,
+        &BlockWords {
+            state,
+            holders,
+            offset,
+            bytes,
+            label,
+        },
+    )
 }
 
 fn proc(pid: u32, alive: bool, command: Option<&str>) -> Process {
@@ -185,7 +192,7 @@ fn the_json_is_one_object_with_every_field_escaped() {
 #[test]
 fn a_registry_is_told_by_its_token_an_arena_by_its_capacity() {
     let mut people = People::default();
-    let blocks = |capacity| parse::Blocks {
+    let blocks = |capacity| BlockCensus {
         capacity,
         closing: false,
         blocks: Vec::new(),
@@ -216,15 +223,17 @@ fn a_registry_is_told_by_its_token_an_arena_by_its_capacity() {
     let pair = Pair {
         blocks: Some((
             me,
-            parse::Blocks {
+            BlockCensus {
                 capacity: 0,
                 closing: false,
-                blocks: vec![parse::BlockWords {
-                    index: 0,
-                    state: 1,
-                    label: pool_label,
-                    ..Default::default()
-                }],
+                blocks: vec![(
+                    0,
+                    BlockWords {
+                        state: 1,
+                        label: pool_label,
+                        ..Default::default()
+                    },
+                )],
             },
         )),
         leases: None,

@@ -92,26 +92,14 @@ unsafe impl ShmSafe for LeaseTable {
     }
 }
 
-/// Where a lease table's fields lie in its payload, in bytes: for the inspector
-/// (`inspect/parse.rs`), which reads a copy of a table's bytes and trusts none of them.
-pub(crate) struct LeaseLayout {
-    pub(crate) size: usize,
-    pub(crate) closing: usize,
-    pub(crate) exporter_pid: usize,
-    pub(crate) exporter_start: usize,
-    pub(crate) slots: usize,
-    pub(crate) slot_size: usize,
+/// What a lease table says, read word by word: whether its exporter is closing it, the
+/// exporter, and every slot not free, by index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseCensus {
+    pub(crate) closing: bool,
+    pub(crate) exporter: ProcessIdentity,
+    pub(crate) slots: Vec<(u32, OwnerState, ProcessIdentity)>,
 }
-
-/// The lease table's [`LeaseLayout`].
-pub(crate) const LEASE_LAYOUT: LeaseLayout = LeaseLayout {
-    size: std::mem::size_of::<LeaseTable>(),
-    closing: std::mem::offset_of!(LeaseTable, closing),
-    exporter_pid: std::mem::offset_of!(LeaseTable, exporter_pid),
-    exporter_start: std::mem::offset_of!(LeaseTable, exporter_start),
-    slots: std::mem::offset_of!(LeaseTable, slots),
-    slot_size: std::mem::size_of::<OwnedSlot>(),
-};
 
 fn region_name(token: &[u8; 16]) -> String {
     token_name(crate::shm::LEASE_TABLES, token)
@@ -307,6 +295,42 @@ impl<'a> Slots<'a> {
 }
 
 impl LeaseTable {
+    /// A table in memory, for the inspector's tests: exporter `exporter`, slot `i` held by
+    /// `holder` for each `(i, holder)` of `held`.
+    #[cfg(all(test, not(cuda_ipc_loom)))]
+    pub(crate) fn for_tests(
+        exporter: &ProcessIdentity,
+        held: &[(usize, ProcessIdentity)],
+    ) -> Option<Box<Self>> {
+        let t = crate::shm::zeroed::<Self>()?;
+        t.exporter_pid.store(exporter.pid(), Ordering::Relaxed);
+        t.exporter_start
+            .store(exporter.start_time(), Ordering::Relaxed);
+        for (i, holder) in held {
+            t.slots.get(*i)?.claim(holder)?;
+        }
+        Some(t)
+    }
+
+    /// What the table says, read word by word (the inspector reads a private copy).
+    pub(crate) fn census(&self) -> LeaseCensus {
+        LeaseCensus {
+            closing: self.closing.load(Ordering::Relaxed) != 0,
+            exporter: ProcessIdentity::from_parts(
+                self.exporter_pid.load(Ordering::Relaxed),
+                self.exporter_start.load(Ordering::Relaxed),
+            ),
+            slots: (0u32..)
+                .zip(&self.slots)
+                .map(|(i, slot)| {
+                    let (owner, id) = slot.load_identity();
+                    (i, owner.state, id)
+                })
+                .filter(|(_, state, _)| *state != OwnerState::Free)
+                .collect(),
+        }
+    }
+
     fn slots(&self) -> Slots<'_> {
         Slots {
             closing: &self.closing,

@@ -78,11 +78,11 @@ pub(crate) use holdings::{Holding, Holdings};
 pub(crate) use lease::MAX_IMPORTERS;
 pub(crate) use registry::{Hold, enter};
 pub(crate) use table::Block;
-// - for the inspector (`inspect.rs`), which reads copies of both tables' bytes: their types
-//   (for the header's check) and where their fields lie.
+// - for the inspector (`inspect.rs`), which reads private copies of both tables: their types
+//   (for the header's check) and what each says (`census`).
 #[cfg(any(test, fuzzing, cuda_ipc_test_hooks))]
 pub use {lease::__testing as lease_testing, registry::__testing as registry_testing};
 pub(crate) use {
-    lease::{LEASE_LAYOUT, LeaseTable},
-    table::{BlockTable, TABLE_LAYOUT, names_a_live_export},
+    lease::{LeaseCensus, LeaseTable},
+    table::{BlockCensus, BlockTable, BlockWords, names_a_live_export},
 };

@@ -227,6 +227,17 @@ impl Block {
         word.store(value, Ordering::Relaxed);
     }
 
+    /// Every word, each read on its own (for the inspector, of a private copy).
+    pub(crate) fn words(&self) -> BlockWords {
+        BlockWords {
+            state: self.state.load(Ordering::Relaxed),
+            holders: self.holders.load(Ordering::Relaxed),
+            offset: self.offset.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            label: self.label.load(Ordering::Relaxed),
+        }
+    }
+
     /// The range the owner published (read after a successful enter).
     pub(crate) fn range(&self) -> (u64, u64) {
         (
@@ -257,34 +268,25 @@ unsafe impl ShmSafe for BlockTable {
     }
 }
 
-/// Where a block table's fields lie in its payload, in bytes: for the inspector
-/// (`inspect/parse.rs`), which reads a copy of a table's bytes and trusts none of them.
-pub(crate) struct TableLayout {
-    pub(crate) size: usize,
-    pub(crate) capacity: usize,
-    pub(crate) closing: usize,
-    pub(crate) blocks: usize,
-    pub(crate) block_size: usize,
-    pub(crate) state: usize,
-    pub(crate) holders: usize,
-    pub(crate) offset: usize,
-    pub(crate) bytes: usize,
-    pub(crate) label: usize,
+/// One block's words as read at one moment (the inspector reads them of a private copy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BlockWords {
+    pub(crate) state: u64,
+    pub(crate) holders: u64,
+    pub(crate) offset: u64,
+    pub(crate) bytes: u64,
+    /// What the export is ([`Label`]'s word; a peer's, so it may not decode).
+    pub(crate) label: u64,
 }
 
-/// The block table's [`TableLayout`].
-pub(crate) const TABLE_LAYOUT: TableLayout = TableLayout {
-    size: std::mem::size_of::<BlockTable>(),
-    capacity: std::mem::offset_of!(BlockTable, capacity),
-    closing: std::mem::offset_of!(BlockTable, closing),
-    blocks: std::mem::offset_of!(BlockTable, blocks),
-    block_size: std::mem::size_of::<Block>(),
-    state: std::mem::offset_of!(Block, state),
-    holders: std::mem::offset_of!(Block, holders),
-    offset: std::mem::offset_of!(Block, offset),
-    bytes: std::mem::offset_of!(Block, bytes),
-    label: std::mem::offset_of!(Block, label),
-};
+/// What a block table says, read word by word: its capacity, whether its owner is closing it,
+/// and every block ever published (its words not all zero), by index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BlockCensus {
+    pub(crate) capacity: u64,
+    pub(crate) closing: bool,
+    pub(crate) blocks: Vec<(u32, BlockWords)>,
+}
 
 impl BlockTable {
     /// Create the block table of export `token` (an arena of `capacity` bytes, or a pool with
@@ -333,6 +335,20 @@ impl BlockTable {
     /// Block `index`, if the index is in range.
     pub(crate) fn block(&self, index: u32) -> Option<&Block> {
         self.blocks.get(index as usize)
+    }
+
+    /// What the table says, read word by word (the inspector reads a private copy).
+    pub(crate) fn census(&self) -> BlockCensus {
+        let never_published = BlockWords::default();
+        BlockCensus {
+            capacity: self.capacity.load(Ordering::Relaxed),
+            closing: self.closing.load(Ordering::Relaxed) != 0,
+            blocks: (0u32..)
+                .zip(&self.blocks)
+                .map(|(i, b)| (i, b.words()))
+                .filter(|(_, w)| *w != never_published)
+                .collect(),
+        }
     }
 
     /// Clear lease slot `slot`'s bit in every block: done by whoever took a dead importer's

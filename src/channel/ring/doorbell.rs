@@ -23,9 +23,6 @@ pub(crate) struct Doorbell {
     sleepers: AtomicU32,
 }
 
-/// Where a [`Doorbell`]'s count of sleepers lies, in bytes (for the inspector).
-pub(crate) const SLEEPERS: usize = std::mem::offset_of!(Doorbell, sleepers);
-
 /// The listener bits of a [`Doorbell`]'s word.
 const LISTENING: u32 = 0xff;
 /// One ring, in a [`Doorbell`]'s word.
@@ -60,6 +57,11 @@ impl Doorbell {
     /// condition.
     pub(crate) fn ticket(&self) -> u32 {
         self.word.load(Ordering::SeqCst)
+    }
+
+    /// How many threads sleep on the bell now (for the inspector).
+    pub(crate) fn sleepers(&self) -> u32 {
+        self.sleepers.load(Ordering::Relaxed)
     }
 
     /// Sleep while the word still reads `ticket`, at most `timeout` (a listener arming or

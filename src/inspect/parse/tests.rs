@@ -1,27 +1,10 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::shm::image_of;
-
-fn put(bytes: &mut [u8], at: usize, value: u64) {
-    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
-}
-
-/// A block table's payload with `blocks` written.
-fn block_table(capacity: u64, blocks: &[BlockWords]) -> Vec<u8> {
-    let l = &TABLE_LAYOUT;
-    let mut p = vec![0u8; l.size];
-    put(&mut p, l.capacity, capacity);
-    for b in blocks {
-        let at = l.blocks + b.index as usize * l.block_size;
-        put(&mut p, at + l.state, b.state);
-        put(&mut p, at + l.holders, b.holders);
-        put(&mut p, at + l.offset, b.offset);
-        put(&mut p, at + l.bytes, b.bytes);
-        put(&mut p, at + l.label, b.label);
-    }
-    p
-}
+use crate::ledger::{BlockWords, Label};
+use crate::owned_slot::OwnerState;
+use crate::process::ProcessIdentity;
+use crate::shm::{bytes_of, image_of, zeroed};
 
 #[test]
 fn a_short_or_foreign_file_is_not_ours() {
@@ -31,38 +14,59 @@ fn a_short_or_foreign_file_is_not_ours() {
 
 #[test]
 fn a_block_table_says_its_blocks() {
-    let written = [
-        BlockWords::of(0, 1, 0b101, 0, 4096, 0x4a3b_00ff_0000_0104),
-        BlockWords::of(7, 4, 0b10, 8192, 512, 0),
-        // A block whose only word set is its label still shows (a peer wrote it).
-        BlockWords::of(9, 0, 0, 0, 0, 99),
-    ];
-    let payload = block_table(1 << 20, &written);
-    let image = image_of::<BlockTable>(&payload, (42, 7));
+    let table = zeroed::<BlockTable>().unwrap();
+    table
+        .capacity
+        .store(1 << 20, crate::sync::Ordering::Relaxed);
+    let label = Label::new(
+        crate::ledger::ExportKind::Arena,
+        &[0x4a, 0x3b, 0, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        true,
+    );
+    // Block 0 live and held by slots 0 and 2; block 7 retired while slot 1 held it.
+    table.blocks[0].publish(1, 0, 4096, label);
+    let _ = table.blocks[0].enter(0b1, 1); // enters: the block is live with that generation
+    let _ = table.blocks[0].enter(0b100, 1); // enters: the block is live with that generation
+    table.blocks[7].publish(3, 8192, 512, Label::FOR_TESTS);
+    let _ = table.blocks[7].enter(0b10, 3); // enters: the block is live with that generation
+    table.blocks[7].retire(3);
+    // A block whose only word set is its label still shows (a peer wrote it).
+    table.blocks[9].scribble(4, 99);
+    let image = image_of::<BlockTable>(bytes_of(&*table), (42, 7));
     assert_eq!(
         our_header(&image).map(|h| (h.creator_pid, h.creator_start)),
         Some((42, 7))
     );
+    let words = |state, holders, offset, bytes, label| BlockWords {
+        state,
+        holders,
+        offset,
+        bytes,
+        label,
+    };
     assert_eq!(
         parse("cuda-ipc-arena.ab", &image),
-        Parsed::Blocks(Blocks {
+        Parsed::Blocks(BlockCensus {
             capacity: 1 << 20,
             closing: false,
-            blocks: written.to_vec(),
+            blocks: vec![
+                (0, words(1, 0b101, 0, 4096, label.word())),
+                (7, words(4, 0b10, 8192, 512, Label::FOR_TESTS.word())),
+                (9, words(0, 0, 0, 0, 99)),
+            ],
         })
     );
 }
 
 #[test]
 fn a_lease_table_says_its_importers() {
-    let l = &LEASE_LAYOUT;
-    let mut p = vec![0u8; l.size];
-    let me = ProcessIdentity::from_parts(1234, 99);
-    let held = Owner::encode(OwnerState::Held, &me).unwrap();
-    put(&mut p, l.slots + 3 * l.slot_size + SLOT_WORDS.0, held);
-    p[l.exporter_pid..l.exporter_pid + 4].copy_from_slice(&77u32.to_le_bytes());
-    put(&mut p, l.exporter_start, 5);
-    let parsed = parse("cuda-ipc-lease.ab", &image_of::<LeaseTable>(&p, (77, 5)));
+    let exporter = ProcessIdentity::from_parts(77, 5);
+    let holder = ProcessIdentity::from_parts(1234, 99);
+    let table = LeaseTable::for_tests(&exporter, &[(3, holder)]).unwrap();
+    let parsed = parse(
+        "cuda-ipc-lease.ab",
+        &image_of::<LeaseTable>(bytes_of(&*table), (77, 5)),
+    );
     let Parsed::Leases(leases) = parsed else {
         panic!("{parsed:?}");
     };
