@@ -74,7 +74,8 @@ fn main() -> ExitCode {
                  and (--live) who holds what now\n\n{USAGE}\n\
                  \x20 --json            as JSON (`Probe::to_json`, `Snapshot::to_json`)\n\
                  \x20 --live            this user's exports, importers, deferred frees, channels\n\
-                 \x20 --watch [SECONDS] with --live: refresh every SECONDS (2), until interrupted\n\n\
+                 \x20 --watch [SECONDS] with --live: refresh every SECONDS (2), until interrupted, \
+                 saying how long each channel has made no progress\n\n\
                  exit status: 0 when legacy IPC works on a device (--live: the snapshot was \
                  read), 1 when on none (--live: /dev/shm unreadable), 2 for a bad argument"
             );

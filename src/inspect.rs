@@ -72,7 +72,9 @@
 //! - A **channel** (`cuda-ipc-chan…`) tells its producer and consumer entries (each a process),
 //!   the items sent and each consumer's items released — the difference is in flight — and
 //!   whether a thread sleeps on either side: a producer asleep with a full ring waits for a
-//!   consumer's release. A broadcast channel keeps its name for its whole life; a channel with
+//!   consumer's release. Snapshots taken by a [`Watch`] (`--watch`) also say how long each
+//!   channel's counts have stood still: items in flight that have not moved for long are a
+//!   consumer stuck, none in flight an idle channel. A broadcast channel keeps its name for its whole life; a channel with
 //!   one consumer is read by name until that consumer attaches, which removes the name (nobody
 //!   else may attach): from then on it is listed under [`Snapshot::unlinked`] with the
 //!   processes that map it (from `/proc/<pid>/maps`), and its contents are read through one

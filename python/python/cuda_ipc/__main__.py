@@ -19,7 +19,7 @@ def main(argv=None) -> int:
         const=2.0,
         type=float,
         metavar="SECONDS",
-        help="refresh every SECONDS (2), until interrupted",
+        help="refresh every SECONDS (2), until interrupted, saying how long each channel has made no progress",
     )
     args = parser.parse_args(argv)
     if args.watch is not None and not 0 < args.watch <= 3600:
