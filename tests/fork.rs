@@ -224,10 +224,29 @@ fn a_forked_child_leaves_the_parents_channel_ends_alone() {
         let mut producer = channel::HostProducer::create(2, 16).unwrap();
         let mut consumer =
             channel::HostConsumer::open_pausing(producer.name(), 2, 16, || {}).unwrap();
+        // Both ends listen: their bells are socket files the child must not remove.
+        producer.listen().unwrap();
+        consumer.listen().unwrap();
+        let id = producer.name()["cuda-ipc-chan".len()..].to_owned();
+        let bells = || {
+            let mut b: Vec<String> = common::shm_entries("cuda-ipc-bell.")
+                .into_iter()
+                .filter(|n| n.contains(&id))
+                .collect();
+            b.sort();
+            b
+        };
+        let before = bells();
+        assert_eq!(before.len(), 2, "{before:?}");
         fork_and_end(end, || {
             drop_inherited(&consumer);
             drop_inherited(&producer);
         });
+        assert_eq!(
+            bells(),
+            before,
+            "{end:?}: the child removed its parent's bells"
+        );
         producer.acquire(Duration::from_secs(5)).unwrap();
         producer.send(7).unwrap();
         let got = consumer.recv(Duration::from_secs(5));

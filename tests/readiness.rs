@@ -342,3 +342,30 @@ fn a_producer_killed_between_its_ring_and_its_tell_still_wakes_the_consumer() {
     }
     child.expect_exit_or_kill(Duration::from_secs(10));
 }
+
+/// A broadcast consumer that leaves removes its bell before it gives its entry back, so a
+/// consumer attaching to that entry the moment it is free (entries are reused) binds the same
+/// bell name instead of finding it held (`AddressInUse`: seen once in 60 runs of the broadcast
+/// stress before the order was fixed).
+#[test]
+fn a_consumer_attaching_to_an_entry_just_left_binds_its_bell() {
+    let _dog = watchdog("readiness_entry_reuse", Duration::from_secs(60));
+    let tx = HostProducer::create_with(SLOTS, 100, 2).unwrap();
+    let name = tx.name().to_owned();
+    let mut first = HostConsumer::attach_pausing(&name, SLOTS, 100, 2, || {}).unwrap();
+    first.listen().unwrap();
+    let mut second = None;
+    first.close_pausing(|| {
+        // The entry reads `Left`: the next attach takes it (the first `Free` or `Left` one).
+        let mut rx = HostConsumer::attach_pausing(&name, SLOTS, 100, 2, || {}).unwrap();
+        let bound = rx.listen();
+        assert!(
+            bound.is_ok(),
+            "the left entry's bell is still held: {bound:?}"
+        );
+        second = Some(rx);
+    });
+    let mut rx = second.unwrap();
+    assert!(rx.try_recv_listening().unwrap().is_none());
+    drop(tx);
+}

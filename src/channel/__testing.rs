@@ -172,6 +172,7 @@ impl Drop for HostProducer {
         if !self.region.is_home() {
             return; // as `Endpoint`'s drop: a forked child's copy is the parent's
         }
+        self.readiness = None; // the bell first, as `Endpoint`'s drop
         Ring::of(&self.region, self.geometry).close_producer(self.held);
     }
 }
@@ -426,11 +427,26 @@ impl HostConsumer {
     }
 }
 
-impl Drop for HostConsumer {
-    fn drop(&mut self) {
-        if !self.region.is_home() {
+impl HostConsumer {
+    /// Close, as dropping does — the bell removed, then the entry given back — calling `pause`
+    /// once the entry is free (the replay test attaches another consumer there).
+    pub fn close_pausing(mut self, pause: impl FnOnce()) {
+        self.close(pause);
+    }
+
+    fn close(&mut self, pause: impl FnOnce()) {
+        if !self.region.is_home() || self.held == 0 {
             return; // as `Endpoint`'s drop: a forked child's copy is the parent's
         }
+        self.readiness = None; // the bell first, as `Endpoint`'s drop
         self.ring().close_consumer(self.held);
+        self.held = 0;
+        pause();
+    }
+}
+
+impl Drop for HostConsumer {
+    fn drop(&mut self) {
+        self.close(|| {});
     }
 }

@@ -22,6 +22,11 @@
 //! - A listener that times out (its future dropped, its wait set's deadline passed) leaves its
 //!   bit armed: the next ring takes it and tells a bell that may already be drained or gone —
 //!   a spurious wake at most, never a lost one.
+//! - An end that closes or drops removes its bell **before** it gives its entry back: a
+//!   broadcast channel hands a left entry to the next consumer that attaches, which binds the
+//!   same name at once (the other order let it find the name still held: `AddressInUse`; the
+//!   replay test is `tests/readiness.rs`). A child forked without `exec` that drops its copy
+//!   of an end removes nothing (its parent still listens there).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
@@ -67,12 +72,14 @@ fn path(channel: &str, end: End) -> PathBuf {
 }
 
 /// A bound bell: readable once told, until [`drain`](Self::drain)ed. Its socket file is
-/// removed on drop (if it is still this bell's).
+/// removed on drop (if it is still this bell's, and only by the process that bound it: a child
+/// forked without `exec` that drops its copy leaves its parent's bell alone).
 #[derive(Debug)]
 pub(crate) struct Bell {
     fd: OwnedFd,
     path: PathBuf,
     id: (u64, u64),
+    home: crate::process::Home,
 }
 
 impl Bell {
@@ -96,7 +103,12 @@ impl Bell {
             other => other,
         };
         match bound {
-            Ok((fd, id)) => Ok(Self { fd, path, id }),
+            Ok((fd, id)) => Ok(Self {
+                fd,
+                path,
+                id,
+                home: crate::process::Home::here(),
+            }),
             Err(rustix::io::Errno::ADDRINUSE) => Err(Error::AddressInUse { name: name() }),
             Err(e) => Err(Error::from_os("bind", &name(), e)),
         }
@@ -121,7 +133,9 @@ impl AsFd for Bell {
 
 impl Drop for Bell {
     fn drop(&mut self) {
-        let _ = os::socket::unlink_if_same(&self.path, self.id);
+        if self.home.is_here() {
+            let _ = os::socket::unlink_if_same(&self.path, self.id);
+        }
     }
 }
 

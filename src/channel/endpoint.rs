@@ -332,7 +332,12 @@ impl<T: Pod> Endpoint<T> {
             });
         }
         match self.role {
-            Role::Consumer => self.ring().close_consumer(self.held),
+            Role::Consumer => {
+                // The bell first: a consumer attaching to this entry the moment it is free
+                // (a broadcast channel reuses entries) binds the same bell name.
+                self.readiness = None;
+                self.ring().close_consumer(self.held);
+            }
             Role::Producer => {
                 self.data.close_in_place(deadline.remaining())?;
                 self.sent.close_in_place(deadline.remaining())?;
@@ -358,6 +363,8 @@ impl<T: Pod> Drop for Endpoint<T> {
             unsafe { ManuallyDrop::drop(&mut self.region) };
             return;
         }
+        // The bell first, before the drain gives the entry back (see `close_within`).
+        self.readiness = None;
         // Never waits: finished now if the GPU work is done, else by a later collect.
         if let Some(drain) = self.take_drain() {
             drain.finish_or_defer();
