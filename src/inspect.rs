@@ -31,7 +31,7 @@
 //!     importer slot 1: pid 4109 (DEAD: the exporter's next collect reaps it)
 //! exporter pid 3990 (DEAD); the next export on this machine removes its tables
 //!   export registry 77aa…0000: 1 export, 0 importers
-//!     export 0 (generation 1): legacy on GPU-4a3b00ff, 256.0 MiB, read-only
+//!     export 0 (generation 1): fd on GPU-4a3b00ff, 256.0 MiB, read-only
 //! channel cuda-ipc-chan.5f1b02c4a9e7d310: 4 slots of 1024 elements (4 bytes each), 9 items sent, broadcast
 //!   producer pid 4021 (alive): trainer --shards 8 — asleep until a consumer releases
 //!   consumer entry 0: pid 4107 (alive): engine --rank 0: released 5, 4 in flight (the ring is full)

@@ -115,7 +115,7 @@ pub(crate) struct Block {
     holders: AtomicU64,
     offset: AtomicU64,
     bytes: AtomicU64,
-    /// What the export is ([`Label`](super::label::Label)'s word), for the inspector only.
+    /// What the export is ([`Label`]'s word), for the inspector only.
     label: AtomicU64,
 }
 
