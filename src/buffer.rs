@@ -23,18 +23,20 @@
 //! the driver call's plumbing (`driver/mod.rs`'s result check, `driver/sys.rs`'s entry point,
 //! `driver/loader.rs`'s table), a table's mapping (`shm.rs`) and the system calls (`os/`).
 //! Atomics re-exported by `sync.rs` and the ledger's door `ledger/mod.rs` hold no code a call
-//! runs.
+//! runs; nor does `trace.rs` without the `tracing` feature (with it, every call below also
+//! passes it, a leaf: its spans and events).
 //!
 //! **Exporting a legacy buffer** (`IpcBuffer::handle`, its block already published: the first
 //! export publishes it, passing `ledger/owner.rs`, `ledger/book.rs`, `ledger/table.rs` and
-//! `shm.rs` once), 17 files, 8 of them leaves: `buffer/export.rs` (the public call) →
+//! `shm.rs` once), 18 files, 9 of them leaves: `buffer/export.rs` (the public call) →
 //! `ledger/deferred.rs` (deferred frees collected if any are pending: one load; the pools'
 //! and channel ends' own checks, `pool.rs` and `channel/drain.rs`, one load each) →
 //! `ledger/registry.rs` (the block's token and generation) → `memory.rs`
 //! (`cuIpcGetMemHandle`, remembered as this process's own) → `handle.rs` (the envelope: this
 //! process's identity from `process.rs`, sealed by `envelope.rs`); leaves `context.rs`,
 //! `driver/ctx.rs`, `driver/ipc.rs`, `driver/mod.rs`, `driver/sys.rs`, `driver/loader.rs`,
-//! `os/linux.rs` (the boot id, read once), `error.rs`.
+//! `os/linux.rs` (the boot id, read once), `error.rs`, `ledger/label.rs` (the export's label
+//! for the inspector: its kind, device and read-only mark).
 //!
 //! **Opening it** (`ImportedBuffer::open`) in a process that imported from this exporter
 //! before (its lease and tables mapped: the *warm* open), 21 files, 10 of them leaves:
