@@ -376,12 +376,10 @@ pub fn snapshot() -> Result<Snapshot> {
         let Some((copy, changing, size)) = read_named(&name) else {
             continue;
         };
-        let Some(head) = parse::our_header(&copy) else {
+        let Some((creator, parsed)) = parse::parse(&name, &copy) else {
             continue;
         };
-        let creator = ProcessIdentity::from_parts(head.creator_pid, head.creator_start);
-        match parse::parse(&name, &copy) {
-            Parsed::NotOurs => {}
+        match parsed {
             Parsed::Foreign(reason) => snap.unreadable.push(Unreadable { name, reason }),
             Parsed::Blocks(blocks) => {
                 let token = token_of(&name, crate::shm::BLOCK_TABLES);
@@ -598,10 +596,8 @@ fn unlinked(people: &mut People) -> (Vec<Unlinked>, Vec<Channel>) {
 fn unlinked_channel(pid: u32, range: &str, name: &str, people: &mut People) -> Option<Channel> {
     let (file, info) = os::open_mapped_file(pid, range).ok()?;
     let (copy, changing, _) = read(&file, &info, name)?;
-    let head = parse::our_header(&copy)?;
-    let creator = ProcessIdentity::from_parts(head.creator_pid, head.creator_start);
-    match parse::parse(name, &copy) {
-        Parsed::Ring(ring) => {
+    match parse::parse(name, &copy)? {
+        (creator, Parsed::Ring(ring)) => {
             let mut c = channel(name.to_owned(), &creator, &ring, changing, people);
             c.unlinked = true;
             Some(c)

@@ -7,13 +7,12 @@
 
 use crate::channel::ring::{RingCensus, RingState};
 use crate::ledger::{BlockCensus, BlockTable, LeaseCensus, LeaseTable};
+use crate::process::ProcessIdentity;
 use crate::shm::{HeaderFields, copy_of, header_of_copy, is_our_header};
 
-/// What one file holds, decoded from a copy of its bytes.
+/// What one of the crate's regions holds, decoded from a copy of its bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Parsed {
-    /// Not a published region of this crate (no header of ours): left out of the snapshot.
-    NotOurs,
     /// A region of this crate whose bytes do not decode as the table its name says: why.
     Foreign(String),
     /// A block table: one export table's exports.
@@ -26,15 +25,19 @@ pub(crate) enum Parsed {
     Other,
 }
 
-/// Decode a copy of file `name`'s bytes. Tables are told by their header's type tag; a region
-/// of the crate's table prefixes that is not the table its name says is [`Parsed::Foreign`].
-pub(crate) fn parse(name: &str, bytes: &[u8]) -> Parsed {
-    let Some(head) = header_of_copy(bytes) else {
-        return Parsed::NotOurs;
-    };
-    if !is_our_header(&head) {
-        return Parsed::NotOurs;
-    }
+/// Decode a copy of file `name`'s bytes: the process that created the region (its header's)
+/// and what it holds; `None` for a file that is not a published region of this crate (no
+/// header of ours: left out of the snapshot). Tables are told by their header's type tag; a
+/// region of the crate's table prefixes that is not the table its name says is
+/// [`Parsed::Foreign`].
+pub(crate) fn parse(name: &str, bytes: &[u8]) -> Option<(ProcessIdentity, Parsed)> {
+    let head = our_header(bytes)?;
+    let creator = ProcessIdentity::from_parts(head.creator_pid, head.creator_start);
+    Some((creator, decode(name, bytes, &head)))
+}
+
+/// What the region `name` whose header is `head` holds.
+fn decode(name: &str, bytes: &[u8], head: &HeaderFields) -> Parsed {
     let result = if name.starts_with(crate::shm::BLOCK_TABLES) {
         copy_of::<BlockTable>(name, bytes).map(|t| Some(Parsed::Blocks(t.census())))
     } else if name.starts_with(crate::shm::LEASE_TABLES) {
@@ -83,7 +86,7 @@ pub fn parse_for_fuzzing(data: &[u8]) -> String {
     let parsed = parse(names[which], &bytes);
     // Each block's label decoded as the snapshot decodes it (a peer's word: any bits).
     let labels: Vec<Option<String>> = match &parsed {
-        Parsed::Blocks(b) => b
+        Some((_, Parsed::Blocks(b))) => b
             .blocks
             .iter()
             .map(|(_, w)| crate::ledger::Label::of_word(w.label).map(|l| l.device_name()))

@@ -6,10 +6,19 @@ use crate::owned_slot::OwnerState;
 use crate::process::ProcessIdentity;
 use crate::shm::{bytes_of, image_of, zeroed};
 
+/// What region `name` holds, which must be one of the crate's.
+#[allow(clippy::panic)] // a test helper: failing loudly is the point
+fn held(name: &str, bytes: &[u8]) -> Parsed {
+    match parse(name, bytes) {
+        Some((_, parsed)) => parsed,
+        None => panic!("{name}: not one of the crate's regions"),
+    }
+}
+
 #[test]
 fn a_short_or_foreign_file_is_not_ours() {
-    assert_eq!(parse("cuda-ipc-arena.00", &[]), Parsed::NotOurs);
-    assert_eq!(parse("torch_1_2", &[7u8; 4096]), Parsed::NotOurs);
+    assert_eq!(parse("cuda-ipc-arena.00", &[]), None);
+    assert_eq!(parse("torch_1_2", &[7u8; 4096]), None);
 }
 
 #[test]
@@ -37,6 +46,8 @@ fn a_block_table_says_its_blocks() {
         our_header(&image).map(|h| (h.creator_pid, h.creator_start)),
         Some((42, 7))
     );
+    let creator = parse("cuda-ipc-arena.ab", &image).map(|(c, _)| (c.pid(), c.start_time()));
+    assert_eq!(creator, Some((42, 7)), "the creator, from the header");
     let words = |state, holders, offset, bytes, label| BlockWords {
         state,
         holders,
@@ -45,7 +56,7 @@ fn a_block_table_says_its_blocks() {
         label,
     };
     assert_eq!(
-        parse("cuda-ipc-arena.ab", &image),
+        held("cuda-ipc-arena.ab", &image),
         Parsed::Blocks(BlockCensus {
             capacity: 1 << 20,
             closing: false,
@@ -63,7 +74,7 @@ fn a_lease_table_says_its_importers() {
     let exporter = ProcessIdentity::from_parts(77, 5);
     let holder = ProcessIdentity::from_parts(1234, 99);
     let table = LeaseTable::for_tests(&exporter, &[(3, holder)]).unwrap();
-    let parsed = parse(
+    let parsed = held(
         "cuda-ipc-lease.ab",
         &image_of::<LeaseTable>(bytes_of(&*table), (77, 5)),
     );
@@ -88,7 +99,7 @@ fn a_lease_table_says_its_importers() {
 #[test]
 fn a_table_of_the_wrong_type_or_out_of_range_is_named_so() {
     // A block table's name over another type's region: the header check names the field.
-    let parsed = parse(
+    let parsed = held(
         "cuda-ipc-arena.ab",
         &image_of::<crate::sync::AtomicU64>(&[0; 8], (1, 1)),
     );
@@ -97,19 +108,19 @@ fn a_table_of_the_wrong_type_or_out_of_range_is_named_so() {
         "{parsed:?}"
     );
     // A channel whose slot count is out of range (zeroed): not decoded, said why.
-    let parsed = parse("cuda-ipc-chan.x", &image_of::<RingState>(&[], (1, 1)));
+    let parsed = held("cuda-ipc-chan.x", &image_of::<RingState>(&[], (1, 1)));
     assert!(
         matches!(&parsed, Parsed::Foreign(why) if why.contains("out of its range")),
         "{parsed:?}"
     );
     // A region of ours with no table name: another region, header only.
     assert_eq!(
-        parse("mine", &image_of::<crate::sync::AtomicU64>(&[0; 8], (1, 1))),
+        held("mine", &image_of::<crate::sync::AtomicU64>(&[0; 8], (1, 1))),
         Parsed::Other
     );
     // A block table cut short: its header's length check says so.
     let image = image_of::<BlockTable>(&[], (1, 1));
-    let parsed = parse("cuda-ipc-arena.ab", &image[..image.len() / 2]);
+    let parsed = held("cuda-ipc-arena.ab", &image[..image.len() / 2]);
     assert!(matches!(parsed, Parsed::Foreign(_)), "{parsed:?}");
 }
 
