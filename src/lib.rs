@@ -295,6 +295,9 @@ pub mod __private {
     pub use crate::ledger::lease_testing as lease;
     pub use crate::ledger::registry_testing as registry;
     pub use crate::pool::__testing as pool;
+    /// A subscriber that keeps what it is shown, for the tracing tests.
+    #[cfg(feature = "tracing")]
+    pub use crate::trace::catch as trace;
     /// The liveness cache, for the tests of the liveness rule.
     pub mod process {
         pub use crate::process::is_alive_cached;

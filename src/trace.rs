@@ -118,5 +118,9 @@ pub(crate) trait Ending {
     fn ending(&self) -> &'static str;
 }
 
+#[cfg(all(feature = "tracing", any(test, fuzzing, cuda_ipc_test_hooks)))]
+#[doc(hidden)]
+pub mod catch;
+
 #[cfg(all(test, feature = "tracing", not(cuda_ipc_loom)))]
 mod tests;

@@ -7,16 +7,13 @@
 
 mod common;
 
-use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{spawn, unique_name, wait_for, watchdog};
+use cuda_ipc::__private::trace::Catch;
 use cuda_ipc::shm::{ShmCell, ShmOptions, ShmRegion};
 use cuda_ipc::{ImportedBuffer, IpcBuffer, IpcMemHandle, ShmSafe};
-use tracing::field::{Field, Visit};
-use tracing::{Event, Metadata, Subscriber, span};
 
 const BYTES: usize = 1 << 20;
 
@@ -28,77 +25,10 @@ struct Shared {
     step: AtomicU32,
 }
 
-/// Every span and event as one line: `span NAME k=v ...` or `event MESSAGE k=v ... in SPAN`.
-#[derive(Clone, Default)]
-struct Lines {
-    lines: Arc<Mutex<Vec<String>>>,
-    /// Span names by id, and the spans entered now.
-    spans: Arc<Mutex<(Vec<String>, Vec<u64>)>>,
-}
-
-struct Fields(String, String);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name() == "message" {
-            let _ = write!(self.0, "{value:?}");
-        } else {
-            let _ = write!(self.1, " {}={value:?}", field.name());
-        }
-    }
-}
-
-impl Subscriber for Lines {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, attrs: &span::Attributes<'_>) -> span::Id {
-        let mut fields = Fields(attrs.metadata().name().to_owned(), String::new());
-        attrs.record(&mut fields);
-        let mut spans = self.spans.lock().unwrap();
-        spans.0.push(fields.0.clone());
-        self.lines
-            .lock()
-            .unwrap()
-            .push(format!("span {}{}", fields.0, fields.1));
-        span::Id::from_u64(spans.0.len() as u64)
-    }
-
-    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-
-    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-
-    fn event(&self, event: &Event<'_>) {
-        let mut fields = Fields(String::new(), String::new());
-        event.record(&mut fields);
-        let spans = self.spans.lock().unwrap();
-        let within = event
-            .parent()
-            .map(span::Id::into_u64)
-            .or_else(|| spans.1.last().copied())
-            .and_then(|id| spans.0.get(id as usize - 1).cloned())
-            .map(|name| format!(" in {name}"))
-            .unwrap_or_default();
-        self.lines
-            .lock()
-            .unwrap()
-            .push(format!("event {}{}{within}", fields.0, fields.1));
-    }
-
-    fn enter(&self, id: &span::Id) {
-        self.spans.lock().unwrap().1.push(id.into_u64());
-    }
-
-    fn exit(&self, _: &span::Id) {
-        self.spans.lock().unwrap().1.pop();
-    }
-}
-
-impl Lines {
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.lines.lock().unwrap())
-    }
+/// What `catch` caught since its last take, one line each (`Caught`'s text: `span NAME k=v
+/// ...` or `event MESSAGE k=v ... in SPAN`).
+fn lines(catch: &Catch) -> Vec<String> {
+    catch.take().iter().map(ToString::to_string).collect()
 }
 
 /// The index of the first line at or after `from` that starts with `start` and contains every
@@ -122,8 +52,8 @@ fn find(lines: &[String], from: usize, start: &str, parts: &[&str]) -> usize {
 fn child_process() {
     common::child_main(|role, args| {
         assert_eq!(role, "importer");
-        let lines = Lines::default();
-        tracing::subscriber::set_global_default(lines.clone()).unwrap();
+        let catch = Catch::default();
+        tracing::subscriber::set_global_default(catch.clone()).unwrap();
         let s = ShmOptions::new(&args[0]).open::<Shared>().unwrap();
         let ctx = common::gpu();
         let handle = s.handle.load();
@@ -134,7 +64,7 @@ fn child_process() {
             std::thread::sleep(Duration::from_millis(1));
         }
         drop((first, second));
-        for line in lines.take() {
+        for line in lines(&catch) {
             common::report(line);
         }
         0
@@ -147,8 +77,8 @@ fn an_export_its_opens_and_its_deferred_free_are_traced_on_both_sides() {
     let _dog = watchdog("tracing on a GPU", Duration::from_secs(120));
     let ctx = common::gpu();
     let shared: ShmRegion<Shared> = ShmOptions::new(unique_name("tracing")).create().unwrap();
-    let lines = Lines::default();
-    let (buf, handle) = tracing::subscriber::with_default(lines.clone(), || {
+    let catch = Catch::default();
+    let (buf, handle) = tracing::subscriber::with_default(catch.clone(), || {
         let buf = IpcBuffer::<u8>::zeroed(&ctx, BYTES).unwrap();
         let handle = buf.handle().unwrap();
         (buf, handle)
@@ -158,7 +88,7 @@ fn an_export_its_opens_and_its_deferred_free_are_traced_on_both_sides() {
     wait_for("the importer's views", Duration::from_secs(60), || {
         shared.step.load(Ordering::Acquire) == 1
     });
-    tracing::subscriber::with_default(lines.clone(), || {
+    tracing::subscriber::with_default(catch.clone(), || {
         drop(buf); // held by the importer: retired, the free deferred
         shared.step.store(2, Ordering::Release);
         let theirs = importer.expect_success(Duration::from_secs(60));
@@ -185,7 +115,7 @@ fn an_export_its_opens_and_its_deferred_free_are_traced_on_both_sides() {
         // The exporter: the export, its retire while held, and, once the importer let go, the
         // deferred free done by a collect.
         assert_eq!(cuda_ipc::collect_deferred().pending, 0);
-        let ours = lines.take();
+        let ours = lines(&catch);
         let published = find(&ours, 0, "event export published", &[&device, &bytes]);
         let retired = find(&ours, published, "event export retired", &["held=true"]);
         find(&ours, retired, "event free deferred", &[&bytes]);

@@ -4,113 +4,21 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::collections::BTreeMap;
-use std::fmt::{self, Write as _};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::field::{Field, Visit};
-use tracing::{Event, Metadata, Subscriber, span};
-
 use super::Waiting;
+use super::catch::{Catch, Caught};
 use crate::error::{Error, PeerRole};
 use crate::ledger::testing::Importer;
 use crate::ledger::{Label, Ledger};
 use crate::poll::Backoff;
 
-/// One span opened or event raised: its name (a span's) or message (an event's), its fields,
-/// and for an event the span it was raised in.
-#[derive(Clone, Debug, Default)]
-struct Caught {
-    span: bool,
-    name: String,
-    fields: BTreeMap<String, String>,
-    within: Option<String>,
-}
-
-impl Caught {
-    fn field(&self, name: &str) -> &str {
-        self.fields.get(name).map_or("", String::as_str)
-    }
-}
-
-impl Visit for Caught {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.fields
-            .insert(field.name().to_owned(), value.to_owned());
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let mut text = String::new();
-        let _ = write!(text, "{value:?}");
-        if field.name() == "message" {
-            self.name = text;
-        } else {
-            self.fields.insert(field.name().to_owned(), text);
-        }
-    }
-}
-
-/// A subscriber that keeps everything, for one thread (`with_default`).
-#[derive(Clone, Default)]
-struct Catch {
-    caught: Arc<Mutex<Vec<Caught>>>,
-    /// Span names by id, and the spans entered now (innermost last).
-    spans: Arc<Mutex<(Vec<String>, Vec<u64>)>>,
-}
-
-impl Subscriber for Catch {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, attrs: &span::Attributes<'_>) -> span::Id {
-        let mut caught = Caught {
-            span: true,
-            name: attrs.metadata().name().to_owned(),
-            ..Caught::default()
-        };
-        attrs.record(&mut caught);
-        let mut spans = self.spans.lock().unwrap();
-        spans.0.push(caught.name.clone());
-        self.caught.lock().unwrap().push(caught);
-        span::Id::from_u64(spans.0.len() as u64)
-    }
-
-    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-
-    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-
-    fn event(&self, event: &Event<'_>) {
-        let spans = self.spans.lock().unwrap();
-        let current = spans.1.last().copied();
-        let parent = event
-            .parent()
-            .map(span::Id::into_u64)
-            .or(current)
-            .and_then(|id| spans.0.get(id as usize - 1).cloned());
-        let mut caught = Caught {
-            within: parent,
-            ..Caught::default()
-        };
-        event.record(&mut caught);
-        self.caught.lock().unwrap().push(caught);
-    }
-
-    fn enter(&self, id: &span::Id) {
-        self.spans.lock().unwrap().1.push(id.into_u64());
-    }
-
-    fn exit(&self, _: &span::Id) {
-        self.spans.lock().unwrap().1.pop();
-    }
-}
-
 /// What `f` traced, in order.
 fn catch(f: impl FnOnce()) -> Vec<Caught> {
     let catch = Catch::default();
     tracing::subscriber::with_default(catch.clone(), f);
-    catch.caught.lock().unwrap().clone()
+    catch.take()
 }
 
 fn events<'a>(caught: &'a [Caught], message: &str) -> Vec<&'a Caught> {
@@ -162,6 +70,12 @@ fn a_ledger_says_each_export_retire_quarantine_and_reap() {
         ),
         ("arena", "GPU-4a3b00ff", "true", "4096", "1"),
         "{first:#?}"
+    );
+    // As one line (what `tests/tracing.rs`'s child reports to its parent).
+    let line = first.to_string();
+    assert!(
+        line.starts_with("event export published ") && line.contains(" bytes=4096"),
+        "{line}"
     );
     let retired = events(&caught, "export retired");
     let held: Vec<&str> = retired.iter().map(|c| c.field("held")).collect();
