@@ -79,7 +79,9 @@
 //! later allocation, export, `collect_deferred()` or exit of the process. The consumer unlinks the
 //! region's name on attach, so a `SIGKILL` on either side after that leaves nothing in `/dev/shm`;
 //! the region of a producer killed before a consumer attached, or of a killed broadcast producer
-//! (whose name stays for later consumers), is removed by the next process that creates a channel.
+//! (whose name stays for later consumers), is removed by the consumer whose open finds the
+//! producer dead, by the next process that creates a channel, or by
+//! [`shm::reclaim_stale_regions`](crate::shm::reclaim_stale_regions).
 //! Items may go through different streams on either side (one producer to several consumers:
 //! [Broadcast](#broadcast-one-producer-several-consumers) below): the channel keeps its counters
 //! growing in item order on the GPU (a signal on a new stream first waits for the previous one).
@@ -613,6 +615,17 @@ impl<T: Pod> IpcChannelHandle<T> {
             name,
             producer,
         })
+    }
+}
+
+impl<T> IpcChannelHandle<T> {
+    /// Remove the region this handle names if its creator is dead: a consumer that found the
+    /// producer gone before it attached (nobody else would until the next process creates a
+    /// channel). A name that is not a channel's, or a region whose creator lives, is left.
+    fn reclaim_region(&self) {
+        if let Ok((_, _, name)) = self.env.validate() {
+            let _ = crate::shm::reclaim_stale(&name);
+        }
     }
 }
 

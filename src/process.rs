@@ -20,7 +20,7 @@
 //! |---|---|---|
 //! | lease close / drop (`ledger/lease.rs`), arena and pool books | frees an export with no live holder | free memory another process maps (use after free) |
 //! | export registry collect (`ledger/registry.rs`) | clears the slot, grants it to the next importer | let two importers share one slot, then free under one |
-//! | stale-table sweep (`lease::reclaim_stale_lease_tables`, registry) | unlinks the tables | delete a live exporter's tables: its handles turn stale |
+//! | stale-region sweep ([`reclaim_stale_regions`](crate::shm::reclaim_stale_regions), each process's first export or channel, a consumer that found its producer gone) | unlinks the regions | delete a live exporter's tables or a live producer's channel: its handles turn stale |
 //! | [`reclaim_stale`](crate::shm::reclaim_stale), region open (`NotReady { creator_dead }`) | replaces or reports the region | replace a live creator's region under it |
 //! | barrier arrival and wait | poisons with `PeerGone` | poison a barrier a live peer is about to reach |
 //! | channel ends (`channel.rs`, `channel/ring.rs`) | forces the dead end's counters | let a slot be refilled under a live reader |

@@ -806,25 +806,31 @@ pub(crate) const BLOCK_TABLES: &str = "cuda-ipc-arena.";
 /// See [`LEASE_TABLES`].
 pub(crate) const CHANNELS: &str = "cuda-ipc-chan";
 
-/// Remove lease tables and block tables (`cuda-ipc-lease.*`, `cuda-ipc-arena.*`: export
-/// registries, arenas, pools) left in `/dev/shm` by exporters that died (a `SIGKILL`ed
-/// exporter cannot unlink its own, and unless an importer of it outlives it, nobody else
-/// would). Only tables of our uid with mode `0600` whose creator is dead are touched; returns
-/// how many were removed. Every process does this once, at its first export; call it to clean
-/// up sooner.
+/// Remove the regions that processes which died left in `/dev/shm`: lease tables and block
+/// tables (`cuda-ipc-lease.*`, `cuda-ipc-arena.*`: export registries, arenas, pools) and
+/// channel regions (`cuda-ipc-chan.*`: a producer killed before its consumer attached, or a
+/// broadcast producer, whose name stays for later consumers). A `SIGKILL`ed process cannot
+/// unlink its own, and unless a peer of it outlives it, nobody else would. Only regions of our
+/// uid with mode `0600` whose creator is dead are touched (a peer that still maps one keeps
+/// its mapping); returns how many were removed. Every process does this once per kind, before
+/// its first export or channel; a long-lived process whose peers die calls it to clean up
+/// after them sooner. (A killed listener's bell, a socket, is removed by the next bell bound.)
 ///
 /// # Examples
 ///
 /// ```
-/// let removed = cuda_ipc::shm::reclaim_stale_lease_tables();
-/// println!("removed {removed} stale lease tables");
+/// let removed = cuda_ipc::shm::reclaim_stale_regions();
+/// println!("removed {removed} regions of dead processes");
 /// ```
 #[allow(
     clippy::must_use_candidate,
-    reason = "it removes stale tables; the count is information"
+    reason = "it removes stale regions; the count is information"
 )]
-pub fn reclaim_stale_lease_tables() -> usize {
-    reclaim_stale_prefixed(LEASE_TABLES) + reclaim_stale_prefixed(BLOCK_TABLES)
+pub fn reclaim_stale_regions() -> usize {
+    [LEASE_TABLES, BLOCK_TABLES, CHANNELS]
+        .into_iter()
+        .map(reclaim_stale_prefixed)
+        .sum()
 }
 
 /// [`reclaim_stale`] for every `/dev/shm` entry whose name starts with `prefix` (one of the

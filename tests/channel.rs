@@ -161,7 +161,8 @@ fn child_process() {
         match role {
             // Items 1..=ITEMS, each filled by a kernel that first spins 20 ms: every byte = k.
             // With `die_at` = "before_send", dies holding a slot after 2 items; with
-            // "after_send", dies right after sending item 3 while its 1 s kernel still runs.
+            // "after_send", dies right after sending item 3 while its 1 s kernel still runs;
+            // "exit" returns and "unopened" dies as soon as the handle is out.
             "slow_producer" => {
                 let die_at = args.get(2).map(String::as_str).unwrap_or("");
                 let module = Module::from_ptx(KERNELS, &[]).unwrap();
@@ -169,8 +170,10 @@ fn child_process() {
                 let mut tx = IpcSender::<u8>::new(&ctx, SLOTS, ITEM).unwrap();
                 s.handle.store(tx.handle());
                 s.up.store(1, Ordering::SeqCst);
-                if die_at == "exit" {
-                    return 0; // gone before anyone opens the handle
+                match die_at {
+                    "exit" => return 0,  // gone before anyone opens the handle
+                    "unopened" => die(), // killed before anyone opens it: the region stays
+                    _ => {}
                 }
                 wait_for("the consumer to attach", WAIT, || tx.consumer().is_some());
                 for k in 1..=ITEMS {
@@ -1138,6 +1141,49 @@ fn forged_and_misused_handles_are_refused() {
             }
         ),
         "{e}"
+    );
+}
+
+/// A producer killed before any consumer opened its handle leaves its region in `/dev/shm` (it
+/// could not unlink it); the consumer whose open finds it dead removes it, so a long-lived
+/// consumer whose producers are killed early leaves nothing behind either.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn an_open_that_finds_the_producer_killed_removes_its_region() {
+    let _g = serial();
+    let _dog = watchdog("killed producer's region", Duration::from_secs(120));
+    let ctx = gpu();
+    let s = region();
+    let before: HashSet<String> = shm_entries("cuda-ipc-chan").into_iter().collect();
+    let producer = spawn("slow_producer", &[s.name(), "0", "unopened"]);
+    wait_for("producer", WAIT, || s.up.load(Ordering::SeqCst) == 1);
+    let handle = s.handle.load();
+    let (status, _) = producer.wait(WAIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "the producer was to die by SIGKILL: {status}"
+    );
+    let left: Vec<String> = shm_entries("cuda-ipc-chan")
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert_eq!(left.len(), 1, "the killed producer's region: {left:?}");
+    let e = IpcReceiver::<u8>::open(&ctx, &handle).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PeerGone {
+                role: PeerRole::Exporter,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        !common::shm_exists(&left[0]),
+        "the open that found the producer dead left {}",
+        left[0]
     );
 }
 

@@ -236,7 +236,7 @@ fn the_stale_table_sweep_keeps_the_tables_of_an_exporter_whose_main_thread_exite
     let child = start(&region, "lease_exporter", &[]);
     let name = lease::table_name(&token);
     assert!(common::shm_exists(&name));
-    cuda_ipc::shm::reclaim_stale_lease_tables();
+    cuda_ipc::shm::reclaim_stale_regions();
     assert!(
         common::shm_exists(&name),
         "the sweep removed a live exporter's table"

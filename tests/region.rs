@@ -69,8 +69,8 @@ fn child_process() {
             });
             1
         }
-        "create_lease_named_and_leave" => {
-            // A region under the lease-table prefix, left behind as a killed exporter leaves one.
+        "create_named_and_leave" => {
+            // A region under one of the crate's prefixes, left behind as a killed process leaves one.
             let mut region = ShmOptions::new(&args[0])
                 .create::<AtomicU64>()
                 .expect("create");
@@ -513,16 +513,32 @@ fn invalid_names_fail_before_any_syscall() {
 }
 
 #[test]
-fn lease_tables_of_dead_exporters_are_reclaimed() {
-    let _dog = watchdog("reclaim leases", Duration::from_secs(30));
-    let dead = format!("cuda-ipc-lease.{}", unique_name("dead"));
-    spawn("create_lease_named_and_leave", &[&dead]).expect_success(Duration::from_secs(20));
-    // A live process's table (ours) must survive.
-    let live =
-        ShmRegion::<AtomicU64>::create(&format!("cuda-ipc-lease.{}", unique_name("live"))).unwrap();
-    assert!(shm_exists(&dead));
-    let removed = cuda_ipc::shm::reclaim_stale_lease_tables();
-    assert!(removed >= 1, "removed {removed}");
-    assert!(!shm_exists(&dead), "a dead exporter's table is gone");
-    assert!(shm_exists(live.name()), "a live exporter's table stays");
+fn regions_of_dead_processes_are_reclaimed() {
+    let _dog = watchdog("reclaim regions", Duration::from_secs(30));
+    // One of each kind the sweep covers: a lease table, a block table, a channel region.
+    let dead: Vec<String> = ["cuda-ipc-lease.", "cuda-ipc-arena.", "cuda-ipc-chan."]
+        .iter()
+        .map(|prefix| format!("{prefix}{}", unique_name("dead")))
+        .collect();
+    for name in &dead {
+        spawn("create_named_and_leave", &[name]).expect_success(Duration::from_secs(20));
+        assert!(shm_exists(name));
+    }
+    // A live process's regions (ours) must survive.
+    let live: Vec<ShmRegion<AtomicU64>> = ["cuda-ipc-lease.", "cuda-ipc-chan."]
+        .iter()
+        .map(|prefix| ShmRegion::create(&format!("{prefix}{}", unique_name("live"))).unwrap())
+        .collect();
+    let removed = cuda_ipc::shm::reclaim_stale_regions();
+    assert!(removed >= 3, "removed {removed}");
+    for name in &dead {
+        assert!(!shm_exists(name), "a dead process's {name} is gone");
+    }
+    for region in &live {
+        assert!(
+            shm_exists(region.name()),
+            "a live process's {} stays",
+            region.name()
+        );
+    }
 }

@@ -29,7 +29,7 @@ pub fn spawn(role: &str, arg: &str) -> Helper {
 impl Drop for Helper {
     fn drop(&mut self) {
         drop(self.0.take()); // killed and reaped
-        cuda_ipc::shm::reclaim_stale_lease_tables();
+        cuda_ipc::shm::reclaim_stale_regions();
     }
 }
 

@@ -53,12 +53,12 @@ impl Context {
     }
 }
 
-/// Remove the shared-memory tables (`/dev/shm/cuda-ipc-lease.*`, `cuda-ipc-arena.*`) that
-/// exporters which died left behind; returns how many were removed. Every exporting process
-/// does this once, at its first export.
+/// Remove the shared-memory regions (`/dev/shm/cuda-ipc-lease.*`, `cuda-ipc-arena.*`,
+/// `cuda-ipc-chan.*`) that processes which died left behind; returns how many were removed.
+/// Every process does this once, at its first export or channel.
 #[pyfunction]
-fn reclaim_stale_lease_tables() -> usize {
-    cuda_ipc::shm::reclaim_stale_lease_tables()
+fn reclaim_stale_regions() -> usize {
+    cuda_ipc::shm::reclaim_stale_regions()
 }
 
 /// What this user's processes share on the machine, from one read
@@ -114,7 +114,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<socket::Listener>()?;
     m.add_class::<socket::Socket>()?;
     m.add_function(wrap_pyfunction!(socket::connect, m)?)?;
-    m.add_function(wrap_pyfunction!(reclaim_stale_lease_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(reclaim_stale_regions, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_snapshot, m)?)?;
     m.add_class::<InspectWatch>()?;
     m.add_function(wrap_pyfunction!(release::wait_released, m)?)?;

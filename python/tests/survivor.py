@@ -42,10 +42,11 @@ def pidfds():
 
 
 def shm():
-    """This package's names in /dev/shm, once dead exporters' lease tables are reclaimed."""
+    """This package's names in /dev/shm, once what dead processes left is reclaimed (their
+    export tables, and the channel of a peer killed before this process attached to it)."""
     import cuda_ipc
 
-    cuda_ipc.reclaim_stale_lease_tables()
+    cuda_ipc.reclaim_stale_regions()
     return {n for n in os.listdir("/dev/shm") if n.startswith("cuda-ipc")}
 
 

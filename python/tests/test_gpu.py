@@ -306,7 +306,7 @@ def test_a_killed_owner_leaves_the_reader_its_tensor_a_prompt_error_and_no_leak(
     assert cuda_ipc.wait_released(30)
     # Nothing left: the memory is freed once the last mapping goes, the owner's tables are
     # reclaimed (it could not unlink them), the device is back to where it was.
-    cuda_ipc.reclaim_stale_lease_tables()
+    cuda_ipc.reclaim_stale_regions()
     assert shm_names() <= shm_before, shm_names() - shm_before
     assert abs(free_memory() - free_before) <= 4 << 20
 

@@ -1,6 +1,7 @@
 //! [`IpcReceiver`]: the consuming side of a GPU channel, and [`Received`], one item being read.
 
 use super::*;
+use crate::error::PeerRole;
 
 /// The consuming side of a GPU channel, opened from the producer's [`IpcChannelHandle`].
 ///
@@ -53,7 +54,9 @@ impl<T: Pod> IpcReceiver<T> {
     /// the region and every GPU handle in it are validated; then the slots' memory and the counters
     /// are mapped (as [`ImportedBuffer::open`](crate::ImportedBuffer::open) and
     /// [`ImportedSignal::open`](crate::ImportedSignal::open): by peer access when the producer's
-    /// device is another), and the region's name is unlinked.
+    /// device is another), and the region's name is unlinked. An open that finds the producer
+    /// gone removes the region's name too (once its creator is found dead: nobody can attach
+    /// to it any more), as the next process to create a channel would.
     ///
     /// # Errors
     ///
@@ -66,6 +69,21 @@ impl<T: Pod> IpcReceiver<T> {
     /// [`ImportedSignal::open`](crate::ImportedSignal::open).
     #[doc(alias = "cuIpcOpenMemHandle")]
     pub fn open(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
+        Self::attach(ctx, handle).inspect_err(|e| {
+            if matches!(
+                e,
+                Error::PeerGone {
+                    role: PeerRole::Exporter,
+                    ..
+                }
+            ) {
+                handle.reclaim_region();
+            }
+        })
+    }
+
+    /// [`open`](Self::open) but for removing a dead producer's region.
+    fn attach(ctx: &GpuContext, handle: &IpcChannelHandle<T>) -> Result<Self> {
         let Admission {
             geometry,
             stride,

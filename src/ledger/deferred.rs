@@ -30,7 +30,7 @@
 //! the retired generation and backs off. If this process exits with frees pending, the driver
 //! frees the memory with the context, and an `atexit` hook removes the registry's names from
 //! `/dev/shm`; if it is killed, its last importer removes them, or the next process's sweep
-//! does ([`reclaim_stale_lease_tables`](crate::shm::reclaim_stale_lease_tables)).
+//! does ([`reclaim_stale_regions`](crate::shm::reclaim_stale_regions)).
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 

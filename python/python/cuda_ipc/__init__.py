@@ -45,7 +45,7 @@ from ._native import (
     TooManyImporters,
     connect,
     leaked_releases,
-    reclaim_stale_lease_tables,
+    reclaim_stale_regions,
     wait_released,
 )
 
@@ -73,7 +73,7 @@ __all__ = [
     "TooManyImporters",
     "connect",
     "leaked_releases",
-    "reclaim_stale_lease_tables",
+    "reclaim_stale_regions",
     "wait_released",
     "inspect",
 ]

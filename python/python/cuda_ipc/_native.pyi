@@ -244,8 +244,9 @@ class Socket:
 def connect(socket_name: str, timeout: float = 30.0) -> Socket:
     """Connect to the listener at ``socket_name`` (a process of this uid), waiting at most
     ``timeout`` seconds for one to listen there (``Timeout`` if none did)."""
-def reclaim_stale_lease_tables() -> int:
-    """Remove the shared-memory tables dead exporters left behind; how many."""
+def reclaim_stale_regions() -> int:
+    """Remove the shared-memory regions (export tables, channels) that processes which died
+    left behind; how many."""
 
 def inspect_snapshot() -> tuple[str, str]:
     """What this user's processes share on the machine, from one read: the tree as text and
