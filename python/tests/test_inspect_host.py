@@ -3,6 +3,7 @@ files that are not the crate's left out, the command's text, JSON and refusals."
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -56,11 +57,14 @@ def test_watch_mode_refreshes_until_interrupted():
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # Python installs its KeyboardInterrupt only where SIGINT is not ignored, and a shell
+        # starts background jobs with it ignored: the command starts with the default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         lines = [p.stdout.readline() for _ in range(3)]
     finally:
-        p.send_signal(2)  # SIGINT: the command ends quietly
+        p.send_signal(signal.SIGINT)  # the command ends quietly
         out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     for line in lines:
