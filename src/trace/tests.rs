@@ -1,6 +1,6 @@
 //! What the tracing points say, caught by a subscriber of this thread: each export, retire,
 //! quarantine and reap of a ledger, each wait (what, how long, how it ended, a cancelled one
-//! included) and each peer death seen.
+//! included), each peer death seen, and a scope (an open's span) with the events inside it.
 
 #![allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -191,4 +191,28 @@ fn a_dead_exporter_seen_is_a_peer_gone_event() {
     assert_eq!(gone.len(), 1, "{caught:#?}");
     assert_eq!(gone[0].field("pid"), child.id().to_string());
     assert_eq!(gone[0].field("role"), "Exporter");
+}
+
+#[test]
+fn a_scope_is_a_span_the_events_inside_it_nest_under() {
+    let open = |bytes: u64| {
+        let _open = super::scope!("open", kind = "legacy", bytes);
+        super::event!("import cache hit");
+    };
+    let caught = catch(|| open(64));
+    let spans: Vec<(&str, &str)> = caught
+        .iter()
+        .filter(|c| c.span)
+        .map(|c| (c.name.as_str(), c.field("bytes")))
+        .collect();
+    assert_eq!(spans, [("open", "64")], "{caught:#?}");
+    let hits = events(&caught, "import cache hit");
+    assert_eq!(hits.len(), 1, "{caught:#?}");
+    assert_eq!(hits[0].within.as_deref(), Some("open"));
+    // After the scope's end, an event is in no span.
+    let after = catch(|| {
+        open(1);
+        super::event!("after");
+    });
+    assert_eq!(events(&after, "after")[0].within, None, "{after:#?}");
 }
