@@ -74,12 +74,13 @@
 //!   whether a thread sleeps on either side: a producer asleep with a full ring waits for a
 //!   consumer's release. Snapshots taken by a [`Watch`] (`--watch`) also say how long each
 //!   channel's counts have stood still: items in flight that have not moved for long are a
-//!   consumer stuck, none in flight an idle channel. A broadcast channel keeps its name for its whole life; a channel with
-//!   one consumer is read by name until that consumer attaches, which removes the name (nobody
-//!   else may attach): from then on it is listed under [`Snapshot::unlinked`] with the
-//!   processes that map it (from `/proc/<pid>/maps`), and its contents are read through one
-//!   of them (`/proc/<pid>/map_files`, which the kernel opens only for root or a process with
-//!   `CAP_CHECKPOINT_RESTORE`: for anyone else the channel is only listed as unlinked).
+//!   consumer stuck, none in flight an idle channel. A broadcast channel keeps its name for its
+//!   whole life; a channel with one consumer is read by name until that consumer attaches,
+//!   which removes the name (nobody else may attach): from then on it is listed under
+//!   [`Snapshot::unlinked`] with the processes that map it (from `/proc/<pid>/maps`), and its
+//!   contents are read through one of them (`/proc/<pid>/map_files`, which the kernel opens
+//!   only for root or a process with `CAP_CHECKPOINT_RESTORE`: for anyone else the channel is
+//!   only listed as unlinked).
 //! - Any other region of the crate (a [`ProcessBarrier`](crate::barrier::ProcessBarrier), a
 //!   user's [`ShmRegion`](crate::shm::ShmRegion)) tells its creator only.
 //!

@@ -814,7 +814,8 @@ pub(crate) const CHANNELS: &str = "cuda-ipc-chan";
 /// uid with mode `0600` whose creator is dead are touched (a peer that still maps one keeps
 /// its mapping); returns how many were removed. Every process does this once per kind, before
 /// its first export or channel; a long-lived process whose peers die calls it to clean up
-/// after them sooner. (A killed listener's bell, a socket, is removed by the next bell bound.)
+/// after them sooner. (A killed listener's bell, a socket, is not a region: the next bind at
+/// its name, or any process's first bell or channel, removes it.)
 ///
 /// # Examples
 ///

@@ -1096,6 +1096,22 @@ fn a_broadcast_reaches_every_consumer_and_a_dead_one_is_detached() {
     assert_nothing_left(&before, "after the broadcast");
 }
 
+/// Open `handle`, whose producer is gone: the open must fail with `PeerGone` naming it (the
+/// exporter).
+fn assert_producer_gone(ctx: &GpuContext, handle: &IpcChannelHandle<u8>) {
+    let e = IpcReceiver::<u8>::open(ctx, handle).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PeerGone {
+                role: PeerRole::Exporter,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
 /// Handles that must not open: the wrong element type, flipped bytes, the producer's own
 /// process, a second consumer, and a producer that is gone.
 #[test]
@@ -1131,17 +1147,7 @@ fn forged_and_misused_handles_are_refused() {
     wait_for("producer", WAIT, || s2.up.load(Ordering::SeqCst) == 1);
     let dead_handle = s2.handle.load();
     producer.expect_success(WAIT);
-    let e = IpcReceiver::<u8>::open(&ctx, &dead_handle).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::PeerGone {
-                role: PeerRole::Exporter,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_producer_gone(&ctx, &dead_handle);
 }
 
 /// A producer killed before any consumer opened its handle leaves its region in `/dev/shm` (it
@@ -1161,7 +1167,7 @@ fn an_open_that_finds_the_producer_killed_removes_its_region() {
     let (status, _) = producer.wait(WAIT);
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(9),
+        Some(libc::SIGKILL),
         "the producer was to die by SIGKILL: {status}"
     );
     let left: Vec<String> = shm_entries("cuda-ipc-chan")
@@ -1169,17 +1175,7 @@ fn an_open_that_finds_the_producer_killed_removes_its_region() {
         .filter(|n| !before.contains(n))
         .collect();
     assert_eq!(left.len(), 1, "the killed producer's region: {left:?}");
-    let e = IpcReceiver::<u8>::open(&ctx, &handle).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::PeerGone {
-                role: PeerRole::Exporter,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_producer_gone(&ctx, &handle);
     assert!(
         !common::shm_exists(&left[0]),
         "the open that found the producer dead left {}",
